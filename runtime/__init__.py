@@ -1,0 +1,1 @@
+"""peertrain runtime: the Python every peer runs (CPython and Pyodide). numpy + stdlib only."""

@@ -1,0 +1,1 @@
+"""peertrain host side: relay, store, packaging, simulator, CLI."""
