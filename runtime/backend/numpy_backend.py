@@ -1,0 +1,339 @@
+"""The numpy backend: the reference implementation of every primitive listed in `runtime.backend`.
+
+Arrays are plain `np.ndarray`s and keep their dtype (float32 for training, float64 for gradient checks).
+Integer ids and targets are host numpy arrays on every backend. Fused kernels work in place on temporaries
+they own, so the hot paths (attention, cross-entropy, layer norm, gelu) make as few passes over memory as
+numpy allows.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from runtime.backend import Array, Axes
+
+GELU_COEFF = 0.044715
+SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+
+_UNARY = {
+    "neg": np.negative,
+    "exp": np.exp,
+    "log": np.log,
+    "tanh": np.tanh,
+    "sqrt": np.sqrt,
+    "abs": np.abs,
+    "sign": np.sign,
+}
+_BINARY = {
+    "add": np.add,
+    "sub": np.subtract,
+    "mul": np.multiply,
+    "div": np.divide,
+    "pow": np.power,
+    "maximum": np.maximum,
+}
+_COMPARE = {
+    "eq": np.equal,
+    "ne": np.not_equal,
+    "gt": np.greater,
+    "ge": np.greater_equal,
+    "lt": np.less,
+    "le": np.less_equal,
+}
+
+
+def _softmax_in_place(shifted: np.ndarray, axis: int) -> np.ndarray:
+    """Softmax of an array the caller owns and has already shifted by its maximum along `axis`."""
+    np.exp(shifted, out=shifted)
+    shifted /= np.sum(shifted, axis=axis, keepdims=True)
+    return shifted
+
+
+class NumpyBackend:
+    """numpy implementation of the `runtime.backend.Backend` primitives."""
+
+    name = "numpy"
+
+    def __init__(self) -> None:
+        self._causal_bias: dict[tuple[int, Any], np.ndarray] = {}
+
+    # transfer
+    def from_numpy(self, array: np.ndarray, dtype: Any = None) -> np.ndarray:
+        return np.asarray(array, dtype=dtype)
+
+    def to_numpy(self, x: np.ndarray) -> np.ndarray:
+        return np.asarray(x)
+
+    def zeros(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+        return np.zeros(shape, dtype=dtype)
+
+    def full(self, shape: tuple[int, ...], value: float, dtype: Any) -> np.ndarray:
+        return np.full(shape, value, dtype=dtype)
+
+    # elementwise
+    def unary(self, op: str, x: np.ndarray) -> np.ndarray:
+        if op == "relu":
+            return np.maximum(x, 0)
+        if op == "step":
+            return (x > 0).astype(x.dtype)
+        return _UNARY[op](x)
+
+    def binary(self, op: str, x: np.ndarray, y: np.ndarray | float) -> np.ndarray:
+        return _BINARY[op](x, y)
+
+    def compare(self, op: str, x: np.ndarray, y: np.ndarray | float) -> np.ndarray:
+        return _COMPARE[op](x, y)
+
+    def where(self, condition: np.ndarray, x: np.ndarray | float, y: np.ndarray | float) -> np.ndarray:
+        return np.where(condition, x, y)
+
+    # linear algebra and reductions
+    def matmul(self, a: np.ndarray, b: np.ndarray, transpose_a: bool = False, transpose_b: bool = False) -> Array:
+        # Swapped axes are strided views; BLAS reads them through its transpose flags without a copy.
+        if transpose_a:
+            a = np.swapaxes(a, -1, -2)
+        if transpose_b:
+            b = np.swapaxes(b, -1, -2)
+        return np.matmul(a, b)
+
+    def reduce(self, op: str, x: np.ndarray, axes: Axes, keepdims: bool) -> np.ndarray:
+        if op == "sum":
+            return np.sum(x, axis=axes, keepdims=keepdims)
+        if op == "max":
+            return np.max(x, axis=axes, keepdims=keepdims)
+        raise ValueError(f"unknown reduction {op!r}")
+
+    # layout
+    def reshape(self, x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+        return np.reshape(x, shape)
+
+    def permute(self, x: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
+        return np.transpose(x, axes)
+
+    def broadcast_to(self, x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+        return np.broadcast_to(x, shape)
+
+    def slice_axis(self, x: np.ndarray, axis: int, start: int, stop: int) -> np.ndarray:
+        key = [slice(None)] * x.ndim
+        key[axis] = slice(start, stop)
+        return x[tuple(key)]
+
+    def concatenate(self, arrays: list[np.ndarray], axis: int) -> np.ndarray:
+        return np.concatenate(arrays, axis=axis)
+
+    def index(self, x: np.ndarray, key: Any) -> np.ndarray:
+        return x[key]
+
+    def index_add(self, shape: tuple[int, ...], key: Any, values: np.ndarray) -> np.ndarray:
+        out = np.zeros(shape, dtype=values.dtype)
+        np.add.at(out, key, values)  # repeated indices accumulate
+        return out
+
+    # embeddings and masks
+    def take_rows(self, table: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        return np.take(table, ids, axis=0)
+
+    def scatter_add_rows(self, ids: np.ndarray, grad_rows: np.ndarray, num_rows: int) -> np.ndarray:
+        width = grad_rows.shape[-1]
+        out = np.zeros((num_rows, width), dtype=grad_rows.dtype)
+        np.add.at(out, ids.reshape(-1), grad_rows.reshape(-1, width))
+        return out
+
+    def dropout_mask(self, shape: tuple[int, ...], p: float, rng: np.random.Generator, dtype: Any) -> np.ndarray:
+        # Always draw float32 uniforms so float32 and float64 models drop the same units for a seed.
+        mask = (rng.random(shape, dtype=np.float32) >= p).astype(dtype)
+        mask *= 1.0 / (1.0 - p)
+        return mask
+
+    # fused kernels
+    def gelu(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """GELU, tanh approximation (torch approximate="tanh"); returns (y, tanh of the inner term)."""
+        inner = x * x
+        inner *= GELU_COEFF
+        inner += 1.0
+        inner *= x
+        inner *= SQRT_2_OVER_PI
+        tanh_inner = np.tanh(inner, out=inner)
+        y = tanh_inner + 1.0
+        y *= x
+        y *= 0.5
+        return y, tanh_inner
+
+    def gelu_backward(self, x: np.ndarray, tanh_inner: np.ndarray, grad: np.ndarray) -> np.ndarray:
+        # d/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 a x^2), t = tanh(c (x + a x^3))
+        inner_slope = x * x
+        inner_slope *= 3.0 * GELU_COEFF * SQRT_2_OVER_PI
+        inner_slope += SQRT_2_OVER_PI
+        dx = tanh_inner * tanh_inner
+        np.subtract(1.0, dx, out=dx)
+        dx *= inner_slope
+        dx *= x
+        dx += tanh_inner
+        dx += 1.0
+        dx *= 0.5
+        dx *= grad
+        return dx
+
+    def softmax(self, x: np.ndarray, axis: int) -> np.ndarray:
+        return _softmax_in_place(x - np.max(x, axis=axis, keepdims=True), axis)
+
+    def softmax_backward(self, y: np.ndarray, grad: np.ndarray, axis: int) -> np.ndarray:
+        dx = grad - np.sum(grad * y, axis=axis, keepdims=True)
+        dx *= y
+        return dx
+
+    def log_softmax(self, x: np.ndarray, axis: int) -> np.ndarray:
+        shifted = x - np.max(x, axis=axis, keepdims=True)
+        shifted -= np.log(np.sum(np.exp(shifted), axis=axis, keepdims=True))
+        return shifted
+
+    def log_softmax_backward(self, y: np.ndarray, grad: np.ndarray, axis: int) -> np.ndarray:
+        return grad - np.exp(y) * np.sum(grad, axis=axis, keepdims=True)
+
+    def cross_entropy(
+        self, logits: np.ndarray, targets: np.ndarray, ignore_index: int
+    ) -> tuple[np.ndarray, np.ndarray, int]:
+        """Mean negative log-likelihood over rows whose target is not ignore_index; logits (N, V), targets (N,).
+
+        Returns (loss as a 0-d array, softmax probabilities for the backward pass, number of counted rows).
+        With every row ignored the loss is 0 (torch would give nan).
+        """
+        rows = np.arange(logits.shape[0])
+        valid = targets != ignore_index
+        count = int(np.count_nonzero(valid))
+        safe_targets = np.where(valid, targets, 0)
+        probs = logits - np.max(logits, axis=1, keepdims=True)  # shifted logits, (N, V)
+        picked = probs[rows, safe_targets]
+        np.exp(probs, out=probs)
+        sum_exp = np.sum(probs, axis=1)
+        nll = np.log(sum_exp) - picked
+        loss = np.sum(nll * valid) / max(count, 1)
+        probs /= sum_exp[:, None]
+        return np.asarray(loss, dtype=logits.dtype), probs, count
+
+    def cross_entropy_backward(
+        self, probs: np.ndarray, targets: np.ndarray, ignore_index: int, count: int, grad: np.ndarray
+    ) -> np.ndarray:
+        valid = targets != ignore_index
+        dlogits = probs  # owned by the forward pass and used once, so updated in place
+        dlogits[np.arange(probs.shape[0]), np.where(valid, targets, 0)] -= 1.0
+        row_scale = valid.astype(probs.dtype) * (grad / max(count, 1))
+        dlogits *= row_scale[:, None]
+        return dlogits
+
+    def layer_norm(
+        self, x: np.ndarray, weight: np.ndarray | None, bias: np.ndarray | None, eps: float
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Normalise the last axis; returns (y, normalized x, 1/std) with the last two kept for backward."""
+        normalized = x - np.mean(x, axis=-1, keepdims=True)
+        variance = np.mean(normalized * normalized, axis=-1, keepdims=True)
+        rstd = 1.0 / np.sqrt(variance + eps)
+        normalized *= rstd
+        y = normalized * weight if weight is not None else normalized.copy()
+        if bias is not None:
+            y += bias
+        return y, normalized, rstd
+
+    def layer_norm_backward(
+        self, normalized: np.ndarray, rstd: np.ndarray, weight: np.ndarray | None, grad: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+        width = normalized.shape[-1]
+        grad_rows = grad.reshape(-1, width)
+        dweight = np.sum(grad_rows * normalized.reshape(-1, width), axis=0) if weight is not None else None
+        dbias = np.sum(grad_rows, axis=0)
+        dnormalized = grad * weight if weight is not None else grad.copy()
+        projection = np.mean(dnormalized * normalized, axis=-1, keepdims=True)
+        dx = dnormalized - np.mean(dnormalized, axis=-1, keepdims=True)
+        dx -= normalized * projection
+        dx *= rstd
+        return dx, dweight, dbias
+
+    def _causal_additive_mask(self, length: int, dtype: Any) -> np.ndarray:
+        key = (length, np.dtype(dtype))
+        if key not in self._causal_bias:
+            future = np.triu(np.ones((length, length), dtype=bool), k=1)
+            self._causal_bias[key] = np.where(future, -np.inf, 0.0).astype(dtype)  # (T, T)
+        return self._causal_bias[key]
+
+    def causal_attention(
+        self, qkv: np.ndarray, n_head: int, dropout_mask: np.ndarray | None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Causal multi-head attention on packed projections qkv (B, T, 3C) -> (y (B, T, C), probs (B, nh, T, T))."""
+        batch, length, width3 = qkv.shape
+        head_size = width3 // (3 * n_head)
+        heads = qkv.reshape(batch, length, 3, n_head, head_size).transpose(2, 0, 3, 1, 4)  # (3, B, nh, T, hs)
+        query, key, value = heads[0], heads[1], heads[2]
+        scores = np.matmul(query, np.swapaxes(key, -1, -2))  # (B, nh, T, T)
+        scores *= 1.0 / math.sqrt(head_size)
+        scores += self._causal_additive_mask(length, qkv.dtype)
+        scores -= np.max(scores, axis=-1, keepdims=True)
+        probs = _softmax_in_place(scores, axis=-1)
+        attended = probs * dropout_mask if dropout_mask is not None else probs
+        y = np.matmul(attended, value)  # (B, nh, T, hs)
+        return y.transpose(0, 2, 1, 3).reshape(batch, length, width3 // 3), probs
+
+    def causal_attention_backward(
+        self, qkv: np.ndarray, probs: np.ndarray, n_head: int, dropout_mask: np.ndarray | None, grad: np.ndarray
+    ) -> np.ndarray:
+        batch, length, width3 = qkv.shape
+        head_size = width3 // (3 * n_head)
+        heads = qkv.reshape(batch, length, 3, n_head, head_size).transpose(2, 0, 3, 1, 4)  # (3, B, nh, T, hs)
+        query, key, value = heads[0], heads[1], heads[2]
+        grad_y = grad.reshape(batch, length, n_head, head_size).transpose(0, 2, 1, 3)  # (B, nh, T, hs)
+        dheads = np.empty((3, batch, n_head, length, head_size), dtype=qkv.dtype)
+        attended = probs * dropout_mask if dropout_mask is not None else probs
+        np.matmul(np.swapaxes(attended, -1, -2), grad_y, out=dheads[2])  # dv
+        dprobs = np.matmul(grad_y, np.swapaxes(value, -1, -2))  # (B, nh, T, T)
+        if dropout_mask is not None:
+            dprobs *= dropout_mask
+        dscores = self.softmax_backward(probs, dprobs, axis=-1)
+        dscores *= 1.0 / math.sqrt(head_size)
+        np.matmul(dscores, key, out=dheads[0])  # dq
+        np.matmul(np.swapaxes(dscores, -1, -2), query, out=dheads[1])  # dk
+        return dheads.transpose(1, 3, 0, 2, 4).reshape(batch, length, width3)
+
+    # optimizer kernels
+    def sgd_momentum_update(
+        self, param: np.ndarray, grad: np.ndarray, momentum_buffer: np.ndarray | None, *, lr: float,
+        momentum: float, dampening: float, nesterov: bool, weight_decay: float,
+    ) -> np.ndarray | None:
+        """torch.optim.SGD step for one parameter, in place; returns the (possibly new) momentum buffer."""
+        direction = grad + weight_decay * param if weight_decay else grad
+        if momentum:
+            if momentum_buffer is None:
+                momentum_buffer = np.array(direction, copy=True)
+            else:
+                momentum_buffer *= momentum
+                momentum_buffer += (1.0 - dampening) * direction
+            direction = direction + momentum * momentum_buffer if nesterov else momentum_buffer
+        param -= lr * direction
+        return momentum_buffer
+
+    def adam_update(
+        self, param: np.ndarray, grad: np.ndarray, exp_avg: np.ndarray, exp_avg_sq: np.ndarray, *, step: int,
+        lr: float, beta_1: float, beta_2: float, eps: float, weight_decay: float, decoupled_weight_decay: bool,
+    ) -> None:
+        """torch.optim.Adam / AdamW step for one parameter, in place (bias-corrected, eps outside the sqrt)."""
+        if weight_decay and decoupled_weight_decay:
+            param *= 1.0 - lr * weight_decay
+        elif weight_decay:
+            grad = grad + weight_decay * param
+        exp_avg *= beta_1
+        exp_avg += (1.0 - beta_1) * grad
+        exp_avg_sq *= beta_2
+        exp_avg_sq += (1.0 - beta_2) * (grad * grad)
+        bias_correction_1 = 1.0 - beta_1**step
+        bias_correction_2 = 1.0 - beta_2**step
+        denom = np.sqrt(exp_avg_sq)
+        denom *= 1.0 / math.sqrt(bias_correction_2)
+        denom += eps
+        update = exp_avg / denom
+        update *= lr / bias_correction_1
+        param -= update
+
+    def squared_norm(self, x: np.ndarray) -> np.ndarray:
+        flat = x.reshape(-1)
+        return np.asarray(np.dot(flat, flat))

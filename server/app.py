@@ -1,0 +1,130 @@
+"""The relay's Starlette application: the page, its assets, and (later) the session API."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from server import static
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+# Only our own origin; Pyodide compiles WebAssembly, which needs 'wasm-unsafe-eval' (not 'unsafe-eval').
+CONTENT_SECURITY_POLICY = (
+    "default-src 'self'; script-src 'self' 'wasm-unsafe-eval'; worker-src 'self'; connect-src 'self'; "
+    "img-src 'self' data:; style-src 'self'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'; "
+    "form-action 'self'"
+)
+SECURITY_HEADERS = (
+    (b"content-security-policy", CONTENT_SECURITY_POLICY.encode()),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"no-referrer"),
+    (b"cross-origin-resource-policy", b"same-origin"),
+)
+PYODIDE_SUFFIXES = frozenset({".js", ".mjs", ".wasm", ".zip", ".json", ".whl", ".map"})
+PAGE_SUFFIXES = frozenset({".js", ".css", ".svg", ".png", ".html"})
+# Front-end libraries from npm, served under fixed names: /vendor/<name> -> web/node_modules/<path>.
+VENDOR_FILES = {"chart.umd.js": "chart.js/dist/chart.umd.js"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class RelayPaths:
+    """Where the relay finds what it serves. Defaults: this checkout."""
+
+    web: Path = field(default_factory=lambda: REPO_ROOT / "web")
+    wheels: Path = field(default_factory=lambda: REPO_ROOT / "wheels")
+
+    @property
+    def node_modules(self) -> Path:
+        return self.web / "node_modules"
+
+    @property
+    def pyodide_core(self) -> Path:
+        return self.node_modules / "pyodide"
+
+    def missing(self) -> list[str]:
+        """What set-up has not produced yet, as messages a person can act on."""
+        problems = []
+        if not (self.pyodide_core / "pyodide.asm.wasm").is_file():
+            problems.append(f"{self.pyodide_core} has no Pyodide core: run `npm ci` in web/ (or `make setup`)")
+        if not (self.wheels / "pyodide-lock.json").is_file():
+            problems.append(f"{self.wheels}/pyodide-lock.json is missing: run `make setup` to build the wheels")
+        return problems
+
+
+class SecurityHeaders:
+    """Adds the Content-Security-Policy and friends to every response."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message.setdefault("headers", [])
+                message["headers"] = list(message["headers"]) + list(SECURITY_HEADERS)
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
+
+
+def _runtime_version(wheels: Path) -> str | None:
+    lock_path = wheels / "pyodide-lock.json"
+    if not lock_path.is_file():
+        return None
+    entry = json.loads(lock_path.read_text())["packages"].get("peertrain-runtime")
+    return entry["version"] if entry else None
+
+
+def create_app(paths: RelayPaths | None = None) -> Starlette:
+    paths = paths or RelayPaths()
+    page_tree = static.FileTree([paths.web / "src"], allowed_suffixes=PAGE_SUFFIXES)
+    wheels_tree = static.FileTree([paths.wheels], allowed_suffixes=PYODIDE_SUFFIXES)
+    core_tree = static.FileTree([paths.pyodide_core], cache_control=static.IMMUTABLE,
+                                allowed_suffixes=PYODIDE_SUFFIXES - {".json"})
+
+    async def index(request: Request) -> Response:
+        return static.file_response(paths.web / "index.html", cache_control=static.REVALIDATE)
+
+    async def pyodide_files(request: Request) -> Response:
+        """The lock file and wheels we built come first; the npm package's core files after them."""
+        relative = request.path_params["path"]
+        for tree in (wheels_tree, core_tree):
+            found = tree.find(relative)
+            if found is not None:
+                return static.file_response(found, cache_control=tree.cache_control)
+        return static.not_found()
+
+    async def vendor(request: Request) -> Response:
+        relative = VENDOR_FILES.get(request.path_params["path"])
+        found = static.safe_join(paths.node_modules, relative) if relative else None
+        if found is None:
+            return static.not_found()
+        return static.file_response(found, cache_control=static.REVALIDATE)
+
+    async def healthz(request: Request) -> Response:
+        problems = paths.missing()
+        body = {"ok": not problems, "problems": problems, "runtime_version": _runtime_version(paths.wheels)}
+        return JSONResponse(body, status_code=200 if not problems else 503)
+
+    routes = [
+        Route("/", index),
+        Route("/healthz", healthz),
+        Route("/src/{path:path}", page_tree.endpoint),
+        Route("/pyodide/{path:path}", pyodide_files),
+        Route("/wheels/{path:path}", wheels_tree.endpoint),
+        Route("/vendor/{path:path}", vendor),
+    ]
+    return Starlette(routes=routes, middleware=[Middleware(SecurityHeaders)])

@@ -1,0 +1,47 @@
+"""The page boots Pyodide in a Worker from the relay alone and imports the runtime."""
+
+from __future__ import annotations
+
+import json
+from urllib.parse import urlsplit
+
+import pytest
+from playwright.sync_api import Page
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+
+def test_page_boots_runtime_in_worker_from_own_origin(page: Page, relay_url: str) -> None:
+    requested: list[str] = []
+    page.context.on("request", lambda request: requested.append(request.url))
+    console_errors: list[str] = []
+    page.on("console", lambda message: message.type == "error" and console_errors.append(message.text))
+
+    page.goto(relay_url)
+    # Selectors, not wait_for_function: the page's CSP forbids the eval that function polling needs.
+    page.locator("body[data-state='ready'], body[data-state='failed']").wait_for(timeout=90_000)
+    assert page.evaluate("window.peertrain.state") == "ready", page.inner_text("#error")
+
+    versions = page.evaluate("window.peertrain.versions")
+    assert versions["numpy"] == "2.0.2"
+    assert versions["pyodide"] == "0.27.7"
+    assert versions["python"].startswith("3.12.")
+    assert versions["runtime"] == "0.1.0"
+
+    # The worker really imported both modules (not just loaded files): ask it.
+    answer = page.evaluate(
+        "window.peertrain.run(`import json, sys, numpy, runtime\\n"
+        "json.dumps({'modules': sorted(m for m in ('numpy', 'runtime') if m in sys.modules),"
+        " 'sum': int(numpy.arange(10).sum())})`)"
+    )
+    assert json.loads(answer) == {"modules": ["numpy", "runtime"], "sum": 45}
+
+    origin = urlsplit(relay_url).netloc
+    foreign = [url for url in requested if urlsplit(url).scheme in ("http", "https") and urlsplit(url).netloc != origin]
+    assert requested, "no requests recorded"
+    assert foreign == [], f"requests left the relay's origin: {foreign}"
+    assert any(url.endswith("pyodide.asm.wasm") for url in requested)
+    assert any("peertrain_runtime" in url for url in requested)
+    assert not [e for e in console_errors if "Content Security Policy" in e]
+    # The page stayed responsive: the main thread answers while the worker is busy.
+    assert page.evaluate("1 + 1") == 2
