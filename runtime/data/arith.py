@@ -1,0 +1,210 @@
+"""Arithmetic problems for a small causal language model: ``"37+48=85"`` followed by an end-of-answer marker.
+
+Which problems go where (all seeded by ``ArithSettings.seed``):
+- Every operand pair (a, b) with both operands in ``[operand_min, operand_max]`` goes to exactly one side of
+  ``split_pairs``: a held-out share (``heldout_fraction``, default 10%) and the training pairs; a held-out
+  pair is never trained on, with any operator.
+- ``generate_problems``: ``num_examples`` problems drawn with replacement from the training pairs and
+  the operators.
+- ``validation_problems``: ``validation_size`` (200) problems drawn uniformly from the whole operand range,
+  as in the field report. These MAY overlap the training problems: with 0-99 the range holds few enough
+  problems that a model can memorise most of them, so this set measures fit, not generalisation.
+- ``generalization_problems``: problems the model never saw: up to ``generalization_size`` problems on
+  held-out pairs, plus ``beyond_range_size`` problems whose operands lie above the training range
+  (100-999 for the default range: three-digit numbers).
+
+Answers of ``-`` may be negative and carry a leading ``-`` (``"3-5=-2"``); ``*`` is the plain product.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from typing import NamedTuple
+
+import numpy as np
+
+from runtime.data.tokenizer import EOS, PAD, Tokenizer
+
+SUPPORTED_OPERATORS = ("+", "-", "*")
+IGNORE_INDEX = -100  # target value that the loss skips
+
+
+class ArithError(ValueError):
+    """Arithmetic data settings or inputs that cannot be used."""
+
+
+@dataclass
+class ArithSettings:
+    operand_min: int = 0
+    operand_max: int = 99
+    operators: tuple[str, ...] = ("+",)
+    num_examples: int = 10_000
+    seed: int = 0
+    chunks: int = 1
+    end_token: str = EOS
+    heldout_fraction: float = 0.1
+    validation_size: int = 200
+    generalization_size: int = 200
+    beyond_range_size: int = 50
+
+    def __post_init__(self) -> None:
+        self.operators = tuple(self.operators)
+        unknown = [op for op in self.operators if op not in SUPPORTED_OPERATORS]
+        if not self.operators or unknown:
+            raise ArithError(f"operators must be a non-empty subset of {SUPPORTED_OPERATORS}, got {self.operators}")
+        if not 0 <= self.operand_min <= self.operand_max:
+            raise ArithError(f"need 0 <= operand_min <= operand_max, got {self.operand_min}, {self.operand_max}")
+        if self.num_examples < 1 or self.chunks < 1 or self.chunks > self.num_examples:
+            raise ArithError(f"need 1 <= chunks <= num_examples, got {self.chunks}, {self.num_examples}")
+        if not 0.0 <= self.heldout_fraction < 1.0:
+            raise ArithError(f"heldout_fraction must be in [0, 1), got {self.heldout_fraction}")
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> ArithSettings:
+        data = json.loads(text)
+        data["operators"] = tuple(data["operators"])
+        return cls(**data)
+
+
+class Problem(NamedTuple):
+    a: int
+    op: str
+    b: int
+    answer: str
+
+    @property
+    def prompt(self) -> str:
+        return f"{self.a}{self.op}{self.b}="
+
+    def text(self, end_text: str = EOS) -> str:
+        return f"{self.prompt}{self.answer}{end_text}"
+
+
+def compute_answer(a: int, op: str, b: int) -> str:
+    if op == "+":
+        return str(a + b)
+    if op == "-":
+        return str(a - b)
+    if op == "*":
+        return str(a * b)
+    raise ArithError(f"unsupported operator {op!r}; use one of {SUPPORTED_OPERATORS}")
+
+
+def make_problem(a: int, op: str, b: int) -> Problem:
+    return Problem(a, op, b, compute_answer(a, op, b))
+
+
+def _rng(settings: ArithSettings, purpose: int) -> np.random.Generator:
+    """An independent stream per purpose, so changing one set's size never reshuffles another."""
+    return np.random.default_rng(np.random.SeedSequence(settings.seed, spawn_key=(purpose,)))
+
+
+def arith_alphabet(settings: ArithSettings) -> str:
+    """Every character the problems use: digits, the operators and '=' (only '-' makes negative answers)."""
+    return "0123456789" + "".join(settings.operators) + "="
+
+
+def split_pairs(settings: ArithSettings) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """(train pairs, held-out pairs): a seeded, disjoint split of every operand pair in range."""
+    values = range(settings.operand_min, settings.operand_max + 1)
+    pairs = [(a, b) for a in values for b in values]
+    order = _rng(settings, 0).permutation(len(pairs))
+    n_heldout = int(round(settings.heldout_fraction * len(pairs)))
+    if n_heldout >= len(pairs):
+        raise ArithError("the held-out share leaves no training pairs")
+    heldout = sorted(pairs[i] for i in order[:n_heldout])
+    train = sorted(pairs[i] for i in order[n_heldout:])
+    return train, heldout
+
+
+def _draw(pairs: list[tuple[int, int]], operators: tuple[str, ...], n: int, rng: np.random.Generator) -> list[Problem]:
+    pair_idx = rng.integers(0, len(pairs), size=n)
+    op_idx = rng.integers(0, len(operators), size=n)
+    return [
+        make_problem(pairs[p][0], operators[o], pairs[p][1])
+        for p, o in zip(pair_idx.tolist(), op_idx.tolist(), strict=True)
+    ]
+
+
+def generate_problems(settings: ArithSettings) -> list[Problem]:
+    """``num_examples`` training problems, drawn with replacement from the training pairs."""
+    train, _ = split_pairs(settings)
+    return _draw(train, settings.operators, settings.num_examples, _rng(settings, 1))
+
+
+def chunk_problems(problems: list[Problem], chunks: int) -> list[list[Problem]]:
+    """Contiguous, equal-ish chunks (sizes differ by at most one)."""
+    if not 1 <= chunks <= len(problems):
+        raise ArithError(f"cannot cut {len(problems)} problems into {chunks} chunks")
+    bounds = np.linspace(0, len(problems), chunks + 1).round().astype(int).tolist()
+    return [problems[bounds[i] : bounds[i + 1]] for i in range(chunks)]
+
+
+def validation_problems(settings: ArithSettings) -> list[Problem]:
+    """``validation_size`` problems from the whole training range; they may overlap the training problems."""
+    values = range(settings.operand_min, settings.operand_max + 1)
+    pairs = [(a, b) for a in values for b in values]
+    return _draw(pairs, settings.operators, settings.validation_size, _rng(settings, 2))
+
+
+def generalization_problems(settings: ArithSettings) -> list[Problem]:
+    """Problems never trained on: held-out pairs, then operands above the range (100-999 by default)."""
+    _, heldout = split_pairs(settings)
+    rng = _rng(settings, 3)
+    chosen = rng.permutation(len(heldout))[: settings.generalization_size].tolist()
+    ops = rng.integers(0, len(settings.operators), size=len(chosen)).tolist()
+    problems = [
+        make_problem(heldout[i][0], settings.operators[o], heldout[i][1]) for i, o in zip(chosen, ops, strict=True)
+    ]
+    low = settings.operand_max + 1
+    high = max(999, 10 * low - 1)
+    a = rng.integers(low, high + 1, size=settings.beyond_range_size).tolist()
+    b = rng.integers(low, high + 1, size=settings.beyond_range_size).tolist()
+    ops = rng.integers(0, len(settings.operators), size=settings.beyond_range_size).tolist()
+    problems += [make_problem(x, settings.operators[o], y) for x, o, y in zip(a, ops, b, strict=True)]
+    return problems
+
+
+def make_lm_examples(tokenizer: Tokenizer, problems: list[Problem], context: int) -> tuple[np.ndarray, np.ndarray]:
+    """Causal-LM arrays: inputs (N, T) int32 padded with ``<pad>``, targets (N, T) int32 = the next token.
+
+    Each problem is written ``prompt + answer + tokenizer.end_text``. A target counts only when its token
+    holds a character of the answer or the end marker; prompt targets and padding are ``IGNORE_INDEX``
+    (-100). A token that straddles the '=' (like a glued "8=8") counts, since it holds answer characters.
+    """
+    n = len(problems)
+    inputs = np.full((n, context), tokenizer.pad_id, dtype=np.int32)
+    targets = np.full((n, context), IGNORE_INDEX, dtype=np.int32)
+    for row, problem in enumerate(problems):
+        pieces = tokenizer.pieces(problem.text(tokenizer.end_text))
+        if len(pieces) - 1 > context:
+            raise ArithError(
+                f"{problem.text(tokenizer.end_text)!r} needs {len(pieces) - 1} positions, context is {context}"
+            )
+        ids = [tokenizer.token_id(p) for p in pieces]
+        ends = np.cumsum([len(p) for p in pieces])  # character offset where each token ends
+        prompt_len = len(problem.prompt)
+        for j in range(len(ids) - 1):
+            inputs[row, j] = ids[j]
+            if ends[j + 1] > prompt_len:
+                targets[row, j] = ids[j + 1]
+    return inputs, targets
+
+
+def parse_answer(tokenizer: Tokenizer, generated_ids: list[int] | np.ndarray) -> str:
+    """The answer in ids generated after the prompt: the decoded text up to the end marker (or newline/pad)."""
+    text = tokenizer.decode(np.asarray(generated_ids, dtype=np.int64).tolist())
+    for stop in (EOS, "\n", PAD):
+        text = text.split(stop, 1)[0]
+    return text.strip()
+
+
+def exact_match(answers: list[str], problems: list[Problem]) -> float:
+    """Share of answers that equal the true answer exactly."""
+    if len(answers) != len(problems):
+        raise ArithError(f"{len(answers)} answers for {len(problems)} problems")
+    return sum(a == p.answer for a, p in zip(answers, problems, strict=True)) / max(1, len(problems))

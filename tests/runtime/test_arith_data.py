@@ -1,0 +1,167 @@
+"""Arithmetic problems, the pure-Python tokenizer, and the causal-LM arrays built from them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from runtime.data.arith import (
+    IGNORE_INDEX,
+    ArithError,
+    ArithSettings,
+    Problem,
+    arith_alphabet,
+    chunk_problems,
+    exact_match,
+    generalization_problems,
+    generate_problems,
+    make_lm_examples,
+    make_problem,
+    parse_answer,
+    split_pairs,
+    validation_problems,
+)
+from runtime.data.tokenizer import (
+    EOS,
+    PAD,
+    CharTokenizer,
+    Tokenizer,
+    TokenizerError,
+    glued_tokens,
+    inspect_tokenization,
+    tokenization_warning,
+)
+
+SETTINGS = ArithSettings(num_examples=2000, seed=3, operators=("+", "-", "*"), chunks=4)
+
+
+def test_settings_round_trip_through_json() -> None:
+    again = ArithSettings.from_json(SETTINGS.to_json())
+    assert again == SETTINGS and again.operators == ("+", "-", "*")
+    assert ArithSettings.from_json(ArithSettings().to_json()) == ArithSettings()
+
+
+def test_settings_are_checked() -> None:
+    with pytest.raises(ArithError, match="operators"):
+        ArithSettings(operators=("/",))
+    with pytest.raises(ArithError, match="operand_min"):
+        ArithSettings(operand_min=50, operand_max=10)
+    with pytest.raises(ArithError, match="chunks"):
+        ArithSettings(num_examples=3, chunks=5)
+
+
+def test_answers_and_format() -> None:
+    assert make_problem(37, "+", 48) == Problem(37, "+", 48, "85")
+    assert make_problem(37, "+", 48).text() == "37+48=85<eos>"
+    assert make_problem(3, "-", 5).text() == "3-5=-2<eos>"
+    assert make_problem(12, "*", 11).prompt == "12*11="
+    assert make_problem(12, "*", 11).answer == "132"
+    for p in generate_problems(SETTINGS):
+        assert int(p.answer) == {"+": p.a + p.b, "-": p.a - p.b, "*": p.a * p.b}[p.op]
+
+
+def test_problems_are_seeded() -> None:
+    assert generate_problems(SETTINGS) == generate_problems(SETTINGS)
+    other = ArithSettings.from_json(SETTINGS.to_json().replace('"seed": 3', '"seed": 4'))
+    assert generate_problems(other) != generate_problems(SETTINGS)
+    assert len(generate_problems(SETTINGS)) == 2000
+    assert {p.op for p in generate_problems(SETTINGS)} == {"+", "-", "*"}
+
+
+def test_held_out_pairs_are_disjoint_and_never_trained_on() -> None:
+    train, heldout = split_pairs(SETTINGS)
+    assert len(train) + len(heldout) == 100 * 100 and len(heldout) == 1000
+    assert not set(train) & set(heldout)
+    trained_pairs = {(p.a, p.b) for p in generate_problems(SETTINGS)}
+    assert trained_pairs <= set(train)
+    general = generalization_problems(SETTINGS)
+    on_heldout = [p for p in general if p.a <= 99 and p.b <= 99]
+    beyond = [p for p in general if p.a > 99]
+    assert len(on_heldout) == 200 and len(beyond) == 50
+    assert all((p.a, p.b) in set(heldout) for p in on_heldout)
+    assert all(100 <= p.a <= 999 and 100 <= p.b <= 999 for p in beyond)  # three-digit problems
+    assert generalization_problems(SETTINGS) == general
+
+
+def test_validation_problems_cover_the_training_range() -> None:
+    problems = validation_problems(ArithSettings())
+    assert len(problems) == 200 and problems == validation_problems(ArithSettings())
+    assert all(0 <= p.a <= 99 and 0 <= p.b <= 99 and p.op == "+" for p in problems)
+
+
+def test_chunks_are_contiguous_and_equal_ish() -> None:
+    problems = generate_problems(SETTINGS)
+    chunks = chunk_problems(problems, 7)
+    assert [p for chunk in chunks for p in chunk] == problems
+    assert max(map(len, chunks)) - min(map(len, chunks)) <= 1
+
+
+def test_char_tokenizer_keeps_every_character_apart() -> None:
+    tok = CharTokenizer.build(arith_alphabet(SETTINGS))
+    assert tok.vocab[:2] == [PAD, EOS] and tok.pad_id == 0 and tok.eos_id == 1
+    text = "37+48=85<eos>"
+    assert tok.pieces(text) == ["3", "7", "+", "4", "8", "=", "8", "5", "<eos>"]
+    assert tok.decode(tok.encode(text)) == text
+    assert tok.encode(text)[-1] == tok.eos_id
+    assert glued_tokens(tok) == [] and tokenization_warning(tok) is None
+    expected = '37+48=85<eos> -> "3" | "7" | "+" | "4" | "8" | "=" | "8" | "5" | "<eos>"'
+    assert inspect_tokenization(tok, [text]) == [expected]
+    again = Tokenizer.from_json(tok.to_json())
+    assert again.vocab == tok.vocab and again.encode(text) == tok.encode(text)
+    with pytest.raises(TokenizerError, match="not in the vocabulary"):
+        tok.encode("3/4")
+    with pytest.raises(TokenizerError, match="outside"):
+        tok.decode([99])
+
+
+def bpe_like_report() -> Tokenizer:
+    """A hand-made BPE with the report's merges: it glues digits to '+', '=' and the end marker."""
+    chars = list("0123456789+=<eos>\n")
+    merges = [("7", "+"), ("7+", "4"), ("8", "="), ("8=", "8"), ("<", "e"), ("<e", "o"), ("<eo", "s")]
+    merges += [("<eos", ">"), ("<eos>", "\n"), ("5", "<eos>\n")]
+    vocab = [PAD, EOS, *dict.fromkeys(chars), *[a + b for a, b in merges if a + b != EOS]]
+    return Tokenizer(vocab=vocab, merges=merges, split_special_tokens=False, end_text="<eos>\n")
+
+
+def test_bpe_merges_glue_fragments_and_are_flagged() -> None:
+    tok = bpe_like_report()
+    text = "37+48=85<eos>\n"
+    assert tok.pieces(text) == ["3", "7+4", "8=8", "5<eos>\n"]
+    assert inspect_tokenization(tok, [text]) == ['37+48=85<eos> -> "3" | "7+4" | "8=8" | "5<eos>\\n"']
+    assert set(glued_tokens(tok)) == {"7+", "7+4", "8=", "8=8"}
+    warning = tokenization_warning(tok)
+    assert warning is not None and "7+4" in warning and "end marker" in warning
+    split = Tokenizer.from_json(tok.to_json().replace('"split_special_tokens": false', '"split_special_tokens": true'))
+    assert split.pieces(text) == ["3", "7+4", "8=8", "5", "<eos>", "\n"]
+
+
+def test_lm_examples_mask_the_prompt() -> None:
+    tok = CharTokenizer.build("0123456789+=")
+    problems = [make_problem(37, "+", 48), make_problem(1, "+", 1)]
+    inputs, targets = make_lm_examples(tok, problems, context=10)
+    assert inputs.dtype == np.int32 and targets.dtype == np.int32 and inputs.shape == targets.shape == (2, 10)
+    ids = tok.encode("37+48=85<eos>")
+    assert inputs[0, :8].tolist() == ids[:-1] and inputs[0, 8:].tolist() == [tok.pad_id] * 2
+    # position 5 holds '=' and predicts '8'; earlier positions predict prompt characters
+    assert targets[0].tolist() == [IGNORE_INDEX] * 5 + ids[6:] + [IGNORE_INDEX] * 2
+    assert tok.decode(t for t in targets[1] if t != IGNORE_INDEX) == "2<eos>"
+    with pytest.raises(ArithError, match="context"):
+        make_lm_examples(tok, problems, context=5)
+
+
+def test_lm_examples_count_tokens_that_straddle_the_equals_sign() -> None:
+    tok = bpe_like_report()
+    inputs, targets = make_lm_examples(tok, [make_problem(37, "+", 48)], context=4)
+    ids = [tok.token_id(p) for p in ["3", "7+4", "8=8", "5<eos>\n"]]
+    assert inputs[0].tolist() == ids[:3] + [tok.pad_id]
+    assert targets[0].tolist() == [IGNORE_INDEX, ids[2], ids[3], IGNORE_INDEX]
+
+
+def test_parse_answer_and_exact_match() -> None:
+    tok = CharTokenizer.build("0123456789+-=")
+    assert parse_answer(tok, tok.encode("85<eos>12")) == "85"
+    assert parse_answer(tok, np.array(tok.encode("-2<eos>"))) == "-2"
+    assert parse_answer(tok, tok.encode("85")) == "85"
+    assert parse_answer(bpe_like_report(), bpe_like_report().encode("8=85<eos>\n")) == "8=85"
+    problems = [make_problem(37, "+", 48), make_problem(3, "-", 5)]
+    assert exact_match(["85", "-2"], problems) == 1.0 and exact_match(["85", "2"], problems) == 0.5
