@@ -105,7 +105,7 @@ class Tensor:
             if self.shape != ():
                 raise RuntimeError(f"backward() without a gradient needs a scalar, got shape {self.shape}")
             grad = get_backend().full((), 1.0, self.dtype)
-        _accumulate(self, grad)
+        accumulate_grad(self, grad)
         for node in reversed(_topological_order(self)):
             if node._backward is None:
                 continue  # a leaf: its .grad is the result
@@ -118,75 +118,75 @@ class Tensor:
 
     # arithmetic (operands may be Tensors, numpy arrays or Python numbers)
     def __add__(self, other: Any) -> Tensor:
-        return add(self, other)
+        return _ops.add(self, other)
 
     def __radd__(self, other: Any) -> Tensor:
-        return add(other, self)
+        return _ops.add(other, self)
 
     def __sub__(self, other: Any) -> Tensor:
-        return sub(self, other)
+        return _ops.sub(self, other)
 
     def __rsub__(self, other: Any) -> Tensor:
-        return sub(other, self)
+        return _ops.sub(other, self)
 
     def __mul__(self, other: Any) -> Tensor:
-        return mul(self, other)
+        return _ops.mul(self, other)
 
     def __rmul__(self, other: Any) -> Tensor:
-        return mul(other, self)
+        return _ops.mul(other, self)
 
     def __truediv__(self, other: Any) -> Tensor:
-        return div(self, other)
+        return _ops.div(self, other)
 
     def __rtruediv__(self, other: Any) -> Tensor:
-        return div(other, self)
+        return _ops.div(other, self)
 
     def __neg__(self) -> Tensor:
-        return neg(self)
+        return _ops.neg(self)
 
     def __pow__(self, exponent: Any) -> Tensor:
-        return power(self, exponent)
+        return _ops.power(self, exponent)
 
     def __matmul__(self, other: Tensor) -> Tensor:
-        return matmul(self, other)
+        return _ops.matmul(self, other)
 
     def __getitem__(self, key: Any) -> Tensor:
-        return getitem(self, key)
+        return _ops.getitem(self, key)
 
     def exp(self) -> Tensor:
-        return exp(self)
+        return _ops.exp(self)
 
     def log(self) -> Tensor:
-        return log(self)
+        return _ops.log(self)
 
     def tanh(self) -> Tensor:
-        return tanh(self)
+        return _ops.tanh(self)
 
     def relu(self) -> Tensor:
-        return relu(self)
+        return _ops.relu(self)
 
     def sum(self, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Tensor:
-        return reduce_sum(self, axis, keepdims)
+        return _ops.reduce_sum(self, axis, keepdims)
 
     def mean(self, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Tensor:
-        return mean(self, axis, keepdims)
+        return _ops.mean(self, axis, keepdims)
 
     def max(self, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Tensor:
-        return reduce_max(self, axis, keepdims)
+        return _ops.reduce_max(self, axis, keepdims)
 
     def reshape(self, *shape: int) -> Tensor:
         if len(shape) == 1 and isinstance(shape[0], tuple | list):
             shape = tuple(shape[0])
-        return reshape(self, shape)
+        return _ops.reshape(self, shape)
 
     def transpose(self, *axes: int) -> Tensor:
-        return permute(self, axes if axes else tuple(reversed(range(self.ndim))))
+        return _ops.permute(self, axes if axes else tuple(reversed(range(self.ndim))))
 
     permute = transpose
 
     @property
     def T(self) -> Tensor:  # noqa: N802 - numpy's name
-        return permute(self, tuple(reversed(range(self.ndim))))
+        return _ops.permute(self, tuple(reversed(range(self.ndim))))
 
 
 def tensor(data: Any, dtype: Any = None, requires_grad: bool = False) -> Tensor:
@@ -216,16 +216,13 @@ def make_result(data: Array, parents: tuple[Tensor, ...], backward: BackwardFn) 
     return out
 
 
-def _accumulate(target: Tensor, grad: Array) -> None:
+def accumulate_grad(target: Tensor, grad: Array) -> None:
     # Gradients are never mutated in place, so one array may be shared by several tensors' .grad.
     if not target.requires_grad:
         return
     if tuple(grad.shape) != target.shape:
         raise RuntimeError(f"gradient shape {tuple(grad.shape)} does not match tensor shape {target.shape}")
     target.grad = grad if target.grad is None else get_backend().binary("add", target.grad, grad)
-
-
-accumulate_grad = _accumulate
 
 
 def _topological_order(root: Tensor) -> list[Tensor]:
@@ -248,221 +245,4 @@ def _topological_order(root: Tensor) -> list[Tensor]:
     return order
 
 
-def unbroadcast(grad: Array, shape: Shape) -> Array:
-    """Sum a broadcast gradient back down to `shape` (the one place broadcasting is undone)."""
-    grad_shape = tuple(grad.shape)
-    if grad_shape == shape:
-        return grad
-    extra = len(grad_shape) - len(shape)
-    axes = tuple(range(extra)) + tuple(
-        extra + i for i, size in enumerate(shape) if size == 1 and grad_shape[extra + i] != 1
-    )
-    backend = get_backend()
-    summed = backend.reduce("sum", grad, axes, False) if axes else grad
-    return backend.reshape(summed, shape)
-
-
-# elementwise ops
-def _binary_operands(a: Any, b: Any) -> tuple[Tensor, Tensor]:
-    if isinstance(a, Tensor):
-        return a, as_tensor(b, a)
-    b = b if isinstance(b, Tensor) else tensor(b)
-    return as_tensor(a, b), b
-
-
-def add(a: Any, b: Any) -> Tensor:
-    a, b = _binary_operands(a, b)
-
-    def backward(grad: Array) -> None:
-        _accumulate(a, unbroadcast(grad, a.shape))
-        _accumulate(b, unbroadcast(grad, b.shape))
-
-    return make_result(get_backend().binary("add", a.data, b.data), (a, b), backward)
-
-
-def sub(a: Any, b: Any) -> Tensor:
-    a, b = _binary_operands(a, b)
-
-    def backward(grad: Array) -> None:
-        _accumulate(a, unbroadcast(grad, a.shape))
-        if b.requires_grad:
-            _accumulate(b, unbroadcast(get_backend().unary("neg", grad), b.shape))
-
-    return make_result(get_backend().binary("sub", a.data, b.data), (a, b), backward)
-
-
-def mul(a: Any, b: Any) -> Tensor:
-    a, b = _binary_operands(a, b)
-
-    def backward(grad: Array) -> None:
-        backend = get_backend()
-        if a.requires_grad:
-            _accumulate(a, unbroadcast(backend.binary("mul", grad, b.data), a.shape))
-        if b.requires_grad:
-            _accumulate(b, unbroadcast(backend.binary("mul", grad, a.data), b.shape))
-
-    return make_result(get_backend().binary("mul", a.data, b.data), (a, b), backward)
-
-
-def div(a: Any, b: Any) -> Tensor:
-    a, b = _binary_operands(a, b)
-    backend = get_backend()
-    quotient = backend.binary("div", a.data, b.data)
-
-    def backward(grad: Array) -> None:
-        grad_over_b = backend.binary("div", grad, b.data)
-        _accumulate(a, unbroadcast(grad_over_b, a.shape))
-        if b.requires_grad:  # d(a/b)/db = -(a/b)/b
-            _accumulate(b, unbroadcast(backend.unary("neg", backend.binary("mul", grad_over_b, quotient)), b.shape))
-
-    return make_result(quotient, (a, b), backward)
-
-
-def neg(a: Tensor) -> Tensor:
-    backend = get_backend()
-    return make_result(backend.unary("neg", a.data), (a,), lambda grad: _accumulate(a, backend.unary("neg", grad)))
-
-
-def power(base: Any, exponent: Any) -> Tensor:
-    """base ** exponent; a constant exponent is the common case, a Tensor exponent needs a positive base."""
-    base, exponent = _binary_operands(base, exponent)
-    backend = get_backend()
-    out = backend.binary("pow", base.data, exponent.data)
-
-    def backward(grad: Array) -> None:
-        if base.requires_grad:  # exponent * base ** (exponent - 1)
-            lowered = backend.binary("pow", base.data, backend.binary("sub", exponent.data, 1.0))
-            slope = backend.binary("mul", exponent.data, lowered)
-            _accumulate(base, unbroadcast(backend.binary("mul", grad, slope), base.shape))
-        if exponent.requires_grad:  # base ** exponent * log(base)
-            slope = backend.binary("mul", out, backend.unary("log", base.data))
-            _accumulate(exponent, unbroadcast(backend.binary("mul", grad, slope), exponent.shape))
-
-    return make_result(out, (base, exponent), backward)
-
-
-def exp(a: Tensor) -> Tensor:
-    backend = get_backend()
-    out = backend.unary("exp", a.data)
-    return make_result(out, (a,), lambda grad: _accumulate(a, backend.binary("mul", grad, out)))
-
-
-def log(a: Tensor) -> Tensor:
-    backend = get_backend()
-    return make_result(
-        backend.unary("log", a.data), (a,), lambda grad: _accumulate(a, backend.binary("div", grad, a.data))
-    )
-
-
-def tanh(a: Tensor) -> Tensor:
-    backend = get_backend()
-    out = backend.unary("tanh", a.data)
-
-    def backward(grad: Array) -> None:  # grad * (1 - tanh^2) = grad - grad * tanh^2
-        grad_times_square = backend.binary("mul", grad, backend.binary("mul", out, out))
-        _accumulate(a, backend.binary("sub", grad, grad_times_square))
-
-    return make_result(out, (a,), backward)
-
-
-def relu(a: Tensor) -> Tensor:
-    backend = get_backend()
-    return make_result(
-        backend.unary("relu", a.data),
-        (a,),
-        lambda grad: _accumulate(a, backend.binary("mul", grad, backend.unary("step", a.data))),
-    )
-
-
-# linear algebra
-def matmul(a: Tensor, b: Tensor) -> Tensor:
-    """Batched matrix product of (..., n, k) and (..., k, m); batch dimensions broadcast."""
-    if a.ndim < 2 or b.ndim < 2:
-        raise ValueError(f"matmul needs operands with at least 2 dimensions, got {a.shape} and {b.shape}")
-    backend = get_backend()
-
-    def backward(grad: Array) -> None:
-        if a.requires_grad:
-            _accumulate(a, unbroadcast(backend.matmul(grad, b.data, transpose_b=True), a.shape))
-        if b.requires_grad:
-            _accumulate(b, unbroadcast(backend.matmul(a.data, grad, transpose_a=True), b.shape))
-
-    return make_result(backend.matmul(a.data, b.data), (a, b), backward)
-
-
-# reductions
-def _normalize_axes(axis: int | Sequence[int] | None, ndim: int) -> tuple[int, ...]:
-    if axis is None:
-        return tuple(range(ndim))
-    axes = (axis,) if isinstance(axis, int) else tuple(axis)
-    return tuple(sorted(a % ndim for a in axes))
-
-
-def _kept_shape(shape: Shape, axes: tuple[int, ...]) -> Shape:
-    return tuple(1 if i in axes else size for i, size in enumerate(shape))
-
-
-def reduce_sum(a: Tensor, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Tensor:
-    backend = get_backend()
-    axes = _normalize_axes(axis, a.ndim)
-
-    def backward(grad: Array) -> None:
-        _accumulate(a, backend.broadcast_to(backend.reshape(grad, _kept_shape(a.shape, axes)), a.shape))
-
-    return make_result(backend.reduce("sum", a.data, axes, keepdims), (a,), backward)
-
-
-def mean(a: Tensor, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Tensor:
-    axes = _normalize_axes(axis, a.ndim)
-    count = 1
-    for i in axes:
-        count *= a.shape[i]
-    return mul(reduce_sum(a, axes, keepdims), 1.0 / count)
-
-
-def reduce_max(a: Tensor, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Tensor:
-    """Maximum over axes; the gradient is shared equally among tied maxima (like torch.amax)."""
-    backend = get_backend()
-    axes = _normalize_axes(axis, a.ndim)
-    kept = backend.reduce("max", a.data, axes, True)
-
-    def backward(grad: Array) -> None:
-        winners = backend.compare("eq", a.data, kept)
-        share = backend.where(winners, 1.0, 0.0)
-        share = backend.binary("div", share, backend.reduce("sum", share, axes, True))
-        _accumulate(a, backend.binary("mul", share.astype(a.dtype), backend.reshape(grad, kept.shape)))
-
-    return make_result(kept if keepdims else backend.reshape(kept, tuple(grad_shape_without(a.shape, axes))), (a,), backward)
-
-
-def grad_shape_without(shape: Shape, axes: tuple[int, ...]) -> Shape:
-    return tuple(size for i, size in enumerate(shape) if i not in axes)
-
-
-# shape ops
-def reshape(a: Tensor, shape: Sequence[int]) -> Tensor:
-    backend = get_backend()
-    return make_result(
-        backend.reshape(a.data, tuple(shape)), (a,), lambda grad: _accumulate(a, backend.reshape(grad, a.shape))
-    )
-
-
-def permute(a: Tensor, axes: Sequence[int]) -> Tensor:
-    backend = get_backend()
-    axes = tuple(axis % a.ndim for axis in axes)
-    inverse = tuple(int(i) for i in np.argsort(axes))
-    return make_result(
-        backend.permute(a.data, axes), (a,), lambda grad: _accumulate(a, backend.permute(grad, inverse))
-    )
-
-
-def getitem(a: Tensor, key: Any) -> Tensor:
-    """numpy indexing (slices, integers, integer arrays); repeated indices accumulate in the backward pass."""
-    if isinstance(key, Tensor):
-        key = key.numpy()
-    elif isinstance(key, tuple):
-        key = tuple(part.numpy() if isinstance(part, Tensor) else part for part in key)
-    backend = get_backend()
-    return make_result(
-        backend.index(a.data, key), (a,), lambda grad: _accumulate(a, backend.index_add(a.shape, key, grad))
-    )
+from runtime.autograd import ops as _ops  # noqa: E402  (ops builds on the names above)

@@ -35,6 +35,7 @@ _BINARY = {
     "pow": np.power,
     "maximum": np.maximum,
 }
+_REDUCE: dict[str, Any] = {"sum": np.sum, "max": np.max}
 _COMPARE = {
     "eq": np.equal,
     "ne": np.not_equal,
@@ -100,11 +101,9 @@ class NumpyBackend:
         return np.matmul(a, b)
 
     def reduce(self, op: str, x: np.ndarray, axes: Axes, keepdims: bool) -> np.ndarray:
-        if op == "sum":
-            return np.sum(x, axis=axes, keepdims=keepdims)
-        if op == "max":
-            return np.max(x, axis=axes, keepdims=keepdims)
-        raise ValueError(f"unknown reduction {op!r}")
+        if op not in _REDUCE:
+            raise ValueError(f"unknown reduction {op!r}")
+        return _REDUCE[op](x, axis=axes, keepdims=keepdims)
 
     # layout
     def reshape(self, x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
