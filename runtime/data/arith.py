@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from runtime.data.tokenizer import EOS, PAD, Tokenizer
+from runtime.data.tokenizer import EOS, PAD, CharTokenizer, Tokenizer
 
 SUPPORTED_OPERATORS = ("+", "-", "*")
 IGNORE_INDEX = -100  # target value that the loss skips
@@ -42,7 +42,7 @@ class ArithSettings:
     num_examples: int = 10_000
     seed: int = 0
     chunks: int = 1
-    end_token: str = EOS
+    end_token: str = EOS  # written after each answer: "<eos>", or "<eos>\n" for one problem per line
     heldout_fraction: float = 0.1
     validation_size: int = 200
     generalization_size: int = 200
@@ -57,6 +57,8 @@ class ArithSettings:
             raise ArithError(f"need 0 <= operand_min <= operand_max, got {self.operand_min}, {self.operand_max}")
         if self.num_examples < 1 or self.chunks < 1 or self.chunks > self.num_examples:
             raise ArithError(f"need 1 <= chunks <= num_examples, got {self.chunks}, {self.num_examples}")
+        if self.end_token not in (EOS, EOS + "\n"):
+            raise ArithError(f"end_token must be {EOS!r} or {EOS + chr(10)!r}, got {self.end_token!r}")
         if not 0.0 <= self.heldout_fraction < 1.0:
             raise ArithError(f"heldout_fraction must be in [0, 1), got {self.heldout_fraction}")
 
@@ -105,7 +107,12 @@ def _rng(settings: ArithSettings, purpose: int) -> np.random.Generator:
 
 def arith_alphabet(settings: ArithSettings) -> str:
     """Every character the problems use: digits, the operators and '=' (only '-' makes negative answers)."""
-    return "0123456789" + "".join(settings.operators) + "="
+    return "0123456789" + "".join(settings.operators) + "=" + ("\n" if "\n" in settings.end_token else "")
+
+
+def char_tokenizer(settings: ArithSettings) -> CharTokenizer:
+    """The report's fix: no merges, every digit, operator and '=' its own token, and a real ``<eos>``."""
+    return CharTokenizer.build(arith_alphabet(settings), end_text=settings.end_token)
 
 
 def split_pairs(settings: ArithSettings) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:

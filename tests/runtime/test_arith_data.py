@@ -11,6 +11,7 @@ from runtime.data.arith import (
     ArithSettings,
     Problem,
     arith_alphabet,
+    char_tokenizer,
     chunk_problems,
     exact_match,
     generalization_problems,
@@ -112,6 +113,15 @@ def test_char_tokenizer_keeps_every_character_apart() -> None:
         tok.encode("3/4")
     with pytest.raises(TokenizerError, match="outside"):
         tok.decode([99])
+
+
+def test_char_tokenizer_follows_the_settings() -> None:
+    tok = char_tokenizer(ArithSettings(operators=("+", "-")))
+    assert tok.pieces("3-5=-2<eos>") == ["3", "-", "5", "=", "-", "2", "<eos>"] and tok.end_text == EOS
+    newline = char_tokenizer(ArithSettings(end_token="<eos>\n"))
+    assert newline.pieces(make_problem(1, "+", 1).text(newline.end_text)) == ["1", "+", "1", "=", "2", "<eos>", "\n"]
+    with pytest.raises(ArithError, match="end_token"):
+        ArithSettings(end_token="<EOS>")
 
 
 def bpe_like_report() -> Tokenizer:
