@@ -1,0 +1,212 @@
+"""The task interface: what a host application defines, and what every peer runs.
+
+A task builds its model, cuts its work into units, trains one unit inside a peer, validates a model
+on the host and renders a few human-readable samples. Two kinds:
+
+- ``"data"``: the host cuts encoded data into chunks; a unit is one chunk (int32 array) and a seed.
+- ``"experience"``: the task makes its own experience (e.g. plays episodes); a unit is an episode
+  budget and a seed, and the same seed replays the same episodes exactly.
+
+Lifecycle. Host: ``task = TaskClass(settings)``, ``data = task.prepare(host)`` (chunks, validation
+split, JSON assets such as a tokenizer), ``task.attach(data.assets)``; then per round ``validate`` and
+``samples``. Peer: ``task = TaskClass(settings)``, ``task.attach(assets)``, ``train_unit(weights, unit)``.
+Only ``settings``, ``assets``, the unit's data and the weights cross the peer boundary, and
+``crosses_boundary()`` says so in words for the page.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+import numpy as np
+
+from runtime.nn import Module
+from runtime.weights import WeightSpec, flatten, spec_of, unflatten
+
+TaskKind = Literal["data", "experience"]
+
+
+class TaskError(ValueError):
+    """A task module or its output breaks the interface; the message names the problem."""
+
+
+@dataclass(frozen=True)
+class WorkUnit:
+    """One assignment's work: a data chunk (data tasks) or an episode budget (experience tasks)."""
+
+    index: int
+    seed: int
+    data: np.ndarray | None = None
+    episodes: int = 0
+
+
+@dataclass
+class UnitResult:
+    """What a peer sends back: new flat float32 weights, how many examples they saw, local metrics."""
+
+    weights: np.ndarray
+    num_examples: int
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class TaskData:
+    """What ``prepare`` makes on the host.
+
+    ``units``: the chunks of a data task (each an int32 array), None for an experience task.
+    ``num_units``: C, the number of work units per pass. ``validation``: named arrays kept on the host.
+    ``assets``: JSON-able things peers need too (a tokenizer's vocabulary, say).
+    """
+
+    num_units: int
+    units: list[np.ndarray] | None = None
+    validation: dict[str, np.ndarray] = field(default_factory=dict)
+    assets: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Sample:
+    """One human-readable line, marked right or wrong where the task can tell."""
+
+    text: str
+    ok: bool | None = None
+
+
+@dataclass
+class HostServices:
+    """Host-only helpers a task may use in ``prepare`` (runtime code cannot import host libraries).
+
+    ``train_bpe(texts, merges, special_tokens) -> Tokenizer`` trains a byte-pair tokenizer with
+    Hugging Face ``tokenizers`` (see ``server/bpe.py``).
+    """
+
+    train_bpe: Callable[..., Any] | None = None
+
+
+class Task:
+    """Base class with the shared machinery; subclasses fill in the task-specific methods."""
+
+    name: ClassVar[str] = "task"
+    kind: ClassVar[TaskKind] = "data"
+    metric: ClassVar[str] = "val_loss"  # the validation metric plotted and watched for divergence
+    higher_is_better: ClassVar[bool] = False
+    Settings: ClassVar[type] = dict  # a dataclass with JSON-able fields in subclasses
+
+    def __init__(self, settings: Mapping[str, Any] | None = None) -> None:
+        self.settings = self.parse_settings(dict(settings or {}))
+        self._model: Module | None = None
+        self._spec: WeightSpec | None = None
+
+    # -- settings -------------------------------------------------------------------------------
+    @classmethod
+    def parse_settings(cls, values: dict[str, Any]) -> Any:
+        if cls.Settings is dict:
+            return values
+        known = {f.name for f in dataclasses.fields(cls.Settings)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise TaskError(f"task {cls.name!r}: unknown setting(s) {unknown}; known: {sorted(known)}")
+        try:
+            settings = cls.Settings(**values)
+        except (TypeError, ValueError) as error:
+            raise TaskError(f"task {cls.name!r}: bad settings: {error}") from error
+        return settings
+
+    def settings_json(self) -> dict[str, Any]:
+        if isinstance(self.settings, dict):
+            return dict(self.settings)
+        return json.loads(json.dumps(dataclasses.asdict(self.settings)))
+
+    # -- to be provided by each task ------------------------------------------------------------
+    def crosses_boundary(self) -> str:
+        """Which data leaves the host for the peers, in words for the page."""
+        raise NotImplementedError
+
+    def model_config(self) -> dict[str, Any]:
+        """The model's JSON config (after ``attach``, since a tokenizer may set the vocabulary)."""
+        raise NotImplementedError
+
+    def build_model(self, seed: int) -> Module:
+        raise NotImplementedError
+
+    def prepare(self, host: HostServices | None = None) -> TaskData:
+        raise NotImplementedError
+
+    def attach(self, assets: Mapping[str, Any]) -> None:
+        """Restore what ``prepare`` made for peers (a tokenizer, say). Default: nothing to restore."""
+
+    def train_unit(self, weights: np.ndarray, unit: WorkUnit) -> UnitResult:
+        raise NotImplementedError
+
+    def validate(self, weights: np.ndarray, validation: Mapping[str, np.ndarray]) -> dict[str, float]:
+        raise NotImplementedError
+
+    def samples(self, weights: np.ndarray, validation: Mapping[str, np.ndarray], count: int = 6) -> list[Sample]:
+        return []
+
+    # -- shared helpers ---------------------------------------------------------------------------
+    def model(self) -> Module:
+        """The task's model, built once per task object (weights are replaced by ``load``)."""
+        if self._model is None:
+            self._model = self.build_model(0)
+            self._spec = spec_of(self._model.state_dict())
+        return self._model
+
+    def spec(self) -> WeightSpec:
+        self.model()
+        assert self._spec is not None
+        return self._spec
+
+    def initial_weights(self, seed: int) -> np.ndarray:
+        model = self.build_model(seed)
+        return flatten(model.state_dict(), spec_of(model.state_dict()))
+
+    def load(self, weights: np.ndarray) -> Module:
+        """The task's model holding ``weights`` (a flat float32 vector in spec order)."""
+        model = self.model()
+        spec = self.spec()
+        if weights.shape != (spec.size,):
+            raise TaskError(f"task {self.name!r}: weights have shape {weights.shape}, the model needs ({spec.size},)")
+        model.load_state_dict(unflatten(np.asarray(weights, dtype=np.float32), spec, copy=True))
+        return model
+
+    def flat_weights(self, model: Module) -> np.ndarray:
+        return flatten(model.state_dict(), self.spec())
+
+    def describe(self) -> dict[str, Any]:
+        """What the page shows about the session's task."""
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "metric": self.metric,
+            "higher_is_better": self.higher_is_better,
+            "crosses_boundary": self.crosses_boundary(),
+            "settings": self.settings_json(),
+        }
+
+
+def check_unit_result(task: Task, result: Any, spec: WeightSpec) -> UnitResult:
+    """Refuse a ``train_unit`` result that breaks the interface, naming what is wrong."""
+    if not isinstance(result, UnitResult):
+        raise TaskError(f"task {task.name!r}: train_unit returned {type(result).__name__}, expected UnitResult")
+    weights = np.asarray(result.weights)
+    if weights.dtype != np.float32 or weights.shape != (spec.size,):
+        raise TaskError(
+            f"task {task.name!r}: train_unit returned weights {weights.dtype}{list(weights.shape)}, "
+            f"expected float32[{spec.size}]"
+        )
+    if not np.all(np.isfinite(weights)):
+        raise TaskError(f"task {task.name!r}: train_unit returned non-finite weights")
+    if not isinstance(result.num_examples, int | np.integer) or result.num_examples <= 0:
+        raise TaskError(f"task {task.name!r}: train_unit returned num_examples={result.num_examples!r}, need > 0")
+    return result
+
+
+def batches(count: int, batch_size: int, rng: np.random.Generator) -> Sequence[np.ndarray]:
+    """Shuffled index batches covering ``range(count)`` once (the last batch may be short)."""
+    order = rng.permutation(count)
+    return [order[start : start + batch_size] for start in range(0, count, batch_size)]

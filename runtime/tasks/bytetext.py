@@ -1,0 +1,106 @@
+"""Byte-level language modelling: any text, or by default CPython's own ``pydoc_data.topics``.
+
+The host cuts the bytes into C chunks (55 by default) and holds out an interleaved 10% for validation
+(see ``runtime.data.text``). A peer trains ``bytelm-2.3mb`` on random windows of its chunk. Metric:
+validation loss in nats per byte, and bits per byte; samples: text generated from a few prompts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from runtime.data.text import byte_chunks, default_corpus, lm_windows, validation_windows
+from runtime.models.transformer import Transformer, TransformerConfig, preset
+from runtime.tasks.base import HostServices, Sample, Task, TaskData, TaskError, UnitResult, WorkUnit
+from runtime.tasks.lm import bits_per_token, mean_loss, train_lm
+
+PROMPTS = ("The ", "Python ", "A function ")
+
+
+@dataclass(frozen=True)
+class ByteTextSettings:
+    files: tuple[str, ...] = ()  # text files; empty means the built-in pydoc corpus
+    chunks: int = 55
+    validation_fraction: float = 0.1
+    data_seed: int = 0
+    model: str = "bytelm-2.3mb"
+    steps: int = 8  # Adam steps per unit
+    batch_size: int = 16
+    lr: float = 3e-3
+    validation_windows: int = 256
+    sample_tokens: int = 48
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "files", tuple(self.files))
+        if self.chunks < 1 or self.steps < 1 or self.batch_size < 1:
+            raise ValueError("chunks, steps and batch_size must be positive")
+
+
+class ByteTextTask(Task):
+    name = "bytetext"
+    kind = "data"
+    metric = "val_loss"
+    Settings = ByteTextSettings
+    settings: ByteTextSettings
+
+    def crosses_boundary(self) -> str:
+        source = ", ".join(self.settings.files) or "CPython's pydoc topics (public documentation)"
+        return (f"Peers receive one chunk of raw text bytes from {source} per assignment (about 1/"
+                f"{self.settings.chunks} of it) and the model weights; the validation split stays on the host.")
+
+    def config(self) -> TransformerConfig:
+        return preset(self.settings.model)
+
+    def model_config(self) -> dict[str, Any]:
+        return self.config().to_dict()
+
+    def build_model(self, seed: int) -> Transformer:
+        return Transformer(self.config(), seed)
+
+    def corpus(self) -> bytes:
+        if not self.settings.files:
+            return default_corpus().encode("utf-8")
+        try:
+            return b"\n\n".join(Path(name).read_bytes() for name in self.settings.files)
+        except OSError as error:
+            raise TaskError(f"bytetext: cannot read {error.filename}: {error.strerror}") from error
+
+    def prepare(self, host: HostServices | None = None) -> TaskData:
+        chunks, validation = byte_chunks(self.corpus(), self.settings.chunks, self.settings.validation_fraction,
+                                         self.settings.data_seed)
+        return TaskData(num_units=len(chunks), units=[c.astype(np.int32) for c in chunks],
+                        validation={"bytes": validation.astype(np.int32)})
+
+    def train_unit(self, weights: np.ndarray, unit: WorkUnit) -> UnitResult:
+        if unit.data is None:
+            raise TaskError("bytetext: a unit needs its chunk of bytes")
+        model = self.load(weights)
+        context = self.config().context
+        rng = np.random.default_rng(np.random.SeedSequence([unit.seed, 11]))
+        count = self.settings.steps * self.settings.batch_size
+        inputs, targets = lm_windows(unit.data, context, count, rng)
+        metrics = train_lm(model, inputs, targets, steps=self.settings.steps, batch_size=self.settings.batch_size,
+                           lr=self.settings.lr, seed=unit.seed)
+        return UnitResult(self.flat_weights(model), num_examples=int(unit.data.size), metrics=metrics)
+
+    def validate(self, weights: np.ndarray, validation: Mapping[str, np.ndarray]) -> dict[str, float]:
+        model = self.load(weights)
+        inputs, targets = validation_windows(validation["bytes"], self.config().context,
+                                             self.settings.validation_windows)
+        loss = mean_loss(model, inputs, targets)
+        return {"val_loss": loss, "bits_per_byte": bits_per_token(loss)}
+
+    def samples(self, weights: np.ndarray, validation: Mapping[str, np.ndarray], count: int = 3) -> list[Sample]:
+        model = self.load(weights)
+        out = []
+        for prompt in PROMPTS[:count]:
+            ids = np.frombuffer(prompt.encode(), dtype=np.uint8).astype(np.int64)
+            generated = model.generate(ids, self.settings.sample_tokens, temperature=0.0)
+            text = bytes(int(t) for t in np.asarray(generated).ravel()).decode("utf-8", errors="replace")
+            out.append(Sample(text=text))
+        return out

@@ -1,0 +1,139 @@
+"""Finding a task: a built-in name, a file path, or ``package.module[:ClassName]``.
+
+Works the same on the host and in Pyodide (importlib only). A module that fails to import, defines no
+task, defines several without saying which, or leaves part of the interface out gets a
+:class:`TaskError` that names the problem, before any session starts.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import math
+import re
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from runtime.tasks.base import Task, TaskData, TaskError, WorkUnit, check_unit_result
+
+BUILTIN_TASKS = {
+    "bytetext": "runtime.tasks.bytetext:ByteTextTask",
+    "arith": "runtime.tasks.arith:ArithTask",
+    "cartpole": "runtime.tasks.cartpole:CartPoleTask",
+}
+REQUIRED_METHODS = ("crosses_boundary", "model_config", "build_model", "prepare", "train_unit", "validate")
+
+
+def module_name_for_file(path: Path) -> str:
+    """The import name a task file gets, on the host and inside the wheel browsers install."""
+    return "peertrain_task_" + re.sub(r"\W", "_", path.stem)
+
+
+def _import_file(path: Path) -> ModuleType:
+    if not path.is_file():
+        raise TaskError(f"task file {path} does not exist")
+    name = module_name_for_file(path)
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise TaskError(f"cannot load {path} as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as error:
+        del sys.modules[name]
+        raise TaskError(f"task file {path} failed to import: {type(error).__name__}: {error}") from error
+    return module
+
+
+def _import_module(dotted: str) -> ModuleType:
+    try:
+        return importlib.import_module(dotted)
+    except Exception as error:
+        raise TaskError(f"task module {dotted!r} failed to import: {type(error).__name__}: {error}") from error
+
+
+def task_class(ref: str) -> type[Task]:
+    """Resolve ``ref`` to a Task subclass (see the module docstring for the forms)."""
+    ref = BUILTIN_TASKS.get(ref, ref)
+    location, _, class_name = ref.partition(":")
+    if location.endswith(".py") or "/" in location:
+        module = _import_file(Path(location))
+    else:
+        module = _import_module(location)
+    if class_name:
+        found = getattr(module, class_name, None)
+        if not (inspect.isclass(found) and issubclass(found, Task)):
+            raise TaskError(f"{module.__name__} has no Task subclass named {class_name!r}")
+        cls: type[Task] = found
+    else:
+        defined = [obj for obj in vars(module).values()
+                   if inspect.isclass(obj) and issubclass(obj, Task) and obj.__module__ == module.__name__]
+        if not defined:
+            raise TaskError(f"{module.__name__} defines no subclass of runtime.tasks.Task")
+        if len(defined) > 1:
+            names = sorted(c.__name__ for c in defined)
+            raise TaskError(f"{module.__name__} defines several tasks {names}; name one as module:ClassName")
+        cls = defined[0]
+    missing = [m for m in REQUIRED_METHODS if getattr(cls, m) is getattr(Task, m)]
+    if missing:
+        raise TaskError(f"task {cls.__name__} ({module.__name__}) does not define {', '.join(missing)}")
+    if cls.kind not in ("data", "experience"):
+        raise TaskError(f"task {cls.__name__}: kind must be 'data' or 'experience', not {cls.kind!r}")
+    return cls
+
+
+def load_task(ref: str, settings: Mapping[str, Any] | None = None) -> Task:
+    return task_class(ref)(settings)
+
+
+def check_task_data(task: Task, data: Any) -> TaskData:
+    """Refuse ``prepare`` output that breaks the interface."""
+    if not isinstance(data, TaskData):
+        raise TaskError(f"task {task.name!r}: prepare returned {type(data).__name__}, expected TaskData")
+    if data.num_units <= 0:
+        raise TaskError(f"task {task.name!r}: prepare made {data.num_units} work units, need at least 1")
+    if task.kind == "data":
+        if data.units is None or len(data.units) != data.num_units:
+            count = None if data.units is None else len(data.units)
+            raise TaskError(f"task {task.name!r}: a data task needs {data.num_units} chunks, got {count}")
+        for index, chunk in enumerate(data.units):
+            if not isinstance(chunk, np.ndarray) or chunk.dtype != np.int32 or chunk.size == 0:
+                raise TaskError(f"task {task.name!r}: chunk {index} must be a non-empty int32 array")
+    elif data.units is not None:
+        raise TaskError(f"task {task.name!r}: an experience task makes its own data; units must be None")
+    return data
+
+
+def dry_run(task: Task, data: TaskData, *, seed: int = 0) -> dict[str, float]:
+    """Build the model, train unit 0 once and validate: catches wrong shapes before a session starts."""
+    weights = task.initial_weights(seed)
+    spec = task.spec()
+    if weights.shape != (spec.size,):
+        raise TaskError(f"task {task.name!r}: initial weights have shape {weights.shape}, expected ({spec.size},)")
+    unit = first_unit(task, data, seed)
+    check_unit_result(task, task.train_unit(weights, unit), spec)
+    metrics = task.validate(weights, data.validation)
+    if not isinstance(metrics, dict) or task.metric not in metrics:
+        raise TaskError(f"task {task.name!r}: validate must return a dict containing {task.metric!r}")
+    bad = [k for k, v in metrics.items() if not isinstance(v, int | float) or math.isnan(float(v))]
+    if bad:
+        raise TaskError(f"task {task.name!r}: validate returned non-numeric or NaN metrics {bad}")
+    return metrics
+
+
+def first_unit(task: Task, data: TaskData, seed: int) -> WorkUnit:
+    return unit_for(task, data, 0, seed)
+
+
+def unit_for(task: Task, data: TaskData, index: int, seed: int) -> WorkUnit:
+    if task.kind == "data":
+        assert data.units is not None
+        return WorkUnit(index=index, seed=seed, data=data.units[index])
+    return WorkUnit(index=index, seed=seed, episodes=int(getattr(task.settings, "episodes_per_unit", 1)))
