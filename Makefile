@@ -48,7 +48,7 @@ $(STAMPS)/torch:
 	  || echo "warning: no PyTorch 3.11 environment; the PyTorch parity tests will be skipped"
 
 lint: $(STAMPS)/venv
-	$(VENV)/bin/ruff check runtime server tests
+	$(VENV)/bin/ruff check runtime server tests examples
 	$(VENV)/bin/mypy runtime server
 
 demo: setup

@@ -1,0 +1,70 @@
+"""Driving the real page in headless Chromium: a relay process, a page, Python run inside its worker.
+
+Used by the benchmarks that measure the runtime in Pyodide and by headless peers; tests use the same
+launch options through pytest-playwright.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from server.chromium import launch_options
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+READY_SELECTOR = "body[data-state='ready'], body[data-state='failed']"
+
+
+@contextmanager
+def relay_process(*extra_args: str, log_path: Path | None = None) -> Iterator[str]:
+    """Run ``peertrain serve --port 0`` in a child process; yields the URL it printed."""
+    log_path = log_path or Path(os.environ.get("TMPDIR", "/tmp")) / f"peertrain-relay-{os.getpid()}.log"
+    command = [sys.executable, "-m", "server.cli", "serve", "--port", "0", *extra_args]
+    with log_path.open("w") as log:
+        process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        url = None
+        while url is None and time.monotonic() < deadline and process.poll() is None:
+            match = re.search(r"(http://\S+/)", log_path.read_text())
+            url = match.group(1) if match else None
+            time.sleep(0.05)
+        if url is None:
+            raise RuntimeError(f"relay did not start: {log_path.read_text()[-2000:]}")
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+@contextmanager
+def worker_page(url: str, *, timeout_s: float = 120) -> Iterator[object]:
+    """A headless Chromium page at ``url`` whose worker has booted the runtime; yields the Playwright page."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(**launch_options())
+        try:
+            page = browser.new_page()
+            page.goto(url)
+            page.locator(READY_SELECTOR).wait_for(timeout=timeout_s * 1000)
+            if page.evaluate("window.peertrain.state") != "ready":
+                raise RuntimeError(f"the page failed to boot: {page.inner_text('#error')}")
+            yield page
+        finally:
+            browser.close()
+
+
+def run_in_worker(page: object, code: str, *, timeout_s: float = 600) -> str:
+    """Run Python source in the page's worker; returns the value of its last expression as a string."""
+    page.set_default_timeout(timeout_s * 1000)  # type: ignore[attr-defined]
+    return str(page.evaluate("(code) => window.peertrain.run(code)", code))  # type: ignore[attr-defined]

@@ -1,0 +1,58 @@
+"""The same training step runs in the browser worker (Pyodide) and in CPython, with the same losses."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from playwright.sync_api import Page
+
+from server.browser import READY_SELECTOR, run_in_worker
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+# One source, run verbatim by both interpreters: build bytelm-2.3mb from a seed, take Adam steps on a
+# seeded batch of 16 x 64 tokens, report the losses and a checksum of the final weights.
+TRAINING_STEPS = """
+import json
+import numpy as np
+from runtime.models.transformer import Transformer, preset
+from runtime.optim import Adam
+
+model = Transformer(preset("bytelm-2.3mb"), seed=3)
+optimizer = Adam(model.parameters(), lr=1e-3)
+tokens = np.random.default_rng(5).integers(0, 256, size=(16, 65))
+losses = []
+for _ in range(3):
+    _, loss = model(tokens[:, :-1], tokens[:, 1:])
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    losses.append(loss.item())
+weights = np.concatenate([p.numpy().ravel() for p in model.parameters()])
+json.dumps({"losses": losses, "weight_sum": float(np.abs(weights.astype(np.float64)).sum()),
+            "numpy": np.__version__})
+"""
+
+
+def run_in_cpython(code: str) -> str:
+    *body, last = code.strip().splitlines()
+    scope: dict = {}
+    exec("\n".join(body), scope)
+    return str(eval(last, scope))
+
+
+def test_bytelm_training_steps_match_cpython(page: Page, relay_url: str) -> None:
+    page.goto(relay_url)
+    page.locator(READY_SELECTOR).wait_for(timeout=90_000)
+    assert page.evaluate("window.peertrain.state") == "ready"
+
+    in_browser = json.loads(run_in_worker(page, TRAINING_STEPS, timeout_s=300))
+    native = json.loads(run_in_cpython(TRAINING_STEPS))
+
+    assert in_browser["numpy"] == "2.0.2"
+    assert len(in_browser["losses"]) == 3
+    for browser_loss, native_loss in zip(in_browser["losses"], native["losses"], strict=True):
+        assert browser_loss == pytest.approx(native_loss, abs=1e-4)
+    assert in_browser["losses"][-1] < in_browser["losses"][0]  # it is training, not just evaluating
+    assert in_browser["weight_sum"] == pytest.approx(native["weight_sum"], rel=1e-4)

@@ -1,0 +1,101 @@
+"""Custom task modules: the README's example works end to end; broken modules get errors that name the problem."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from runtime.merge import Result, make_merge
+from runtime.tasks import TaskError, load_task, task_class
+from runtime.tasks.loader import unit_for
+from server import cli
+from server.package import Package, build_package
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO_ROOT / "examples" / "majority_task.py"
+
+
+def test_readme_shows_the_example_file_verbatim() -> None:
+    readme = (REPO_ROOT / "README.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", readme, flags=re.S)
+    assert EXAMPLE.read_text() in blocks
+
+
+def test_example_task_packages_and_learns(tmp_path: Path) -> None:
+    package = build_package(str(EXAMPLE), {"chunks": 4}, tmp_path / "pkg", seed=1, log=lambda _: None)
+    assert package.manifest["task_import"] == "peertrain_task_majority_task:MajorityTask"
+    assert Package.load(tmp_path / "pkg").fingerprint == package.fingerprint
+    task, data = package.task, package.data
+    weights = package.initial_weights
+    before = task.validate(weights, data.validation)["accuracy"]
+    fedavg = make_merge("fedavg")
+    for round_index in range(3):
+        results = [task.train_unit(weights, unit_for(task, data, (2 * round_index + i) % 4, 10 * round_index + i))
+                   for i in range(2)]
+        weights = fedavg.merge(weights, [Result(r.weights, r.num_examples) for r in results])
+    after = task.validate(weights, data.validation)["accuracy"]
+    assert before < 0.7 and after > 0.95
+    assert all(s.ok is not None for s in task.samples(weights, data.validation))
+
+
+def test_dotted_reference_with_class_name() -> None:
+    assert task_class("runtime.tasks.bytetext:ByteTextTask").name == "bytetext"
+
+
+BROKEN_MODULES = {
+    "syntax.py": ("def broken(:\n", "failed to import: SyntaxError"),
+    "raises.py": ("raise RuntimeError('no data here')\n", "failed to import: RuntimeError: no data here"),
+    "empty.py": ("X = 1\n", "defines no subclass of runtime.tasks.Task"),
+    "partial.py": ("from runtime.tasks import Task\nclass Half(Task):\n    def crosses_boundary(self):\n"
+                   "        return 'nothing'\n", "does not define model_config, build_model, prepare, train_unit"),
+    "two.py": ("from runtime.tasks import Task\nclass A(Task):\n    pass\nclass B(Task):\n    pass\n",
+               "defines several tasks ['A', 'B']"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BROKEN_MODULES))
+def test_broken_module_is_named(tmp_path: Path, name: str) -> None:
+    source, message = BROKEN_MODULES[name]
+    path = tmp_path / name
+    path.write_text(source)
+    with pytest.raises(TaskError, match=re.escape(message)):
+        load_task(str(path))
+
+
+def test_missing_file_and_unknown_class(tmp_path: Path) -> None:
+    with pytest.raises(TaskError, match="does not exist"):
+        load_task(str(tmp_path / "nope.py"))
+    with pytest.raises(TaskError, match="no Task subclass named 'Nope'"):
+        load_task(f"{EXAMPLE}:Nope")
+    with pytest.raises(TaskError, match="failed to import: ModuleNotFoundError"):
+        load_task("no_such_package.module")
+
+
+def test_wrong_shapes_are_caught_before_a_session(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    source = EXAMPLE.read_text().replace(
+        "return UnitResult(self.flat_weights(model),", "return UnitResult(self.flat_weights(model)[:3],")
+    path = tmp_path / "short_weights.py"
+    path.write_text(source)
+    assert cli.main(["package", "--task", str(path), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "train_unit returned weights float32[3], expected float32[" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_unknown_setting_is_named(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert cli.main(["package", "--task", str(EXAMPLE), "--set", "epocs=3", "--out", str(tmp_path / "o")]) == 2
+    assert "unknown setting(s) ['epocs']" in capsys.readouterr().err
+
+
+def test_replaying_a_unit_is_bit_identical() -> None:
+    task = load_task(str(EXAMPLE))
+    data = task.prepare()
+    weights = task.initial_weights(0)
+    first = task.train_unit(weights, unit_for(task, data, 2, 99)).weights
+    again = task.train_unit(weights, unit_for(task, data, 2, 99)).weights
+    other = task.train_unit(weights, unit_for(task, data, 2, 100)).weights
+    assert np.array_equal(first, again)
+    assert not np.array_equal(first, other)
