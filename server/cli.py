@@ -16,24 +16,23 @@ Handler = Callable[[argparse.Namespace], int]
 
 NOT_BUILT = {
     "peers": ("start N headless Chromium peers against a relay", "issue 6 (relay and browser peers)"),
-    "simulate": ("run a training session in-process, without browsers", "issue 5 (rounds and merges)"),
-    "bench": ("run the benchmarks (runtime, tasks, merges, relay, webgpu)", "issues 3-7"),
 }
 
 
 def add_serve(subparsers: argparse._SubParsersAction) -> None:
+    from server.serve import add_arguments
+
     parser = subparsers.add_parser("serve", help="start the relay and the page; prints the URL to join",
-                                   description="Start the relay: it serves the page, Pyodide and the wheels.")
-    parser.add_argument("--host", default="127.0.0.1", help="interface to listen on (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=8000, help="TCP port (default 8000; 0 picks a free one)")
-    parser.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"])
+                                   description="Start (or resume) a session and the relay that serves the page, "
+                                   "Pyodide and the wheels, hands out work and merges results.")
+    add_arguments(parser)
     parser.set_defaults(handler=run_serve)
 
 
 def run_serve(args: argparse.Namespace) -> int:
     from server.serve import serve
 
-    return serve(host=args.host, port=args.port, log_level=args.log_level)
+    return serve(args)
 
 
 def parse_sets(pairs: Sequence[str]) -> dict[str, object]:
@@ -88,6 +87,62 @@ def run_package(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_simulate(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "simulate", help="run training sessions in-process, without browsers; compare merge methods",
+        description="Run sessions in-process with the same runtime code a browser runs. Several --merge choices "
+        "run from the same initial weights and chunk order and are compared in one plot and one table.")
+    add_task_options(parser)
+    parser.add_argument("--package", type=Path, help="a built package folder (instead of --task/--set)")
+    parser.add_argument("--merge", action="append", default=[], metavar="NAME[:KEY=VALUE,...]",
+                        help="fedavg, fedavgm or fedadam; repeatable or a comma list; settings per choice, e.g. "
+                        "fedavgm:server_momentum=0.5 (default fedavg)")
+    group = parser.add_argument_group("merge hyperparameters (applied to every chosen method that takes them)")
+    group.add_argument("--server-lr", dest="server_learning_rate", type=float, help="FedAvgM server learning rate")
+    group.add_argument("--server-momentum", type=float, help="FedAvgM server momentum")
+    group.add_argument("--nesterov", action="store_const", const=True, help="FedAvgM: Nesterov momentum")
+    group.add_argument("--eta", type=float, help="FedAdam step size")
+    group.add_argument("--beta1", dest="beta_1", type=float, help="FedAdam first-moment decay")
+    group.add_argument("--beta2", dest="beta_2", type=float, help="FedAdam second-moment decay")
+    group.add_argument("--tau", type=float, help="FedAdam adaptivity (denominator offset)")
+    group.add_argument("--no-bias-correction", dest="bias_correction", action="store_const", const=False,
+                       help="FedAdam without bias correction (the paper's Algorithm 2)")
+    parser.add_argument("-k", "--participants", type=int, help="assignments per round (default min(5, units))")
+    parser.add_argument("--passes", type=int, default=3, help="passes over the units (default 3)")
+    parser.add_argument("--rounds", type=int, help="stop after this many rounds (default: all planned rounds)")
+    parser.add_argument("--force", action="store_true", help="run FedAvgM/FedAdam even where the guard refuses")
+    parser.add_argument("--on-divergence", choices=["stop", "rollback"], default="stop",
+                        help="on a non-finite or exploding validation metric: stop, or restore the best weights")
+    parser.add_argument("--divergence-factor", type=float, default=3.0,
+                        help="a loss above this many times the best so far counts as divergence (default 3)")
+    parser.add_argument("--out", type=Path, default=Path("runs/simulate"), help="output folder")
+    parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    parser.set_defaults(handler=run_simulate)
+
+
+def run_simulate(args: argparse.Namespace) -> int:
+    from server.simulate import run_from_args
+
+    return run_from_args(args)
+
+
+def add_bench(subparsers: argparse._SubParsersAction) -> None:
+    from server.bench import BENCHES, summary
+
+    parser = subparsers.add_parser("bench", help="run the benchmarks (runtime, tasks, merges, relay, webgpu)",
+                                   description="Run a benchmark; `peertrain bench NAME --help` lists its options.",
+                                   epilog="benches:\n" + summary(), formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument("name", choices=list(BENCHES), metavar="NAME", help=", ".join(BENCHES))
+    parser.add_argument("bench_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    parser.set_defaults(handler=run_bench)
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    from server.bench import run_bench as dispatch
+
+    return dispatch(args.name, args.bench_args)
+
+
 def add_not_built(subparsers: argparse._SubParsersAction, name: str, summary: str, where: str) -> None:
     parser = subparsers.add_parser(name, help=f"{summary} [not built yet]", description=f"{summary}. Not built yet.")
     parser.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
@@ -104,6 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
     add_serve(subparsers)
     add_package(subparsers)
+    add_simulate(subparsers)
+    add_bench(subparsers)
     for name, (summary, where) in NOT_BUILT.items():
         add_not_built(subparsers, name, summary, where)
     return parser

@@ -137,7 +137,7 @@ def build_package(task_ref: str, settings: dict[str, Any], out_dir: Path, *, see
     (staging / "chunks").mkdir(parents=True)
     for index, chunk in enumerate(data.units or []):
         (staging / "chunks" / f"{index:05d}.ptw").write_bytes(wire.encode_array(chunk, meta={"unit": index}))
-    np.savez(staging / "validation.npz", **data.validation)
+    np.savez(staging / "validation.npz", **data.validation)  # type: ignore[arg-type]
     save_file({"weights": initial}, str(staging / "initial.safetensors"))
     (staging / "assets.json").write_text(json.dumps(data.assets))
     (staging / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True))

@@ -1,13 +1,52 @@
-"""``peertrain serve``: bind, print the URL to join, run the relay under uvicorn."""
+"""``peertrain serve``: build or resume a session, bind, print the URL to join, run the relay under uvicorn."""
 
 from __future__ import annotations
 
+import argparse
+import json
+import os
+import secrets
+import shutil
 import socket
+import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import uvicorn
 
 from server.app import RelayPaths, create_app
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from server.cli import add_task_options
+
+    parser.add_argument("--host", default="127.0.0.1", help="interface to listen on (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8000, help="TCP port (default 8000; 0 picks a free one)")
+    parser.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"])
+    add_task_options(parser)
+    parser.add_argument("--package", type=Path, help="a package built with `peertrain package` (else built here)")
+    parser.add_argument("--session-dir", type=Path, help="where checkpoints and the SQLite file live "
+                        "(default runs/session-<task>); an existing session there is resumed")
+    parser.add_argument("--fresh", action="store_true", help="discard an existing session in --session-dir")
+    parser.add_argument("--merge", default="fedavg", choices=["fedavg", "fedavgm", "fedadam"])
+    parser.add_argument("--merge-config", default="{}", help='merge hyperparameters as JSON, e.g. {"eta": 0.01}')
+    parser.add_argument("-k", "--participants", type=int, default=3, help="assignments per round")
+    parser.add_argument("--passes", type=int, default=3, help="passes over the work units")
+    parser.add_argument("--force", action="store_true", help="run a stateful merge where the guard refuses it")
+    parser.add_argument("--on-divergence", choices=["stop", "rollback"], default="stop")
+    parser.add_argument("--lease-seconds", type=float, default=120.0, help="time a peer has for one unit")
+    parser.add_argument("--peer-timeout", type=float, default=30.0, help="silence after which a peer is gone")
+    parser.add_argument("--min-peers", type=int, help="peers needed before a round starts (default k)")
+    parser.add_argument("--max-update-norm", type=float, default=1e4, help="refuse results that move further")
+    parser.add_argument("--join-code", default=os.environ.get("PEERTRAIN_JOIN_CODE"),
+                        help="require this code to join (env PEERTRAIN_JOIN_CODE); default: open")
+    parser.add_argument("--admin-token", default=os.environ.get("PEERTRAIN_ADMIN_TOKEN"),
+                        help="admin token (env PEERTRAIN_ADMIN_TOKEN); default: a new one, printed once")
+    parser.add_argument("--peers", type=int, default=0, help="also start N headless Chromium peers")
+    parser.add_argument("--no-session", action="store_true", help="serve the page and assets only")
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -28,7 +67,61 @@ def join_url(host: str, port: int) -> str:
     return f"http://{shown}:{port}/"
 
 
-def serve(*, host: str, port: int, log_level: str = "warning", paths: RelayPaths | None = None) -> int:
+def build_task_wheel(package_manifest: dict, paths: RelayPaths) -> str | None:
+    """A task from a file becomes a wheel browsers install; returns its distribution name."""
+    source = package_manifest.get("task_source")
+    if not source:
+        return None
+    from server.wheels import build_wheels
+
+    module = package_manifest["task_import"].partition(":")[0]
+    dist = module.replace("_", "-")
+    with tempfile.TemporaryDirectory(prefix="peertrain-task-") as tmp:
+        folder = Path(tmp) / module
+        folder.mkdir()
+        shutil.copy(source, folder / "__init__.py")
+        build_wheels(REPO_ROOT, extra_packages=[(dist, [folder])], log=lambda _: None)
+    return dist
+
+
+def open_session(args: argparse.Namespace, paths: RelayPaths):  # type: ignore[no-untyped-def]
+    from server.cli import parse_sets
+    from server.package import Package, build_package
+    from server.relay import Relay, RelayOptions
+    from server.session import Session, SessionConfig
+    from server.store import Store
+
+    session_dir = args.session_dir or REPO_ROOT / "runs" / f"session-{Path(args.task).stem}"
+    if args.fresh:
+        shutil.rmtree(session_dir, ignore_errors=True)
+    session_dir.mkdir(parents=True, exist_ok=True)
+    if args.package:
+        package = Package.load(args.package)
+    elif (session_dir / "package" / "manifest.json").is_file():
+        package = Package.load(session_dir / "package")
+    else:
+        package = build_package(args.task, parse_sets(args.sets), session_dir / "package", seed=args.seed)
+    wheel = build_task_wheel(package.manifest, paths)
+    package.manifest["wheel"] = wheel
+    if (session_dir / "session.json").is_file():
+        session = Session.restore(session_dir, package)
+        print(f"resuming session in {session_dir} after round {session.round} of {session.num_rounds}")
+    else:
+        config = SessionConfig(merge=args.merge, merge_config=json.loads(args.merge_config),
+                               participants=args.participants, passes=args.passes, seed=args.seed,
+                               force=args.force, on_divergence=args.on_divergence)
+        session = Session.create(package, config, directory=session_dir)
+        print(f"new session in {session_dir}: {session.num_rounds} rounds of {args.participants} units")
+    admin_token = args.admin_token or secrets.token_urlsafe(18)
+    if not args.admin_token:
+        print(f"admin token (shown once): {admin_token}")
+    options = RelayOptions(admin_token=admin_token, join_code=args.join_code, lease_seconds=args.lease_seconds,
+                           peer_timeout=args.peer_timeout, min_peers=args.min_peers,
+                           max_update_norm=args.max_update_norm)
+    return Relay(session=session, package=package, store=Store(session_dir / "relay.sqlite3"), options=options)
+
+
+def serve(args: argparse.Namespace, paths: RelayPaths | None = None) -> int:
     paths = paths or RelayPaths()
     problems = paths.missing()
     if problems:
@@ -36,12 +129,31 @@ def serve(*, host: str, port: int, log_level: str = "warning", paths: RelayPaths
             print(f"peertrain serve: {problem}", file=sys.stderr)
         return 2
     try:
-        sock = bind(host, port)
+        sock = bind(args.host, args.port)
     except OSError as error:
-        print(f"peertrain serve: cannot listen on {host}:{port}: {error.strerror}", file=sys.stderr)
+        print(f"peertrain serve: cannot listen on {args.host}:{args.port}: {error.strerror}", file=sys.stderr)
         return 2
-    url = join_url(host, sock.getsockname()[1])
+    relay = None
+    if not args.no_session:
+        from runtime.planner import PlanError
+        from runtime.tasks import TaskError
+
+        try:
+            relay = open_session(args, paths)
+        except (TaskError, PlanError, ValueError, FileNotFoundError) as error:
+            print(f"peertrain serve: {error}", file=sys.stderr)
+            return 2
+    url = join_url(args.host, sock.getsockname()[1])
     print(f"peertrain relay listening. Open {url} in a browser to join.", flush=True)
-    config = uvicorn.Config(create_app(paths), log_level=log_level, lifespan="on")
-    uvicorn.Server(config).run(sockets=[sock])
+    peers = None
+    if args.peers > 0:
+        peers = subprocess.Popen([sys.executable, "-m", "server.cli", "peers", str(args.peers), "--url", url])
+    config = uvicorn.Config(create_app(paths, relay), log_level=args.log_level, lifespan="on")
+    try:
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        if peers is not None:
+            peers.terminate()
+        if relay is not None:
+            relay.store.close()
     return 0

@@ -80,8 +80,10 @@ class Sample:
 class HostServices:
     """Host-only helpers a task may use in ``prepare`` (runtime code cannot import host libraries).
 
-    ``train_bpe(texts, merges, special_tokens) -> Tokenizer`` trains a byte-pair tokenizer with
-    Hugging Face ``tokenizers`` (see ``server/bpe.py``).
+    ``train_bpe(texts, num_merges, *, glue_end_marker=True) -> runtime.data.tokenizer.Tokenizer`` trains a
+    byte-pair tokenizer with Hugging Face ``tokenizers`` (``server.bpe.train_for_task``): ``texts`` are
+    ``runtime.data.arith.Problem``s (written with the end marker glued into the text when ``glue_end_marker``,
+    the field report's setting) or ready-made training lines, used as they are.
     """
 
     train_bpe: Callable[..., Any] | None = None
@@ -165,8 +167,11 @@ class Task:
         model = self.build_model(seed)
         return flatten(model.state_dict(), spec_of(model.state_dict()))
 
-    def load(self, weights: np.ndarray) -> Module:
-        """The task's model holding ``weights`` (a flat float32 vector in spec order)."""
+    def load(self, weights: np.ndarray) -> Any:
+        """The task's model holding ``weights`` (a flat float32 vector in spec order).
+
+        Typed ``Any`` so a task can use its own model class's methods (``generate``, say) without casts.
+        """
         model = self.model()
         spec = self.spec()
         if weights.shape != (spec.size,):

@@ -52,7 +52,8 @@ def start_relay(*extra_args: str, log_name: str = "relay.log", env: dict | None 
 
 @pytest.fixture(scope="session")
 def relay_url() -> Iterator[str]:
-    process, url = start_relay()
+    """A relay serving the page and assets only (no session): for tests of the runtime in the worker."""
+    process, url = start_relay("--no-session")
     yield url
     process.terminate()
     process.wait(timeout=10)

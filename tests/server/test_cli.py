@@ -35,8 +35,8 @@ def test_commands_not_built_yet_say_so(capsys: pytest.CaptureFixture[str]) -> No
 def test_serve_prints_url_and_serves(tmp_path: Path) -> None:
     log_path = tmp_path / "serve.log"
     with log_path.open("w") as log:
-        process = subprocess.Popen([sys.executable, "-m", "server.cli", "serve", "--port", "0"], cwd=REPO_ROOT,
-                                   stdout=log, stderr=subprocess.STDOUT)
+        command = [sys.executable, "-m", "server.cli", "serve", "--port", "0", "--no-session"]
+        process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT)
     try:
         url = ""
         for _ in range(200):
@@ -64,5 +64,6 @@ def test_serve_prints_url_and_serves(tmp_path: Path) -> None:
 def test_serve_refuses_without_setup(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from server.serve import serve
 
-    assert serve(host="127.0.0.1", port=0, paths=RelayPaths(web=tmp_path, wheels=tmp_path)) == 2
+    args = cli.build_parser().parse_args(["serve", "--port", "0", "--no-session"])
+    assert serve(args, paths=RelayPaths(web=tmp_path, wheels=tmp_path)) == 2
     assert "make setup" in capsys.readouterr().err

@@ -1,80 +1,161 @@
-// The page: starts the worker and shows what it reports. All Python runs in the worker.
-const stateEl = document.getElementById("state");
-const stepsEl = document.getElementById("steps");
-const progressEl = document.getElementById("progress");
-const versionsEl = document.getElementById("versions");
-const errorEl = document.getElementById("error");
-
-const peer = { state: "starting", versions: null, steps: [], worker: null, pending: new Map(), nextId: 1 };
+// The page: starts the worker, shows the session live (server-sent events) and what this peer does.
+// All Python runs in the worker; nothing here waits on it.
+const $ = (id) => document.getElementById(id);
+const params = new URLSearchParams(location.search);
+const peer = { state: "starting", versions: null, steps: [], worker: null, pending: new Map(), nextId: 1,
+  session: null, activity: "not joined", unitsDone: 0, lastMetrics: null, refused: [] };
 window.peertrain = peer;
+let chart = null;
 
 function setState(state) {
   peer.state = state;
-  stateEl.textContent = state;
+  $("state").textContent = state;
   document.body.dataset.state = state;
+  if (state === "ready" && peer.session && !peer.session.done) $("join").disabled = false;
+  if (state === "ready" && params.has("join")) join();
+}
+
+function setActivity(text, kind) {
+  peer.activity = text;
+  $("peer-activity").textContent = text;
+  if (kind) document.body.dataset.peer = kind;
 }
 
 function showStep({ index, name, total, detail }) {
-  while (stepsEl.children.length <= index) {
-    const li = document.createElement("li");
-    stepsEl.appendChild(li);
-  }
-  [...stepsEl.children].forEach((li, i) => {
-    li.className = i < index ? "done" : i === index ? "active" : "";
-  });
-  stepsEl.children[index].textContent = detail ? `${name}: ${detail}` : name;
-  progressEl.max = total;
-  progressEl.value = index;
+  const steps = $("steps");
+  while (steps.children.length <= index) steps.appendChild(document.createElement("li"));
+  [...steps.children].forEach((li, i) => { li.className = i < index ? "done" : i === index ? "active" : ""; });
+  steps.children[index].textContent = detail ? `${name}: ${detail}` : name;
+  $("progress").max = total;
+  $("progress").value = index;
   peer.steps[index] = name;
   setState("loading");
 }
 
 function showVersions(versions, seconds) {
-  versionsEl.replaceChildren();
+  const list = $("versions");
+  list.replaceChildren();
   for (const [key, value] of Object.entries({ ...versions, "boot seconds": seconds.toFixed(1) })) {
     const dt = document.createElement("dt");
     dt.textContent = key;
     const dd = document.createElement("dd");
     dd.textContent = value;
-    versionsEl.append(dt, dd);
+    list.append(dt, dd);
   }
+}
+
+function fmt(value) {
+  return typeof value === "number" ? (Math.abs(value) >= 100 ? value.toFixed(0) : value.toPrecision(4)) : "–";
+}
+
+function drawChart(session) {
+  const metric = session.metric;
+  const points = [session.initial_metrics ? session.initial_metrics[metric] : null,
+    ...session.history.map((entry) => (entry.metrics || {})[metric])];
+  $("metric-name").textContent = metric;
+  if (typeof Chart === "undefined") return;
+  const labels = points.map((_, i) => i);
+  if (!chart) {
+    chart = new Chart($("chart"), {
+      type: "line",
+      data: { labels, datasets: [{ label: metric, data: points, borderColor: "#2f6fdf", tension: 0.1 }] },
+      options: { animation: false, responsive: true, scales: { x: { title: { display: true, text: "round" } } } },
+    });
+  } else {
+    chart.data.labels = labels;
+    chart.data.datasets[0].data = points;
+    chart.update();
+  }
+  peer.chartPoints = points.length;
+}
+
+function showSession(session) {
+  peer.session = session;
+  $("task-name").textContent = `${session.task.name} (${session.task.kind === "data" ? "data chunks" : "plays its own episodes"})`;
+  $("task-boundary").textContent = session.task.crosses_boundary;
+  $("merge").textContent = `${session.merge} · ${session.plan.participants_per_round} units per round · ${session.plan.passes} passes`;
+  const p = session.peers;
+  $("peers").textContent = `${p.connected} connected (${p.joined} joined); a round starts with ${p.needed}`;
+  $("round").textContent = `${Math.min(session.round + 1, session.num_rounds)} of ${session.num_rounds}`;
+  $("round-progress").max = session.round_progress.slots || 1;
+  $("round-progress").value = session.round_progress.done;
+  const waiting = Math.max(0, p.needed - p.connected);
+  $("session-status").textContent = session.done ? `finished: ${session.stopped || "all rounds done"}`
+    : session.paused ? "paused by the host" : session.merging ? "merging and validating the round"
+    : waiting > 0 && session.round_progress.done === 0 ? `waiting for ${waiting} more peer${waiting > 1 ? "s" : ""}`
+    : `training: ${session.round_progress.done}/${session.round_progress.slots} units back`;
+  const refused = Object.entries(session.counters).filter(([k]) => k.startsWith("refused."));
+  $("refusals").textContent = refused.length ? refused.map(([k, v]) => `${k.slice(8)}: ${v}`).join(", ") : "0";
+  $("samples").replaceChildren(...session.samples.map((sample) => {
+    const li = document.createElement("li");
+    li.textContent = sample.text;
+    if (sample.ok !== null) li.className = sample.ok ? "ok" : "wrong";
+    return li;
+  }));
+  drawChart(session);
+  if (session.done) $("join").disabled = true;
+}
+
+function follow() {
+  fetch("/api/session").then((response) => {
+    if (response.status === 404) { $("no-session").hidden = false; $("session-facts").hidden = true; return; }
+    const events = new EventSource("/api/events");
+    events.onmessage = (event) => showSession(JSON.parse(event.data));
+  });
+}
+
+function join() {
+  if (peer.joined) return;
+  peer.joined = true;
+  $("join").disabled = true;
+  setActivity("joining", "joining");
+  peer.worker.postMessage({ type: "join", joinCode: $("join-code").value || params.get("code") || "" });
 }
 
 // Run Python in the worker; resolves with the value (a string) or rejects with the error.
-peer.run = (code) =>
-  new Promise((resolve, reject) => {
-    const id = peer.nextId++;
-    peer.pending.set(id, { resolve, reject });
-    peer.worker.postMessage({ type: "run", id, code });
-  });
+peer.run = (code) => new Promise((resolve, reject) => {
+  const id = peer.nextId++;
+  peer.pending.set(id, { resolve, reject });
+  peer.worker.postMessage({ type: "run", id, code });
+});
 
-function onMessage(event) {
-  const message = event.data;
-  if (message.type === "step") {
-    showStep(message);
-  } else if (message.type === "ready") {
-    [...stepsEl.children].forEach((li) => (li.className = "done"));
-    progressEl.value = progressEl.max;
+const handlers = {
+  step: showStep,
+  ready(message) {
+    [...$("steps").children].forEach((li) => (li.className = "done"));
+    $("progress").value = $("progress").max;
     peer.versions = message.versions;
     showVersions(message.versions, message.seconds);
     setState("ready");
-  } else if (message.type === "failed") {
-    errorEl.hidden = false;
-    errorEl.textContent = message.message;
+  },
+  failed(message) {
+    $("error").hidden = false;
+    $("error").textContent = message.message;
     setState("failed");
-  } else if (message.type === "result") {
+  },
+  result(message) {
     const waiting = peer.pending.get(message.id);
     peer.pending.delete(message.id);
     if (waiting) (message.error ? waiting.reject(new Error(message.error)) : waiting.resolve(message.value));
-  } else if (message.type === "log") {
-    console[message.level === "error" ? "error" : "log"](message.message);
-  }
-}
+  },
+  log(message) { console[message.level === "error" ? "error" : "log"](message.message); },
+  joined(message) { peer.peerId = message.peerId; $("device").textContent = message.device; setActivity("joined", "joined"); },
+  waiting(message) { setActivity(message.reason, "waiting"); },
+  training(message) { setActivity(`training unit ${message.job.unit_index} of round ${message.job.round + 1}`, "training"); },
+  uploaded(message) {
+    peer.unitsDone += 1;
+    peer.lastMetrics = message.metrics;
+    const loss = message.metrics.train_loss ?? message.metrics.mean_return;
+    $("last-unit").textContent = `unit ${message.job.unit_index}, local ${message.metrics.train_loss !== undefined ? "loss" : "return"} ${fmt(loss)}, ${message.seconds.toFixed(1)} s`;
+    setActivity(`uploaded unit ${message.job.unit_index} (${peer.unitsDone} so far)`, "uploaded");
+  },
+  refused(message) { peer.refused.push(message.code); setActivity(`result refused: ${message.message}`, "refused"); },
+  offline(message) { setActivity(`relay unreachable (${message.message}); retrying in ${message.retryIn.toFixed(0)} s`, "offline"); },
+  finished(message) { setActivity(`session finished: ${message.reason}`, "finished"); },
+};
 
 peer.worker = new Worker("/src/worker.js");
-peer.worker.onmessage = onMessage;
-peer.worker.onerror = (event) => {
-  errorEl.hidden = false;
-  errorEl.textContent = `worker error: ${event.message}`;
-  setState("failed");
-};
+peer.worker.onmessage = (event) => (handlers[event.data.type] || (() => {}))(event.data);
+peer.worker.onerror = (event) => handlers.failed({ message: `worker error: ${event.message}` });
+$("join").addEventListener("click", join);
+follow();

@@ -1,0 +1,75 @@
+"""The one Python entry point a peer's worker talks to: bytes in, bytes out.
+
+The worker hands over what the relay sent (the task description as JSON, the global weights and the
+unit's data in the wire codec) and gets back the result message to upload. The same code runs in a
+browser's Pyodide and natively (tests, simulated peers), so a unit trained in either place is the
+same computation.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import time
+from typing import Any
+
+import numpy as np
+
+from runtime import wire
+from runtime.tasks.base import Task, TaskError, WorkUnit, check_unit_result
+from runtime.tasks.loader import task_class
+from runtime.weights import WeightSpec
+
+
+def as_bytes(message: object) -> bytes:
+    """Bytes from a Python buffer or, inside Pyodide, from a JavaScript Uint8Array/ArrayBuffer proxy."""
+    to_py = getattr(message, "to_py", None)
+    return bytes(to_py() if to_py is not None else message)  # type: ignore[arg-type]
+
+
+class Peer:
+    """A task ready to train units; built once per session from ``GET /api/task``'s JSON."""
+
+    def __init__(self, task_info: str | dict[str, Any]) -> None:
+        info = json.loads(task_info) if isinstance(task_info, str) else task_info
+        module_name, _, class_name = info["task_import"].partition(":")
+        module = importlib.import_module(module_name)
+        cls = getattr(module, class_name, None)
+        if cls is None:
+            cls = task_class(info["task_import"])
+        self.task: Task = cls(info["settings"])
+        self.task.attach(info.get("assets") or {})
+        self.spec = WeightSpec.from_json(info["spec"])
+        self.fingerprint: str = info["fingerprint"]
+        if self.task.spec() != self.spec:
+            raise TaskError(f"the task built here has spec {self.task.spec().fingerprint()}, the relay's is "
+                            f"{self.spec.fingerprint()}: the runtime or task wheel is out of date")
+        self.weights: np.ndarray | None = None
+        self.weights_round: int | None = None
+        self.last_metrics_json = "{}"
+
+    def set_weights(self, message: object) -> int:
+        """Decode and keep the global weights; returns their round."""
+        header, vector = wire.decode(as_bytes(message), expect_spec=self.spec, expect_fingerprint=self.fingerprint)
+        self.weights, self.weights_round = vector, header.round
+        return header.round
+
+    def train(self, assignment: str | dict[str, Any], unit_message: object = None) -> bytes:
+        """Train one assignment from the kept weights; returns the wire-encoded result to upload."""
+        job = json.loads(assignment) if isinstance(assignment, str) else assignment
+        if self.weights is None or self.weights_round != job["round"]:
+            raise TaskError(f"weights of round {self.weights_round} held, assignment is for round {job['round']}")
+        data = None
+        if unit_message is not None:
+            _, data = wire.decode_array(as_bytes(unit_message), expect_dtype="int32")
+        unit = WorkUnit(index=int(job["unit_index"]), seed=int(job["unit_seed"]), data=data,
+                        episodes=int(job.get("episodes") or 0))
+        started = time.perf_counter()
+        result = check_unit_result(self.task, self.task.train_unit(self.weights, unit), self.spec)
+        metrics = {k: float(v) for k, v in result.metrics.items() if isinstance(v, int | float)}
+        metrics["seconds"] = time.perf_counter() - started
+        self.last_metrics_json = json.dumps(metrics)
+        header = wire.WireHeader(spec=self.spec, round=int(job["round"]), fingerprint=self.fingerprint,
+                                 num_examples=int(result.num_examples), metrics=metrics,
+                                 meta={"slot": int(job["slot"]), "unit_index": unit.index})
+        return wire.encode(result.weights, header)

@@ -1,0 +1,155 @@
+"""The relay's session state in SQLite (one file beside the checkpoints).
+
+Peers (id, hashed token, last seen), leases (who trains which slot of which round, until when), every
+accepted result (weights included, so a session can be replayed through the simulator's merge and a
+restart loses nothing), and counters of refusals by reason. Checkpoints (weights, merge state,
+history) live on disk beside this file; see ``server.checkpoint``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import secrets
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS peers (
+    id TEXT PRIMARY KEY, token_hash TEXT NOT NULL, joined REAL NOT NULL, last_seen REAL NOT NULL,
+    agent TEXT NOT NULL DEFAULT '', units_done INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS leases (
+    round INTEGER NOT NULL, slot INTEGER NOT NULL, unit_index INTEGER NOT NULL, peer_id TEXT NOT NULL,
+    issued REAL NOT NULL, deadline REAL NOT NULL, PRIMARY KEY (round, slot)
+);
+CREATE TABLE IF NOT EXISTS results (
+    round INTEGER NOT NULL, slot INTEGER NOT NULL, unit_index INTEGER NOT NULL, peer_id TEXT NOT NULL,
+    num_examples INTEGER NOT NULL, metrics TEXT NOT NULL, message BLOB NOT NULL, received REAL NOT NULL,
+    PRIMARY KEY (round, slot)
+);
+CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
+"""
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Lease:
+    round: int
+    slot: int
+    unit_index: int
+    peer_id: str
+    issued: float
+    deadline: float
+
+
+@dataclass(frozen=True)
+class StoredResult:
+    round: int
+    slot: int
+    unit_index: int
+    peer_id: str
+    num_examples: int
+    metrics: dict[str, Any]
+    message: bytes
+
+
+class Store:
+    """Thread-safe access to the relay's SQLite file (the merge runs in a worker thread)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.executescript(SCHEMA)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def _run(self, sql: str, args: tuple = ()) -> list[tuple]:
+        with self._lock:
+            return self._db.execute(sql, args).fetchall()
+
+    # -- peers ----------------------------------------------------------------------------------
+    def add_peer(self, agent: str = "") -> tuple[str, str]:
+        peer_id, token = "p-" + secrets.token_hex(4), secrets.token_urlsafe(24)
+        now = time.time()
+        self._run("INSERT INTO peers (id, token_hash, joined, last_seen, agent) VALUES (?, ?, ?, ?, ?)",
+                  (peer_id, hash_token(token), now, now, agent[:200]))
+        return peer_id, token
+
+    def authenticate(self, peer_id: str, token: str) -> bool:
+        """Constant-time comparison of the token's hash with the stored one; refreshes last_seen."""
+        rows = self._run("SELECT token_hash FROM peers WHERE id = ?", (peer_id,))
+        expected = rows[0][0] if rows else hash_token(secrets.token_hex(8))
+        ok = hmac.compare_digest(expected, hash_token(token)) and bool(rows)
+        if ok:
+            self._run("UPDATE peers SET last_seen = ? WHERE id = ?", (time.time(), peer_id))
+        return ok
+
+    def active_peers(self, within_seconds: float) -> list[str]:
+        """Peers seen recently or holding a live lease (a peer deep in a unit does not poll)."""
+        now = time.time()
+        rows = self._run("SELECT id FROM peers WHERE last_seen >= ? UNION "
+                         "SELECT peer_id FROM leases WHERE deadline >= ?", (now - within_seconds, now))
+        return sorted(r[0] for r in rows)
+
+    def peer_count(self) -> int:
+        return int(self._run("SELECT COUNT(*) FROM peers")[0][0])
+
+    # -- leases ---------------------------------------------------------------------------------
+    def leases(self, round_index: int) -> dict[int, Lease]:
+        rows = self._run("SELECT round, slot, unit_index, peer_id, issued, deadline FROM leases WHERE round = ?",
+                         (round_index,))
+        return {row[1]: Lease(*row) for row in rows}
+
+    def grant(self, round_index: int, slot: int, unit_index: int, peer_id: str, seconds: float) -> Lease:
+        now = time.time()
+        self._run("INSERT OR REPLACE INTO leases VALUES (?, ?, ?, ?, ?, ?)",
+                  (round_index, slot, unit_index, peer_id, now, now + seconds))
+        return Lease(round_index, slot, unit_index, peer_id, now, now + seconds)
+
+    def release_live_leases(self) -> int:
+        """After a restart nobody holds anything: every unfinished unit is handed out again."""
+        with self._lock:
+            cursor = self._db.execute("DELETE FROM leases WHERE NOT EXISTS (SELECT 1 FROM results r "
+                                      "WHERE r.round = leases.round AND r.slot = leases.slot)")
+            return cursor.rowcount
+
+    # -- results --------------------------------------------------------------------------------
+    def add_result(self, result: StoredResult) -> None:
+        self._run("INSERT INTO results VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                  (result.round, result.slot, result.unit_index, result.peer_id, result.num_examples,
+                   json.dumps(result.metrics), result.message, time.time()))
+        self._run("UPDATE peers SET units_done = units_done + 1 WHERE id = ?", (result.peer_id,))
+
+    def results(self, round_index: int) -> dict[int, StoredResult]:
+        rows = self._run("SELECT round, slot, unit_index, peer_id, num_examples, metrics, message FROM results "
+                         "WHERE round = ? ORDER BY slot", (round_index,))
+        return {row[1]: StoredResult(row[0], row[1], row[2], row[3], row[4], json.loads(row[5]), bytes(row[6]))
+                for row in rows}
+
+    def all_results(self) -> list[StoredResult]:
+        rows = self._run("SELECT round, slot, unit_index, peer_id, num_examples, metrics, message FROM results "
+                         "ORDER BY round, slot")
+        return [StoredResult(r[0], r[1], r[2], r[3], r[4], json.loads(r[5]), bytes(r[6])) for r in rows]
+
+    # -- counters -------------------------------------------------------------------------------
+    def count(self, name: str, by: int = 1) -> None:
+        self._run("INSERT INTO counters VALUES (?, ?) ON CONFLICT(name) DO UPDATE SET value = value + ?",
+                  (name, by, by))
+
+    def counters(self) -> dict[str, int]:
+        return {name: int(value) for name, value in self._run("SELECT name, value FROM counters ORDER BY name")}
