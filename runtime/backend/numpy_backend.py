@@ -133,12 +133,13 @@ class NumpyBackend:
 
     # embeddings and masks
     def take_rows(self, table: np.ndarray, ids: np.ndarray) -> np.ndarray:
-        return np.take(table, ids, axis=0)
+        # np.intp: int64 indices do not cast "safely" to wasm32's 32-bit intp in Pyodide.
+        return np.take(table, np.asarray(ids, dtype=np.intp), axis=0)
 
     def scatter_add_rows(self, ids: np.ndarray, grad_rows: np.ndarray, num_rows: int) -> np.ndarray:
         width = grad_rows.shape[-1]
         out = np.zeros((num_rows, width), dtype=grad_rows.dtype)
-        np.add.at(out, ids.reshape(-1), grad_rows.reshape(-1, width))
+        np.add.at(out, np.asarray(ids, dtype=np.intp).reshape(-1), grad_rows.reshape(-1, width))
         return out
 
     def dropout_mask(self, shape: tuple[int, ...], p: float, rng: np.random.Generator, dtype: Any) -> np.ndarray:
@@ -149,30 +150,27 @@ class NumpyBackend:
 
     # fused kernels
     def gelu(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """GELU, tanh approximation (torch approximate="tanh"); returns (y, tanh of the inner term)."""
-        inner = x * x
-        inner *= GELU_COEFF
-        inner += 1.0
-        inner *= x
-        inner *= SQRT_2_OVER_PI
-        tanh_inner = np.tanh(inner, out=inner)
-        y = tanh_inner + 1.0
-        y *= x
-        y *= 0.5
-        return y, tanh_inner
+        """GELU, tanh approximation (torch approximate="tanh"): y = x * gate with gate = (1 + tanh(u)) / 2,
+        u = c (x + a x^3). Returns (y, gate); the gate is all the backward pass needs besides x."""
+        gate = x * x
+        gate *= GELU_COEFF * SQRT_2_OVER_PI
+        gate += SQRT_2_OVER_PI
+        gate *= x  # u
+        np.tanh(gate, out=gate)
+        gate *= 0.5
+        gate += 0.5
+        return x * gate, gate
 
-    def gelu_backward(self, x: np.ndarray, tanh_inner: np.ndarray, grad: np.ndarray) -> np.ndarray:
-        # d/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 a x^2), t = tanh(c (x + a x^3))
-        inner_slope = x * x
-        inner_slope *= 3.0 * GELU_COEFF * SQRT_2_OVER_PI
-        inner_slope += SQRT_2_OVER_PI
-        dx = tanh_inner * tanh_inner
-        np.subtract(1.0, dx, out=dx)
-        dx *= inner_slope
+    def gelu_backward(self, x: np.ndarray, gate: np.ndarray, grad: np.ndarray) -> np.ndarray:
+        # dy/dx = gate + x * (dgate/du) * du/dx with dgate/du = 2 gate (1 - gate), du/dx = c (1 + 3 a x^2),
+        # i.e. gate * (1 + 2 c x (1 - gate) (1 + 3 a x^2)).
+        dx = x * x
+        dx *= 6.0 * GELU_COEFF * SQRT_2_OVER_PI
+        dx += 2.0 * SQRT_2_OVER_PI
         dx *= x
-        dx += tanh_inner
+        dx *= 1.0 - gate
         dx += 1.0
-        dx *= 0.5
+        dx *= gate
         dx *= grad
         return dx
 

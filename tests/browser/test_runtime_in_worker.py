@@ -30,8 +30,9 @@ for _ in range(3):
     optimizer.step()
     losses.append(loss.item())
 weights = np.concatenate([p.numpy().ravel() for p in model.parameters()])
-json.dumps({"losses": losses, "weight_sum": float(np.abs(weights.astype(np.float64)).sum()),
-            "numpy": np.__version__})
+report = json.dumps({"losses": losses, "weight_sum": float(np.abs(weights.astype(np.float64)).sum()),
+                     "numpy": np.__version__})
+report
 """
 
 
