@@ -8,7 +8,7 @@ and lists a shared (tied) parameter once, under its first name.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 
@@ -105,13 +105,13 @@ class Module:
         for parameter in self.parameters():
             parameter.grad = None
 
-    def train(self, mode: bool = True) -> Module:
+    def train(self, mode: bool = True) -> Self:
         object.__setattr__(self, "training", mode)
         for _, child in self.children():
             child.train(mode)
         return self
 
-    def eval(self) -> Module:
+    def eval(self) -> Self:
         return self.train(False)
 
 

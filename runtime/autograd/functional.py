@@ -51,8 +51,8 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
 def gelu(x: Tensor) -> Tensor:
     """GELU with the tanh approximation (torch.nn.functional.gelu(x, approximate="tanh"))."""
     backend = get_backend()
-    y, tanh_inner = backend.gelu(x.data)
-    return make_result(y, (x,), lambda grad: _accumulate(x, backend.gelu_backward(x.data, tanh_inner, grad)))
+    y, gate = backend.gelu(x.data)  # y = x * gate
+    return make_result(y, (x,), lambda grad: _accumulate(x, backend.gelu_backward(x.data, gate, grad)))
 
 
 def softmax(x: Tensor, axis: int = -1) -> Tensor:
