@@ -200,3 +200,13 @@ def test_generation_greedy_sampling_stop_token_and_long_prompts() -> None:
     assert model.training
     with pytest.raises(ValueError, match="Generator"):
         model.generate(prompt, 1, temperature=0.5)
+
+
+def test_throughput_measurement_reports_tokens_per_second() -> None:
+    from runtime.bench_step import train_steps_throughput
+
+    result = train_steps_throughput("arith", steps=2, batch=2, seq=8, seed=0, warmup=0)
+    assert result["parameters"] == Transformer(preset("arith"), seed=0).num_parameters()
+    assert result["tokens_per_second"] > 0 and np.isfinite(result["final_loss"])
+    with pytest.raises(ValueError, match="exceeds the context"):
+        train_steps_throughput("arith", steps=1, seq=33)
