@@ -14,9 +14,7 @@ from pathlib import Path
 
 Handler = Callable[[argparse.Namespace], int]
 
-NOT_BUILT = {
-    "peers": ("start N headless Chromium peers against a relay", "issue 6 (relay and browser peers)"),
-}
+NOT_BUILT: dict[str, tuple[str, str]] = {}
 
 
 def add_serve(subparsers: argparse._SubParsersAction) -> None:
@@ -33,6 +31,22 @@ def run_serve(args: argparse.Namespace) -> int:
     from server.serve import serve
 
     return serve(args)
+
+
+def add_peers(subparsers: argparse._SubParsersAction) -> None:
+    from server.peers import add_arguments
+
+    parser = subparsers.add_parser("peers", help="start N headless Chromium peers against a relay",
+                                   description="Open the relay's page in N headless Chromium contexts that join "
+                                   "and train; show the session's rounds; exit when the session is done.")
+    add_arguments(parser)
+    parser.set_defaults(handler=run_peers)
+
+
+def run_peers(args: argparse.Namespace) -> int:
+    from server.peers import main_from_args
+
+    return main_from_args(args)
 
 
 def parse_sets(pairs: Sequence[str]) -> dict[str, object]:
@@ -158,6 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="peertrain", description="Distributed training across browser peers.")
     subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
     add_serve(subparsers)
+    add_peers(subparsers)
     add_package(subparsers)
     add_simulate(subparsers)
     add_bench(subparsers)

@@ -1,0 +1,196 @@
+"""Session checkpoints on disk: one folder per round, a ``latest`` pointer, the best round, the history.
+
+Layout of a session directory::
+
+    session.json                   the session's config (plan, merge, divergence watch) and package
+    history.jsonl                  one JSON object per completed round
+    rounds/000004/weights.safetensors      global weights after 4 rounds: tensor ``weights``, spec in metadata
+    rounds/000004/merge_state.safetensors  the merge method's arrays (FedAvgM's momentum, FedAdam's m and v)
+    rounds/000004/state.json               the merge method's scalars and the session's counters
+    best/...                       the same three files for the best round so far
+    latest                         text: the folder of the newest complete checkpoint (``rounds/000004``)
+
+A round's folder is written in full before ``latest`` moves to it (temp file + ``os.replace``), so a
+crash leaves the previous checkpoint in force. ``history.jsonl`` may run ahead of ``latest`` after a
+crash; ``state.json`` says how many lines belong to the checkpoint and a restore cuts the rest.
+Arrays keep their dtype (float32 weights, float64 merge state), so a restore is bit-exact.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from safetensors import safe_open
+from safetensors.numpy import load_file, save_file
+
+from runtime.merge import StateDict, join_state, split_state
+from runtime.weights import WeightSpec
+
+if TYPE_CHECKING:
+    from server.package import Package
+    from server.session import Session
+
+SESSION_FILE = "session.json"
+HISTORY_FILE = "history.jsonl"
+LATEST_FILE = "latest"
+ROUNDS_DIR = "rounds"
+BEST_DIR = "best"
+WEIGHTS_FILE = "weights.safetensors"
+MERGE_STATE_FILE = "merge_state.safetensors"
+STATE_FILE = "state.json"
+
+
+class CheckpointError(ValueError):
+    """A session directory is missing, incomplete or belongs to another package."""
+
+
+@dataclass
+class Checkpoint:
+    """One stored point of a session: global weights, merge state, and the session's JSON state."""
+
+    weights: np.ndarray
+    spec: WeightSpec | None
+    merge_state: StateDict
+    state: dict[str, Any]
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with non-finite floats replaced by None, so every file stays standard JSON."""
+    if isinstance(value, float | np.floating):
+        return float(value) if math.isfinite(value) else None
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, Mapping):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    return value
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(text)
+    os.replace(temporary, path)
+
+
+def write_session_config(directory: Path, config: Mapping[str, Any]) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(directory / SESSION_FILE, json.dumps(json_safe(config), indent=2, sort_keys=True) + "\n")
+
+
+def read_session_config(directory: Path) -> dict[str, Any]:
+    path = Path(directory) / SESSION_FILE
+    if not path.is_file():
+        raise CheckpointError(f"{directory} holds no session ({SESSION_FILE} is missing)")
+    return dict(json.loads(path.read_text()))
+
+
+def write_point(folder: Path, checkpoint: Checkpoint, *, fingerprint: str) -> None:
+    """Write one checkpoint folder (weights, merge arrays, JSON state) from scratch."""
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    metadata = {"fingerprint": fingerprint, "round": str(checkpoint.state.get("round", ""))}
+    if checkpoint.spec is not None:
+        metadata["spec"] = json.dumps(checkpoint.spec.to_json())
+    save_file({"weights": np.ascontiguousarray(checkpoint.weights)}, str(folder / WEIGHTS_FILE), metadata=metadata)
+    arrays, scalars = split_state(checkpoint.merge_state)
+    save_file({k: np.ascontiguousarray(v) for k, v in arrays.items()}, str(folder / MERGE_STATE_FILE))
+    state = {**checkpoint.state, "merge_scalars": scalars}
+    (folder / STATE_FILE).write_text(json.dumps(json_safe(state), indent=1, sort_keys=True) + "\n")
+
+
+def read_point(folder: Path) -> Checkpoint:
+    for name in (WEIGHTS_FILE, MERGE_STATE_FILE, STATE_FILE):
+        if not (folder / name).is_file():
+            raise CheckpointError(f"checkpoint {folder} is incomplete: {name} is missing")
+    weights = load_file(str(folder / WEIGHTS_FILE))["weights"]
+    with safe_open(str(folder / WEIGHTS_FILE), framework="np") as handle:
+        metadata = handle.metadata() or {}
+    spec = WeightSpec.from_json(json.loads(metadata["spec"])) if "spec" in metadata else None
+    state = json.loads((folder / STATE_FILE).read_text())
+    scalars = state.pop("merge_scalars", {})
+    merge_state = join_state(load_file(str(folder / MERGE_STATE_FILE)), scalars)
+    return Checkpoint(weights=weights, spec=spec, merge_state=merge_state, state=state)
+
+
+def round_folder(directory: Path, rounds_done: int) -> Path:
+    return directory / ROUNDS_DIR / f"{rounds_done:06d}"
+
+
+def append_history(directory: Path, entries: Iterable[Mapping[str, Any]]) -> None:
+    with (directory / HISTORY_FILE).open("a") as handle:
+        for entry in entries:
+            handle.write(json.dumps(json_safe(entry), sort_keys=True) + "\n")
+
+
+def read_history(directory: Path, limit: int | None = None) -> list[dict[str, Any]]:
+    path = Path(directory) / HISTORY_FILE
+    if not path.is_file():
+        return []
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    return [json.loads(line) for line in lines[:limit]]
+
+
+def rewrite_history(directory: Path, history: Iterable[Mapping[str, Any]]) -> None:
+    lines = "".join(json.dumps(json_safe(entry), sort_keys=True) + "\n" for entry in history)
+    write_text_atomic(directory / HISTORY_FILE, lines)
+
+
+def save_round(directory: Path, checkpoint: Checkpoint, *, fingerprint: str, new_history: Iterable[Mapping[str, Any]],
+               best: Checkpoint | None = None, keep: int = 2) -> Path:
+    """Store the state after ``checkpoint.state['round']`` rounds and point ``latest`` at it.
+
+    Order matters for crash safety: the round folder, the best folder (when it changed), the history
+    lines, then the pointer. ``keep`` round folders are kept (older ones are removed).
+    """
+    directory = Path(directory)
+    folder = round_folder(directory, int(checkpoint.state["round"]))
+    write_point(folder, checkpoint, fingerprint=fingerprint)
+    if best is not None:
+        staging = directory / (BEST_DIR + ".partial")
+        write_point(staging, best, fingerprint=fingerprint)
+        shutil.rmtree(directory / BEST_DIR, ignore_errors=True)
+        os.replace(staging, directory / BEST_DIR)
+    append_history(directory, new_history)
+    write_text_atomic(directory / LATEST_FILE, folder.relative_to(directory).as_posix() + "\n")
+    kept = sorted((directory / ROUNDS_DIR).iterdir())
+    for old in kept[:-keep] if keep > 0 else []:
+        if old != folder:
+            shutil.rmtree(old, ignore_errors=True)
+    return folder
+
+
+def latest_folder(directory: Path) -> Path:
+    pointer = Path(directory) / LATEST_FILE
+    if not pointer.is_file():
+        raise CheckpointError(f"{directory} has no checkpoint yet ({LATEST_FILE} is missing)")
+    return Path(directory) / pointer.read_text().strip()
+
+
+def read_latest(directory: Path) -> Checkpoint:
+    return read_point(latest_folder(directory))
+
+
+def read_best(directory: Path) -> Checkpoint:
+    folder = Path(directory) / BEST_DIR
+    if not folder.is_dir():
+        raise CheckpointError(f"{directory} has no best checkpoint ({BEST_DIR}/ is missing)")
+    return read_point(folder)
+
+
+def load_latest(directory: Path, package: Package | None = None) -> Session:
+    """The session stored in ``directory``, exactly as it was after its latest checkpoint.
+
+    ``package`` defaults to the package folder named in ``session.json``; its fingerprint must match.
+    """
+    from server.session import Session
+
+    return Session.restore(Path(directory), package)

@@ -1,0 +1,334 @@
+"""A training session's round loop, independent of how units get computed.
+
+The simulator computes each round's units in-process; the relay will hand them to browsers and feed
+back what arrives over HTTP. Both drive the same object::
+
+    session = Session.create(package, SessionConfig(merge="fedavgm", participants=5, passes=3), directory=out)
+    while not session.done:
+        assignments = session.assignments()
+        results = [(a, task.train_unit(session.weights, session.work_unit(a))) for a in assignments]
+        session.complete_round(results)     # merge, validate, divergence watch, history, checkpoint
+
+A session owns the package (task, data, fingerprint), the round plan (C units, k participants, E passes,
+seed), the merge method and its server state, the global weights, the round counter, the history and
+the best weights so far. Stateful merges are refused at the start when a round covers a large share of
+the data (``runtime.planner.check_merge_guard``) unless ``force`` is set. After every merge the model
+is validated; a non-finite metric, or a lower-is-better metric past ``divergence_factor`` times the
+best so far, is a divergence: ``stop`` ends the session, ``rollback`` restores the best weights and
+resets the merge method's state. Either way the history records it as an event.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import numpy as np
+
+from runtime.merge import MergeMethod, Result, make_merge
+from runtime.planner import Assignment, RoundPlan, check_merge_guard
+from runtime.tasks import Task, TaskData, UnitResult, WorkUnit
+from runtime.tasks.base import check_unit_result
+from runtime.tasks.loader import unit_for
+from server import checkpoint
+
+DivergenceAction = Literal["stop", "rollback"]
+DIVERGENCE_ACTIONS: tuple[DivergenceAction, ...] = ("stop", "rollback")
+
+
+class SessionError(ValueError):
+    """A session was asked for something its state does not allow; the message says what."""
+
+
+class SessionPackage(Protocol):
+    """What a session needs from a package (``server.package.Package`` provides it)."""
+
+    task: Task
+    data: TaskData
+    initial_weights: np.ndarray
+
+    @property
+    def fingerprint(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class SessionConfig:
+    """How a session runs. Round-trips through JSON (``to_json``/``from_json``)."""
+
+    merge: str = "fedavg"
+    merge_config: Mapping[str, Any] = field(default_factory=dict)
+    participants: int = 5  # k, assignments per round
+    passes: int = 3  # E, passes over the C units
+    seed: int = 0  # chunk order and unit seeds
+    max_rounds: int | None = None  # stop early after this many rounds
+    force: bool = False  # run a stateful merge even where the guard refuses it
+    on_divergence: DivergenceAction = "stop"
+    divergence_factor: float = 3.0  # lower-is-better metric above factor * best counts as divergence
+    label: str = ""  # how tables and plots name this session (default: the merge name)
+    keep_checkpoints: int = 2  # round folders kept on disk besides best/
+
+    def __post_init__(self) -> None:
+        if self.on_divergence not in DIVERGENCE_ACTIONS:
+            raise SessionError(f"on_divergence must be one of {DIVERGENCE_ACTIONS}, got {self.on_divergence!r}")
+        if not self.divergence_factor > 1:
+            raise SessionError(f"divergence_factor must be > 1, got {self.divergence_factor!r}")
+        if self.max_rounds is not None and self.max_rounds < 1:
+            raise SessionError(f"max_rounds must be at least 1 (or None), got {self.max_rounds!r}")
+        object.__setattr__(self, "merge_config", dict(self.merge_config))
+
+    @property
+    def name(self) -> str:
+        return self.label or self.merge
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> SessionConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise SessionError(f"unknown session config field(s) {unknown}")
+        return cls(**data)
+
+
+class Session:
+    """The round loop's state; see the module docstring. Build with ``create`` or ``restore``."""
+
+    def __init__(self, package: SessionPackage, config: SessionConfig, *, directory: Path | None = None) -> None:
+        self.package = package
+        self.task: Task = package.task
+        self.data: TaskData = package.data
+        self.config = config
+        self.plan = RoundPlan(self.data.num_units, config.participants, config.passes, config.seed)
+        check_merge_guard(config.merge, self.plan, force=config.force)
+        self.merge: MergeMethod = make_merge(config.merge, **config.merge_config)
+        self.spec = self.task.spec()
+        self.weights = np.array(package.initial_weights, dtype=np.float32)
+        self.directory = Path(directory) if directory is not None else None
+        self.round = 0  # the next round to run = rounds completed
+        self.history: list[dict[str, Any]] = []
+        self.initial_metrics: dict[str, Any] | None = None
+        self.best_weights = self.weights.copy()
+        self.best_metric: float | None = None
+        self.best_round: int | None = None  # None: the initial weights
+        self.stopped: str | None = None  # why the session ended early
+
+    # -- starting and resuming ------------------------------------------------------------------
+    @classmethod
+    def create(cls, package: SessionPackage, config: SessionConfig, *, directory: Path | None = None) -> Session:
+        """A new session: checks the merge guard, validates the initial weights, writes the first checkpoint."""
+        session = cls(package, config, directory=directory)
+        metrics = session.task.validate(session.weights, session.data.validation)
+        session.initial_metrics = checkpoint.json_safe(metrics)
+        session.best_metric = float(metrics[session.task.metric])
+        if session.directory is not None:
+            package_path = getattr(package, "path", None)
+            checkpoint.write_session_config(session.directory, {
+                "config": config.to_json(),
+                "package": str(Path(package_path).resolve()) if package_path is not None else None,
+                "fingerprint": package.fingerprint,
+                "task": session.task.describe(),
+                "plan": session.plan.to_json(),
+                "num_rounds": session.num_rounds,
+            })
+            checkpoint.rewrite_history(session.directory, [])
+            session._save(new_entries=[], best_changed=True)
+        return session
+
+    @classmethod
+    def restore(cls, directory: Path, package: SessionPackage | None = None) -> Session:
+        """The session stored in ``directory`` as of its latest checkpoint (``checkpoint.load_latest``)."""
+        directory = Path(directory)
+        stored = checkpoint.read_session_config(directory)
+        if package is None:
+            if not stored.get("package"):
+                raise checkpoint.CheckpointError(f"{directory}: the session names no package folder; pass package=")
+            from server.package import Package
+
+            package = Package.load(Path(stored["package"]))
+        if package.fingerprint != stored["fingerprint"]:
+            raise checkpoint.CheckpointError(
+                f"{directory} was trained on package {stored['fingerprint']}, not {package.fingerprint}")
+        session = cls(package, SessionConfig.from_json(stored["config"]), directory=directory)
+        latest, best = checkpoint.read_latest(directory), checkpoint.read_best(directory)
+        state = latest.state
+        session.weights = np.array(latest.weights, dtype=np.float32)
+        session.merge.load_state_dict(latest.merge_state)
+        session.round = int(state["round"])
+        session.initial_metrics = state["initial_metrics"]
+        session.best_metric = state["best_metric"]
+        session.best_round = state["best_round"]
+        session.stopped = state["stopped"]
+        session.best_weights = np.array(best.weights, dtype=np.float32)
+        session.history = checkpoint.read_history(directory, int(state["history_length"]))
+        checkpoint.rewrite_history(directory, session.history)  # drop lines written after the checkpoint
+        return session
+
+    # -- the plan -------------------------------------------------------------------------------
+    @property
+    def num_rounds(self) -> int:
+        cap = self.config.max_rounds
+        return self.plan.num_rounds if cap is None else min(cap, self.plan.num_rounds)
+
+    @property
+    def done(self) -> bool:
+        return self.stopped is not None or self.round >= self.num_rounds
+
+    @property
+    def metric(self) -> str:
+        return self.task.metric
+
+    def assignments(self, round_index: int | None = None) -> list[Assignment]:
+        """The assignments of ``round_index`` (default: the current round)."""
+        return self.plan.units_for_round(self.round if round_index is None else round_index)
+
+    def work_unit(self, assignment: Assignment) -> WorkUnit:
+        """What ``task.train_unit`` needs for ``assignment`` (the chunk, or the episode budget, and the seed)."""
+        return unit_for(self.task, self.data, assignment.unit_index, assignment.unit_seed)
+
+    # -- completing a round ---------------------------------------------------------------------
+    def complete_round(self, results: Sequence[tuple[Assignment, UnitResult]], *,
+                       train_seconds: float | None = None) -> dict[str, Any]:
+        """Merge the round's results, validate, watch for divergence, record and checkpoint; return the entry.
+
+        ``results`` may miss some assignments (the entry lists them) but not all; their order does not
+        matter: they are merged in slot order, so the relay reproduces the simulator bit for bit.
+        """
+        if self.done:
+            raise SessionError(f"the session is over ({self.stopped or f'all {self.num_rounds} rounds done'})")
+        ordered = self._checked_results(results)
+        started = time.perf_counter()
+        merged = self.merge.merge(self.weights, [Result(r.weights, int(r.num_examples)) for _, r in ordered],
+                                  spec=self.spec)
+        merged_at = time.perf_counter()
+        metrics = self.task.validate(merged, self.data.validation)
+        validated_at = time.perf_counter()
+
+        value = float(metrics[self.metric])
+        events: list[dict[str, Any]] = []
+        best_changed = False
+        divergence = self._divergence(value)
+        if divergence is not None:
+            event: dict[str, Any] = {"type": "divergence", "reason": divergence, "action": self.config.on_divergence}
+            if self.config.on_divergence == "rollback":
+                self.weights = self.best_weights.copy()
+                self.merge.reset()
+                event["restored_round"] = self.best_round
+            else:
+                self.weights = merged
+                self.stopped = f"diverged in round {self.round}: {divergence}"
+            events.append(event)
+        else:
+            self.weights = merged
+            if self._better(value, self.best_metric):
+                self.best_metric, self.best_round, self.best_weights = value, self.round, merged.copy()
+                best_changed = True
+
+        planned = self.assignments()
+        done_slots = {a.slot for a, _ in ordered}
+        unit_metrics = [r.metrics for _, r in ordered]
+        entry: dict[str, Any] = {
+            "round": self.round,
+            "merge": self.config.name,
+            "metrics": checkpoint.json_safe(metrics),
+            "participants": len(ordered),
+            "units": [a.unit_index for a, _ in ordered],
+            "missing": [a.unit_index for a in planned if a.slot not in done_slots],
+            "examples": int(sum(int(r.num_examples) for _, r in ordered)),
+            "train": _mean_metrics(unit_metrics),
+            "best": {"metric": self.best_metric, "round": self.best_round},
+            "seconds": {"train": train_seconds, "merge": merged_at - started, "validate": validated_at - merged_at},
+            "events": events,
+            "time": time.time(),
+        }
+        entry = checkpoint.json_safe(entry)
+        self.history.append(entry)
+        self.round += 1
+        if self.directory is not None:
+            self._save(new_entries=[entry], best_changed=best_changed)
+        return entry
+
+    def _checked_results(self, results: Sequence[tuple[Assignment, UnitResult]]) -> list[tuple[Assignment, UnitResult]]:
+        if not results:
+            raise SessionError(f"round {self.round} got no results; a round needs at least one")
+        planned = {a.slot: a for a in self.assignments()}
+        seen: set[int] = set()
+        for assignment, result in results:
+            if planned.get(assignment.slot) != assignment:
+                raise SessionError(f"{assignment} is not an assignment of round {self.round}")
+            if assignment.slot in seen:
+                raise SessionError(f"round {self.round} got two results for slot {assignment.slot}")
+            seen.add(assignment.slot)
+            check_unit_result(self.task, result, self.spec)
+        return sorted(results, key=lambda pair: pair[0].slot)
+
+    def _better(self, value: float, than: float | None) -> bool:
+        if not math.isfinite(value):
+            return False
+        if than is None or not math.isfinite(than):
+            return True
+        return value > than if self.task.higher_is_better else value < than
+
+    def _divergence(self, value: float) -> str | None:
+        if not math.isfinite(value):
+            return f"{self.metric} is {value}"
+        best = self.best_metric
+        if self.task.higher_is_better or best is None or not math.isfinite(best) or best <= 0:
+            return None
+        if value > self.config.divergence_factor * best:
+            return f"{self.metric} {value:.4g} > {self.config.divergence_factor:g} x best {best:.4g}"
+        return None
+
+    # -- checkpoints ----------------------------------------------------------------------------
+    def _state_json(self) -> dict[str, Any]:
+        return {
+            "round": self.round,
+            "initial_metrics": self.initial_metrics,
+            "best_metric": self.best_metric,
+            "best_round": self.best_round,
+            "stopped": self.stopped,
+            "history_length": len(self.history),
+            "merge": self.merge.name,
+            "merge_config": self.merge.to_config(),
+        }
+
+    def _save(self, *, new_entries: list[dict[str, Any]], best_changed: bool) -> None:
+        assert self.directory is not None
+        state = self._state_json()
+        current = checkpoint.Checkpoint(self.weights, self.spec, self.merge.state_dict(), state)
+        best = checkpoint.Checkpoint(self.best_weights, self.spec, self.merge.state_dict(), state) if best_changed \
+            else None
+        checkpoint.save_round(self.directory, current, fingerprint=self.package.fingerprint, new_history=new_entries,
+                              best=best, keep=self.config.keep_checkpoints)
+
+    # -- reporting ------------------------------------------------------------------------------
+    def metric_series(self) -> list[float | None]:
+        """The watched metric after 0 (initial), 1, 2, ... rounds; None where it was not finite."""
+        initial = (self.initial_metrics or {}).get(self.metric)
+        return [initial] + [entry["metrics"].get(self.metric) for entry in self.history]
+
+    def describe(self) -> dict[str, Any]:
+        """A JSON-able summary for the page and the CLI."""
+        return checkpoint.json_safe({
+            "name": self.config.name,
+            "merge": self.merge.name,
+            "merge_config": self.merge.to_config(),
+            "plan": self.plan.to_json(),
+            "round": self.round,
+            "num_rounds": self.num_rounds,
+            "metric": self.metric,
+            "best": {"metric": self.best_metric, "round": self.best_round},
+            "stopped": self.stopped,
+            "done": self.done,
+        })
+
+
+def _mean_metrics(per_unit: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """Mean of each numeric local metric the units reported (e.g. train_loss)."""
+    names = sorted({k for metrics in per_unit for k, v in metrics.items() if isinstance(v, int | float)})
+    return {name: float(np.mean([m[name] for m in per_unit if name in m])) for name in names}

@@ -1,0 +1,221 @@
+"""The simulator: whole sessions in-process, with the same runtime code a browser runs.
+
+Each unit is computed by ``task.train_unit(global_weights, unit)``, exactly what a peer's worker
+calls, and fed to a :class:`server.session.Session`. Several merge methods (or several settings of
+one) run one after another from the same package, so they share the initial weights and the chunk
+order; one plot and one table compare them.
+
+A merge choice is ``NAME`` or ``NAME:key=value,key=value`` (e.g. ``fedavgm:server_momentum=0.5``);
+options such as ``--server-momentum`` fill in whatever a choice leaves unset.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from runtime.merge import InvalidHyperparameter, merge_class
+from runtime.planner import RoundPlan, check_merge_guard
+from server.package import Package
+from server.plot import plot_metric
+from server.session import DivergenceAction, Session, SessionConfig
+
+# Short names for labels and folder names.
+SHORT_NAMES = {"server_learning_rate": "lr", "server_momentum": "m", "nesterov": "nesterov", "eta": "eta",
+               "beta_1": "b1", "beta_2": "b2", "tau": "tau", "bias_correction": "bc"}
+
+
+@dataclass(frozen=True)
+class MergeChoice:
+    """One merge method with its hyperparameters, as compared by the simulator."""
+
+    name: str
+    config: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        if not self.config:
+            return self.name
+        return self.name + " " + " ".join(f"{SHORT_NAMES.get(k, k)}={v}" for k, v in self.config.items())
+
+    @property
+    def slug(self) -> str:
+        """A folder name: the label without spaces or odd characters."""
+        return re.sub(r"[^A-Za-z0-9.=_-]+", "_", self.label.replace(" ", "-")).replace("=", "")
+
+
+def parse_merge_choices(values: Sequence[str]) -> list[MergeChoice]:
+    """``["fedavg,fedavgm:server_momentum=0.5,server_learning_rate=0.5", "fedadam"]`` -> three choices.
+
+    A comma-separated piece with ``=`` but no ``:`` continues the previous choice's settings.
+    """
+    pieces: list[list[str]] = []
+    for value in values:
+        for piece in (p.strip() for p in value.split(",")):
+            if not piece:
+                continue
+            if "=" in piece and ":" not in piece:
+                if not pieces:
+                    raise InvalidHyperparameter(f"merge setting {piece!r} comes before any method name")
+                pieces[-1].append(piece)
+            else:
+                pieces.append([piece])
+    choices = []
+    for name_part, *more in pieces:
+        name, _, first = name_part.partition(":")
+        config: dict[str, Any] = {}
+        for setting in ([first] if first else []) + more:
+            key, sep, raw = setting.partition("=")
+            if not sep:
+                raise InvalidHyperparameter(f"merge setting {setting!r} is not key=value")
+            try:
+                config[key.strip()] = json.loads(raw)
+            except json.JSONDecodeError:
+                raise InvalidHyperparameter(f"merge setting {setting!r}: {raw!r} is not a number or true/false") \
+                    from None
+        merge_class(name.strip()).from_config(config)  # unknown names and settings fail here, before any work
+        choices.append(MergeChoice(name.strip(), config))
+    return choices or [MergeChoice("fedavg")]
+
+
+def with_common_settings(choices: Sequence[MergeChoice], common: Mapping[str, Any]) -> list[MergeChoice]:
+    """Fill each choice's unset hyperparameters from ``common`` where the method takes them.
+
+    A common setting that none of the chosen methods takes is an error (a typo should not pass silently).
+    """
+    unused = set(common)
+    out = []
+    for choice in choices:
+        accepted = merge_class(choice.name)().to_config()
+        extra = {k: v for k, v in common.items() if k in accepted and k not in choice.config}
+        unused -= {k for k in common if k in accepted}
+        out.append(MergeChoice(choice.name, {**choice.config, **extra}))
+    if unused:
+        names = ", ".join(sorted(unused))
+        raise InvalidHyperparameter(f"no chosen merge method takes {names} (chosen: "
+                                    f"{', '.join(sorted({c.name for c in choices}))})")
+    return out
+
+
+def run_round(session: Session) -> dict[str, Any]:
+    """Train every assignment of the current round in-process, then complete the round."""
+    started = time.perf_counter()
+    results = [(a, session.task.train_unit(session.weights, session.work_unit(a))) for a in session.assignments()]
+    return session.complete_round(results, train_seconds=time.perf_counter() - started)
+
+
+@dataclass
+class Comparison:
+    """The sessions of one simulator call, in the order they ran, and where their outputs went."""
+
+    sessions: list[Session]
+    out: Path
+    plot: Path
+    table: str
+    seconds: float
+
+
+def compare(package: Package, choices: Sequence[MergeChoice], *, out: Path, participants: int, passes: int,
+            seed: int = 0, max_rounds: int | None = None, force: bool = False,
+            on_divergence: DivergenceAction = "stop", divergence_factor: float = 3.0, progress: bool = True,
+            title: str = "", log: Callable[[str], Any] = print) -> Comparison:
+    """Run one session per merge choice (same package, same plan), then write the plot and the table."""
+    out = Path(out)
+    plan = RoundPlan(package.data.num_units, participants, passes, seed)
+    for choice in choices:  # refuse before training anything
+        check_merge_guard(choice.name, plan, force=force)
+    configs = [SessionConfig(merge=c.name, merge_config=dict(c.config), participants=participants, passes=passes,
+                             seed=seed, max_rounds=max_rounds, force=force, on_divergence=on_divergence,
+                             divergence_factor=divergence_factor, label=c.label) for c in choices]
+    rounds_each = plan.num_rounds if max_rounds is None else min(max_rounds, plan.num_rounds)
+    started = time.perf_counter()
+    sessions = []
+    with tqdm(total=rounds_each * len(choices), unit="round", disable=not progress, dynamic_ncols=True) as bar:
+        for choice, config in zip(choices, configs, strict=True):
+            bar.set_description(choice.label)
+            session = Session.create(package, config, directory=out / choice.slug)
+            while not session.done:
+                entry = run_round(session)
+                bar.update(1)
+                bar.set_postfix({session.metric: f"{entry['metrics'].get(session.metric)}"[:7]})
+            bar.update(rounds_each - session.round)  # a stopped session skips its remaining rounds
+            sessions.append(session)
+    seconds = time.perf_counter() - started
+    task = package.task
+    plot = plot_metric({s.config.name: s.metric_series() for s in sessions}, out / "comparison.png",
+                       metric=task.metric, title=title or f"{task.name}: {task.metric} per round",
+                       events={s.config.name: [e["round"] + 1 for e in s.history if e["events"]] for s in sessions})
+    table = comparison_table(sessions)
+    (out / "comparison.md").write_text(table + "\n")
+    (out / "summary.json").write_text(json.dumps([s.describe() for s in sessions], indent=2) + "\n")
+    log(table)
+    log(f"{len(sessions)} session(s) in {seconds:.1f} s; plot {plot}; histories {out}/*/history.jsonl")
+    return Comparison(sessions=sessions, out=out, plot=plot, table=table, seconds=seconds)
+
+
+def fmt(value: float | None, digits: int = 4) -> str:
+    return "-" if value is None or not math.isfinite(value) else f"{value:.{digits}g}"
+
+
+def comparison_table(sessions: Sequence[Session]) -> str:
+    """A Markdown table: final and best metric per session, and the final relative to the first session's."""
+    metric = sessions[0].metric
+    anchor = sessions[0].metric_series()[-1]
+    lines = [f"| merge | rounds | final {metric} | best {metric} (after round) | final / {sessions[0].config.name} "
+             "| events |", "| --- | ---: | ---: | ---: | ---: | --- |"]
+    for session in sessions:
+        final = session.metric_series()[-1]
+        ratio = final / anchor if final is not None and anchor else None
+        best_after = "initial" if session.best_round is None else str(session.best_round + 1)
+        events = "; ".join(f"round {e['round'] + 1}: {ev['type']} ({ev['action']})"
+                           for e in session.history for ev in e["events"]) or "-"
+        lines.append(f"| {session.config.name} | {session.round} | {fmt(final)} | {fmt(session.best_metric)} "
+                     f"({best_after}) | {fmt(ratio, 3)} | {events} |")
+    return "\n".join(lines)
+
+
+MERGE_OPTIONS = ("server_learning_rate", "server_momentum", "nesterov", "eta", "beta_1", "beta_2", "tau",
+                 "bias_correction")
+
+
+def run_from_args(args: Any) -> int:
+    """``peertrain simulate``: build (or load) the package, run the comparison, report. 2 on a refused set-up."""
+    import sys
+
+    from runtime.merge import MergeError
+    from runtime.planner import PlanError
+    from runtime.tasks import TaskError
+    from server.cli import parse_sets
+    from server.package import build_package
+    from server.session import SessionError
+
+    def fail(error: Exception) -> int:
+        print(f"peertrain simulate: {error}", file=sys.stderr)
+        return 2
+
+    try:
+        common = {name: getattr(args, name) for name in MERGE_OPTIONS if getattr(args, name, None) is not None}
+        choices = with_common_settings(parse_merge_choices(args.merge), common)
+        if args.package is not None:
+            package = Package.load(args.package)
+        else:
+            package = build_package(args.task, parse_sets(args.sets), Path(args.out) / "package", seed=args.seed)
+        participants = args.participants or min(5, package.data.num_units)
+        comparison = compare(package, choices, out=args.out, participants=participants, passes=args.passes,
+                             seed=args.seed, max_rounds=args.rounds, force=args.force,
+                             on_divergence=args.on_divergence, divergence_factor=args.divergence_factor,
+                             progress=args.progress)
+    except (MergeError, PlanError, TaskError, SessionError, FileNotFoundError) as error:
+        return fail(error)
+    stopped = [s for s in comparison.sessions if s.stopped]
+    for session in stopped:
+        print(f"{session.config.name}: stopped: {session.stopped}", file=sys.stderr)
+    return 0
