@@ -67,6 +67,7 @@ class Relay:
     _merge_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     _weights_cache: tuple[int, bytes] | None = None
     latest_samples: list[dict[str, Any]] = field(default_factory=list)
+    _background: set[asyncio.Task[None]] = field(default_factory=set)  # the loop keeps only weak references
 
     def __post_init__(self) -> None:
         released = self.store.release_live_leases()
@@ -201,6 +202,16 @@ class Relay:
                                for s in session.task.samples(session.weights, session.data.validation)]
         return entry
 
+    def round_full(self) -> bool:
+        session = self.session
+        return not session.done and len(self.store.results(session.round)) >= len(session.assignments())
+
+    def schedule_merge(self) -> None:
+        """Run ``maybe_complete_round`` in the background, holding a reference until it is done."""
+        task = asyncio.get_running_loop().create_task(self.maybe_complete_round())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
     async def maybe_complete_round(self) -> None:
         async with self._merge_lock:
             session = self.session
@@ -270,7 +281,12 @@ def api_routes(relay: Relay) -> list[Route]:
 
     async def join(request: Request) -> Response:
         body = await read_body(request, 4096)
-        payload = json.loads(body or b"{}") if body.strip() else {}
+        try:
+            payload = json.loads(body) if body.strip() else {}
+        except ValueError as error:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+            raise Refusal(400, "bad_json", f"the join body is not valid JSON: {error}") from error
+        if not isinstance(payload, dict):
+            raise Refusal(400, "bad_json", "the join body must be a JSON object")
         if options.join_code and not hmac.compare_digest(str(payload.get("join_code", "")).encode(),
                                                          options.join_code.encode()):
             raise Refusal(403, "join_code", "this session needs a join code")
@@ -279,7 +295,10 @@ def api_routes(relay: Relay) -> list[Route]:
         return JSONResponse({"peer_id": peer_id, "token": token})
 
     async def work(request: Request) -> Response:
-        return JSONResponse(relay.next_assignment(peer_of(request)))
+        peer_id = peer_of(request)
+        if not relay.merging and relay.round_full():  # restarted after a round's last result, before its merge
+            relay.schedule_merge()
+        return JSONResponse(relay.next_assignment(peer_id))
 
     async def weights(request: Request) -> Response:
         peer_of(request)
@@ -306,7 +325,7 @@ def api_routes(relay: Relay) -> list[Route]:
         relay.store.add_result(stored)
         relay.store.count("results_accepted")
         relay.changed()
-        asyncio.get_running_loop().create_task(relay.maybe_complete_round())
+        relay.schedule_merge()
         return JSONResponse({"accepted": True, "round": round_index, "slot": slot})
 
     async def events(request: Request) -> Response:
