@@ -1,0 +1,164 @@
+"""Helpers for the relay tests: a small package, a relay with its app, and native peers that talk HTTP.
+
+A ``HttpPeer`` does what the browser's worker does, over any client with httpx's interface (Starlette's
+``TestClient`` in-process, or ``httpx.Client`` against a ``peertrain serve`` subprocess): join, ask for
+work, fetch the weights and the unit's chunk, train with ``runtime.peer.Peer`` (the module a browser
+runs) and upload the result message.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+from starlette.testclient import TestClient
+
+from runtime import wire
+from runtime.peer import Peer
+from runtime.tasks import UnitResult
+from server.app import RelayPaths, create_app
+from server.package import Package, build_package
+from server.relay import Relay, RelayOptions
+from server.session import Session, SessionConfig
+from server.store import Store, StoredResult
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO_ROOT / "examples" / "majority_task.py"
+# 4 chunks of 256 rows, 2 local epochs: a unit trains in milliseconds and still learns the majority.
+SMALL_SETTINGS: dict[str, Any] = {"chunks": 4, "examples": 1024, "epochs": 2}
+ADMIN_TOKEN = "admin-secret"
+
+
+def build_small_package(directory: Path, task: str | Path = EXAMPLE, **settings: Any) -> Package:
+    return build_package(str(task), SMALL_SETTINGS | settings, Path(directory), seed=0, log=lambda _: None)
+
+
+def make_relay(package: Package, session_dir: Path | None, *, k: int = 2, passes: int = 2,
+               **options: Any) -> Relay:
+    """A fresh session on ``package`` (checkpoints in ``session_dir`` when given) behind a relay."""
+    session = Session.create(package, SessionConfig(participants=k, passes=passes), directory=session_dir)
+    store_path = (session_dir or Path(package.path).parent) / "relay.sqlite3"
+    return Relay(session=session, package=package, store=Store(store_path),
+                 options=RelayOptions(admin_token=ADMIN_TOKEN, **options))
+
+
+@contextmanager
+def serving(relay: Relay) -> Iterator[TestClient]:
+    """The app on one event loop for the whole block (the merge runs as a background task on it)."""
+    try:
+        with TestClient(create_app(RelayPaths(), relay)) as client:
+            yield client
+    finally:
+        relay.store.close()
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+class HttpPeer:
+    """A native peer speaking the relay's HTTP API through ``client`` (TestClient or httpx.Client)."""
+
+    def __init__(self, client: httpx.Client, *, join_code: str | None = None) -> None:
+        self.client = client
+        response = client.post("/api/join", json={"join_code": join_code} if join_code else {})
+        response.raise_for_status()
+        joined = response.json()
+        self.peer_id: str = joined["peer_id"]
+        self.token: str = joined["token"]
+        self.peer = Peer(client.get("/api/task").json())
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.peer_id}:{self.token}"}
+
+    def work(self) -> dict[str, Any]:
+        response = self.client.post("/api/work", headers=self.headers)
+        response.raise_for_status()
+        return dict(response.json())
+
+    def assignment(self) -> dict[str, Any]:
+        """The next assignment; fails the test when the relay says wait or done instead."""
+        job = self.work()
+        assert "slot" in job, f"expected an assignment, got {job}"
+        return job
+
+    def weights(self) -> bytes:
+        response = self.client.get("/api/weights", headers=self.headers)
+        response.raise_for_status()
+        return response.content
+
+    def train(self, job: dict[str, Any]) -> bytes:
+        """Fetch the round's weights and the unit's chunk, train natively, return the result message."""
+        if self.peer.weights_round != job["round"]:
+            self.peer.set_weights(self.weights())
+        unit = self.client.get(f"/api/unit/{job['unit_index']}", headers=self.headers)
+        unit.raise_for_status()
+        return self.peer.train(job, unit.content)
+
+    def upload(self, round_index: int | str, slot: int | str, body: bytes,
+               headers: dict[str, str] | None = None) -> httpx.Response:
+        return self.client.post(f"/api/result?round={round_index}&slot={slot}", content=body,
+                                headers=self.headers if headers is None else headers)
+
+    def train_and_upload(self, job: dict[str, Any] | None = None) -> httpx.Response:
+        job = job or self.assignment()
+        return self.upload(job["round"], job["slot"], self.train(job))
+
+
+def session_status(client: httpx.Client) -> dict[str, Any]:
+    return dict(client.get("/api/session").json())
+
+
+def wait_for_round(client: httpx.Client, round_index: int, timeout: float = 30.0) -> dict[str, Any]:
+    """Poll ``/api/session`` until ``round_index`` rounds are merged (or the session is done)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        status = session_status(client)
+        if (status["round"] >= round_index or status["done"]) and not status["merging"]:
+            return status
+        if time.monotonic() > deadline:
+            raise AssertionError(f"round {round_index} not reached in {timeout} s: {status}")
+        time.sleep(0.02)
+
+
+def run_round(client: httpx.Client, peers: list[HttpPeer]) -> dict[str, Any]:
+    """Each peer trains one assignment of the current round; waits for the merge."""
+    start = session_status(client)["round"]
+    jobs = [(peer, peer.assignment()) for peer in peers]
+    for peer, job in jobs:
+        response = peer.train_and_upload(job)
+        assert response.status_code == 200, response.text
+    return wait_for_round(client, start + 1)
+
+
+def replay(package: Package, config: SessionConfig, results: list[StoredResult]) -> Session:
+    """A fresh in-process session fed the recorded results round by round (slot order, as the relay merges)."""
+    session = Session.create(package, config)
+    by_round: dict[int, list[StoredResult]] = {}
+    for result in results:
+        by_round.setdefault(result.round, []).append(result)
+    for round_index in sorted(by_round):
+        assert round_index == session.round
+        by_slot = {a.slot: a for a in session.assignments()}
+        pairs = []
+        for stored in by_round[round_index]:
+            _, vector = wire.decode(stored.message, expect_spec=session.spec)
+            pairs.append((by_slot[stored.slot], UnitResult(vector, stored.num_examples, stored.metrics)))
+        session.complete_round(pairs)
+    return session
+
+
+def reference_run(package: Package, config: SessionConfig) -> np.ndarray:
+    """The final weights of the same session with every unit trained in-process (no relay, no HTTP)."""
+    session = Session.create(package, config)
+    while not session.done:
+        session.complete_round([(a, package.task.train_unit(session.weights, session.work_unit(a)))
+                                for a in session.assignments()])
+    return session.weights
