@@ -1,0 +1,205 @@
+"""``peertrain peers N --url URL``: N headless Chromium peers on a relay's page, until the session is done.
+
+One browser, one context per peer (separate storage, so each page joins as its own peer), each page
+opened at ``URL?join=1`` so it joins as soon as its worker has booted Pyodide. The session's rounds
+show as a progress bar (polled from ``GET /api/session``); a peer's state changes (booted, waiting,
+training a unit, uploaded, offline) print one line each. Exit status: 0 when the session is done,
+1 on ``--timeout`` or when every page failed to boot, 2 when the URL serves no session, 130 on
+Ctrl-C or SIGTERM. The browser is closed on every way out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import httpx
+from tqdm import tqdm
+
+from server.chromium import launch_options
+
+# What each page reports; plain property reads (the page's CSP forbids eval, not CDP evaluation).
+PAGE_PROBE = """() => ({
+  state: document.body.dataset.state,
+  kind: document.body.dataset.peer,
+  activity: window.peertrain ? window.peertrain.activity : null,
+  peerId: window.peertrain ? window.peertrain.peerId || null : null,
+  unitsDone: window.peertrain ? window.peertrain.unitsDone : 0,
+  error: document.getElementById('error') ? document.getElementById('error').textContent : '',
+})"""
+QUIET_KINDS_START = ("waiting", "refused", "offline", "finished")  # printed when a peer enters them
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("count", type=int, metavar="N", help="how many headless peers to start")
+    parser.add_argument("--url", default="http://127.0.0.1:8000/", help="the relay's URL (what `serve` prints)")
+    parser.add_argument("--timeout", type=float, default=0.0,
+                        help="give up after this many seconds (exit 1); default 0: wait until the session is done")
+    parser.add_argument("--headful", action="store_true", help="show the browser windows")
+    parser.add_argument("--poll", type=float, default=0.5, help="seconds between looks at the relay and the pages")
+
+
+def join_url(url: str) -> str:
+    """``url`` with ``join=1`` added to its query (kept if already there)."""
+    parts = urlsplit(url)
+    query = dict(parse_qsl(parts.query))
+    query.setdefault("join", "1")
+    return urlunsplit((parts.scheme, parts.netloc, parts.path or "/", urlencode(query), parts.fragment))
+
+
+@dataclass
+class PeerView:
+    """What the command last saw of one page, so that only changes are printed.
+
+    Units can take less than a polling interval, so a peer's progress is told by its count of uploaded
+    units, not by catching every ``training`` state; waiting, refusals, going offline and finishing print
+    when they start.
+    """
+
+    number: int
+    page: Any  # playwright.sync_api.Page
+    state: str = ""
+    kind: str = ""
+    units_done: int = 0
+    peer_id: str | None = None
+    gone: str | None = None  # why the page no longer counts (failed to boot, crashed, closed)
+
+    @property
+    def name(self) -> str:
+        return f"peer {self.number}" + (f" ({self.peer_id})" if self.peer_id else "")
+
+    def look(self) -> list[str]:
+        """Read the page's state; returns the lines worth printing."""
+        if self.gone:
+            return []
+        try:
+            seen = self.page.evaluate(PAGE_PROBE)
+        except Exception as error:  # the page crashed or was closed under us
+            self.gone = f"page lost: {str(error).splitlines()[0]}"
+            return [f"{self.name}: {self.gone}"]
+        lines = []
+        if seen.get("peerId") and not self.peer_id:
+            self.peer_id = seen["peerId"]
+            lines.append(f"peer {self.number}: joined as {self.peer_id}")
+        state, kind, activity = seen.get("state") or "", seen.get("kind") or "", seen.get("activity")
+        if state != self.state:
+            self.state = state
+            if state == "ready":
+                lines.append(f"{self.name}: Pyodide booted")
+            elif state == "failed":
+                self.gone = f"failed to boot: {seen.get('error') or 'no message'}"
+                lines.append(f"{self.name}: {self.gone}")
+        units_done = int(seen.get("unitsDone") or 0)
+        if units_done != self.units_done:
+            self.units_done = units_done
+            lines.append(f"{self.name}: {units_done} unit{'s' if units_done > 1 else ''} uploaded")
+        if kind != self.kind and kind in QUIET_KINDS_START:
+            lines.append(f"{self.name}: {activity}")
+        self.kind = kind
+        return lines
+
+
+@contextmanager
+def stop_flag() -> Iterator[list[int]]:
+    """Turn SIGINT and SIGTERM into a flag the polling loop checks (never an exception inside Playwright)."""
+    caught: list[int] = []
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        caught.append(signum)
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield caught
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def session_status(client: httpx.Client) -> dict[str, Any] | None:
+    """The relay's ``/api/session``; None while it cannot be reached (a restart, say)."""
+    try:
+        response = client.get("/api/session")
+    except httpx.HTTPError:
+        return None
+    if response.status_code == 404:
+        raise LookupError("the relay runs no session (started with --no-session?)")
+    return dict(response.json()) if response.status_code == 200 else None
+
+
+def describe_round(status: dict[str, Any]) -> str:
+    peers = status.get("peers", {})
+    progress = status.get("round_progress", {})
+    history = status.get("history") or []
+    metric = status.get("metric", "")
+    value = (history[-1].get("metrics") or {}).get(metric) if history else None
+    shown = f"{metric} {value:.4g} · " if isinstance(value, int | float) else ""
+    return f"{shown}{progress.get('done', 0)}/{progress.get('slots', 0)} units · {peers.get('connected', 0)} peers"
+
+
+def run_peers(count: int, url: str, *, timeout_s: float = 0.0, headless: bool = True, poll_s: float = 0.5) -> int:
+    """Start ``count`` pages at ``url?join=1`` and follow the session until it is done; returns the exit status."""
+    from playwright.sync_api import sync_playwright
+
+    if count < 1:
+        print("peertrain peers: N must be at least 1", file=sys.stderr)
+        return 2
+    deadline = time.monotonic() + timeout_s if timeout_s > 0 else None
+    target = join_url(url)
+    with stop_flag() as caught, httpx.Client(base_url=url, timeout=5) as client, sync_playwright() as playwright:
+        try:
+            if session_status(client) is None:
+                print(f"peertrain peers: no relay answers at {url} yet; waiting for it", file=sys.stderr)
+        except LookupError as error:
+            print(f"peertrain peers: {error}", file=sys.stderr)
+            return 2
+        browser = playwright.chromium.launch(**launch_options(headless=headless), handle_sigint=False,
+                                             handle_sigterm=False)
+        bar = tqdm(total=1, unit="round", desc="session", dynamic_ncols=True, file=sys.stderr)
+        try:
+            views = []
+            for number in range(1, count + 1):
+                page = browser.new_context().new_page()
+                page.goto(target)
+                views.append(PeerView(number, page))
+            tqdm.write(f"{count} headless peer{'s' if count > 1 else ''} opened {target}")
+            while True:
+                if caught:
+                    tqdm.write(f"peertrain peers: {signal.Signals(caught[0]).name}; closing the browser")
+                    return 130
+                status = session_status(client)
+                if status is not None:
+                    bar.total = max(1, int(status.get("num_rounds") or 1))
+                    bar.n = min(int(status.get("round") or 0), bar.total)
+                    bar.set_postfix_str(describe_round(status), refresh=False)
+                    bar.refresh()
+                    if status.get("done"):
+                        tqdm.write(f"session done: {status.get('stopped') or 'all rounds complete'}")
+                        return 0
+                for view in views:
+                    for line in view.look():
+                        tqdm.write(line)
+                if all(view.gone for view in views):
+                    tqdm.write("peertrain peers: no page is left to train")
+                    return 1
+                if deadline is not None and time.monotonic() > deadline:
+                    tqdm.write(f"peertrain peers: the session was not done after {timeout_s:g} s")
+                    return 1
+                time.sleep(poll_s)
+        except LookupError as error:
+            tqdm.write(f"peertrain peers: {error}")
+            return 2
+        finally:
+            bar.close()
+            browser.close()
+
+
+def main_from_args(args: argparse.Namespace) -> int:
+    return run_peers(args.count, args.url, timeout_s=args.timeout, headless=not args.headful, poll_s=args.poll)

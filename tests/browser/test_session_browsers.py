@@ -1,0 +1,289 @@
+"""Whole sessions trained by headless browser peers against a real relay process.
+
+Three pages train the arithmetic task for four rounds: the validation loss falls, a unit trained in a
+browser matches the same unit trained natively, and replaying the relay's recorded results through a
+fresh in-process ``Session`` reproduces its global weights bit for bit. A screenshot is taken mid-session.
+Two peers started by ``peertrain serve --peers 2`` (the ``peertrain peers`` command) learn CartPole.
+
+The helpers here are shared with ``test_resilience.py``.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from playwright.sync_api import Browser, Page
+
+from runtime import wire
+from runtime.peer import Peer
+from runtime.tasks import UnitResult
+from server import checkpoint
+from server.package import Package
+from server.peers import join_url
+from server.session import Session, SessionConfig
+from server.store import Store, StoredResult
+from tests.browser.conftest import ARTIFACTS, start_relay
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+ADMIN_TOKEN = "test-admin"
+# A small arithmetic task: 6 chunks of 100 problems, a 1-layer 32-wide transformer; a unit is ~4 steps.
+ARITH_SETTINGS = {"num_examples": 600, "chunks": 6, "n_layer": 1, "n_embd": 32, "validation_size": 50,
+                  "generalization_size": 20, "beyond_range_size": 10}
+BOOT_SECONDS = 150  # several pages boot Pyodide at once on two shared cores
+
+
+def task_args(task: str, settings: dict[str, Any], *more: str) -> list[str]:
+    args = ["--task", task, "--admin-token", ADMIN_TOKEN]
+    for key, value in settings.items():
+        args += ["--set", f"{key}={value}"]
+    return args + list(more)
+
+
+def status_of(url: str) -> dict[str, Any]:
+    response = httpx.get(url + "api/session", timeout=10)
+    response.raise_for_status()
+    return dict(response.json())
+
+
+def admin(url: str, action: str) -> None:
+    httpx.post(url + f"api/admin/{action}", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+               timeout=10).raise_for_status()
+
+
+def check_pages(pages: Sequence[Page]) -> None:
+    """Fail at once, with the page's message, when a page could not boot."""
+    for page in pages:
+        if not page.is_closed() and page.evaluate("document.body.dataset.state") == "failed":
+            pytest.fail(f"a page failed to boot: {page.inner_text('#error')}")
+
+
+def wait_for_status(url: str, predicate: Callable[[dict[str, Any]], bool], *, timeout_s: float, what: str,
+                    pages: Sequence[Page] = (), relay: subprocess.Popen | None = None,
+                    poll_s: float = 0.25) -> dict[str, Any]:
+    """Poll ``/api/session`` until ``predicate`` holds; pages and the relay are checked on the way."""
+    deadline = time.monotonic() + timeout_s
+    status: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        if relay is not None and relay.poll() is not None:
+            pytest.fail(f"the relay exited with {relay.returncode} while waiting for {what}")
+        try:
+            status = status_of(url)
+        except httpx.HTTPError:
+            status = {}
+        if status and predicate(status):
+            return status
+        check_pages(pages)
+        time.sleep(poll_s)
+    brief = {k: status.get(k) for k in ("round", "num_rounds", "done", "peers", "round_progress", "counters")}
+    pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what}; last status {brief}")
+
+
+def open_peers(browser: Browser, url: str, count: int) -> list[Page]:
+    """``count`` pages, each in its own context (its own peer), that join as soon as Pyodide is up."""
+    pages = []
+    for _ in range(count):
+        page = browser.new_context().new_page()
+        page.goto(join_url(url))
+        pages.append(page)
+    return pages
+
+
+def close_pages(pages: Sequence[Page]) -> None:
+    for page in pages:
+        page.context.close()
+
+
+def stop(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=5)
+
+
+def final_checkpoint(session_dir: Path, num_rounds: int, timeout_s: float = 30) -> checkpoint.Checkpoint:
+    """The checkpoint after the last round (the status may say ``done`` a moment before it is on disk)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            latest = checkpoint.read_latest(session_dir)
+            if int(latest.state["round"]) == num_rounds:
+                return latest
+        except (checkpoint.CheckpointError, OSError, ValueError):
+            pass
+        time.sleep(0.2)
+    pytest.fail(f"{session_dir} has no checkpoint after round {num_rounds}")
+
+
+def recorded_results(session_dir: Path) -> list[StoredResult]:
+    store = Store(session_dir / "relay.sqlite3")
+    try:
+        return store.all_results()
+    finally:
+        store.close()
+
+
+def fresh_session(session_dir: Path) -> Session:
+    """A new in-process session on the relay's package with the relay's config, at round 0."""
+    stored = checkpoint.read_session_config(session_dir)
+    package = Package.load(session_dir / "package")
+    return Session.create(package, SessionConfig.from_json(stored["config"]))
+
+
+def replay(session_dir: Path, results: Sequence[StoredResult]) -> tuple[Session, list[np.ndarray]]:
+    """Feed the recorded results, round by round in slot order, to a fresh session's ``complete_round``.
+
+    Returns the session and the global weights before each round (what the peers trained from).
+    """
+    session = fresh_session(session_dir)
+    by_round: dict[int, list[StoredResult]] = {}
+    for result in results:
+        by_round.setdefault(result.round, []).append(result)
+    before = []
+    while not session.done and session.round in by_round:
+        before.append(session.weights.copy())
+        planned = {a.slot: a for a in session.assignments()}
+        pairs = []
+        for result in sorted(by_round[session.round], key=lambda r: r.slot):
+            _, vector = wire.decode(result.message, expect_spec=session.spec)
+            pairs.append((planned[result.slot], UnitResult(vector, result.num_examples, result.metrics)))
+        session.complete_round(pairs)
+    return session, before
+
+
+def train_natively(task_info: dict[str, Any], session_dir: Path, result: StoredResult,
+                   global_weights: np.ndarray) -> np.ndarray:
+    """Train the unit of ``result`` again with ``runtime.peer.Peer`` in this process, from ``global_weights``.
+
+    ``task_info`` is what the browsers got from ``GET /api/task``.
+    """
+    peer = Peer(task_info)
+    header = wire.WireHeader(spec=peer.spec, round=result.round, fingerprint=peer.fingerprint, num_examples=0)
+    peer.set_weights(wire.encode(global_weights, header))
+    session = fresh_session(session_dir)
+    assignment = {a.slot: a for a in session.assignments(result.round)}[result.slot]
+    unit = session.work_unit(assignment)
+    package = Package.load(session_dir / "package")
+    job = {**assignment.to_json(), "episodes": unit.episodes}
+    message = peer.train(job, package.chunk_bytes(assignment.unit_index) if unit.data is not None else None)
+    _, vector = wire.decode(message, expect_spec=peer.spec)
+    return vector
+
+
+def assert_png(path: Path) -> None:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
+    width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+    assert width >= 600 and height >= 400, (width, height)
+    assert len(data) > 20_000, f"{path} is only {len(data)} bytes"
+
+
+def test_three_browsers_train_arithmetic(browser: Browser, tmp_path: Path, artifacts_dir: Path) -> None:
+    session_dir = tmp_path / "session"
+    relay, url = start_relay(*task_args("arith", ARITH_SETTINGS, "-k", "3", "--passes", "2",
+                                        "--session-dir", str(session_dir)), log_name="relay-arith-3.log")
+    pages: list[Page] = []
+    try:
+        pages = open_peers(browser, url, 3)
+        first = wait_for_status(url, lambda s: len(s["history"]) >= 1, timeout_s=BOOT_SECONDS + 60,
+                                what="the first round", pages=pages, relay=relay, poll_s=0.1)
+        # Hold the session after a round so the screenshot shows a live session with a chart of 2+ points.
+        admin(url, "pause")
+        watched = pages[0]
+        for _ in range(100):
+            if (watched.evaluate("window.peertrain.chartPoints || 0") >= 2
+                    and watched.locator("#peers").inner_text().startswith("3 connected")):
+                break
+            time.sleep(0.1)
+        shot = artifacts_dir / "session-arith-3-peers.png"
+        watched.screenshot(path=str(shot), full_page=True)
+        peers_text = watched.locator("#peers").inner_text()
+        admin(url, "resume")
+        assert first["num_rounds"] == 4 and not first["done"]
+        assert peers_text.startswith("3 connected"), peers_text
+        assert_png(shot)
+
+        final = wait_for_status(url, lambda s: s["done"], timeout_s=180, what="the session to finish",
+                                pages=pages, relay=relay)
+        units_done = [page.evaluate("window.peertrain.unitsDone") for page in pages]
+        task_info = httpx.get(url + "api/task", timeout=10).json()
+    finally:
+        close_pages(pages)
+        stop(relay)
+
+    # Training worked: the validation loss fell, every round had its three units.
+    history = final["history"]
+    losses = [final["initial_metrics"]["val_loss"]] + [entry["metrics"]["val_loss"] for entry in history]
+    assert [entry["round"] for entry in history] == [0, 1, 2, 3]
+    assert losses[-1] < losses[0] - 0.1, losses
+    assert all(entry["participants"] == 3 and not entry["missing"] for entry in history)
+    assert sum(units_done) == 12 and min(units_done) >= 1, units_done
+
+    results = recorded_results(session_dir)
+    assert [(r.round, r.slot) for r in results] == [(r, s) for r in range(4) for s in range(3)]
+    assert len({r.peer_id for r in results}) == 3
+
+    # Replaying the recorded results through the simulator's merge gives the relay's weights bit for bit.
+    replayed, before = replay(session_dir, results)
+    final_point = final_checkpoint(session_dir, 4)
+    assert replayed.round == 4
+    assert replayed.weights.dtype == final_point.weights.dtype == np.float32
+    assert np.array_equal(replayed.weights, final_point.weights)
+    assert [e["metrics"]["val_loss"] for e in replayed.history] == losses[1:]
+
+    # A unit trained in a browser is the unit trained natively: round 0 from the initial weights, the last
+    # round from the relay's checkpoint of the round before (the relay keeps the last two).
+    previous = checkpoint.read_point(checkpoint.round_folder(session_dir, 3)).weights
+    assert np.array_equal(previous, before[3])
+    for result, start in ((results[0], before[0]), (results[-1], previous)):
+        _, browser_vector = wire.decode(result.message)
+        native = train_natively(task_info, session_dir, result, start)
+        difference = float(np.max(np.abs(native.astype(np.float64) - browser_vector)))
+        assert difference <= 1e-4, f"round {result.round} slot {result.slot}: browser vs native differ by {difference}"
+        assert not np.array_equal(native, start), "the unit did not train"
+
+
+# CartPole: 10 episode budgets of 16 episodes, 2 per round -> 5 rounds; the greedy return rises from ~10.
+CARTPOLE_SETTINGS = {"units": 10, "episodes_per_unit": 16, "eval_episodes": 10, "lr": 0.03}
+
+
+def test_serve_with_two_headless_peers_learns_cartpole(tmp_path: Path) -> None:
+    session_dir = tmp_path / "session"
+    relay, url = start_relay(*task_args("cartpole", CARTPOLE_SETTINGS, "-k", "2", "--passes", "1",
+                                        "--session-dir", str(session_dir), "--peers", "2"),
+                             log_name="relay-cartpole-2.log")
+    log_path = ARTIFACTS / "relay-cartpole-2.log"
+    try:
+        final = wait_for_status(url, lambda s: s["done"], timeout_s=BOOT_SECONDS + 120,
+                                what="the CartPole session to finish", relay=relay)
+        # `peertrain peers` (started by serve --peers) sees `done` and exits 0 after closing its browser.
+        deadline = time.monotonic() + 30
+        while "session done" not in log_path.read_text() and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        stop(relay)
+    log = log_path.read_text()
+    assert "session done: all rounds complete" in log, log[-3000:]
+    assert "peer 1: Pyodide booted" in log and "peer 2: Pyodide booted" in log, log[-3000:]
+    assert len(set(re.findall(r"peer \d \((p-[0-9a-f]+)\): \d+ units? uploaded", log))) == 2, log[-3000:]
+
+    initial = final["initial_metrics"]["greedy_return"]
+    returns = [entry["metrics"]["greedy_return"] for entry in final["history"]]
+    assert len(returns) == 5 and all(entry["participants"] == 2 for entry in final["history"])
+    # Policy gradient is noisy round to round; overall the greedy return must rise well above the start.
+    assert returns[-1] > initial + 50, (initial, returns)
+    assert np.mean(returns[len(returns) // 2:]) > 2 * initial, (initial, returns)
+    results = recorded_results(session_dir)
+    assert sorted(r.unit_index for r in results) == list(range(10))
+    assert len({r.peer_id for r in results}) == 2
