@@ -18,6 +18,7 @@ encoder gives the same ids as Hugging Face's on this text.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 from tokenizers import Tokenizer as HFTokenizer
@@ -111,3 +112,15 @@ def train_arith_bpe(problems: list[Problem], settings: BpeSettings) -> tuple[HFT
     """Train on the problems' text; return the Hugging Face tokenizer and its runtime export."""
     hf = train_bpe(training_lines(problems, settings), settings)
     return hf, to_runtime(hf, settings)
+
+
+def train_for_task(texts: Sequence[Problem | str], num_merges: int, *, glue_end_marker: bool = True) -> Tokenizer:
+    """The ``HostServices.train_bpe`` hook: a runtime ``Tokenizer`` with ``num_merges`` BPE merges.
+
+    ``texts``: arithmetic problems (written as ``training_lines`` does: with the end marker glued into the text
+    when ``glue_end_marker``, the field report's setting) or ready-made training lines, used as they are.
+    """
+    settings = BpeSettings(num_merges=num_merges, glue_end_marker=glue_end_marker)
+    lines = [t if isinstance(t, str) else t.text(settings.end_text) if glue_end_marker else t.prompt + t.answer
+             for t in texts]
+    return to_runtime(train_bpe(lines, settings), settings)

@@ -53,3 +53,74 @@ def mean_loss(model: Transformer, inputs: np.ndarray, targets: np.ndarray, *, ba
 
 def bits_per_token(loss_nats: float) -> float:
     return loss_nats / math.log(2)
+
+
+def pass_batches(count: int, batch_size: int, *, epochs: int, steps: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """Row batches for local training: ``epochs`` shuffled passes over ``count`` rows, cut into batches of
+    ``batch_size`` (a pass's last batch may be short); with ``steps > 0``, exactly that many full-sized batches
+    taken from as many passes as needed instead."""
+    batch_size = min(batch_size, count)
+    out: list[np.ndarray] = []
+    passes = epochs if steps <= 0 else -(-steps * batch_size // count) + 1
+    for _ in range(passes):
+        order = rng.permutation(count)
+        if steps > 0:
+            out.append(order)
+        else:
+            out += [order[start:start + batch_size] for start in range(0, count, batch_size)]
+    if steps > 0:
+        rows = np.concatenate(out)
+        out = [rows[i * batch_size:(i + 1) * batch_size] for i in range(steps)]
+    return out
+
+
+def train_lm_passes(model: Transformer, inputs: np.ndarray, targets: np.ndarray, *, epochs: int, batch_size: int,
+                    lr: float, seed: int, steps: int = 0, warmup: int = 0, final_lr_ratio: float = 1.0,
+                    clip: float = 1.0) -> dict[str, float]:
+    """Adam over whole shuffled passes of (inputs, targets) (see ``pass_batches``), seeded by ``seed``.
+
+    The learning rate rises linearly over ``warmup`` steps, then follows a cosine from ``lr`` down to
+    ``lr * final_lr_ratio`` at the last step (1.0: constant). A fresh optimizer per call, as in ``train_lm``.
+    """
+    rng = np.random.default_rng(np.random.SeedSequence([seed, 7]))
+    plan = pass_batches(len(inputs), batch_size, epochs=epochs, steps=steps, rng=rng)
+    model.train()
+    model.set_dropout_seed(seed)
+    optimizer = Adam(model.parameters(), lr=lr)
+    losses = []
+    decay_steps = max(1, len(plan) - warmup - 1)
+    for step, rows in enumerate(plan):
+        if step < warmup:
+            optimizer.lr = lr * (step + 1) / (warmup + 1)
+        else:
+            progress = min(1.0, (step - warmup) / decay_steps)
+            optimizer.lr = lr * (final_lr_ratio + (1 - final_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+        _, loss = model(inputs[rows], targets[rows])
+        assert loss is not None
+        optimizer.zero_grad()
+        loss.backward()
+        if clip > 0:
+            clip_grad_norm(model.parameters(), clip)
+        optimizer.step()
+        losses.append(float(loss.numpy()))
+    tail = max(1, len(plan) // 4)
+    return {"train_loss": float(np.mean(losses[-tail:])), "first_loss": losses[0], "steps": len(plan)}
+
+
+def greedy_continuations(model: Transformer, prompts: np.ndarray, lengths: np.ndarray, max_new_tokens: int, *,
+                         stop_token: int | None = None, batch_size: int = 256) -> list[np.ndarray]:
+    """Greedy continuations of many prompts, batched: prompts of equal length are decoded together.
+
+    prompts: (M, P) int32 right-padded; lengths: (M,) the real length of each. Returns M arrays of the
+    ``max_new_tokens`` (or fewer, when every row in a batch has emitted ``stop_token``) generated ids.
+    """
+    out: list[np.ndarray] = [np.zeros(0, dtype=np.int64)] * len(prompts)
+    for length in np.unique(lengths).tolist():
+        rows = np.flatnonzero(lengths == length)
+        for start in range(0, len(rows), batch_size):
+            chosen = rows[start:start + batch_size]
+            generated = model.generate(prompts[chosen, :length], max_new_tokens, temperature=0.0,
+                                       stop_token=stop_token)
+            for row, ids in zip(chosen.tolist(), generated[:, length:], strict=True):
+                out[row] = ids
+    return out

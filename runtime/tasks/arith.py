@@ -1,0 +1,287 @@
+"""Arithmetic with a small causal transformer: ``37+48=85<eos>``, scored on exact answers.
+
+The field report's lesson is built in: a byte-pair tokenizer trained on arithmetic glues digits to operators
+(``"7+4"``, ``"8=8"``) and the model never learns the sums; a character vocabulary with a real ``<eos>``
+(``tokenizer="char"``, the default) does. ``inspect_lines()`` shows how the tokenizer cuts a few examples and
+warns about glued tokens.
+
+Data (``runtime.data.arith``, all seeded by ``seed``): ``num_examples`` training problems on the training
+pairs, cut into ``chunks`` work units. Each chunk is one int32 array of shape ``(2, N, T)``: ``chunk[0]`` the
+inputs (token ids, right-padded with ``<pad>``), ``chunk[1]`` the next-token targets, -100 wherever the loss
+does not look (prompt and padding: the loss covers only the answer and the end marker). ``T`` is the longest
+training or validation sequence minus one, not the model's context, so no step is spent on padding.
+
+Validation (kept on the host): ``val_*`` the 200 seeded problems from the whole range (the report's
+measure: they may overlap the training problems), ``gen_*`` problems never trained on (held-out pairs, then
+``beyond_range_size`` three-digit ones, marked by ``gen_beyond``), ``sample_*`` the report's ``1+1`` ...
+``1+8``. Each set is ``*_prompts`` (M, P) int32 right-padded, ``*_lengths`` (M,) and ``*_answers`` (M,) int64;
+``loss_inputs`` / ``loss_targets`` are the validation problems as LM arrays for ``val_loss``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from runtime.data.arith import (
+    ArithSettings,
+    Problem,
+    char_tokenizer,
+    chunk_problems,
+    generalization_problems,
+    generate_problems,
+    make_lm_examples,
+    make_problem,
+    parse_answer,
+    split_pairs,
+    validation_problems,
+)
+from runtime.data.tokenizer import Tokenizer, TokenizerError, inspect_tokenization, tokenization_warning
+from runtime.models.transformer import Transformer, TransformerConfig, preset
+from runtime.tasks.base import HostServices, Sample, Task, TaskData, TaskError, UnitResult, WorkUnit
+from runtime.tasks.lm import greedy_continuations, mean_loss, train_lm_passes
+
+TOKENIZERS = ("char", "bpe")
+MODEL_OVERRIDES = ("n_layer", "n_head", "n_embd", "context")
+SAMPLE_COUNT = 8  # the report's "1+1=", "1+2=", ...
+
+
+@dataclass(frozen=True)
+class ArithTaskSettings:
+    # the problems (see runtime.data.arith.ArithSettings)
+    operand_min: int = 0
+    operand_max: int = 99
+    operators: tuple[str, ...] = ("+",)
+    num_examples: int = 10_000
+    chunks: int = 8
+    seed: int = 0
+    heldout_fraction: float = 0.1
+    validation_size: int = 200
+    generalization_size: int = 200
+    beyond_range_size: int = 50
+    # the tokenizer: "char" (every character a token, a real <eos>) or "bpe" (the report's pitfall)
+    tokenizer: str = "char"
+    merges: int = 300  # bpe only
+    glue_end_marker: bool = True  # bpe only: the report's "<eos>\n" written as text the merges can swallow
+    # the model: a preset, with optional overrides (None keeps the preset's value)
+    model: str = "arith"
+    n_layer: int | None = None
+    n_head: int | None = None
+    n_embd: int | None = None
+    context: int | None = None
+    # local training per unit: `epochs` shuffled passes over the chunk (or exactly `steps` batches when > 0)
+    epochs: int = 1
+    steps: int = 0
+    batch_size: int = 32
+    lr: float = 1e-2
+    warmup: int = 10  # steps of linear warm-up at the start of each unit (a fresh Adam per unit)
+    final_lr_ratio: float = 0.1  # cosine decay to lr * this at the unit's last step
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "operators", tuple(self.operators))
+        checks = {
+            "tokenizer": self.tokenizer in TOKENIZERS,
+            "merges": self.merges >= 0,
+            "epochs": self.epochs >= 1,
+            "steps": self.steps >= 0,
+            "batch_size": self.batch_size >= 1,
+            "lr": self.lr > 0,
+            "warmup": self.warmup >= 0,
+            "final_lr_ratio": 0 <= self.final_lr_ratio <= 1,
+        }
+        for name, ok in checks.items():
+            if not ok:
+                allowed = f"one of {TOKENIZERS}" if name == "tokenizer" else "out of range"
+                raise ValueError(f"setting {name}={getattr(self, name)!r} is {allowed}")
+        for name in MODEL_OVERRIDES:
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"setting {name}={value!r} must be a positive integer or null")
+        self.arith()  # ArithSettings checks the problem settings (operators, operand range, chunks)
+        self.base_config()
+
+    def arith(self) -> ArithSettings:
+        fields = {f.name for f in dataclasses.fields(ArithSettings)} - {"end_token"}
+        return ArithSettings(**{name: getattr(self, name) for name in fields})
+
+    def base_config(self) -> TransformerConfig:
+        overrides = {name: getattr(self, name) for name in MODEL_OVERRIDES if getattr(self, name) is not None}
+        try:
+            return preset(self.model, **overrides)
+        except (ValueError, TypeError) as error:
+            raise ValueError(f"setting model={self.model!r} with overrides {overrides}: {error}") from error
+
+
+def encode_prompts(tokenizer: Tokenizer, problems: list[Problem], prefix: str) -> dict[str, np.ndarray]:
+    """``{prefix}_prompts`` (M, P) int32 right-padded, ``{prefix}_lengths`` (M,), ``{prefix}_answers`` (M,) int64."""
+    encoded = [tokenizer.encode(p.prompt) for p in problems]
+    width = max((len(ids) for ids in encoded), default=1)
+    prompts = np.full((len(problems), width), tokenizer.pad_id, dtype=np.int32)
+    for row, ids in enumerate(encoded):
+        prompts[row, : len(ids)] = ids
+    return {
+        f"{prefix}_prompts": prompts,
+        f"{prefix}_lengths": np.array([len(ids) for ids in encoded], dtype=np.int32),
+        f"{prefix}_answers": np.array([int(p.answer) for p in problems], dtype=np.int64),
+    }
+
+
+class ArithTask(Task):
+    name = "arith"
+    kind = "data"
+    metric = "val_loss"
+    Settings = ArithTaskSettings
+    settings: ArithTaskSettings
+
+    def __init__(self, settings: Mapping[str, Any] | None = None) -> None:
+        super().__init__(settings)
+        self.tokenizer: Tokenizer | None = None
+        if self.settings.tokenizer == "char":
+            self.tokenizer = char_tokenizer(self.settings.arith())
+
+    # -- what peers get -------------------------------------------------------------------------
+    def crosses_boundary(self) -> str:
+        s = self.settings
+        return (f"Peers receive one chunk of generated arithmetic problems per assignment (about "
+                f"{s.num_examples // s.chunks} problems such as 37+48=85, as token ids), the {s.tokenizer} "
+                "tokenizer's vocabulary and the model weights. The problems are synthetic; the validation and "
+                "generalisation problems stay on the host.")
+
+    def require_tokenizer(self) -> Tokenizer:
+        if self.tokenizer is None:
+            raise TaskError("arith: the bpe tokenizer is made by prepare(); call attach(assets) first")
+        return self.tokenizer
+
+    def config(self) -> TransformerConfig:
+        return dataclasses.replace(self.settings.base_config(), vocab_size=self.require_tokenizer().vocab_size)
+
+    def model_config(self) -> dict[str, Any]:
+        return self.config().to_dict()
+
+    def build_model(self, seed: int) -> Transformer:
+        return Transformer(self.config(), seed)
+
+    def attach(self, assets: Mapping[str, Any]) -> None:
+        if "tokenizer" in assets:
+            try:
+                self.tokenizer = Tokenizer.from_json(assets["tokenizer"])
+            except (TokenizerError, KeyError, TypeError, ValueError) as error:
+                raise TaskError(f"arith: cannot restore the tokenizer: {error}") from error
+            self._model = None  # the vocabulary may differ from the one a model was built for
+
+    # -- host side ------------------------------------------------------------------------------
+    def make_tokenizer(self, problems: list[Problem], host: HostServices | None) -> Tokenizer:
+        if self.settings.tokenizer == "char":
+            return char_tokenizer(self.settings.arith())
+        if host is None or host.train_bpe is None:
+            raise TaskError("arith: tokenizer='bpe' needs the host's train_bpe service (server.bpe.train_for_task); "
+                            "use tokenizer='char' inside a peer")
+        tokenizer = host.train_bpe(problems, self.settings.merges, glue_end_marker=self.settings.glue_end_marker)
+        if not isinstance(tokenizer, Tokenizer):
+            raise TaskError(f"arith: train_bpe returned {type(tokenizer).__name__}, expected a runtime Tokenizer")
+        return tokenizer
+
+    def prepare(self, host: HostServices | None = None) -> TaskData:
+        arith = self.settings.arith()
+        problems = generate_problems(arith)
+        tokenizer = self.make_tokenizer(problems, host)
+        val = validation_problems(arith)
+        general = generalization_problems(arith)
+        first_op = arith.operators[0]
+        low = arith.operand_min
+        report = [make_problem(low + 1, first_op, low + k) for k in range(1, SAMPLE_COUNT + 1)]
+        try:
+            steps = max(len(tokenizer.pieces(p.text(tokenizer.end_text))) for p in problems + val) - 1
+            context = self.settings.base_config().context
+            if steps > context:
+                raise TaskError(f"arith: problems need {steps} positions; setting context={context} is too small")
+            chunks = []
+            for part in chunk_problems(problems, arith.chunks):
+                inputs, targets = make_lm_examples(tokenizer, part, steps)
+                chunks.append(np.stack([inputs, targets]))  # (2, N, T)
+            loss_inputs, loss_targets = make_lm_examples(tokenizer, val, steps)
+            validation = {"loss_inputs": loss_inputs, "loss_targets": loss_targets}
+            validation |= encode_prompts(tokenizer, val, "val")
+            validation |= encode_prompts(tokenizer, general, "gen")
+            validation |= encode_prompts(tokenizer, report, "sample")
+        except TokenizerError as error:
+            raise TaskError(f"arith: the tokenizer cannot encode the problems: {error}") from error
+        _, heldout = split_pairs(arith)
+        validation["gen_beyond"] = np.array([i >= min(len(heldout), arith.generalization_size)
+                                             for i in range(len(general))], dtype=np.int32)
+        return TaskData(num_units=len(chunks), units=chunks, validation=validation,
+                        assets={"tokenizer": tokenizer.to_json()})
+
+    def inspect_lines(self) -> list[str]:
+        """How the tokenizer cuts ``37+48=85`` and a few validation problems, then the warning if tokens glue."""
+        tokenizer = self.require_tokenizer()
+        arith = self.settings.arith()
+        examples = [make_problem(37, arith.operators[0], 48)] + validation_problems(arith)[:3]
+        lines = [f"tokenizer: {self.settings.tokenizer}, {tokenizer.vocab_size} tokens, "
+                 f"{len(tokenizer.merges)} merges"]
+        lines += inspect_tokenization(tokenizer, [p.text(tokenizer.end_text) for p in examples])
+        warning = tokenization_warning(tokenizer)
+        lines.append(warning or "tokenizer check: every digit, operator and '=' is its own token; <eos> is real")
+        return lines
+
+    # -- peer side ------------------------------------------------------------------------------
+    def train_unit(self, weights: np.ndarray, unit: WorkUnit) -> UnitResult:
+        data = unit.data
+        if data is None or data.ndim != 3 or data.shape[0] != 2:
+            shape = None if data is None else list(data.shape)
+            raise TaskError(f"arith: a unit needs a (2, N, T) int32 chunk of inputs and targets, got {shape}")
+        s = self.settings
+        model = self.load(weights)
+        metrics = train_lm_passes(model, data[0], data[1], epochs=s.epochs, steps=s.steps, batch_size=s.batch_size,
+                                  lr=s.lr, seed=unit.seed, warmup=s.warmup, final_lr_ratio=s.final_lr_ratio)
+        return UnitResult(self.flat_weights(model), num_examples=int(data.shape[1]), metrics=metrics)
+
+    # -- validation -----------------------------------------------------------------------------
+    def answers(self, model: Transformer, validation: Mapping[str, np.ndarray], prefix: str) -> list[str]:
+        """Greedy answers to the ``prefix`` set's prompts (decoded up to the end marker)."""
+        tokenizer = self.require_tokenizer()
+        truth = validation[f"{prefix}_answers"]
+        if len(truth) == 0:
+            return []
+        longest = max(len(str(int(a))) for a in truth) + 1  # the answer's characters and an end marker
+        room = model.config.context - int(validation[f"{prefix}_lengths"].max())
+        generated = greedy_continuations(model, validation[f"{prefix}_prompts"], validation[f"{prefix}_lengths"],
+                                         max(1, min(longest, room)), stop_token=tokenizer.eos_id)
+        return [parse_answer(tokenizer, ids) for ids in generated]
+
+    def validate(self, weights: np.ndarray, validation: Mapping[str, np.ndarray]) -> dict[str, float]:
+        model = self.load(weights)
+        loss = mean_loss(model, validation["loss_inputs"], validation["loss_targets"])
+        val_ok = self.correct(model, validation, "val")
+        gen_ok = self.correct(model, validation, "gen")
+        beyond = validation["gen_beyond"].astype(bool)
+        return {
+            "val_loss": loss,
+            "accuracy": float(val_ok.mean()) if val_ok.size else 0.0,
+            "correct": float(val_ok.sum()),
+            "generalization_accuracy": float(gen_ok.mean()) if gen_ok.size else 0.0,
+            "heldout_accuracy": float(gen_ok[~beyond].mean()) if (~beyond).any() else 0.0,
+            "beyond_range_accuracy": float(gen_ok[beyond].mean()) if beyond.any() else 0.0,
+        }
+
+    def correct(self, model: Transformer, validation: Mapping[str, np.ndarray], prefix: str) -> np.ndarray:
+        truth = validation[f"{prefix}_answers"]
+        answers = self.answers(model, validation, prefix)
+        return np.array([a == str(int(t)) for a, t in zip(answers, truth, strict=True)], dtype=bool)
+
+    def samples(self, weights: np.ndarray, validation: Mapping[str, np.ndarray], count: int = 6) -> list[Sample]:
+        """Lines like ``1+1=2 ok`` and ``1+6=10 wrong, want 7`` for the report's problems 1+1, 1+2, ..."""
+        tokenizer = self.require_tokenizer()
+        model = self.load(weights)
+        answers = self.answers(model, validation, "sample")
+        out = []
+        for row, answer in enumerate(answers[:count]):
+            prompt = tokenizer.decode(validation["sample_prompts"][row, : validation["sample_lengths"][row]])
+            want = str(int(validation["sample_answers"][row]))
+            ok = answer == want
+            out.append(Sample(text=f"{prompt}{answer} " + ("ok" if ok else f"wrong, want {want}"), ok=ok))
+        return out
