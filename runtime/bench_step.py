@@ -53,11 +53,13 @@ def train_steps_throughput(
     for _ in range(warmup):
         step()
     step_seconds = []
+    cpu_start = time.process_time()
     for _ in range(steps):
         start = time.perf_counter()
         loss_value = step()
         step_seconds.append(time.perf_counter() - start)
     elapsed = sum(step_seconds)
+    cpu_seconds = time.process_time() - cpu_start
     return {
         "engine": "runtime (numpy " + np.__version__ + ")",
         "config": config_name,
@@ -67,6 +69,7 @@ def train_steps_throughput(
         "seq": seq,
         "seconds_per_step": elapsed / steps,
         "tokens_per_second": batch * seq * steps / elapsed,
+        "cpu_seconds_per_step": cpu_seconds / steps,  # all threads together
         "best_seconds_per_step": min(step_seconds),  # robust to other load on the machine
         "final_loss": loss_value,
         "peak_rss_mb": peak_rss_mb(),

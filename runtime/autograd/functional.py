@@ -93,12 +93,12 @@ def layer_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float
 
     def backward(grad: Array) -> None:
         dx, dweight, dbias = backend.layer_norm_backward(
-            normalized, rstd, None if weight is None else weight.data, grad
+            normalized, rstd, None if weight is None else weight.data, grad, with_bias=bias is not None
         )
         _accumulate(x, dx)
         if weight is not None:
             _accumulate(weight, dweight)
-        if bias is not None:
+        if bias is not None and dbias is not None:
             _accumulate(bias, dbias)
 
     parents = tuple(t for t in (x, weight, bias) if t is not None)

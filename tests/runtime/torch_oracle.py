@@ -131,11 +131,13 @@ def run_bench(args: argparse.Namespace) -> None:
     for _ in range(args.warmup):
         step()
     step_seconds = []
+    cpu_start = time.process_time()
     for _ in range(args.steps):
         start = time.perf_counter()
         step()
         step_seconds.append(time.perf_counter() - start)
     elapsed = sum(step_seconds)
+    cpu_seconds = time.process_time() - cpu_start
     print(json.dumps({
         "engine": f"torch {torch.__version__}",
         "threads": args.threads,
@@ -144,6 +146,7 @@ def run_bench(args: argparse.Namespace) -> None:
         "seq": args.seq,
         "seconds_per_step": elapsed / args.steps,
         "tokens_per_second": args.batch * args.seq * args.steps / elapsed,
+        "cpu_seconds_per_step": cpu_seconds / args.steps,  # all threads together
         "best_seconds_per_step": min(step_seconds),  # robust to other load on the machine
         "final_loss": float(loss.detach()),
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
