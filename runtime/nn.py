@@ -21,7 +21,8 @@ class Parameter(Tensor):
     __slots__ = ()
 
     def __init__(self, data: np.ndarray) -> None:
-        leaf = tensor(data, dtype=get_default_dtype())
+        # A private copy: optimizers update parameters in place.
+        leaf = tensor(np.array(data, dtype=get_default_dtype(), copy=True))
         super().__init__(leaf.data, requires_grad=True)
 
 
