@@ -1,0 +1,126 @@
+"""Nothing is lost: a peer that vanishes mid-unit and a relay killed mid-round, with real browsers.
+
+- A page is closed while its worker trains a unit: the lease expires, the other peer trains the unit,
+  the round completes, and every unit of the pass is trained exactly once.
+- The relay process gets SIGKILL mid-round and is started again on the same port and session folder:
+  it resumes from its last checkpoint, the pages' workers reconnect with their stored tokens, the
+  session completes, and replaying the recorded results reproduces the final weights bit for bit.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import numpy as np
+import pytest
+from playwright.sync_api import Browser, Page
+
+from tests.browser.conftest import ARTIFACTS, start_relay
+from tests.browser.test_session_browsers import (
+    ARITH_SETTINGS,
+    BOOT_SECONDS,
+    close_pages,
+    final_checkpoint,
+    open_peers,
+    recorded_results,
+    replay,
+    stop,
+    task_args,
+    wait_for_status,
+)
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+
+def training_page(pages: list[Page], timeout_s: float) -> Page:
+    """The first page seen training a unit (its worker is busy in Python)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for page in pages:
+            if page.evaluate("document.body.dataset.peer") == "training":
+                return page
+        time.sleep(0.05)
+    pytest.fail(f"no page started training within {timeout_s:.0f} s")
+
+
+def test_closed_page_mid_unit_is_covered_by_lease_expiry(browser: Browser, tmp_path: Path) -> None:
+    # One round of two units of 100 steps each (several seconds in Pyodide); a lease lasts 15 s.
+    session_dir = tmp_path / "session"
+    settings = {**ARITH_SETTINGS, "chunks": 2, "steps": 100}
+    relay, url = start_relay(*task_args("arith", settings, "-k", "2", "--passes", "1", "--lease-seconds", "15",
+                                        "--session-dir", str(session_dir)), log_name="relay-lease.log")
+    pages: list[Page] = []
+    try:
+        pages = open_peers(browser, url, 2)
+        victim = training_page(pages, BOOT_SECONDS)
+        victim_id = victim.evaluate("window.peertrain.peerId")
+        survivor = next(page for page in pages if page is not victim)
+        victim.context.close()  # the worker dies in the middle of its unit
+        status = wait_for_status(url, lambda s: s["round_progress"]["done"] >= 1, timeout_s=60,
+                                 what="the surviving peer's unit", pages=[survivor], relay=relay)
+        assert status["round"] == 0
+        final = wait_for_status(url, lambda s: s["done"], timeout_s=120, what="the lease to expire and the round "
+                                "to complete", pages=[survivor], relay=relay)
+        survivor_id = survivor.evaluate("window.peertrain.peerId")
+    finally:
+        close_pages([page for page in pages if not page.is_closed()])
+        stop(relay)
+
+    assert final["counters"].get("leases_expired", 0) >= 1, final["counters"]
+    entry = final["history"][0]
+    assert entry["participants"] == 2 and entry["missing"] == [], entry
+    results = recorded_results(session_dir)
+    # Every unit of the pass exactly once, both by the survivor; nothing from the closed page.
+    assert sorted(r.unit_index for r in results) == [0, 1]
+    assert {r.peer_id for r in results} == {survivor_id} != {victim_id}
+    replayed, _ = replay(session_dir, results)
+    assert np.array_equal(replayed.weights, final_checkpoint(session_dir, 1).weights)
+
+
+def test_relay_killed_mid_round_resumes_and_finishes(browser: Browser, tmp_path: Path) -> None:
+    # Three rounds of two units of 40 steps; the relay dies while round 1 (the second) is in flight.
+    session_dir = tmp_path / "session"
+    settings = {**ARITH_SETTINGS, "steps": 40}
+    args = task_args("arith", settings, "-k", "2", "--passes", "1", "--session-dir", str(session_dir))
+    relay, url = start_relay(*args, log_name="relay-kill-1.log")
+    pages: list[Page] = []
+    try:
+        pages = open_peers(browser, url, 2)
+        wait_for_status(url, lambda s: s["round"] == 1 and s["round_progress"]["leased"] >= 1 and not s["merging"],
+                        timeout_s=BOOT_SECONDS + 60, what="round 1 in flight", pages=pages, relay=relay, poll_s=0.05)
+        os.kill(relay.pid, signal.SIGKILL)
+        relay.wait(timeout=10)
+        peer_ids = {page.evaluate("window.peertrain.peerId") for page in pages}
+
+        port = str(urlsplit(url).port)
+        relay, again = start_relay(*args, "--port", port, log_name="relay-kill-2.log")
+        assert again == url
+        final = wait_for_status(url, lambda s: s["done"], timeout_s=180, what="the resumed session to finish",
+                                pages=pages, relay=relay)
+        finished = [page.locator("body[data-peer='finished']") for page in pages]
+        for locator in finished:
+            locator.wait_for(timeout=15_000)  # each worker asked again, heard "done" and stopped
+    finally:
+        close_pages(pages)
+        stop(relay)
+
+    log = (ARTIFACTS / "relay-kill-2.log").read_text()
+    assert re.search(r"resuming session in .* after round 1 of 3", log), log[-2000:]
+    # The units in flight were handed out again; the peers came back with their stored tokens.
+    assert final["counters"].get("leases_released_on_start", 0) >= 1, final["counters"]
+    assert final["peers"]["joined"] == 2, final["peers"]
+    assert [entry["round"] for entry in final["history"]] == [0, 1, 2]
+
+    results = recorded_results(session_dir)
+    assert sorted(r.unit_index for r in results) == list(range(6))
+    assert {r.peer_id for r in results if r.round == 2} <= peer_ids
+    # The resumed session ends exactly where an uninterrupted one would: the same results, merged the same way.
+    replayed, _ = replay(session_dir, results)
+    final_point = final_checkpoint(session_dir, 3)
+    assert np.array_equal(replayed.weights, final_point.weights)
+    assert [e["metrics"] for e in replayed.history] == [e["metrics"] for e in final["history"]]
