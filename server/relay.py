@@ -67,6 +67,7 @@ class Relay:
     _merge_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     _weights_cache: tuple[int, bytes] | None = None
     latest_samples: list[dict[str, Any]] = field(default_factory=list)
+    samples_round: int | None = None  # rounds merged into the weights latest_samples come from
     _background: set[asyncio.Task[None]] = field(default_factory=set)  # the loop keeps only weak references
 
     def __post_init__(self) -> None:
@@ -99,6 +100,7 @@ class Relay:
             "history": session.history[-200:],
             "initial_metrics": session.initial_metrics,
             "samples": self.latest_samples,
+            "samples_round": self.samples_round,
             "counters": self.store.counters(),
             "version": self.version,
         }
@@ -197,10 +199,11 @@ class Relay:
         for slot, result in sorted(stored.items()):
             _, vector = wire.decode(result.message, expect_spec=session.spec)
             results.append((by_slot[slot], UnitResult(vector, result.num_examples, result.metrics)))
-        entry = session.complete_round(results)
-        self.latest_samples = [{"text": s.text, "ok": s.ok}
-                               for s in session.task.samples(session.weights, session.data.validation)]
-        return entry
+        return session.complete_round(results)
+
+    def samples_blocking(self, weights: np.ndarray) -> list[dict[str, Any]]:
+        """The page's samples for ``weights`` (generating text can cost several validations)."""
+        return [{"text": s.text, "ok": s.ok} for s in self.session.task.samples(weights, self.session.data.validation)]
 
     def round_full(self) -> bool:
         session = self.session
@@ -224,6 +227,11 @@ class Relay:
             finally:
                 self.merging = False
                 self.changed()
+            # After the next round is open: peers train meanwhile; the lock keeps the next merge behind it.
+            rounds, weights = session.round, session.weights
+            self.latest_samples = await asyncio.to_thread(self.samples_blocking, weights)
+            self.samples_round = rounds
+            self.changed()
 
 
 def _json_error(status: int, code: str, message: str) -> JSONResponse:
