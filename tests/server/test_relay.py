@@ -80,6 +80,11 @@ def test_two_peers_train_every_round_and_validation_improves(package: Package, t
         assert status["counters"]["results_accepted"] == 8 and not refusals(client)
         _, served = wire.decode(first.weights(), expect_spec=relay.session.spec)
         assert np.array_equal(served, relay.session.weights)
+        deadline = time.monotonic() + 10
+        while session_status(client)["samples_round"] != 4 and time.monotonic() < deadline:
+            time.sleep(0.02)  # the page's samples follow the merge, off the round's critical path
+        samples = session_status(client)["samples"]
+        assert len(samples) == 4 and all(isinstance(s["ok"], bool) and " -> " in s["text"] for s in samples)
 
 
 def test_replaying_recorded_results_reproduces_the_weights_bit_for_bit(package: Package, tmp_path: Path) -> None:
