@@ -77,7 +77,7 @@ class ArithTaskSettings:
     epochs: int = 1
     steps: int = 0
     batch_size: int = 32
-    lr: float = 1e-2
+    lr: float = 3e-3
     warmup: int = 10  # steps of linear warm-up at the start of each unit (a fresh Adam per unit)
     final_lr_ratio: float = 0.1  # cosine decay to lr * this at the unit's last step
 

@@ -109,9 +109,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"char epoch time vs the report's ~{REPORT_EPOCH_SECONDS:.0f} s: "
               f"{char.seconds_per_epoch / REPORT_EPOCH_SECONDS:.2f}x")
     if "char" in runs and "bpe" in runs:
-        char, bpe = runs["char"].final, runs["bpe"].final
-        print(f"char vs bpe (anchor): accuracy {int(char['correct'])}/200 vs {int(bpe['correct'])}/200, val loss "
-              f"{char['val_loss']:.4f} vs {bpe['val_loss']:.4f}, epoch time ratio "
+        char_final, bpe_final = runs["char"].final, runs["bpe"].final
+        print(f"char vs bpe (anchor): accuracy {int(char_final['correct'])}/200 vs {int(bpe_final['correct'])}/200, "
+              f"val loss {char_final['val_loss']:.4f} vs {bpe_final['val_loss']:.4f}, epoch time ratio "
               f"{runs['char'].seconds_per_epoch / runs['bpe'].seconds_per_epoch:.2f}")
     if args.arith_out is not None:
         args.arith_out.parent.mkdir(parents=True, exist_ok=True)
