@@ -82,6 +82,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--arith-seed", type=int, default=0, help="initial weights and unit seeds")
     parser.add_argument("--arith-set", action="append", default=[], metavar="KEY=VALUE",
                         help="an arith task setting for both runs (e.g. chunks=1)")
+    parser.add_argument("--arith-target", type=float, default=0.99,
+                        help="stop a run once its accuracy reaches this (0: run every epoch)")
     parser.add_argument("--arith-out", type=Path, default=None, help="write the figures as JSON here")
 
 
@@ -93,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     for name in [t.strip() for t in args.arith_tokenizers.split(",") if t.strip()]:
         print(f"arith, tokenizer={name}: {json.dumps(settings | {'tokenizer': name}, sort_keys=True)}")
         run_ = train_sequentially(settings | {"tokenizer": name}, epochs=args.arith_epochs, seed=args.arith_seed,
-                                  log=lambda line: print(line, flush=True))
+                                  target=args.arith_target or None, log=lambda line: print(line, flush=True))
         runs[name] = run_
         for line in run_.inspection:
             print(f"  {line}")

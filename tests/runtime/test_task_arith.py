@@ -142,23 +142,17 @@ def test_char_tokenizer_learns_sums() -> None:
 
 @pytest.mark.slow
 def test_report_pitfall_bpe_stays_low_char_reaches_99_percent() -> None:
+    """The report's data and model: bpe stays near 0/200 with glued fragments; char reaches >= 198/200.
+
+    Char crosses 99% around epoch 18 and then wobbles (188-198/200: every unit restarts Adam at the full
+    learning rate), so this asserts that it *reaches* 99% within 24 epochs, as the report claims."""
     pytest.importorskip("tokenizers")
-    from server.bpe import REPORT_ARITH_SEED, REPORT_NUM_EXAMPLES, REPORT_NUM_MERGES
-    from server.package import host_services
+    from server.bench.arith import REPORT_SETTINGS, train_sequentially
 
-    report = {"seed": REPORT_ARITH_SEED, "num_examples": REPORT_NUM_EXAMPLES, "merges": REPORT_NUM_MERGES}
-    results = {}
-    for name in ("bpe", "char"):
-        task = ArithTask({**report, "tokenizer": name})
-        data = task.prepare(host_services())
-        task.attach(data.assets)
-        results[name] = task.validate(train(task, data, epochs=EPOCHS_TO_99), data.validation)
-        if name == "bpe":
-            lines = task.inspect_lines()
-            assert '37+48=85<eos> -> "3" | "7+4" | "8=8" | "5<eos>\\n"' in lines
-            assert any(line.startswith("tokenizer warning") and EOS in line for line in lines)
-    assert results["bpe"]["accuracy"] <= 0.3, results
-    assert results["char"]["correct"] >= 198, results
-
-
-EPOCHS_TO_99 = 12
+    bpe = train_sequentially({**REPORT_SETTINGS, "tokenizer": "bpe"}, epochs=4, log=lambda _: None)
+    assert '37+48=85<eos> -> "3" | "7+4" | "8=8" | "5<eos>\\n"' in bpe.inspection
+    assert any(line.startswith("tokenizer warning") and EOS in line for line in bpe.inspection)
+    assert bpe.final["accuracy"] <= 0.1, bpe.final
+    char = train_sequentially({**REPORT_SETTINGS, "tokenizer": "char"}, epochs=24, target=0.99, log=lambda _: None)
+    assert char.final["correct"] >= 198, char.epochs
+    assert not any("warning" in line for line in char.inspection)
