@@ -148,7 +148,9 @@ def serve(args: argparse.Namespace, paths: RelayPaths | None = None) -> int:
     peers = None
     if args.peers > 0:
         peers = subprocess.Popen([sys.executable, "-m", "server.cli", "peers", str(args.peers), "--url", url])
-    config = uvicorn.Config(create_app(paths, relay), log_level=args.log_level, lifespan="on")
+    # Open event streams would hold a graceful shutdown forever: give them a few seconds.
+    config = uvicorn.Config(create_app(paths, relay), log_level=args.log_level, lifespan="on",
+                            timeout_graceful_shutdown=3)
     try:
         uvicorn.Server(config).run(sockets=[sock])
     finally:

@@ -1,0 +1,44 @@
+"""A custom task module given as a file reaches browsers as a wheel built by the relay, and trains there."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from conftest import REPO_ROOT, start_relay
+from playwright.sync_api import Page
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+
+def session_status(url: str) -> dict:
+    with urllib.request.urlopen(url + "api/session", timeout=10) as response:
+        return json.loads(response.read())
+
+
+def test_file_task_is_installed_from_the_relay_and_learns(page: Page, tmp_path: Path) -> None:
+    process, url = start_relay("--task", str(REPO_ROOT / "examples" / "majority_task.py"), "--session-dir",
+                               str(tmp_path / "session"), "-k", "2", "--passes", "1", "--min-peers", "1",
+                               "--admin-token", "test-admin", log_name="relay-custom-task.log")
+    try:
+        requested: list[str] = []
+        page.context.on("request", lambda request: requested.append(request.url))  # the worker's too
+        page.goto(url + "?join=1")
+        deadline = time.monotonic() + 240
+        status = session_status(url)
+        while not status["done"] and time.monotonic() < deadline:
+            page.wait_for_timeout(1000)  # (not time.sleep: Playwright delivers events during its own calls)
+            status = session_status(url)
+        assert status["done"], status
+        assert any("peertrain_task_majority_task" in u for u in requested), "the task wheel was not installed"
+        history = status["history"]
+        assert len(history) == status["num_rounds"] == 4
+        assert history[-1]["metrics"]["accuracy"] > 0.95 > status["initial_metrics"]["accuracy"]
+        assert page.evaluate("window.peertrain.unitsDone") == 8
+        assert all(sample["ok"] is not None for sample in status["samples"])
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
