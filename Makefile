@@ -51,8 +51,10 @@ lint: $(STAMPS)/venv
 	$(VENV)/bin/ruff check runtime server tests examples
 	$(VENV)/bin/mypy runtime server
 
+# DEMO_ARGS: more `peertrain serve` options, e.g. DEMO_ARGS=--fresh to start the session over.
+DEMO_ARGS ?=
 demo: setup
-	$(PY) -m server.cli serve --port $(PORT) $(if $(filter-out 0,$(PEERS)),--peers $(PEERS))
+	$(PY) -m server.cli serve --port $(PORT) $(if $(filter-out 0,$(PEERS)),--peers $(PEERS)) $(DEMO_ARGS)
 
 # pytest exits with 5 when no test was collected (e.g. a -k filter); that is not a failure here.
 test: setup torch-env lint

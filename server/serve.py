@@ -106,6 +106,9 @@ def open_session(args: argparse.Namespace, paths: RelayPaths):  # type: ignore[n
     if (session_dir / "session.json").is_file():
         session = Session.restore(session_dir, package)
         print(f"resuming session in {session_dir} after round {session.round} of {session.num_rounds}")
+        if session.done:
+            print(f"that session has finished ({session.stopped or 'all rounds done'}); "
+                  "start over with --fresh (make demo DEMO_ARGS=--fresh)")
     else:
         config = SessionConfig(merge=args.merge, merge_config=json.loads(args.merge_config),
                                participants=args.participants, passes=args.passes, seed=args.seed,
