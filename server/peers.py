@@ -86,9 +86,6 @@ class PeerView:
             self.gone = f"page lost: {str(error).splitlines()[0]}"
             return [f"{self.name}: {self.gone}"]
         lines = []
-        if seen.get("peerId") and not self.peer_id:
-            self.peer_id = seen["peerId"]
-            lines.append(f"peer {self.number}: joined as {self.peer_id}")
         state, kind, activity = seen.get("state") or "", seen.get("kind") or "", seen.get("activity")
         if state != self.state:
             self.state = state
@@ -97,6 +94,9 @@ class PeerView:
             elif state == "failed":
                 self.gone = f"failed to boot: {seen.get('error') or 'no message'}"
                 lines.append(f"{self.name}: {self.gone}")
+        if seen.get("peerId") and not self.peer_id:
+            self.peer_id = seen["peerId"]
+            lines.append(f"peer {self.number}: joined as {self.peer_id}")
         units_done = int(seen.get("unitsDone") or 0)
         if units_done != self.units_done:
             self.units_done = units_done
