@@ -84,7 +84,7 @@ class Relay:
         session = self.session
         active = self.store.active_peers(self.options.peer_timeout)
         slots = [] if session.done else session.assignments()
-        results = self.store.results(session.round) if not session.done else {}
+        results = self.store.result_slots(session.round) if not session.done else set()
         leases = self.store.leases(session.round) if not session.done else {}
         now = time.time()
         return {
@@ -117,7 +117,7 @@ class Relay:
             return {"done": True, "reason": session.stopped or "the session is complete"}
         if self.paused or self.merging:
             return {"wait": self.options.retry_seconds, "reason": "paused" if self.paused else "merging the round"}
-        results, leases = self.store.results(session.round), self.store.leases(session.round)
+        results, leases = self.store.result_slots(session.round), self.store.leases(session.round)
         now = time.time()
         started = bool(results) or bool(leases)
         connected = len(self.store.active_peers(self.options.peer_timeout))
@@ -169,7 +169,7 @@ class Relay:
         by_slot = {a.slot: a for a in session.assignments()}
         if slot not in by_slot:
             raise Refusal(404, "unknown_slot", f"round {round_index} has no slot {slot}")
-        if slot in self.store.results(round_index):
+        if slot in self.store.result_slots(round_index):
             raise Refusal(409, "duplicate", f"slot {slot} of round {round_index} already has a result")
         lease = self.store.leases(round_index).get(slot)
         if lease is None or lease.peer_id != peer_id:
@@ -207,7 +207,7 @@ class Relay:
 
     def round_full(self) -> bool:
         session = self.session
-        return not session.done and len(self.store.results(session.round)) >= len(session.assignments())
+        return not session.done and len(self.store.result_slots(session.round)) >= len(session.assignments())
 
     def schedule_merge(self) -> None:
         """Run ``maybe_complete_round`` in the background, holding a reference until it is done."""
@@ -218,7 +218,7 @@ class Relay:
     async def maybe_complete_round(self) -> None:
         async with self._merge_lock:
             session = self.session
-            if session.done or len(self.store.results(session.round)) < len(session.assignments()):
+            if session.done or len(self.store.result_slots(session.round)) < len(session.assignments()):
                 return
             self.merging = True
             self.changed()

@@ -135,6 +135,10 @@ class Store:
                    json.dumps(result.metrics), result.message, time.time()))
         self._run("UPDATE peers SET units_done = units_done + 1 WHERE id = ?", (result.peer_id,))
 
+    def result_slots(self, round_index: int) -> set[int]:
+        """The slots of ``round_index`` that have a result, without reading the messages."""
+        return {row[0] for row in self._run("SELECT slot FROM results WHERE round = ?", (round_index,))}
+
     def results(self, round_index: int) -> dict[int, StoredResult]:
         rows = self._run("SELECT round, slot, unit_index, peer_id, num_examples, metrics, message FROM results "
                          "WHERE round = ? ORDER BY slot", (round_index,))
