@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from runtime.backend.webgpu_context import MAX_GROUPS, Buffer, GPUContext, f32_bits, request_context
+from runtime.backend.webgpu_context import MAX_GROUPS, Buffer, GPUContext, f32_bits, request_context, webgpu_entry
 from runtime.backend.webgpu_fused import FusedKernels
 
 MAX_DIMS = 6
@@ -387,6 +387,7 @@ _shared: list[WebGPUBackend] = []
 
 async def create_backend(*, navigator: Any = None, reuse: bool = True) -> WebGPUBackend:
     """The page worker's WebGPU backend (one GPUDevice, kept for reuse); raises WebGPUUnavailable."""
+    webgpu_entry(navigator)  # checked every time: a context may lose (or a test may hide) navigator.gpu
     if reuse and _shared:
         return _shared[0]
     backend = WebGPUBackend(await request_context(navigator=navigator))

@@ -237,8 +237,8 @@ class GPUContext:
         self.staging.clear()
 
 
-async def request_context(*, navigator: Any = None) -> GPUContext:
-    """Ask the browser for an adapter and a device; raises WebGPUUnavailable with the reason."""
+def webgpu_entry(navigator: Any = None) -> Any:
+    """`navigator.gpu`, or WebGPUUnavailable saying why there is none."""
     try:
         import js
     except ImportError as error:
@@ -247,12 +247,16 @@ async def request_context(*, navigator: Any = None) -> GPUContext:
     gpu = getattr(navigator, "gpu", None) if navigator is not None else None
     if gpu is None or type(gpu).__name__ == "JsNull":
         raise WebGPUUnavailable("navigator.gpu is missing: this browser or context has no WebGPU")
-    adapter = await gpu.requestAdapter()
+    return gpu
+
+
+async def request_context(*, navigator: Any = None) -> GPUContext:
+    """Ask the browser for an adapter and a device; raises WebGPUUnavailable with the reason."""
+    adapter = await webgpu_entry(navigator).requestAdapter()
     if adapter is None:
         raise WebGPUUnavailable("navigator.gpu.requestAdapter() returned no adapter")
     limits = adapter.limits
-    wanted = {"maxStorageBuffersPerShaderStage": min(8, int(limits.maxStorageBuffersPerShaderStage)),
-              "maxStorageBufferBindingSize": int(limits.maxStorageBufferBindingSize),
+    wanted = {"maxStorageBufferBindingSize": int(limits.maxStorageBufferBindingSize),
               "maxBufferSize": int(limits.maxBufferSize)}
     device = await adapter.requestDevice(_js_object({"requiredLimits": wanted}))
     if device is None:

@@ -240,17 +240,3 @@ class FusedKernels:
     def squared_norm(self, x: GPUArray) -> GPUArray:
         return self.reduce("sumsq", x, None, False)
 
-
-def clip_grad_norm_on_device(backend: Any, grads: list[Any], max_norm: float) -> tuple[Any, list[Any]]:
-    """Gradient clipping with no read-back: (total norm as a 0-d array, the scaled gradients).
-
-    The scale min(1, max_norm / (norm + 1e-6)) is computed on the device and broadcast, matching
-    `runtime.optim.clip_grad_norm` without its host round trip.
-    """
-    total = backend.squared_norm(grads[0])
-    for grad in grads[1:]:
-        total = backend.binary("add", total, backend.squared_norm(grad))
-    norm = backend.unary("sqrt", total)
-    ratio = backend.binary("div", backend.full((), max_norm, np.float32), backend.binary("add", norm, 1e-6))
-    scale = backend.where(backend.compare("lt", ratio, 1.0), ratio, 1.0)
-    return norm, [backend.binary("mul", grad, scale) for grad in grads]

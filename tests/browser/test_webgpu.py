@@ -86,7 +86,8 @@ check("matmul.broadcast_batch", lambda b, a, c: b.matmul(a, c, transpose_b=True)
 for op in ("sum", "max"):
     for axes in ((0,), (1,), (0, 2), (2,), None):
         for keep in (False, True):
-            check(f"reduce.{op}.{axes}.{keep}", lambda b, a, op=op, axes=axes, keep=keep: b.reduce(op, a, axes, keep), x)
+            check(f"reduce.{op}.{axes}.{keep}", lambda b, a, op=op, axes=axes, keep=keep:
+                  b.reduce(op, a, axes, keep), x)
 check("reduce.view", lambda b, a: b.reduce("sum", b.permute(a, (2, 0, 1)), (1,), False), x)
 check("reshape", lambda b, a: b.reshape(a, (4, -1)), x)
 check("permute", lambda b, a: b.reshape(b.permute(a, (2, 0, 1)), (-1,)), x)
@@ -106,11 +107,14 @@ check("gelu_backward", lambda b, a, g: b.gelu_backward(a, b.gelu(a)[1], g), x, r
 for axis in (-1, 0):
     check(f"softmax.{axis}", lambda b, a, axis=axis: b.softmax(a, axis), x)
     check(f"log_softmax.{axis}", lambda b, a, axis=axis: b.log_softmax(a, axis), x)
-    check(f"softmax_backward.{axis}", lambda b, a, g, axis=axis: b.softmax_backward(b.softmax(a, axis), g, axis), x, x[::-1].copy())
-    check(f"log_softmax_backward.{axis}", lambda b, a, g, axis=axis: b.log_softmax_backward(b.log_softmax(a, axis), g, axis), x, x[::-1].copy())
+    check(f"softmax_backward.{axis}", lambda b, a, g, axis=axis:
+          b.softmax_backward(b.softmax(a, axis), g, axis), x, x[::-1].copy())
+    check(f"log_softmax_backward.{axis}", lambda b, a, g, axis=axis:
+          b.log_softmax_backward(b.log_softmax(a, axis), g, axis), x, x[::-1].copy())
 targets = np.array([1, 0, -100, 4, 2, 3])
 check("cross_entropy", lambda b, a: list(b.cross_entropy(a, targets, -100)), r(6, 5))
-check("cross_entropy_backward", lambda b, a, g: b.cross_entropy_backward(b.cross_entropy(a, targets, -100)[1], targets, -100, 5, b.reshape(g, ())), r(6, 5), r(1))
+check("cross_entropy_backward", lambda b, a, g: b.cross_entropy_backward(
+    b.cross_entropy(a, targets, -100)[1], targets, -100, 5, b.reshape(g, ())), r(6, 5), r(1))
 check("layer_norm", lambda b, a, w, c: list(b.layer_norm(a, w, c, 1e-5)), x, r(5), r(5))
 check("layer_norm.plain", lambda b, a: list(b.layer_norm(a, None, None, 1e-5)), x)
 def ln_backward(b, a, w, g, with_weight):
@@ -120,21 +124,27 @@ check("layer_norm_backward", lambda b, a, w, g: ln_backward(b, a, w, g, True), x
 check("layer_norm_backward.plain", lambda b, a, w, g: ln_backward(b, a, w, g, False), x, r(5), r(3, 4, 5), atol=2e-6)
 qkv, grad_y = r(2, 5, 24), r(2, 5, 8)
 check("causal_attention", lambda b, q: list(b.causal_attention(q, 2, None)), qkv)
-check("causal_attention_backward", lambda b, q, g: b.causal_attention_backward(q, b.causal_attention(q, 2, None)[1], 2, None, g), qkv, grad_y)
-check("causal_attention.dropout", lambda b, q, m: list(b.causal_attention(q, 2, m)), qkv, (r(2, 2, 5, 5) > 0).astype(np.float32) * 2)
-check("causal_attention_backward.dropout", lambda b, q, g, m: b.causal_attention_backward(q, b.causal_attention(q, 2, m)[1], 2, m, g), qkv, grad_y, (r(2, 2, 5, 5) > 0).astype(np.float32) * 2)
+check("causal_attention_backward", lambda b, q, g: b.causal_attention_backward(
+    q, b.causal_attention(q, 2, None)[1], 2, None, g), qkv, grad_y)
+mask = (r(2, 2, 5, 5) > 0).astype(np.float32) * 2
+check("causal_attention.dropout", lambda b, q, m: list(b.causal_attention(q, 2, m)), qkv, mask)
+check("causal_attention_backward.dropout", lambda b, q, g, m: b.causal_attention_backward(
+    q, b.causal_attention(q, 2, m)[1], 2, m, g), qkv, grad_y, mask)
 def sgd(b, p, g, buf, momentum, nesterov, wd, steps):
     state = None
     for _ in range(steps):
-        state = b.sgd_momentum_update(p, g, state, lr=0.1, momentum=momentum, dampening=0.0, nesterov=nesterov, weight_decay=wd)
+        state = b.sgd_momentum_update(p, g, state, lr=0.1, momentum=momentum, dampening=0.0, nesterov=nesterov,
+                                      weight_decay=wd)
     return [p, state]
-check("sgd_momentum_update.plain", lambda b, p, g, s: sgd(b, p, g, s, 0.0, False, 0.0, 1), r(4, 3), r(4, 3), r(4, 3))
-check("sgd_momentum_update.momentum", lambda b, p, g, s: sgd(b, p, g, s, 0.9, False, 0.01, 3), r(4, 3), r(4, 3), r(4, 3))
-check("sgd_momentum_update.nesterov", lambda b, p, g, s: sgd(b, p, g, s, 0.9, True, 0.0, 2), r(4, 3), r(4, 3), r(4, 3))
+for label, momentum, nesterov, wd, steps in (("plain", 0.0, False, 0.0, 1), ("momentum", 0.9, False, 0.01, 3),
+                                             ("nesterov", 0.9, True, 0.0, 2)):
+    check(f"sgd_momentum_update.{label}", lambda b, p, g, s, m=momentum, n=nesterov, wd=wd, k=steps:
+          sgd(b, p, g, s, m, n, wd, k), r(4, 3), r(4, 3), r(4, 3))
 def adam(b, p, g, wd, decoupled):
     m, v = b.zeros(p.shape, np.float32), b.zeros(p.shape, np.float32)
     for step in (1, 2, 3):
-        b.adam_update(p, g, m, v, step=step, lr=0.01, beta_1=0.9, beta_2=0.999, eps=1e-8, weight_decay=wd, decoupled_weight_decay=decoupled)
+        b.adam_update(p, g, m, v, step=step, lr=0.01, beta_1=0.9, beta_2=0.999, eps=1e-8, weight_decay=wd,
+                      decoupled_weight_decay=decoupled)
     return [p, m, v]
 check("adam_update", lambda b, p, g: adam(b, p, g, 0.0, False), r(4, 3), r(4, 3))
 check("adam_update.l2", lambda b, p, g: adam(b, p, g, 0.1, False), r(4, 3), r(4, 3))
@@ -196,6 +206,95 @@ json.dumps(results)
 """
 
 
+# The hybrid CartPole update: play on the CPU, then one update_policy on each backend from the same weights.
+CARTPOLE_PARITY = r"""
+import json
+import numpy as np
+from runtime.backend import set_backend
+from runtime.backend.numpy_backend import NumpyBackend
+from runtime.backend.webgpu import create_backend
+from runtime.optim import Adam
+from runtime.tasks.cartpole import CartPoleTask, make_batch, update_policy
+
+task = CartPoleTask({"episodes_per_unit": 8})
+weights = task.flat_weights(task.build_model(3))
+batch = make_batch(task.policy(weights), task.play(weights, 11, 8), task.settings)
+gpu = await create_backend()
+
+def update(backend):
+    previous = set_backend(backend)
+    try:
+        policy = task.policy(weights)
+        optimizer = Adam(policy.parameters(), lr=task.settings.lr)
+        loss = update_policy(policy, optimizer, batch, clip_ratio=task.settings.clip_ratio)
+        return loss, task.flat_weights(policy)
+    finally:
+        set_backend(previous)
+
+(cpu_loss, cpu_weights), (gpu_loss, gpu_weights) = update(NumpyBackend()), update(gpu)
+json.dumps({"rows": len(batch), "weights": int(cpu_weights.size), "losses": [cpu_loss, gpu_loss],
+            "max_abs": float(np.abs(cpu_weights - gpu_weights).max()),
+            "moved": float(np.abs(cpu_weights - weights).max())})
+"""
+
+# One Adam step (with dropout and clipping on the device) of a small transformer, read back once.
+TRANSFORMER_PARITY = r"""
+import json
+import numpy as np
+from runtime.backend import set_backend
+from runtime.backend.numpy_backend import NumpyBackend
+from runtime.backend.webgpu import create_backend
+from runtime.device import transformer_step
+from runtime.models.transformer import Transformer, TransformerConfig
+from runtime.optim import Adam
+
+config = TransformerConfig(vocab_size=32, context=16, n_layer=2, n_head=2, n_embd=32, dropout=0.1)
+tokens = np.random.default_rng(4).integers(0, 32, size=(4, 17))
+gpu = await create_backend()
+outcome = {}
+for backend in (NumpyBackend(), gpu):
+    previous = set_backend(backend)
+    try:
+        model = Transformer(config, seed=2)
+        optimizer = Adam(model.parameters(), lr=1e-3)
+        reads = getattr(getattr(backend, "context", None), "reads", 0)
+        loss = await transformer_step(model, optimizer, tokens, clip=0.5)
+        reads = getattr(getattr(backend, "context", None), "reads", 0) - reads
+        weights = np.concatenate([p.numpy().ravel() for p in model.parameters()])
+        outcome[backend.name] = (loss, weights, reads)
+    finally:
+        set_backend(previous)
+(cpu_loss, cpu_w, _), (gpu_loss, gpu_w, gpu_reads) = outcome["numpy"], outcome["webgpu"]
+json.dumps({"losses": [cpu_loss, gpu_loss], "max_abs": float(np.abs(cpu_w - gpu_w).max()),
+            "reads_per_step": gpu_reads, "weights": int(cpu_w.size)})
+"""
+
+AUTO_CHOICE = r"""
+import json
+from runtime.device import choose_device, probe_for_model
+from runtime.models.mlp import MLPPolicy, preset
+
+choice, backend = await choose_device("auto", probe_for_model(MLPPolicy(preset("4-16-2"), 0), rows=256), steps=2)
+json.dumps(choice.to_dict() | {"backend": backend.name})
+"""
+
+# navigator.gpu hidden in the worker (an own property shadowing the prototype's getter), then restored.
+NO_WEBGPU = r"""
+import json
+from js import Object, Reflect, navigator
+from pyodide.ffi import to_js
+from runtime.device import choose_device, probe_for_model
+from runtime.models.mlp import MLPPolicy, preset
+
+Object.defineProperty(navigator, "gpu", to_js({"value": None, "configurable": True}, dict_converter=Object.fromEntries))
+try:
+    choice, backend = await choose_device("auto", probe_for_model(MLPPolicy(preset("4-16-2"), 0)), steps=1)
+finally:
+    Reflect.deleteProperty(navigator, "gpu")
+json.dumps(choice.to_dict() | {"backend": backend.name})
+"""
+
+
 @pytest.fixture(scope="module")
 def worker(browser: Browser, relay_url: str) -> Iterator[Page]:
     page = browser.new_page()
@@ -229,3 +328,36 @@ def test_gradients_through_autograd_match_numpy(worker: Page) -> None:
     failures = {name: detail for name, (ok, detail) in results.items() if not ok}
     assert failures == {}
     assert len(results) == 11
+
+
+def test_cartpole_update_on_webgpu_matches_numpy(worker: Page) -> None:
+    result = run_json(worker, CARTPOLE_PARITY)
+    assert result["weights"] == 114 and result["rows"] > 8
+    assert result["moved"] > 1e-3  # the update changed the weights
+    assert result["max_abs"] <= 1e-6
+    assert result["losses"][1] == pytest.approx(result["losses"][0], rel=1e-5, abs=1e-6)
+
+
+def test_transformer_step_on_webgpu_matches_numpy_with_one_read(worker: Page) -> None:
+    result = run_json(worker, TRANSFORMER_PARITY)
+    assert result["losses"][1] == pytest.approx(result["losses"][0], rel=1e-4)
+    assert result["max_abs"] <= 1e-4
+    assert result["reads_per_step"] == 1
+
+
+def test_auto_device_reports_both_timings_to_the_page(worker: Page) -> None:
+    result = run_json(worker, AUTO_CHOICE)
+    assert result["chosen"] in ("cpu", "webgpu") and result["backend"] == ("webgpu" if result["chosen"] == "webgpu"
+                                                                            else "numpy")
+    assert result["cpu_ms"] > 0 and result["webgpu_ms"] > 0
+    shown = worker.evaluate("window.peertrain.device")
+    assert shown["chosen"] == result["chosen"] and shown["cpu_ms"] == pytest.approx(result["cpu_ms"])
+    assert "WebGPU" in worker.inner_text("#device") and "CPU" in worker.inner_text("#device")
+
+
+def test_missing_webgpu_falls_back_to_cpu_and_says_so(worker: Page) -> None:
+    result = run_json(worker, NO_WEBGPU)
+    assert result["chosen"] == "cpu" and result["backend"] == "numpy"
+    assert "navigator.gpu is missing" in result["reason"] and result["webgpu_ms"] is None
+    assert "navigator.gpu is missing" in worker.inner_text("#device")
+    assert worker.evaluate("window.peertrain.device.chosen") == "cpu"

@@ -109,7 +109,8 @@ function join() {
   peer.joined = true;
   $("join").disabled = true;
   setActivity("joining", "joining");
-  peer.worker.postMessage({ type: "join", joinCode: $("join-code").value || params.get("code") || "" });
+  peer.worker.postMessage({ type: "join", joinCode: $("join-code").value || params.get("code") || "",
+    device: params.get("device") || "cpu" });
 }
 
 // Run Python in the worker; resolves with the value (a string) or rejects with the error.
@@ -140,6 +141,11 @@ const handlers = {
   },
   log(message) { console[message.level === "error" ? "error" : "log"](message.message); },
   joined(message) { peer.peerId = message.peerId; $("device").textContent = message.device; setActivity("joined", "joined"); },
+  device(message) { // the device choice: { chosen, requested, cpu_ms, webgpu_ms, reason, description }
+    peer.device = { chosen: message.chosen, requested: message.requested, cpu_ms: message.cpu_ms,
+      webgpu_ms: message.webgpu_ms, reason: message.reason };
+    $("device").textContent = message.description;
+  },
   waiting(message) { setActivity(message.reason, "waiting"); },
   training(message) { setActivity(`training unit ${message.job.unit_index} of round ${message.job.round + 1}`, "training"); },
   uploaded(message) {

@@ -58,13 +58,23 @@ async function api(path, { method = "GET", body = null, binary = false } = {}) {
 
 // Train forever: ask for work, fetch weights and the unit, train in Python, upload. Network trouble is
 // retried with back-off; a refused result is reported and the peer moves on.
-async function trainLoop(joinCode) {
+async function trainLoop(joinCode, device) {
   const taskInfo = await api("/api/task");
   if (taskInfo.wheel) await pyodide.loadPackage([taskInfo.wheel]);
   pyodide.globals.set("task_info_json", JSON.stringify(taskInfo));
   const peer = pyodide.runPython("from runtime.peer import Peer\nPeer(task_info_json)");
+  // Device choice (?device=auto|webgpu; default cpu): timed on the task's own model, reported to the page.
+  // GPU units run through callPromising so their read-backs can block on mapAsync (JSPI).
+  let deviceText = "CPU (numpy in Pyodide)";
+  let trainOnDevice = null;
+  if (device && device !== "cpu") {
+    const choice = JSON.parse(await pyodide.runPython("from runtime.device import choose_for_peer\nchoose_for_peer")
+      .callPromising(peer, device));
+    deviceText = choice.description;
+    if (choice.chosen === "webgpu") trainOnDevice = pyodide.runPython("from runtime.device import train_on_device\ntrain_on_device");
+  }
   credentials = await api("/api/join", { method: "POST", body: JSON.stringify({ join_code: joinCode || "" }) });
-  report("joined", { peerId: credentials.peer_id, device: "CPU (numpy in Pyodide)" });
+  report("joined", { peerId: credentials.peer_id, device: deviceText });
   let weightsRound = null;
   let failures = 0;
   for (;;) {
@@ -80,7 +90,8 @@ async function trainLoop(joinCode) {
       const unit = job.kind === "data" ? await api(`/api/unit/${job.unit_index}`, { binary: true }) : null;
       report("training", { job });
       const started = performance.now();
-      const out = peer.train(JSON.stringify(job), unit);
+      const out = trainOnDevice ? await trainOnDevice.callPromising(peer, JSON.stringify(job), unit)
+        : peer.train(JSON.stringify(job), unit);
       const result = out.toJs();
       out.destroy();
       const seconds = (performance.now() - started) / 1000;
@@ -113,7 +124,7 @@ self.onmessage = async (event) => {
       report("result", { id: message.id, error: String(error) });
     }
   } else if (message.type === "join") {
-    trainLoop(message.joinCode).catch((error) => report("failed", { message: String(error.stack || error) }));
+    trainLoop(message.joinCode, message.device).catch((error) => report("failed", { message: String(error.stack || error) }));
   }
 };
 
