@@ -184,4 +184,4 @@ def test_two_participants_with_fedavg_learn_to_balance() -> None:
 
 
 LEARNING_ROUNDS = 8
-LEARNING_TARGET = 150.0
+LEARNING_TARGET = 200.0  # seed 1 reaches 449 by round 6 here; RL is noisy, so leave room
