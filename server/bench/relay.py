@@ -1,0 +1,324 @@
+"""``peertrain bench relay``: what the relay adds to a round, against the peers' training time.
+
+A real ``peertrain serve`` subprocess runs bytetext (bytelm-2.3mb) for k = 5 (55 chunks) and k = 100
+(``--set chunks=100``, so that k <= units). Simulated peers over loopback (httpx, asyncio) skip the
+training: each asks for work, downloads the global weights and uploads them plus a small fixed
+perturbation, all k at once. Per round it measures
+
+* the upload latency (the relay's checks and the SQLite insert included) and the aggregate upload
+  throughput (MB/s from the first upload's start to the last one's end);
+* the relay's own time: from the last upload's end to the next round being available (``/api/session``
+  polled every few ms) minus the validation time the session records (``history[-1].seconds``), split
+  into merge (recorded) and the rest (reading results back, samples for the page, checkpoint);
+* the weights fan-out: from the round being available until all k peers hold its weights;
+* the page's samples (generated text), which the relay makes after opening the next round: how long
+  after it they appear. The bench waits for them before the next uploads, as real peers would still be
+  training; were samples slower than training, the next merge would queue behind them.
+
+Checks per upload are also timed in-process (wire decode with its finiteness check, the update norm),
+and one bytetext unit is trained natively (``ByteTextTask.train_unit``): the anchor. The relay's share
+of a k=5 round = relay time / the peer's training time; target < 5 %. A browser peer (Pyodide) trains
+slower than this, so the share against native training is the pessimistic figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+from runtime import wire
+from runtime.tasks.loader import unit_for
+from server.package import Package, build_package
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+ADMIN = "bench-relay"
+POLL_SECONDS = 0.01
+TARGET_SHARE = 0.05
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--ks", default="5,100", help="participants per round to measure (comma list)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds timed per k")
+    parser.add_argument("--perturbation", type=float, default=1e-3, help="std of the fake update")
+    parser.add_argument("--work-dir", type=Path, help="packages and sessions (default: a temporary folder)")
+    parser.add_argument("--out", type=Path, default=Path("runs/bench/relay.json"), help="figures as JSON")
+    parser.add_argument("--skip-training", action="store_true", help="do not time the anchor (training one unit)")
+
+
+@dataclass
+class RoundFigures:
+    round: int
+    upload_seconds: list[float]  # each upload's latency
+    upload_mb_per_s: float  # all bytes of the round / (last end - first start)
+    relay_seconds: float  # last upload's end -> next round available
+    merge: float
+    validate: float
+    fan_out: float  # round available -> every peer holds its weights
+    samples: float  # round available -> the page's samples for it (off the critical path)
+
+
+@dataclass
+class KFigures:
+    k: int
+    units: int
+    message_mb: float
+    check_seconds: float  # in-process decode + finiteness + norm of one result
+    rounds: list[RoundFigures] = field(default_factory=list)
+
+    def mean(self, name: str) -> float:
+        return float(statistics.fmean(getattr(r, name) for r in self.rounds))
+
+    @property
+    def added(self) -> float:
+        """The relay's time per round less validation (which any host must spend)."""
+        return self.mean("relay_seconds") - self.mean("validate")
+
+    @property
+    def upload_median(self) -> float:
+        return float(statistics.median(s for r in self.rounds for s in r.upload_seconds))
+
+
+# ---------------------------------------------------------------- the relay under test
+
+
+class Relayd:
+    def __init__(self, package: Path, session_dir: Path, k: int, passes: int, log: Path) -> None:
+        self.command = [sys.executable, "-m", "server.cli", "serve", "--port", "0", "--package", str(package),
+                        "--session-dir", str(session_dir), "--fresh", "-k", str(k), "--passes", str(passes),
+                        "--admin-token", ADMIN, "--lease-seconds", "3600", "--peer-timeout", "3600"]
+        self.log = log
+        self.process: subprocess.Popen[str] | None = None
+
+    def start(self, timeout: float = 600) -> str:
+        self.process = subprocess.Popen(self.command, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                        text=True)
+        assert self.process.stdout is not None
+        deadline = time.monotonic() + timeout
+        log = self.log.open("w")
+        for line in self.process.stdout:
+            log.write(line)
+            if "Open http" in line:
+                log.flush()
+                threading.Thread(target=self._drain, args=(self.process.stdout, log), daemon=True).start()
+                return line.split("Open ", 1)[1].split()[0].rstrip("/")
+            if time.monotonic() > deadline:
+                break
+        log.close()
+        raise RuntimeError(f"peertrain serve did not start; see {self.log}")
+
+    @staticmethod
+    def _drain(stream: Any, log: Any) -> None:
+        """Keep reading the relay's output into the log so that a full pipe never blocks it."""
+        with log:
+            for line in stream:
+                log.write(line)
+                log.flush()
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+# ---------------------------------------------------------------- simulated peers
+
+
+@dataclass
+class SimPeer:
+    headers: dict[str, str]
+    perturbation: np.ndarray
+    weights: np.ndarray | None = None
+    weights_round: int | None = None
+
+
+async def ask_for_work(client: httpx.AsyncClient, peer: SimPeer) -> dict[str, Any]:
+    while True:
+        job = (await client.post("/api/work", headers=peer.headers)).json()
+        if "slot" in job:
+            return dict(job)
+        if job.get("done"):
+            raise RuntimeError(f"the session ended early: {job}")
+        await asyncio.sleep(POLL_SECONDS)
+
+
+async def fetch_weights(client: httpx.AsyncClient, peer: SimPeer, round_index: int) -> float:
+    response = await client.get("/api/weights", headers=peer.headers)
+    header, vector = wire.decode(response.content)
+    peer.weights, peer.weights_round = vector, header.round
+    assert header.round == round_index, (header.round, round_index)
+    return time.perf_counter()
+
+
+def fake_result(peer: SimPeer, header: wire.WireHeader) -> bytes:
+    """The global weights plus this peer's fixed perturbation, as a result message."""
+    assert peer.weights is not None
+    return wire.encode(peer.weights + peer.perturbation, header)
+
+
+async def upload(client: httpx.AsyncClient, peer: SimPeer, job: dict[str, Any], body: bytes,
+                 ) -> tuple[float, float, int]:
+    started = time.perf_counter()
+    response = await client.post(f"/api/result?round={job['round']}&slot={job['slot']}", content=body,
+                                 headers=peer.headers)
+    ended = time.perf_counter()
+    if response.status_code != 200:
+        raise RuntimeError(f"upload refused: {response.status_code} {response.text}")
+    return started, ended, len(body)
+
+
+async def wait_for_round(client: httpx.AsyncClient, round_index: int, *, samples: bool = False) -> dict[str, Any]:
+    """Until ``round_index`` rounds are merged (and, with ``samples``, the page's samples made from them)."""
+    while True:
+        status = (await client.get("/api/session")).json()
+        if status["round"] >= round_index and not status["merging"] and (
+                not samples or (status.get("samples_round") or 0) >= round_index):
+            return dict(status)
+        await asyncio.sleep(POLL_SECONDS)
+
+
+async def drive(url: str, package: Package, k: int, rounds: int, perturbation: float,
+                figures: KFigures) -> None:
+    limits = httpx.Limits(max_connections=k + 4, max_keepalive_connections=k + 4)
+    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
+        rng = np.random.default_rng(0)
+        peers = []
+        for _ in range(k):
+            joined = (await client.post("/api/join", json={})).json()
+            peers.append(SimPeer({"Authorization": f"Bearer {joined['peer_id']}:{joined['token']}"},
+                                 (rng.standard_normal(package.spec.size) * perturbation).astype(np.float32)))
+        available = time.perf_counter()
+        for round_index in range(rounds):
+            jobs = await asyncio.gather(*(ask_for_work(client, peer) for peer in peers))
+            fetched = await asyncio.gather(*(fetch_weights(client, peer, round_index) for peer in peers))
+            fan_out = max(fetched) - available
+            header = wire.WireHeader(spec=package.spec, round=round_index, fingerprint=package.fingerprint,
+                                     num_examples=1000, metrics={"train_loss": 1.0})
+            bodies = [fake_result(peer, header) for peer in peers]  # before the clock: the peers' own work
+            uploads = await asyncio.gather(*(upload(client, peer, job, body)
+                                             for peer, job, body in zip(peers, jobs, bodies, strict=True)))
+            last_end = max(end for _, end, _ in uploads)
+            status = await wait_for_round(client, round_index + 1)
+            available = time.perf_counter()
+            # Real peers train for seconds now; these would queue the next merge behind the samples.
+            await wait_for_round(client, round_index + 1, samples=True)
+            sampled = time.perf_counter()
+            seconds = status["history"][-1]["seconds"]
+            first_start = min(start for start, _, _ in uploads)
+            figures.rounds.append(RoundFigures(
+                round=round_index, upload_seconds=[end - start for start, end, _ in uploads],
+                upload_mb_per_s=sum(size for _, _, size in uploads) / 1e6 / (last_end - first_start),
+                relay_seconds=available - last_end, merge=float(seconds["merge"]),
+                validate=float(seconds["validate"]), fan_out=fan_out, samples=sampled - available))
+            print(f"  k={k} round {round_index}: relay {available - last_end:.2f} s (merge {seconds['merge']:.3f}, "
+                  f"validate {seconds['validate']:.2f}), fan-out {fan_out:.2f} s, samples after "
+                  f"{sampled - available:.2f} s", flush=True)
+            available = sampled  # the fan-out of the next round starts when the bench lets it
+
+
+# ---------------------------------------------------------------- in-process figures
+
+
+def check_seconds(package: Package, repeats: int = 5) -> float:
+    """What the relay does with each upload before storing it, in-process (median)."""
+    weights = package.initial_weights
+    header = wire.WireHeader(spec=package.spec, round=0, fingerprint=package.fingerprint, num_examples=1000)
+    body = wire.encode(weights + np.float32(1e-3), header)
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        _, vector = wire.decode(body, expect_spec=package.spec, expect_round=0, expect_fingerprint=package.fingerprint)
+        float(np.linalg.norm(vector.astype(np.float64) - weights))
+        times.append(time.perf_counter() - started)
+    return float(statistics.median(times))
+
+
+def training_seconds(package: Package) -> float:
+    """One bytetext unit trained natively, as a peer would (the anchor)."""
+    task, data = package.task, package.data
+    unit = unit_for(task, data, 0, 1)
+    started = time.perf_counter()
+    task.train_unit(package.initial_weights, unit)
+    return time.perf_counter() - started
+
+
+# ---------------------------------------------------------------- the run
+
+
+def table(results: list[KFigures], train: float | None) -> str:
+    lines = ["| k | units | rounds | upload MB | upload latency median (ms) | checks in-process (ms) | "
+             "upload MB/s | merge (s) | validate (s) | relay per round (s) | relay less validation (s) | "
+             "weights fan-out (s) | samples, off the critical path (s) | relay share vs training |",
+             "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for f in results:
+        share = f"{f.added / train:.1%}" if train else "-"
+        lines.append(f"| {f.k} | {f.units} | {len(f.rounds)} | {f.message_mb:.2f} | {1e3 * f.upload_median:.0f} | "
+                     f"{1e3 * f.check_seconds:.1f} | {f.mean('upload_mb_per_s'):.0f} | {f.mean('merge'):.3f} | "
+                     f"{f.mean('validate'):.2f} | {f.mean('relay_seconds'):.2f} | {f.added:.2f} | "
+                     f"{f.mean('fan_out'):.2f} | {f.mean('samples'):.2f} | {share} |")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    ks = [int(k) for k in str(args.ks).split(",") if k.strip()]
+    work = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="peertrain-bench-relay-"))
+    work.mkdir(parents=True, exist_ok=True)
+    packages: dict[int, Package] = {}
+    results: list[KFigures] = []
+    train = None
+    try:
+        for k in ks:
+            chunks = max(55, k)
+            if chunks not in packages:
+                packages[chunks] = build_package("bytetext", {"chunks": chunks}, work / f"package-{chunks}",
+                                                 check=False, log=lambda _: None)
+            package = packages[chunks]
+            if train is None and not args.skip_training:
+                train = training_seconds(package)
+                print(f"anchor: one bytetext unit trains natively in {train:.2f} s", flush=True)
+            passes = -(-(args.rounds + 1) * k // chunks)  # enough planned rounds that none ends the session
+            figures = KFigures(k=k, units=chunks, message_mb=len(wire.encode(package.initial_weights, wire.WireHeader(
+                spec=package.spec, round=0, fingerprint=package.fingerprint, num_examples=1000))) / 1e6,
+                check_seconds=check_seconds(package))
+            relayd = Relayd(package.path, work / f"session-k{k}", k, passes, work / f"serve-k{k}.log")
+            try:
+                url = relayd.start()
+                print(f"k={k}: relay at {url}, {chunks} units, {passes} passes", flush=True)
+                asyncio.run(drive(url, package, k, args.rounds, args.perturbation, figures))
+            finally:
+                relayd.stop()
+            shutil.rmtree(work / f"session-k{k}", ignore_errors=True)  # k x 2.3 MB of results per round
+            results.append(figures)
+    finally:
+        if not args.work_dir:
+            shutil.rmtree(work, ignore_errors=True)
+
+    print()
+    print(table(results, train))
+    at_5 = next((f for f in results if f.k == 5), None)
+    if at_5 is not None and train:
+        share = at_5.added / train
+        verdict = "meets" if share < TARGET_SHARE else "misses"
+        print(f"\nrelay share of a k=5 round: {at_5.added:.2f} s of relay time (validation excluded) per "
+              f"{train:.2f} s of native training = {share:.1%}; {verdict} the target of < {TARGET_SHARE:.0%}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"train_seconds": train, "results": [asdict(f) for f in results]}, indent=1))
+    print(f"figures: {args.out}")
+    return 0
