@@ -24,6 +24,7 @@ from tests.browser.conftest import ARTIFACTS, start_relay
 from tests.browser.test_session_browsers import (
     ARITH_SETTINGS,
     BOOT_SECONDS,
+    check_pages,
     close_pages,
     final_checkpoint,
     open_peers,
@@ -44,15 +45,17 @@ def training_page(pages: list[Page], timeout_s: float) -> Page:
         for page in pages:
             if page.evaluate("document.body.dataset.peer") == "training":
                 return page
+        check_pages(pages)
         time.sleep(0.05)
-    pytest.fail(f"no page started training within {timeout_s:.0f} s")
+    seen = [page.evaluate("[document.body.dataset.state, window.peertrain.activity]") for page in pages]
+    pytest.fail(f"no page started training within {timeout_s:.0f} s; pages (state, activity): {seen}")
 
 
 def test_closed_page_mid_unit_is_covered_by_lease_expiry(browser: Browser, tmp_path: Path) -> None:
-    # One round of two units of 100 steps each (several seconds in Pyodide); a lease lasts 15 s.
+    # One round of two units of 60 steps each (~3 s in Pyodide); a lease lasts 20 s, ample on busy cores.
     session_dir = tmp_path / "session"
-    settings = {**ARITH_SETTINGS, "chunks": 2, "steps": 100}
-    relay, url = start_relay(*task_args("arith", settings, "-k", "2", "--passes", "1", "--lease-seconds", "15",
+    settings = {**ARITH_SETTINGS, "chunks": 2, "steps": 60}
+    relay, url = start_relay(*task_args("arith", settings, "-k", "2", "--passes", "1", "--lease-seconds", "20",
                                         "--session-dir", str(session_dir)), log_name="relay-lease.log")
     pages: list[Page] = []
     try:

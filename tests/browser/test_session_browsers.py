@@ -38,7 +38,7 @@ ADMIN_TOKEN = "test-admin"
 # A small arithmetic task: 6 chunks of 100 problems, a 1-layer 32-wide transformer; a unit is ~4 steps.
 ARITH_SETTINGS = {"num_examples": 600, "chunks": 6, "n_layer": 1, "n_embd": 32, "validation_size": 50,
                   "generalization_size": 20, "beyond_range_size": 10}
-BOOT_SECONDS = 150  # several pages boot Pyodide at once on two shared cores
+BOOT_SECONDS = 240  # several pages boot Pyodide at once on two cores that other work may share
 
 
 def task_args(task: str, settings: dict[str, Any], *more: str) -> list[str]:
@@ -84,7 +84,9 @@ def wait_for_status(url: str, predicate: Callable[[dict[str, Any]], bool], *, ti
         check_pages(pages)
         time.sleep(poll_s)
     brief = {k: status.get(k) for k in ("round", "num_rounds", "done", "peers", "round_progress", "counters")}
-    pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what}; last status {brief}")
+    seen = [page.evaluate("[document.body.dataset.state, window.peertrain.activity]") for page in pages
+            if not page.is_closed()]
+    pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what}; last status {brief}; pages {seen}")
 
 
 def open_peers(browser: Browser, url: str, count: int) -> list[Page]:
