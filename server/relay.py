@@ -357,7 +357,7 @@ def api_routes(relay: Relay) -> list[Route]:
         elif action == "resume":
             relay.paused = False
         elif action == "stop":
-            relay.session.stopped = relay.session.stopped or "stopped by the admin"
+            relay.session.stop("stopped by the admin")
         else:
             raise Refusal(404, "unknown_action", f"no admin action {action!r}")
         relay.changed()

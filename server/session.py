@@ -297,6 +297,13 @@ class Session:
             "merge_config": self.merge.to_config(),
         }
 
+    def stop(self, reason: str) -> None:
+        """End the session early (e.g. the admin said so) and record it, so a restart does not resume it."""
+        if self.stopped is None:
+            self.stopped = reason
+            if self.directory is not None:
+                self._save(new_entries=[], best_changed=False)
+
     def _save(self, *, new_entries: list[dict[str, Any]], best_changed: bool) -> None:
         assert self.directory is not None
         state = self._state_json()
