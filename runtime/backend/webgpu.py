@@ -123,8 +123,9 @@ class WebGPUBackend(FusedKernels):
 
     name = "webgpu"
 
-    def __init__(self, context: GPUContext) -> None:
+    def __init__(self, context: GPUContext, matmul_kernel: str = "matmul") -> None:
         self.context = context
+        self.matmul_kernel = matmul_kernel  # "matmul" (16x16 tiles in workgroup memory) or "matmul_direct"
 
     # transfer
     def from_numpy(self, array: np.ndarray, dtype: Any = None) -> GPUArray:
@@ -265,7 +266,8 @@ class WebGPUBackend(FusedKernels):
         if count > MAX_GROUPS:
             raise ValueError(f"matmul batch of {count} exceeds {MAX_GROUPS}")
         if count * m * n:  # k == 0 gives zeros: the tile loop does not run
-            self.context.dispatch("matmul", params, [out.buffer, a.buffer, b.buffer], (-(-n // 16), -(-m // 16), count))
+            groups = (-(-n // 16), -(-m // 16), count)
+            self.context.dispatch(self.matmul_kernel, params, [out.buffer, a.buffer, b.buffer], groups)
         return out
 
     def _swap_last(self, x: GPUArray) -> GPUArray:
@@ -390,7 +392,10 @@ async def create_backend(*, navigator: Any = None, reuse: bool = True) -> WebGPU
     webgpu_entry(navigator)  # checked every time: a context may lose (or a test may hide) navigator.gpu
     if reuse and _shared:
         return _shared[0]
-    backend = WebGPUBackend(await request_context(navigator=navigator))
+    context = await request_context(navigator=navigator)
+    # On SwiftShader (software) workgroup barriers cost more than the tiles save: about 2x, measured.
+    software = "swiftshader" in context.adapter_info.lower()
+    backend = WebGPUBackend(context, "matmul_direct" if software else "matmul")
     if reuse:
         _shared.append(backend)
     return backend

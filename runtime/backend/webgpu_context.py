@@ -34,6 +34,7 @@ KERNELS: dict[str, str] = {
     "elementwise": "wrrr",
     "reduce": "wr",
     "matmul": "wrr",
+    "matmul_direct": "wrr",
     "softmax": "wr",
     "softmax_backward": "wrr",
     "layer_norm": "wwwrrr",

@@ -77,12 +77,16 @@ for op in ("eq", "gt", "ge", "lt", "le", "ne"):
     check(f"compare.{op}", lambda b, a, c, op=op: b.compare(op, a, c), rounded, rounded_other)
 check("where", lambda b, a, c: b.where(b.compare("gt", a, 0.0), a, c), x, y)
 check("where.scalars", lambda b, a: b.where(b.compare("gt", a, 0.0), 0.0, a), x)
-check("matmul", lambda b, a, c: b.matmul(a, c), r(5, 7), r(7, 3))
-check("matmul.tiles", lambda b, a, c: b.matmul(a, c), r(40, 33), r(33, 50), rtol=1e-5, atol=1e-5)
-check("matmul.transpose_a", lambda b, a, c: b.matmul(a, c, transpose_a=True), r(7, 5), r(7, 3))
-check("matmul.transpose_b", lambda b, a, c: b.matmul(a, c, transpose_b=True), r(5, 7), r(3, 7))
-check("matmul.batched", lambda b, a, c: b.matmul(a, c), r(2, 3, 5, 7), r(7, 4))
-check("matmul.broadcast_batch", lambda b, a, c: b.matmul(a, c, transpose_b=True), r(2, 1, 5, 7), r(3, 4, 7))
+for kernel in ("matmul", "matmul_direct"):  # the tiled kernel and the barrier-free one (SwiftShader)
+    gpu.matmul_kernel = kernel
+    check(f"matmul.{kernel}", lambda b, a, c: b.matmul(a, c), r(5, 7), r(7, 3))
+    check(f"matmul.{kernel}.tiles", lambda b, a, c: b.matmul(a, c), r(40, 33), r(33, 50), rtol=1e-5, atol=1e-5)
+    check(f"matmul.{kernel}.transpose_a", lambda b, a, c: b.matmul(a, c, transpose_a=True), r(7, 5), r(7, 3))
+    check(f"matmul.{kernel}.transpose_b", lambda b, a, c: b.matmul(a, c, transpose_b=True), r(5, 7), r(3, 7))
+    check(f"matmul.{kernel}.batched", lambda b, a, c: b.matmul(a, c), r(2, 3, 5, 7), r(7, 4))
+    check(f"matmul.{kernel}.broadcast_batch", lambda b, a, c: b.matmul(a, c, transpose_b=True), r(2, 1, 5, 7),
+          r(3, 4, 7))
+gpu.matmul_kernel = "matmul_direct" if "swiftshader" in gpu.context.adapter_info else "matmul"
 for op in ("sum", "max"):
     for axes in ((0,), (1,), (0, 2), (2,), None):
         for keep in (False, True):
