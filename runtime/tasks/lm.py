@@ -3,12 +3,34 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from runtime.autograd import no_grad
 from runtime.models.transformer import Transformer
 from runtime.optim import Adam, clip_grad_norm
+
+
+def adam_steps(model: Transformer, inputs: np.ndarray, targets: np.ndarray, plan: Sequence[np.ndarray],
+               lr_at: Callable[[int], float], *, seed: int, clip: float) -> list[float]:
+    """One Adam step per batch of row indices in ``plan`` (a fresh optimizer: peers keep no state between
+    units, so a retried unit repeats exactly); returns the losses. ``lr_at(step)`` is the learning rate."""
+    model.train()
+    model.set_dropout_seed(seed)
+    optimizer = Adam(model.parameters(), lr=lr_at(0))
+    losses = []
+    for step, rows in enumerate(plan):
+        optimizer.lr = lr_at(step)
+        _, loss = model(inputs[rows], targets[rows])
+        assert loss is not None
+        optimizer.zero_grad()
+        loss.backward()
+        if clip > 0:
+            clip_grad_norm(model.parameters(), clip)
+        optimizer.step()
+        losses.append(float(loss.numpy()))
+    return losses
 
 
 def train_lm(model: Transformer, inputs: np.ndarray, targets: np.ndarray, *, steps: int, batch_size: int,
@@ -19,20 +41,8 @@ def train_lm(model: Transformer, inputs: np.ndarray, targets: np.ndarray, *, ste
     inputs, targets: (N, T) int32; targets hold -100 where the loss should not look.
     """
     rng = np.random.default_rng(np.random.SeedSequence([seed, 7]))
-    model.train()
-    model.set_dropout_seed(seed)
-    optimizer = Adam(model.parameters(), lr=lr)
-    losses = []
-    for _ in range(steps):
-        rows = rng.integers(0, len(inputs), size=min(batch_size, len(inputs)))
-        _, loss = model(inputs[rows], targets[rows])
-        assert loss is not None
-        optimizer.zero_grad()
-        loss.backward()
-        if clip > 0:
-            clip_grad_norm(model.parameters(), clip)
-        optimizer.step()
-        losses.append(float(loss.numpy()))
+    plan = [rng.integers(0, len(inputs), size=min(batch_size, len(inputs))) for _ in range(steps)]
+    losses = adam_steps(model, inputs, targets, plan, lambda step: lr, seed=seed, clip=clip)
     return {"train_loss": float(np.mean(losses[-max(1, steps // 4):])), "first_loss": losses[0], "steps": steps}
 
 
@@ -84,25 +94,15 @@ def train_lm_passes(model: Transformer, inputs: np.ndarray, targets: np.ndarray,
     """
     rng = np.random.default_rng(np.random.SeedSequence([seed, 7]))
     plan = pass_batches(len(inputs), batch_size, epochs=epochs, steps=steps, rng=rng)
-    model.train()
-    model.set_dropout_seed(seed)
-    optimizer = Adam(model.parameters(), lr=lr)
-    losses = []
     decay_steps = max(1, len(plan) - warmup - 1)
-    for step, rows in enumerate(plan):
+
+    def lr_at(step: int) -> float:
         if step < warmup:
-            optimizer.lr = lr * (step + 1) / (warmup + 1)
-        else:
-            progress = min(1.0, (step - warmup) / decay_steps)
-            optimizer.lr = lr * (final_lr_ratio + (1 - final_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
-        _, loss = model(inputs[rows], targets[rows])
-        assert loss is not None
-        optimizer.zero_grad()
-        loss.backward()
-        if clip > 0:
-            clip_grad_norm(model.parameters(), clip)
-        optimizer.step()
-        losses.append(float(loss.numpy()))
+            return lr * (step + 1) / (warmup + 1)
+        progress = min(1.0, (step - warmup) / decay_steps)
+        return lr * (final_lr_ratio + (1 - final_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+    losses = adam_steps(model, inputs, targets, plan, lr_at, seed=seed, clip=clip)
     tail = max(1, len(plan) // 4)
     return {"train_loss": float(np.mean(losses[-tail:])), "first_loss": losses[0], "steps": len(plan)}
 
