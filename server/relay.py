@@ -11,6 +11,7 @@ HTTP API (JSON unless noted; weights, chunks and results are binary wire message
     GET  /api/unit/{index}         (peer, holding a lease on it) the unit's data chunk
     POST /api/result?round=&slot=  (peer) a result message; refused with 4xx and a reason, counted
     POST /api/admin/{pause,resume,stop}, GET /api/admin/export/{model,history}   (admin token)
+    POST /api/admin/session        (admin token) a new session on the same package; see ``server.admin``
 
 Peers authenticate with ``Authorization: Bearer <peer_id>:<token>``, admins with ``Bearer <admin token>``.
 """
@@ -363,6 +364,26 @@ def api_routes(relay: Relay) -> list[Route]:
         relay.changed()
         return JSONResponse({"ok": True, "paused": relay.paused, "stopped": relay.session.stopped})
 
+    async def create_session(request: Request) -> Response:
+        from server import admin
+
+        require_admin(request)
+        try:
+            body = json.loads(await read_body(request, 65536) or b"{}")
+            config = admin.config_from_request(body, relay.session.config)
+            if not relay.session.done and not body.get("replace"):
+                raise Refusal(409, "session_running", "the current session is still running; stop it first or "
+                              'send "replace": true')
+            admin.check_config(relay, config)
+        except json.JSONDecodeError as error:
+            raise Refusal(400, "bad_json", f"the body is not JSON: {error}") from error
+        except admin.SessionRequestError as error:
+            raise Refusal(422, "bad_session", str(error)) from error
+        async with relay._merge_lock:
+            archived = await asyncio.to_thread(admin.replace_session, relay, config)
+        relay.changed()
+        return JSONResponse({"ok": True, "archived": str(archived), "session": relay.session.describe()})
+
     async def export(request: Request) -> Response:
         require_admin(request)
         what = request.path_params["what"]
@@ -390,5 +411,6 @@ def api_routes(relay: Relay) -> list[Route]:
         Route("/api/unit/{index:int}", handled(unit)),
         Route("/api/result", handled(result), methods=["POST"]),
         Route("/api/admin/export/{what}", handled(export)),
+        Route("/api/admin/session", handled(create_session), methods=["POST"]),
         Route("/api/admin/{action}", handled(admin), methods=["POST"]),
     ]

@@ -1,0 +1,65 @@
+"""``POST /api/admin/session``: a new session over HTTP, admin only; refused requests change nothing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from relay_fixtures import ADMIN_TOKEN, HttpPeer, build_small_package, make_relay, run_round, serving, session_status
+
+from server.package import Package
+from server.session import Session
+
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+
+
+@pytest.fixture(scope="module")
+def package(tmp_path_factory: pytest.TempPathFactory) -> Package:
+    return build_small_package(tmp_path_factory.mktemp("majority") / "package")
+
+
+def test_new_session_over_http(package: Package, tmp_path: Path) -> None:
+    session_dir = tmp_path / "session"
+    relay = make_relay(package, session_dir, k=2, passes=1)
+    with serving(relay) as client:
+        first, second = HttpPeer(client), HttpPeer(client)
+        run_round(client, [first, second])
+        before = (session_dir / "session.json").read_text()
+
+        def create(body: object, headers: dict[str, str] = ADMIN) -> tuple[int, dict]:
+            response = client.post("/api/admin/session", headers=headers, content=json.dumps(body))
+            return response.status_code, response.json()
+
+        assert create({"passes": 2}, headers={})[0] == 401
+        status, body = create({"passes": 2})
+        assert (status, body["error"]) == (409, "session_running")
+        status, body = create({"passes": 2, "colour": "red", "replace": True})
+        assert (status, body["error"]) == (422, "bad_session") and "colour" in body["message"]
+        status, body = create({"merge": "fedavgm", "replace": True})  # one round covers half of the data
+        assert (status, body["error"]) == (422, "bad_session") and "FedAvg" in body["message"]
+        status, body = create({"participants": 0, "replace": True})
+        assert status == 422
+        # Nothing above touched the running session or its files.
+        assert (session_dir / "session.json").read_text() == before
+        assert not (session_dir / "archive").exists()
+        assert relay.session.round == 1 and first.work().get("round") is not None
+
+        status, body = create({"participants": 1, "passes": 2, "seed": 7, "replace": True})
+        assert status == 200, body
+        archived = Path(body["archived"])
+        assert archived == session_dir / "archive" / "001"
+        assert json.loads((archived / "session.json").read_text()) == json.loads(before)
+        assert len((archived / "history.jsonl").read_text().splitlines()) == 1
+        status_now = session_status(client)
+        assert status_now["round"] == 0 and status_now["plan"]["participants_per_round"] == 1
+        assert status_now["num_rounds"] == 2 * package.data.num_units
+
+        # Old tokens lived in the archived SQLite file: peers join again and train the new session.
+        assert client.post("/api/work", headers=first.headers).status_code == 401
+        again = HttpPeer(client)
+        run_round(client, [again])
+        assert session_status(client)["round"] == 1
+
+    restored = Session.restore(session_dir, package)
+    assert restored.config.seed == 7 and restored.round == 1
