@@ -189,7 +189,8 @@ class Session:
 
     def work_unit(self, assignment: Assignment) -> WorkUnit:
         """What ``task.train_unit`` needs for ``assignment`` (the chunk, or the episode budget, and the seed)."""
-        return unit_for(self.task, self.data, assignment.unit_index, assignment.unit_seed)
+        return unit_for(self.task, self.data, assignment.unit_index, assignment.unit_seed,
+                        progress=assignment.round / self.num_rounds)
 
     # -- completing a round ---------------------------------------------------------------------
     def complete_round(self, results: Sequence[tuple[Assignment, UnitResult]], *,

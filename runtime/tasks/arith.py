@@ -21,6 +21,7 @@ measure: they may overlap the training problems), ``gen_*`` problems never train
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -80,6 +81,7 @@ class ArithTaskSettings:
     lr: float = 3e-3
     warmup: int = 10  # steps of linear warm-up at the start of each unit (a fresh Adam per unit)
     final_lr_ratio: float = 0.1  # cosine decay to lr * this at the unit's last step
+    session_final_lr_ratio: float = 0.1  # and across the session: lr * this by its last round (1: no decay)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "operators", tuple(self.operators))
@@ -92,6 +94,7 @@ class ArithTaskSettings:
             "lr": self.lr > 0,
             "warmup": self.warmup >= 0,
             "final_lr_ratio": 0 <= self.final_lr_ratio <= 1,
+            "session_final_lr_ratio": 0 < self.session_final_lr_ratio <= 1,
         }
         for name, ok in checks.items():
             if not ok:
@@ -236,8 +239,13 @@ class ArithTask(Task):
             raise TaskError(f"arith: a unit needs a (2, N, T) int32 chunk of inputs and targets, got {shape}")
         s = self.settings
         model = self.load(weights)
+        # Each unit starts a fresh Adam at full speed; a cosine over the session's progress keeps late rounds
+        # from shaking an answer set the model has already learnt.
+        session_scale = s.session_final_lr_ratio + (1 - s.session_final_lr_ratio) * 0.5 * (
+            1 + math.cos(math.pi * min(1.0, max(0.0, unit.progress))))
         metrics = train_lm_passes(model, data[0], data[1], epochs=s.epochs, steps=s.steps, batch_size=s.batch_size,
-                                  lr=s.lr, seed=unit.seed, warmup=s.warmup, final_lr_ratio=s.final_lr_ratio)
+                                  lr=s.lr * session_scale, seed=unit.seed, warmup=s.warmup,
+                                  final_lr_ratio=s.final_lr_ratio)
         return UnitResult(self.flat_weights(model), num_examples=int(data.shape[1]), metrics=metrics)
 
     # -- validation -----------------------------------------------------------------------------

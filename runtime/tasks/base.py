@@ -42,6 +42,7 @@ class WorkUnit:
     seed: int
     data: np.ndarray | None = None
     episodes: int = 0
+    progress: float = 0.0  # rounds done / rounds planned when handed out: lets a task decay its step size
 
 
 @dataclass

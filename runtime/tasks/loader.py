@@ -132,8 +132,9 @@ def first_unit(task: Task, data: TaskData, seed: int) -> WorkUnit:
     return unit_for(task, data, 0, seed)
 
 
-def unit_for(task: Task, data: TaskData, index: int, seed: int) -> WorkUnit:
+def unit_for(task: Task, data: TaskData, index: int, seed: int, progress: float = 0.0) -> WorkUnit:
     if task.kind == "data":
         assert data.units is not None
-        return WorkUnit(index=index, seed=seed, data=data.units[index])
-    return WorkUnit(index=index, seed=seed, episodes=int(getattr(task.settings, "episodes_per_unit", 1)))
+        return WorkUnit(index=index, seed=seed, data=data.units[index], progress=progress)
+    return WorkUnit(index=index, seed=seed, episodes=int(getattr(task.settings, "episodes_per_unit", 1)),
+                    progress=progress)

@@ -60,7 +60,8 @@ def train_sequentially(settings: dict[str, Any], *, epochs: int, seed: int = 0, 
     for epoch in range(epochs):
         wall, cpu = time.perf_counter(), time.process_time()
         for index, chunk in enumerate(data.units):
-            unit = WorkUnit(index=index, seed=seed * 1_000_003 + epoch * data.num_units + index, data=chunk)
+            unit = WorkUnit(index=index, seed=seed * 1_000_003 + epoch * data.num_units + index, data=chunk,
+                            progress=epoch / epochs)
             weights = task.train_unit(weights, unit).weights
         record = {"epoch": epoch + 1, "seconds": time.perf_counter() - wall, "cpu_seconds": time.process_time() - cpu}
         record |= task.validate(weights, data.validation)

@@ -17,8 +17,9 @@ from runtime.tasks import Task, TaskData, load_task
 from server.session import Session, SessionConfig
 from server.simulate import run_round
 
+# The same local training every round (no decay over the session), as in the field report's runs.
 SETTINGS = {"chunks": 1, "num_examples": 1024, "batch_size": 64, "epochs": 3, "validation_size": 100,
-            "generalization_size": 20, "beyond_range_size": 5}
+            "generalization_size": 20, "beyond_range_size": 5, "session_final_lr_ratio": 1.0}
 ROUNDS = 30
 
 
