@@ -63,8 +63,7 @@ class Peer:
         if unit_message is not None:
             _, data = wire.decode_array(as_bytes(unit_message), expect_dtype="int32")
         unit = WorkUnit(index=int(job["unit_index"]), seed=int(job["unit_seed"]), data=data,
-                        episodes=int(job.get("episodes") or 0),
-                        progress=int(job["round"]) / max(1, int(job.get("num_rounds") or 1)))
+                        episodes=int(job.get("episodes") or 0), progress=float(job.get("progress") or 0.0))
         started = time.perf_counter()
         result = check_unit_result(self.task, self.task.train_unit(self.weights, unit), self.spec)
         metrics = {k: float(v) for k, v in result.metrics.items() if isinstance(v, int | float)}

@@ -151,6 +151,7 @@ class Relay:
     def _assignment_json(self, assignment: Any, deadline: float) -> dict[str, Any]:
         unit = self.session.work_unit(assignment)
         return {**assignment.to_json(), "kind": self.session.task.kind, "episodes": unit.episodes,
+                "progress": unit.progress,
                 "lease_deadline": deadline, "lease_seconds": max(0.0, deadline - time.time()),
                 "weights_round": self.session.round, "num_rounds": self.session.num_rounds,
                 "fingerprint": self.package.fingerprint}

@@ -406,24 +406,18 @@ class NumpyBackend:
         return np.asarray(np.dot(flat, flat))
 
 
-# Pyodide's numpy has no BLAS; scipy's OpenBLAS sgemm is about twice as fast there on our shapes.
+# Pyodide's numpy has no BLAS; scipy's OpenBLAS sgemm (loaded by the worker on request) is about twice as
+# fast there on our shapes, at the price of float32 sums in another order than native BLAS.
 _wasm_sgemm: Any = None
 
 
-def enable_wasm_blas() -> bool:
-    """Route 2-D float32 matmuls through ``scipy.linalg.blas.sgemm`` when running in Pyodide with scipy.
+def use_sgemm(sgemm: Any) -> None:
+    """Route 2-D float32 matmuls through ``sgemm`` (``scipy.linalg.blas.sgemm``'s signature); None: numpy again.
 
-    Native numpy already calls BLAS, so this is a no-op there. Returns whether sgemm is in use.
+    The caller imports scipy, so ``runtime`` itself keeps to numpy and the standard library.
     """
     global _wasm_sgemm
-    if sys.platform != "emscripten":
-        return False
-    try:
-        from scipy.linalg.blas import sgemm
-    except ImportError:
-        return False
     _wasm_sgemm = sgemm
-    return True
 
 
 def _sgemm_matmul(sgemm: Any, a: np.ndarray, b: np.ndarray, transpose_a: bool, transpose_b: bool) -> np.ndarray:

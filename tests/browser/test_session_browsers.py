@@ -177,7 +177,7 @@ def train_natively(task_info: dict[str, Any], session_dir: Path, result: StoredR
     assignment = {a.slot: a for a in session.assignments(result.round)}[result.slot]
     unit = session.work_unit(assignment)
     package = Package.load(session_dir / "package")
-    job = {**assignment.to_json(), "episodes": unit.episodes}
+    job = {**assignment.to_json(), "episodes": unit.episodes, "progress": unit.progress}
     message = peer.train(job, package.chunk_bytes(assignment.unit_index) if unit.data is not None else None)
     _, vector = wire.decode(message, expect_spec=peer.spec)
     return vector

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from runtime.backend.numpy_backend import _sgemm_matmul, enable_wasm_blas
+from runtime.backend import get_backend
+from runtime.backend.numpy_backend import _sgemm_matmul, use_sgemm
 
 blas = pytest.importorskip("scipy.linalg.blas", reason="scipy is the oracle for the sgemm view trick")
 
@@ -27,5 +28,21 @@ def test_sgemm_views_match_numpy(transpose_a: bool, transpose_b: bool, contiguou
     np.testing.assert_allclose(result, expected, rtol=1e-5, atol=1e-6)
 
 
-def test_native_numpy_keeps_its_own_blas() -> None:
-    assert enable_wasm_blas() is False  # only Pyodide (sys.platform == "emscripten") switches
+def test_backend_matmul_switches_to_sgemm_and_back() -> None:
+    calls: list[int] = []
+
+    def counting_sgemm(*args: object, **kwargs: object) -> np.ndarray:
+        calls.append(1)
+        return blas.sgemm(*args, **kwargs)
+
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    b = np.arange(12, dtype=np.float32).reshape(3, 4)
+    use_sgemm(counting_sgemm)
+    try:
+        np.testing.assert_allclose(get_backend().matmul(a, b), a @ b)
+        np.testing.assert_allclose(get_backend().matmul(b, b, transpose_a=True), b.T @ b)
+        assert len(calls) == 2
+    finally:
+        use_sgemm(None)
+    get_backend().matmul(a, b)
+    assert len(calls) == 2

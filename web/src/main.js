@@ -160,7 +160,9 @@ const handlers = {
   finished(message) { setActivity(`session finished: ${message.reason}`, "finished"); },
 };
 
-peer.worker = new Worker("/src/worker.js");
+// The worker reads its boot options (?blas=scipy) from its own URL.
+peer.worker = new Worker(params.has("blas") ? `/src/worker.js?blas=${encodeURIComponent(params.get("blas"))}`
+  : "/src/worker.js");
 peer.worker.onmessage = (event) => (handlers[event.data.type] || (() => {}))(event.data);
 peer.worker.onerror = (event) => handlers.failed({ message: `worker error: ${event.message}` });
 $("join").addEventListener("click", join);
