@@ -278,7 +278,10 @@ def test_serve_with_two_headless_peers_learns_cartpole(tmp_path: Path) -> None:
     log = log_path.read_text()
     assert "session done: all rounds complete" in log, log[-3000:]
     assert re.search(r"peer 1\b.*: Pyodide booted", log) and re.search(r"peer 2\b.*: Pyodide booted", log), log[-3000:]
-    assert len(set(re.findall(r"peer \d \((p-[0-9a-f]+)\): \d+ units? uploaded", log))) == 2, log[-3000:]
+    assert len(set(re.findall(r"peer \d: joined as (p-[0-9a-f]+)", log))) == 2, log[-3000:]
+    # Units go first come, first served and a CartPole unit takes well under a second, so one fast peer may
+    # train every unit while the other polls: require uploads, not one unit from each page.
+    assert re.search(r"peer \d \((p-[0-9a-f]+)\): \d+ units? uploaded", log), log[-3000:]
 
     initial = final["initial_metrics"]["greedy_return"]
     returns = [entry["metrics"]["greedy_return"] for entry in final["history"]]
