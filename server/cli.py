@@ -1,7 +1,7 @@
 """``peertrain``: the command line.
 
-Each command lives in its own module and registers itself here; a command that is not built
-yet says so plainly and exits with status 2 instead of pretending.
+Each command lives in its own module and registers itself here. ``bench`` dispatches to
+``server.bench``; a benchmark whose module does not exist says "not built yet" and exits with 2.
 """
 
 from __future__ import annotations
@@ -14,9 +14,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 Handler = Callable[[argparse.Namespace], int]
-
-NOT_BUILT: dict[str, tuple[str, str]] = {}
-
 
 def add_serve(subparsers: argparse._SubParsersAction) -> None:
     from server.serve import add_arguments
@@ -173,17 +170,6 @@ def run_bench(args: argparse.Namespace) -> int:
     return dispatch(args.name, args.bench_args)
 
 
-def add_not_built(subparsers: argparse._SubParsersAction, name: str, summary: str, where: str) -> None:
-    parser = subparsers.add_parser(name, help=f"{summary} [not built yet]", description=f"{summary}. Not built yet.")
-    parser.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
-
-    def handler(args: argparse.Namespace) -> int:
-        print(f"peertrain {name}: not built yet; it arrives with {where}.", file=sys.stderr)
-        return 2
-
-    parser.set_defaults(handler=handler)
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="peertrain", description="Distributed training across browser peers.")
     subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
@@ -192,8 +178,6 @@ def build_parser() -> argparse.ArgumentParser:
     add_package(subparsers)
     add_simulate(subparsers)
     add_bench(subparsers)
-    for name, (summary, where) in NOT_BUILT.items():
-        add_not_built(subparsers, name, summary, where)
     return parser
 
 

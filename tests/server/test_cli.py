@@ -25,10 +25,16 @@ def test_help_lists_every_command(capsys: pytest.CaptureFixture[str]) -> None:
         assert command in text
 
 
-def test_commands_not_built_yet_say_so(capsys: pytest.CaptureFixture[str]) -> None:
-    for name in cli.NOT_BUILT:
-        assert cli.main([name]) == 2
-        assert "not built yet" in capsys.readouterr().err
+def test_a_bench_not_built_yet_says_so(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from server import bench
+
+    monkeypatch.setitem(bench.BENCHES, "future", ("server.bench.no_such_module",))
+    assert cli.main(["bench", "future"]) == 2
+    assert "peertrain bench future: not built yet." in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:  # argparse refuses names outside the registry
+        cli.main(["bench", "nonsense"])
+    assert exit_info.value.code == 2
+    assert "invalid choice: 'nonsense'" in capsys.readouterr().err
 
 
 @pytest.mark.skipif(bool(RelayPaths().missing()), reason="set-up has not built web/node_modules and wheels/")
