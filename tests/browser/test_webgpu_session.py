@@ -1,0 +1,44 @@
+"""A peer that trains on WebGPU (``?device=webgpu``) takes part in a real relay session (CartPole)."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from conftest import start_relay
+from playwright.sync_api import Page
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+
+def session_status(url: str) -> dict:
+    with urllib.request.urlopen(url + "api/session", timeout=10) as response:
+        return json.loads(response.read())
+
+
+def test_webgpu_peer_trains_units_of_a_session(page: Page, tmp_path: Path) -> None:
+    process, url = start_relay("--task", "cartpole", "--set", "units=2", "--set", "episodes_per_unit=8",
+                               "--set", "eval_episodes=4", "--set", "update_epochs=2", "--session-dir",
+                               str(tmp_path / "session"), "-k", "1", "--passes", "1", "--min-peers", "1",
+                               "--admin-token", "test-admin", log_name="relay-webgpu.log")
+    try:
+        page.goto(url + "?join=1&device=webgpu")
+        deadline = time.monotonic() + 240
+        status = session_status(url)
+        while not status["done"] and time.monotonic() < deadline:
+            page.wait_for_timeout(1000)  # Playwright delivers page events during its own calls
+            status = session_status(url)
+        assert status["done"], (status["round"], page.evaluate("window.peertrain.activity"))
+        device = page.evaluate("window.peertrain.device")
+        assert device["chosen"] == "webgpu", device
+        assert "WebGPU" in page.inner_text("#device")
+        assert page.evaluate("window.peertrain.unitsDone") == 2
+        assert status["counters"].get("results_accepted") == 2 and not any(
+            name.startswith("refused.") for name in status["counters"])
+        assert len(status["history"]) == 2
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
