@@ -21,22 +21,28 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 READY_SELECTOR = "body[data-state='ready'], body[data-state='failed']"
 
 
+def launch_relay(*extra_args: str, log_path: Path) -> tuple[subprocess.Popen, str]:
+    """Start ``peertrain serve --port 0`` with its output in ``log_path`` (never an undrained pipe);
+    returns the process and the URL it printed. The caller stops the process."""
+    command = [sys.executable, "-m", "server.cli", "serve", "--port", "0", *extra_args]
+    with log_path.open("w") as log:
+        process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and process.poll() is None:
+        match = re.search(r"(http://\S+/)", log_path.read_text())
+        if match:
+            return process, match.group(1)
+        time.sleep(0.05)
+    process.kill()
+    raise RuntimeError(f"relay did not print its URL (exit code {process.poll()}): {log_path.read_text()[-2000:]}")
+
+
 @contextmanager
 def relay_process(*extra_args: str, log_path: Path | None = None) -> Iterator[str]:
     """Run ``peertrain serve --port 0`` in a child process; yields the URL it printed."""
     log_path = log_path or Path(os.environ.get("TMPDIR", "/tmp")) / f"peertrain-relay-{os.getpid()}.log"
-    command = [sys.executable, "-m", "server.cli", "serve", "--port", "0", *extra_args]
-    with log_path.open("w") as log:
-        process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT)
+    process, url = launch_relay(*extra_args, log_path=log_path)
     try:
-        deadline = time.monotonic() + 60
-        url = None
-        while url is None and time.monotonic() < deadline and process.poll() is None:
-            match = re.search(r"(http://\S+/)", log_path.read_text())
-            url = match.group(1) if match else None
-            time.sleep(0.05)
-        if url is None:
-            raise RuntimeError(f"relay did not start: {log_path.read_text()[-2000:]}")
         yield url
     finally:
         process.terminate()

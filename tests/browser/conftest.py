@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-import os
-import re
+import json
 import subprocess
-import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from playwright.sync_api import Page
 
+from server.browser import launch_relay
 from server.chromium import launch_options
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -29,25 +30,26 @@ def artifacts_dir() -> Path:
     return ARTIFACTS
 
 
-def start_relay(*extra_args: str, log_name: str = "relay.log", env: dict | None = None) -> tuple[subprocess.Popen, str]:
-    """Start ``peertrain serve --port 0`` and return the process and the URL it printed.
-
-    Output goes to a log file under tests/artifacts (kept for CI), never to an undrained pipe.
-    """
+def start_relay(*extra_args: str, log_name: str = "relay.log") -> tuple[subprocess.Popen, str]:
+    """Start ``peertrain serve --port 0`` logging into tests/artifacts (kept for CI); the process and its URL."""
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    log_path = ARTIFACTS / log_name
-    command = [sys.executable, "-m", "server.cli", "serve", "--port", "0", *extra_args]
-    with log_path.open("w") as log:
-        process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, text=True,
-                                   env={**os.environ, **(env or {})})
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and process.poll() is None:
-        match = re.search(r"(http://\S+/)", log_path.read_text())
-        if match:
-            return process, match.group(1)
-        time.sleep(0.05)
-    process.kill()
-    raise RuntimeError(f"relay did not print its URL (exit code {process.poll()}): {log_path.read_text()[-2000:]}")
+    return launch_relay(*extra_args, log_path=ARTIFACTS / log_name)
+
+
+def session_status(url: str) -> dict:
+    """The relay's ``/api/session`` status."""
+    with urllib.request.urlopen(url + "api/session", timeout=10) as response:
+        return dict(json.loads(response.read()))
+
+
+def wait_until_done(page: Page, url: str, *, timeout_s: float) -> dict:
+    """Poll the session until it is done (or the time is up); returns the last status."""
+    deadline = time.monotonic() + timeout_s
+    status = session_status(url)
+    while not status["done"] and time.monotonic() < deadline:
+        page.wait_for_timeout(1000)  # (not time.sleep: Playwright delivers page events during its own calls)
+        status = session_status(url)
+    return status
 
 
 @pytest.fixture(scope="session")

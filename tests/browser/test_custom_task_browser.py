@@ -2,21 +2,13 @@
 
 from __future__ import annotations
 
-import json
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import REPO_ROOT, start_relay
+from conftest import REPO_ROOT, start_relay, wait_until_done
 from playwright.sync_api import Page
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
-
-
-def session_status(url: str) -> dict:
-    with urllib.request.urlopen(url + "api/session", timeout=10) as response:
-        return json.loads(response.read())
 
 
 def test_file_task_is_installed_from_the_relay_and_learns(page: Page, tmp_path: Path) -> None:
@@ -27,11 +19,7 @@ def test_file_task_is_installed_from_the_relay_and_learns(page: Page, tmp_path: 
         requested: list[str] = []
         page.context.on("request", lambda request: requested.append(request.url))  # the worker's too
         page.goto(url + "?join=1")
-        deadline = time.monotonic() + 240
-        status = session_status(url)
-        while not status["done"] and time.monotonic() < deadline:
-            page.wait_for_timeout(1000)  # (not time.sleep: Playwright delivers events during its own calls)
-            status = session_status(url)
+        status = wait_until_done(page, url, timeout_s=240)
         assert status["done"], status
         assert any("peertrain_task_majority_task" in u for u in requested), "the task wheel was not installed"
         history = status["history"]

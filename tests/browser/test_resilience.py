@@ -18,10 +18,9 @@ from urllib.parse import urlsplit
 
 import numpy as np
 import pytest
+from conftest import ARTIFACTS, start_relay
 from playwright.sync_api import Browser, Page
-
-from tests.browser.conftest import ARTIFACTS, start_relay
-from tests.browser.test_session_browsers import (
+from test_session_browsers import (
     ARITH_SETTINGS,
     BOOT_SECONDS,
     check_pages,

@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+from conftest import ARTIFACTS, session_status, start_relay
 from playwright.sync_api import Browser, Page
 
 from runtime import wire
@@ -30,7 +31,6 @@ from server.package import Package
 from server.peers import join_url
 from server.session import Session, SessionConfig
 from server.store import Store, StoredResult
-from tests.browser.conftest import ARTIFACTS, start_relay
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -46,12 +46,6 @@ def task_args(task: str, settings: dict[str, Any], *more: str) -> list[str]:
     for key, value in settings.items():
         args += ["--set", f"{key}={value}"]
     return args + list(more)
-
-
-def status_of(url: str) -> dict[str, Any]:
-    response = httpx.get(url + "api/session", timeout=10)
-    response.raise_for_status()
-    return dict(response.json())
 
 
 def admin(url: str, action: str) -> None:
@@ -76,8 +70,8 @@ def wait_for_status(url: str, predicate: Callable[[dict[str, Any]], bool], *, ti
         if relay is not None and relay.poll() is not None:
             pytest.fail(f"the relay exited with {relay.returncode} while waiting for {what}")
         try:
-            status = status_of(url)
-        except httpx.HTTPError:
+            status = session_status(url)
+        except OSError:  # urllib's URLError, refused or reset connections, timeouts: the relay may be restarting
             status = {}
         if status and predicate(status):
             return status

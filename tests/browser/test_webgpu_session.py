@@ -2,21 +2,13 @@
 
 from __future__ import annotations
 
-import json
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import start_relay
+from conftest import start_relay, wait_until_done
 from playwright.sync_api import Page
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
-
-
-def session_status(url: str) -> dict:
-    with urllib.request.urlopen(url + "api/session", timeout=10) as response:
-        return json.loads(response.read())
 
 
 def test_webgpu_peer_trains_units_of_a_session(page: Page, tmp_path: Path) -> None:
@@ -26,11 +18,7 @@ def test_webgpu_peer_trains_units_of_a_session(page: Page, tmp_path: Path) -> No
                                "--admin-token", "test-admin", log_name="relay-webgpu.log")
     try:
         page.goto(url + "?join=1&device=webgpu")
-        deadline = time.monotonic() + 240
-        status = session_status(url)
-        while not status["done"] and time.monotonic() < deadline:
-            page.wait_for_timeout(1000)  # Playwright delivers page events during its own calls
-            status = session_status(url)
+        status = wait_until_done(page, url, timeout_s=240)
         assert status["done"], (status["round"], page.evaluate("window.peertrain.activity"))
         device = page.evaluate("window.peertrain.device")
         assert device["chosen"] == "webgpu", device

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -12,6 +9,7 @@ import pytest
 
 from server import cli
 from server.app import RelayPaths
+from server.browser import relay_process
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -40,18 +38,9 @@ def test_a_bench_not_built_yet_says_so(capsys: pytest.CaptureFixture[str], monke
 @pytest.mark.skipif(bool(RelayPaths().missing()), reason="set-up has not built web/node_modules and wheels/")
 def test_serve_prints_url_and_serves(tmp_path: Path) -> None:
     log_path = tmp_path / "serve.log"
-    with log_path.open("w") as log:
-        command = [sys.executable, "-m", "server.cli", "serve", "--port", "0", "--no-session"]
-        process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        url = ""
-        for _ in range(200):
-            text = log_path.read_text()
-            if "http://" in text:
-                url = text.split("Open ")[1].split()[0]
-                break
-            time.sleep(0.05)
+    with relay_process("--no-session", log_path=log_path) as url:
         assert url.startswith("http://127.0.0.1:")
+        assert f"Open {url} in a browser to join." in log_path.read_text()
         with httpx.Client(base_url=url, timeout=10) as client:
             assert client.get("/").status_code == 200
             assert client.get("/healthz").json()["ok"] is True
@@ -62,9 +51,6 @@ def test_serve_prints_url_and_serves(tmp_path: Path) -> None:
             wheel = lock["packages"]["peertrain-runtime"]["file_name"]
             assert client.get(f"/wheels/{wheel}").content[:2] == b"PK"
             assert client.get("/../pyproject.toml").status_code == 404
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
 
 
 def test_serve_refuses_without_setup(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
