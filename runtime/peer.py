@@ -8,7 +8,6 @@ same computation.
 
 from __future__ import annotations
 
-import importlib
 import json
 import time
 from typing import Any
@@ -32,12 +31,7 @@ class Peer:
 
     def __init__(self, task_info: str | dict[str, Any]) -> None:
         info = json.loads(task_info) if isinstance(task_info, str) else task_info
-        module_name, _, class_name = info["task_import"].partition(":")
-        module = importlib.import_module(module_name)
-        cls = getattr(module, class_name, None)
-        if cls is None:
-            cls = task_class(info["task_import"])
-        self.task: Task = cls(info["settings"])
+        self.task: Task = task_class(info["task_import"])(info["settings"])
         self.task.attach(info.get("assets") or {})
         self.spec = WeightSpec.from_json(info["spec"])
         self.fingerprint: str = info["fingerprint"]

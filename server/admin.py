@@ -72,9 +72,6 @@ def replace_session(relay: Relay, config: SessionConfig) -> Path:
         raise SessionRequestError("this relay's session has no folder; it cannot be replaced")
     relay.store.close()
     archived = archive_session(directory)
-    relay.session = Session.create(relay.package, config, directory=directory)
-    relay.store = Store(directory / "relay.sqlite3")
-    relay.paused = False
-    relay.latest_samples, relay.samples_round = [], None
-    relay._weights_cache = None
+    relay.start_session(Session.create(relay.package, config, directory=directory),
+                        Store(directory / "relay.sqlite3"))
     return archived

@@ -106,6 +106,13 @@ class Relay:
             "version": self.version,
         }
 
+    def start_session(self, session: Session, store: Store) -> None:
+        """Serve ``session`` (with its own store) from now on, forgetting what belonged to the previous one."""
+        self.session, self.store = session, store
+        self.paused = False
+        self.latest_samples, self.samples_round = [], None
+        self._weights_cache = None  # (the caller announces the change: this may run in a worker thread)
+
     def changed(self) -> None:
         self.version += 1
         self._changed.set()

@@ -68,7 +68,8 @@ def join_url(host: str, port: int) -> str:
 
 
 def build_task_wheel(package_manifest: dict, paths: RelayPaths) -> str | None:
-    """A task from a file becomes a wheel browsers install; returns its distribution name."""
+    """A task from a file becomes a wheel browsers install, in the folder the relay serves; returns its
+    distribution name."""
     source = package_manifest.get("task_source")
     if not source:
         return None
@@ -80,7 +81,7 @@ def build_task_wheel(package_manifest: dict, paths: RelayPaths) -> str | None:
         folder = Path(tmp) / module
         folder.mkdir()
         shutil.copy(source, folder / "__init__.py")
-        build_wheels(REPO_ROOT, extra_packages=[(dist, [folder])], log=lambda _: None)
+        build_wheels(REPO_ROOT, extra_packages=[(dist, [folder])], out_dir=paths.wheels, log=lambda _: None)
     return dist
 
 

@@ -55,17 +55,17 @@ def build_pure_wheel(dist_name: str, package_dirs: Sequence[Path], out_dir: Path
 
 
 def build_wheels(repo_root: Path, *, extra_packages: Sequence[tuple[str, Sequence[Path]]] = (),
-                 with_scipy: bool = True, log: assets.Log = print) -> Path:
-    """Rebuild ``wheels/`` from scratch; returns the path of its lock file.
+                 with_scipy: bool = True, out_dir: Path | None = None, log: assets.Log = print) -> Path:
+    """Rebuild ``out_dir`` (default ``wheels/``) from scratch; returns the path of its lock file.
 
     ``extra_packages`` are (distribution name, package folders) pairs, e.g. a custom task module.
     """
     core_dir = repo_root / "web" / "node_modules" / "pyodide"
     cache_dir = repo_root / ".cache" / "pyodide-packages"
-    out_dir = repo_root / "wheels"
+    out_dir = out_dir or repo_root / "wheels"
     entries = assets.fetch_packages(core_dir, cache_dir, with_scipy=with_scipy, log=log)
 
-    staging_dir = out_dir.with_name("wheels.new")
+    staging_dir = out_dir.with_name(out_dir.name + ".new")
     shutil.rmtree(staging_dir, ignore_errors=True)
     staging_dir.mkdir(parents=True)
     for entry in entries:

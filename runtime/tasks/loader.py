@@ -117,7 +117,7 @@ def dry_run(task: Task, data: TaskData, *, seed: int = 0) -> dict[str, float]:
     spec = task.spec()
     if weights.shape != (spec.size,):
         raise TaskError(f"task {task.name!r}: initial weights have shape {weights.shape}, expected ({spec.size},)")
-    unit = first_unit(task, data, seed)
+    unit = unit_for(task, data, 0, seed)
     check_unit_result(task, task.train_unit(weights, unit), spec)
     metrics = task.validate(weights, data.validation)
     if not isinstance(metrics, dict) or task.metric not in metrics:
@@ -126,10 +126,6 @@ def dry_run(task: Task, data: TaskData, *, seed: int = 0) -> dict[str, float]:
     if bad:
         raise TaskError(f"task {task.name!r}: validate returned non-numeric or NaN metrics {bad}")
     return metrics
-
-
-def first_unit(task: Task, data: TaskData, seed: int) -> WorkUnit:
-    return unit_for(task, data, 0, seed)
 
 
 def unit_for(task: Task, data: TaskData, index: int, seed: int, progress: float = 0.0) -> WorkUnit:
