@@ -6,7 +6,9 @@ HTTP API (JSON unless noted; weights, chunks and results are binary wire message
     GET  /api/task                 what a peer needs to build the task (import name, settings, assets, spec)
     GET  /api/events               server-sent events: the session status after every change
     POST /api/join                 {"join_code"?} -> {"peer_id", "token"}
-    POST /api/work                 (peer) -> an assignment with a lease deadline, or {"wait": s, "reason"}
+    POST /api/work[?hold=S]        (peer) -> an assignment with a lease deadline, or {"wait": s, "reason"};
+                                   with hold, a "wait" answer is held up to S s (at most MAX_HOLD_SECONDS and
+                                   half the peer timeout) and work is answered the moment it exists
     GET  /api/weights              (peer) the global weights of the current round
     GET  /api/unit/{index}         (peer, holding a lease on it) the unit's data chunk
     POST /api/result?round=&slot=  (peer) a result message; refused with 4xx and a reason, counted
@@ -19,6 +21,7 @@ Peers authenticate with ``Authorization: Bearer <peer_id>:<token>``, admins with
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hmac
 import io
 import json
@@ -37,6 +40,8 @@ from server.package import Package
 from server.session import Session
 from server.store import Store, StoredResult
 
+MAX_HOLD_SECONDS = 20.0  # longest a POST /api/work?hold=S request is held
+
 
 @dataclass(kw_only=True)
 class RelayOptions:
@@ -46,7 +51,7 @@ class RelayOptions:
     peer_timeout: float = 30.0  # a peer not heard from for this long no longer counts as connected
     min_peers: int | None = None  # peers needed before a round starts (default: k)
     max_update_norm: float = 1e4  # L2 norm of (result - global) above which a result is refused
-    retry_seconds: float = 1.0  # what a waiting peer is told
+    retry_seconds: float = 1.0  # what a waiting peer is told (one that did not hold its request)
 
 
 class Refusal(Exception):
@@ -65,8 +70,11 @@ class Relay:
     version: int = 0
     merging: bool = False
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
+    _work_event: asyncio.Event = field(default_factory=asyncio.Event)
     _merge_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     _weights_cache: tuple[int, bytes] | None = None
+    # (round, slot) -> the accepted result (message dropped) and its decoded weights, until the round merges
+    _decoded: dict[tuple[int, int], tuple[StoredResult, np.ndarray]] = field(default_factory=dict)
     latest_samples: list[dict[str, Any]] = field(default_factory=list)
     samples_round: int | None = None  # rounds merged into the weights latest_samples come from
     _background: set[asyncio.Task[None]] = field(default_factory=set)  # the loop keeps only weak references
@@ -112,11 +120,27 @@ class Relay:
         self.paused = False
         self.latest_samples, self.samples_round = [], None
         self._weights_cache = None  # (the caller announces the change: this may run in a worker thread)
+        self._decoded = {}
 
     def changed(self) -> None:
         self.version += 1
         self._changed.set()
         self._changed = asyncio.Event()
+
+    def work_changed(self) -> None:
+        """Something that can turn a "wait" into work happened (a round opened, a peer joined, an admin
+        action): wake the peers holding ``POST /api/work?hold=S``. Lease expiry wakes nobody; holders see it
+        when their hold ends."""
+        self._work_event.set()
+        self._work_event = asyncio.Event()
+        self.changed()
+
+    async def hold_for_work(self, seconds: float) -> None:
+        """Return after ``work_changed`` or ``seconds``, whichever comes first."""
+        try:
+            await asyncio.wait_for(self._work_event.wait(), timeout=max(seconds, 0.0))
+        except TimeoutError:
+            pass
 
     # -- handing out work -----------------------------------------------------------------------
     def next_assignment(self, peer_id: str) -> dict[str, Any]:
@@ -171,7 +195,18 @@ class Relay:
         return self._weights_cache[1]
 
     # -- checking and merging results -----------------------------------------------------------
+    def accept_result(self, peer_id: str, round_index: int, slot: int, body: bytes) -> StoredResult:
+        """Check and store a result, keeping its decoded weights for the merge (saves reading them back)."""
+        stored, vector = self._checked(peer_id, round_index, slot, body)
+        self.store.add_result(stored)
+        self._decoded[(round_index, slot)] = (dataclasses.replace(stored, message=b""), vector)
+        return stored
+
     def check_result(self, peer_id: str, round_index: int, slot: int, body: bytes) -> StoredResult:
+        """The result as it would be stored; a ``Refusal`` names what is wrong with it."""
+        return self._checked(peer_id, round_index, slot, body)[0]
+
+    def _checked(self, peer_id: str, round_index: int, slot: int, body: bytes) -> tuple[StoredResult, np.ndarray]:
         session = self.session
         if session.done or round_index != session.round:
             raise Refusal(409, "stale_round", f"round {round_index} is not the current round ({session.round})")
@@ -197,17 +232,24 @@ class Relay:
             raise Refusal(422, "update_norm",
                           f"update norm {norm:.4g} exceeds the bound {self.options.max_update_norm}")
         return StoredResult(round_index, slot, by_slot[slot].unit_index, peer_id, header.num_examples,
-                            dict(header.metrics), body)
+                            dict(header.metrics), body), vector
 
     def complete_round_blocking(self) -> dict[str, Any]:
-        """Merge the stored results of the current round (runs in a worker thread)."""
-        session = self.session
-        stored = self.store.results(session.round)
+        """Merge the stored results of the current round (runs in a worker thread).
+
+        The weights come from what ``accept_result`` kept; after a restart they are read back from SQLite.
+        Nothing else writes results meanwhile: every slot of this round is full and the next is not open.
+        """
+        session, round_index = self.session, self.session.round
+        slots = self.store.result_slots(round_index)
+        kept = {slot: self._decoded.pop((round_index, slot)) for slot in slots if (round_index, slot) in self._decoded}
+        if len(kept) < len(slots):
+            for slot, result in self.store.results(round_index).items():
+                if slot not in kept:
+                    kept[slot] = (result, wire.decode(result.message, expect_spec=session.spec)[1])
         by_slot = {a.slot: a for a in session.assignments()}
-        results = []
-        for slot, result in sorted(stored.items()):
-            _, vector = wire.decode(result.message, expect_spec=session.spec)
-            results.append((by_slot[slot], UnitResult(vector, result.num_examples, result.metrics)))
+        results = [(by_slot[slot], UnitResult(vector, result.num_examples, result.metrics))
+                   for slot, (result, vector) in sorted(kept.items())]
         return session.complete_round(results)
 
     def samples_blocking(self, weights: np.ndarray) -> list[dict[str, Any]]:
@@ -235,7 +277,7 @@ class Relay:
                 await asyncio.to_thread(self.complete_round_blocking)
             finally:
                 self.merging = False
-                self.changed()
+                self.work_changed()
             # After the next round is open: peers train meanwhile; the lock keeps the next merge behind it.
             rounds, weights = session.round, session.weights
             self.latest_samples = await asyncio.to_thread(self.samples_blocking, weights)
@@ -308,14 +350,26 @@ def api_routes(relay: Relay) -> list[Route]:
                                                          options.join_code.encode()):
             raise Refusal(403, "join_code", "this session needs a join code")
         peer_id, token = relay.store.add_peer(request.headers.get("user-agent", ""))
-        relay.changed()
+        relay.work_changed()
         return JSONResponse({"peer_id": peer_id, "token": token})
 
     async def work(request: Request) -> Response:
-        peer_id = peer_of(request)
-        if not relay.merging and relay.round_full():  # restarted after a round's last result, before its merge
-            relay.schedule_merge()
-        return JSONResponse(relay.next_assignment(peer_id))
+        try:
+            hold = float(request.query_params.get("hold", 0))
+        except ValueError as error:
+            raise Refusal(400, "bad_query", "hold= must be a number of seconds") from error
+        if not 0 <= hold < float("inf"):
+            raise Refusal(400, "bad_query", "hold= must be a number of seconds, 0 or more")
+        deadline = time.monotonic() + min(hold, MAX_HOLD_SECONDS, options.peer_timeout / 2)
+        while True:
+            peer_id = peer_of(request)  # each pass marks the peer as seen: a held peer stays connected
+            if not relay.merging and relay.round_full():  # restarted after a round's last result, before its merge
+                relay.schedule_merge()
+            job = relay.next_assignment(peer_id)
+            remaining = deadline - time.monotonic()
+            if "wait" not in job or remaining <= 0:
+                return JSONResponse(job | {"wait": 0.0} if hold and "wait" in job else job)
+            await relay.hold_for_work(remaining)
 
     async def weights(request: Request) -> Response:
         peer_of(request)
@@ -338,8 +392,7 @@ def api_routes(relay: Relay) -> list[Route]:
             round_index, slot = int(request.query_params["round"]), int(request.query_params["slot"])
         except (KeyError, ValueError) as error:
             raise Refusal(400, "bad_query", "POST /api/result needs integer round= and slot=") from error
-        stored = relay.check_result(peer_id, round_index, slot, body)
-        relay.store.add_result(stored)
+        relay.accept_result(peer_id, round_index, slot, body)
         relay.store.count("results_accepted")
         relay.changed()
         relay.schedule_merge()
@@ -369,7 +422,7 @@ def api_routes(relay: Relay) -> list[Route]:
             relay.session.stop("stopped by the admin")
         else:
             raise Refusal(404, "unknown_action", f"no admin action {action!r}")
-        relay.changed()
+        relay.work_changed()
         return JSONResponse({"ok": True, "paused": relay.paused, "stopped": relay.session.stopped})
 
     async def create_session(request: Request) -> Response:
@@ -389,7 +442,7 @@ def api_routes(relay: Relay) -> list[Route]:
             raise Refusal(422, "bad_session", str(error)) from error
         async with relay._merge_lock:
             archived = await asyncio.to_thread(admin.replace_session, relay, config)
-        relay.changed()
+        relay.work_changed()
         return JSONResponse({"ok": True, "archived": str(archived), "session": relay.session.describe()})
 
     async def export(request: Request) -> Response:

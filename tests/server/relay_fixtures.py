@@ -78,8 +78,8 @@ class HttpPeer:
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.peer_id}:{self.token}"}
 
-    def work(self) -> dict[str, Any]:
-        response = self.client.post("/api/work", headers=self.headers)
+    def work(self, hold: float | str | None = None) -> dict[str, Any]:
+        response = self.client.post("/api/work" if hold is None else f"/api/work?hold={hold}", headers=self.headers)
         response.raise_for_status()
         return dict(response.json())
 

@@ -11,6 +11,7 @@ import json
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -360,3 +361,54 @@ def test_work_query_needs_a_peer(package: Package, tmp_path: Path) -> None:
     with serving(relay) as client:
         assert_refused(client.post("/api/work"), 401, "unauthorized", "join first")
         assert_refused(client.get("/api/unit/0", headers={"Authorization": "Bearer :"}), 401, "unauthorized", "token")
+
+
+# ---------------------------------------------------------------- held work requests (?hold=S)
+
+
+def test_held_work_request_is_answered_when_the_round_opens(package: Package, tmp_path: Path) -> None:
+    relay = make_relay(package, tmp_path / "session", k=2, passes=2)
+    with serving(relay) as client:
+        first, second = HttpPeer(client), HttpPeer(client)
+        jobs = [first.assignment(), second.assignment()]
+        assert first.train_and_upload(jobs[0]).status_code == 200
+        started = time.monotonic()
+        answer = first.work(hold=0.3)  # nothing changes: held for its 0.3 s, then told to ask again at once
+        assert time.monotonic() - started >= 0.3
+        assert answer["wait"] == 0 and "other peers' units" in answer["reason"]
+        with ThreadPoolExecutor(1) as pool:
+            held = pool.submit(first.work, 15)
+            time.sleep(0.3)
+            assert not held.done()
+            uploaded = time.monotonic()
+            assert second.train_and_upload(jobs[1]).status_code == 200
+            job = held.result(timeout=20)
+        assert time.monotonic() - uploaded < 10  # answered by the merge, not by the end of its hold
+        assert job["round"] == 1 and "slot" in job
+        assert session_status(client)["history"][-1]["participants"] == 2
+
+
+def test_held_work_request_wakes_when_a_peer_joins(package: Package, tmp_path: Path) -> None:
+    relay = make_relay(package, tmp_path / "session", k=2, passes=2)
+    with serving(relay) as client:
+        alone = HttpPeer(client)
+        with ThreadPoolExecutor(1) as pool:
+            held = pool.submit(alone.work, 15)
+            time.sleep(0.3)
+            assert not held.done()
+            joined = time.monotonic()
+            HttpPeer(client)
+            job = held.result(timeout=20)
+        assert time.monotonic() - joined < 10 and job["round"] == 0 and "slot" in job
+
+
+def test_hold_is_capped_by_the_peer_timeout_and_checked(package: Package, tmp_path: Path) -> None:
+    relay = make_relay(package, tmp_path / "session", k=2, peer_timeout=0.6)
+    with serving(relay) as client:
+        alone = HttpPeer(client)
+        started = time.monotonic()
+        answer = alone.work(hold=30)  # held at most half the peer timeout, so the peer never looks gone
+        assert 0.3 <= time.monotonic() - started < 5 and answer["wait"] == 0
+        for bad in ("soon", "-1", "inf", "nan"):
+            assert_refused(client.post(f"/api/work?hold={bad}", headers=alone.headers), 400, "bad_query", "hold=")
+        assert session_status(client)["peers"]["connected"] == 1

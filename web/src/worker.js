@@ -89,7 +89,8 @@ async function trainLoop(joinCode, device) {
   let failures = 0;
   for (;;) {
     try {
-      const job = await api("/api/work", { method: "POST" });
+      // hold: the relay keeps a "wait" answer up to 15 s and answers the moment a round opens (no polling gap).
+      const job = await api("/api/work?hold=15", { method: "POST" });
       failures = 0;
       if (job.done) { report("finished", { reason: job.reason }); return; }
       if (job.wait !== undefined) { report("waiting", { reason: job.reason }); await sleep(job.wait * 1000); continue; }
