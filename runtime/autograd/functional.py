@@ -156,14 +156,15 @@ def causal_self_attention(
 
 
 def where(condition: Any, a: Any, b: Any) -> Tensor:
-    """Elementwise condition ? a : b with broadcasting; the condition (bool) gets no gradient."""
+    """Elementwise condition ? a : b with broadcasting; the condition (bool) gets no gradient.
+
+    A Tensor condition (e.g. a backend comparison) stays where it is; anything else is a host bool array."""
     backend = get_backend()
-    condition = condition.numpy() if isinstance(condition, Tensor) else np.asarray(condition, dtype=bool)
     like = a if isinstance(a, Tensor) else b
     if not isinstance(like, Tensor):
         raise TypeError("where needs at least one Tensor among a and b")
     a, b = as_tensor(a, like), as_tensor(b, like)
-    cond = backend.from_numpy(condition)
+    cond = condition.data if isinstance(condition, Tensor) else backend.from_numpy(np.asarray(condition, dtype=bool))
 
     def backward(grad: Array) -> None:
         if a.requires_grad:

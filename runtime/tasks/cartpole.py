@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from runtime.autograd import Tensor, functional, no_grad, tensor
+from runtime.backend import get_backend
 from runtime.envs.cartpole import MAX_EPISODE_STEPS, CartPoleBatch, Trajectory, episode_seeds, play_episodes
 from runtime.models.mlp import MLPPolicy, preset
 from runtime.nn import Linear
@@ -189,8 +190,13 @@ def policy_loss(policy: MLPPolicy, batch: PolicyBatch, *, clip_ratio: float, ent
     log_prob, log_probs = chosen_log_probs(logits, batch.actions)  # (N,), (N, 2)
     ratio = (log_prob - batch.old_log_probs.astype(log_prob.dtype)).exp()  # (N,)
     advantages = batch.advantages.astype(log_prob.dtype)
-    r = ratio.numpy()
-    clipped = ((advantages > 0) & (r > 1 + clip_ratio)) | ((advantages < 0) & (r < 1 - clip_ratio))
+    sign = np.sign(advantages)
+    limit = (1 + clip_ratio * sign).astype(advantages.dtype)  # 1+e where A > 0, 1-e where A < 0
+    # A row is clipped where its ratio is past the limit in the direction its advantage pulls. The mask is
+    # made where the ratio lives, so a GPU update reads nothing back before the loss.
+    backend = get_backend()
+    past = backend.binary("mul", backend.binary("sub", ratio.data, backend.from_numpy(limit)), backend.from_numpy(sign))
+    clipped = Tensor(backend.compare("gt", past, 0.0))
     bound = np.where(advantages > 0, 1 + clip_ratio, 1 - clip_ratio) * advantages
     surrogate = functional.where(clipped, bound, ratio * advantages)  # (N,)
     loss = -surrogate.mean()

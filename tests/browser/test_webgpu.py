@@ -210,7 +210,7 @@ json.dumps(results)
 """
 
 
-# The hybrid CartPole update: play on the CPU, then one update_policy on each backend from the same weights.
+# The hybrid CartPole update: play on the CPU, then three update_policy steps on each backend from the same weights.
 CARTPOLE_PARITY = r"""
 import json
 import numpy as np
@@ -230,13 +230,17 @@ def update(backend):
     try:
         policy = task.policy(weights)
         optimizer = Adam(policy.parameters(), lr=task.settings.lr)
-        loss = update_policy(policy, optimizer, batch, clip_ratio=task.settings.clip_ratio)
-        return loss, task.flat_weights(policy)
+        losses, reads = [], getattr(getattr(backend, "context", None), "reads", 0)
+        for _ in range(3):  # a tight clip ratio so that later updates have clipped rows
+            losses.append(update_policy(policy, optimizer, batch, clip_ratio=0.02))
+        reads = getattr(getattr(backend, "context", None), "reads", 0) - reads
+        return losses, task.flat_weights(policy), reads
     finally:
         set_backend(previous)
 
-(cpu_loss, cpu_weights), (gpu_loss, gpu_weights) = update(NumpyBackend()), update(gpu)
+(cpu_loss, cpu_weights, _), (gpu_loss, gpu_weights, gpu_reads) = update(NumpyBackend()), update(gpu)
 json.dumps({"rows": len(batch), "weights": int(cpu_weights.size), "losses": [cpu_loss, gpu_loss],
+            "reads_per_update": gpu_reads / 3,
             "max_abs": float(np.abs(cpu_weights - gpu_weights).max()),
             "moved": float(np.abs(cpu_weights - weights).max())})
 """
@@ -340,6 +344,7 @@ def test_cartpole_update_on_webgpu_matches_numpy(worker: Page) -> None:
     assert result["moved"] > 1e-3  # the update changed the weights
     assert result["max_abs"] <= 1e-6
     assert result["losses"][1] == pytest.approx(result["losses"][0], rel=1e-5, abs=1e-6)
+    assert result["reads_per_update"] == 1  # the loss; the clip mask is made on the device
 
 
 def test_transformer_step_on_webgpu_matches_numpy_with_one_read(worker: Page) -> None:
