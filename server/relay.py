@@ -41,6 +41,7 @@ from server.session import Session
 from server.store import Store, StoredResult
 
 MAX_HOLD_SECONDS = 20.0  # longest a POST /api/work?hold=S request is held
+HANDOUT_TURNS = 3  # event-loop turns given to woken held requests after a merge (each answers in one or two)
 
 
 @dataclass(kw_only=True)
@@ -280,6 +281,8 @@ class Relay:
                 self.work_changed()
             # After the next round is open: peers train meanwhile; the lock keeps the next merge behind it.
             rounds, weights = session.round, session.weights
+            for _ in range(HANDOUT_TURNS):  # let the woken held requests take their units before the samples'
+                await asyncio.sleep(0)      # thread starts competing with this loop for the GIL
             self.latest_samples = await asyncio.to_thread(self.samples_blocking, weights)
             self.samples_round = rounds
             self.changed()

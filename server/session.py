@@ -117,6 +117,7 @@ class Session:
         self.best_metric: float | None = None
         self.best_round: int | None = None  # None: the initial weights
         self.stopped: str | None = None  # why the session ended early
+        self._assignments: tuple[int, tuple[Assignment, ...]] | None = None  # the last round asked for
 
     # -- starting and resuming ------------------------------------------------------------------
     @classmethod
@@ -184,8 +185,13 @@ class Session:
         return self.task.metric
 
     def assignments(self, round_index: int | None = None) -> list[Assignment]:
-        """The assignments of ``round_index`` (default: the current round)."""
-        return self.plan.units_for_round(self.round if round_index is None else round_index)
+        """The assignments of ``round_index`` (default: the current round).
+
+        The relay asks for them on every request; they are drawn (a seed per unit) once per round."""
+        index = self.round if round_index is None else round_index
+        if self._assignments is None or self._assignments[0] != index:
+            self._assignments = (index, tuple(self.plan.units_for_round(index)))
+        return list(self._assignments[1])
 
     def work_unit(self, assignment: Assignment) -> WorkUnit:
         """What ``task.train_unit`` needs for ``assignment`` (the chunk, or the episode budget, and the seed)."""
