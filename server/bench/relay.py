@@ -149,6 +149,12 @@ async def upload(client: httpx.AsyncClient, peer: SimPeer, job: dict[str, Any], 
     return started, ended, len(body)
 
 
+async def upload_and_ask(client: httpx.AsyncClient, peer: SimPeer, job: dict[str, Any], body: bytes,
+                         ) -> tuple[tuple[float, float, int], tuple[dict[str, Any], float]]:
+    uploaded = await upload(client, peer, job, body)
+    return uploaded, await ask_for_work(client, peer)
+
+
 async def wait_for_round(client: httpx.AsyncClient, round_index: int, *, samples: bool = False) -> dict[str, Any]:
     """Until ``round_index`` rounds are merged (and, with ``samples``, the page's samples made from them)."""
     while True:
@@ -161,7 +167,9 @@ async def wait_for_round(client: httpx.AsyncClient, round_index: int, *, samples
 
 async def drive(url: str, package: Package, k: int, rounds: int, perturbation: float,
                 figures: KFigures) -> None:
-    limits = httpx.Limits(max_connections=k + 4, max_keepalive_connections=k + 4)
+    # Idle connections are dropped here before uvicorn's 5 s keep-alive closes them: a request sent on a
+    # connection the server is closing at that moment fails with ReadError.
+    limits = httpx.Limits(max_connections=k + 4, max_keepalive_connections=k + 4, keepalive_expiry=2.0)
     async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
         rng = np.random.default_rng(0)
         peers = []
@@ -178,10 +186,11 @@ async def drive(url: str, package: Package, k: int, rounds: int, perturbation: f
             header = wire.WireHeader(spec=package.spec, round=round_index, fingerprint=package.fingerprint,
                                      num_examples=1000, metrics={"train_loss": 1.0})
             bodies = [fake_result(peer, header) for peer in peers]  # before the clock: the peers' own work
-            uploads = await asyncio.gather(*(upload(client, peer, job, body)
-                                             for peer, job, body in zip(peers, jobs, bodies, strict=True)))
+            # Each peer asks for its next unit as soon as its upload is answered, as the page's worker does.
+            done = await asyncio.gather(*(upload_and_ask(client, peer, job, body)
+                                          for peer, job, body in zip(peers, jobs, bodies, strict=True)))
+            uploads, asked = [pair[0] for pair in done], [pair[1] for pair in done]
             last_end = max(end for _, end, _ in uploads)
-            asked = await asyncio.gather(*(ask_for_work(client, peer) for peer in peers))
             available = max(at for _, at in asked)
             status = await wait_for_round(client, round_index + 1)
             # Real peers train for seconds now; these would queue the next merge behind the samples.
