@@ -198,16 +198,14 @@ class Relay:
     # -- checking and merging results -----------------------------------------------------------
     def accept_result(self, peer_id: str, round_index: int, slot: int, body: bytes) -> StoredResult:
         """Check and store a result, keeping its decoded weights for the merge (saves reading them back)."""
-        stored, vector = self._checked(peer_id, round_index, slot, body)
+        stored, vector = self.check_result(peer_id, round_index, slot, body)
         self.store.add_result(stored)
         self._decoded[(round_index, slot)] = (dataclasses.replace(stored, message=b""), vector)
         return stored
 
-    def check_result(self, peer_id: str, round_index: int, slot: int, body: bytes) -> StoredResult:
-        """The result as it would be stored; a ``Refusal`` names what is wrong with it."""
-        return self._checked(peer_id, round_index, slot, body)[0]
-
-    def _checked(self, peer_id: str, round_index: int, slot: int, body: bytes) -> tuple[StoredResult, np.ndarray]:
+    def check_result(self, peer_id: str, round_index: int, slot: int,
+                     body: bytes) -> tuple[StoredResult, np.ndarray]:
+        """The result as it would be stored, and its decoded weights; a ``Refusal`` names what is wrong."""
         session = self.session
         if session.done or round_index != session.round:
             raise Refusal(409, "stale_round", f"round {round_index} is not the current round ({session.round})")

@@ -10,7 +10,7 @@ perturbation, all k at once. Per round it measures
 * the relay's own time: from the last upload's end until every peer holds its next assignment (peers
   ask with ``POST /api/work?hold=S``, as browsers do, so the relay answers the moment the round opens)
   minus the validation time the session records (``history[-1].seconds``), split into merge (recorded)
-  and the rest (reading results back, checkpoint, handing out the next round);
+  and the rest (the results' checks, checkpoint, handing out the next round);
 * the weights fan-out: from the peers holding their assignments until all k hold the round's weights;
 * the page's samples (generated text), which the relay makes after opening the next round: how long
   after it they appear. The bench waits for them before the next uploads, as real peers would still be
