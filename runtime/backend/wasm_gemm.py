@@ -159,9 +159,8 @@ def matmul(gemm: Callable[..., None], a: np.ndarray, b: np.ndarray) -> np.ndarra
     if b.shape[-2] != k:
         raise ValueError(f"matmul: shapes {a.shape} and {b.shape} do not agree")
     batch = tuple(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
-    out = np.empty(batch + (m, n), dtype=np.float32)
-    if not out.size or k == 0:
-        return None
+    if not math.prod(batch) * m * n * k:
+        return None  # an empty product: numpy's
     a_bs, b_bs = _batch_stride(a, batch), _batch_stride(b, batch)
     if a_bs is None:
         a = np.ascontiguousarray(np.broadcast_to(a, batch + a.shape[-2:]))
@@ -169,6 +168,7 @@ def matmul(gemm: Callable[..., None], a: np.ndarray, b: np.ndarray) -> np.ndarra
     if b_bs is None:
         b = np.ascontiguousarray(np.broadcast_to(b, batch + b.shape[-2:]))
         b_bs = k * n * 4
+    out = np.empty(batch + (m, n), dtype=np.float32)
     gemm(_address(a), _address(b), _address(out), m, n, k, a.strides[-2], a.strides[-1], b.strides[-2],
          math.prod(batch), a_bs, b_bs, m * n * 4)
     return out

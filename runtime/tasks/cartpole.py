@@ -190,15 +190,14 @@ def policy_loss(policy: MLPPolicy, batch: PolicyBatch, *, clip_ratio: float, ent
     log_prob, log_probs = chosen_log_probs(logits, batch.actions)  # (N,), (N, 2)
     ratio = (log_prob - batch.old_log_probs.astype(log_prob.dtype)).exp()  # (N,)
     advantages = batch.advantages.astype(log_prob.dtype)
-    sign = np.sign(advantages)
-    limit = (1 + clip_ratio * sign).astype(advantages.dtype)  # 1+e where A > 0, 1-e where A < 0
-    # A row is clipped where its ratio is past the limit in the direction its advantage pulls. The mask is
+    limit = np.where(advantages > 0, 1 + clip_ratio, 1 - clip_ratio)  # the ratio's bound per row
+    # A row is clipped where its ratio is past the bound in the direction its advantage pulls. The mask is
     # made where the ratio lives, so a GPU update reads nothing back before the loss.
     backend = get_backend()
-    past = backend.binary("mul", backend.binary("sub", ratio.data, backend.from_numpy(limit)), backend.from_numpy(sign))
+    past = backend.binary("sub", ratio.data, backend.from_numpy(limit.astype(advantages.dtype)))
+    past = backend.binary("mul", past, backend.from_numpy(np.sign(advantages)))
     clipped = Tensor(backend.compare("gt", past, 0.0))
-    bound = np.where(advantages > 0, 1 + clip_ratio, 1 - clip_ratio) * advantages
-    surrogate = functional.where(clipped, bound, ratio * advantages)  # (N,)
+    surrogate = functional.where(clipped, limit * advantages, ratio * advantages)  # (N,)
     loss = -surrogate.mean()
     if entropy_bonus:
         entropy = -(log_probs.exp() * log_probs).sum(axis=1).mean()
