@@ -34,8 +34,8 @@ $(STAMPS)/npm: web/package.json web/package-lock.json
 	cd web && npm ci --no-audit --no-fund --loglevel=error
 	@touch $@
 
-wheels/pyodide-lock.json: $(STAMPS)/venv $(STAMPS)/npm $(RUNTIME_SOURCES) server/wheels.py server/assets.py
-	$(PY) -m server.wheels
+wheels/pyodide-lock.json: $(STAMPS)/venv $(STAMPS)/npm $(RUNTIME_SOURCES) server/build/wheels.py server/build/assets.py
+	$(PY) -m server.build.wheels
 
 # PyTorch is a test oracle and benchmark anchor only; its CPU build exists for Python 3.11 here.
 # When it cannot be installed, the parity tests skip and say why.

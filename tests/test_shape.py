@@ -1,4 +1,4 @@
-"""House rules that keep the code base in shape (STYLE.md): module size and dependency direction."""
+"""House rules that keep the code base in shape: module size, dependency direction, no import cycles."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from import_graph import closed_path, cycles, import_graph
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 MAX_MODULE_LINES = 500
@@ -64,3 +65,32 @@ def test_the_import_check_catches_violations(tmp_path: Path) -> None:
     finally:
         bad.unlink()
     assert [p.split(" imports ")[1] for p in problems] == ["starlette", "server", "js"]
+
+
+def test_no_import_cycles_among_the_projects_modules() -> None:
+    """Dependencies run one way (cli -> relay / session -> runtime); a cycle is named with its path."""
+    graph = import_graph(REPO_ROOT, PACKAGES)
+    assert len(graph) > 50  # the graph really covers the packages
+    found = [" -> ".join(closed_path(graph, component)) for component in cycles(graph)]
+    assert found == [], "import cycles:\n" + "\n".join(found)
+
+
+def test_the_cycle_check_finds_a_synthetic_cycle(tmp_path: Path) -> None:
+    """The check above must be able to fail: a package whose modules import each other in every way the
+    check counts (module level, relative, inside a function, under TYPE_CHECKING, a package __init__)."""
+    package = tmp_path / "knot"
+    (package / "inner").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "a.py").write_text("from knot import b\n")
+    (package / "b.py").write_text("def later():\n    from .c import value\n    return value\n")
+    (package / "c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import knot.a\nvalue = 1\n")
+    (package / "inner" / "__init__.py").write_text("from knot.inner.leaf import thing\n")
+    (package / "inner" / "leaf.py").write_text("import numpy\nfrom knot.inner import other\nthing = 1\n")
+    (package / "inner" / "other.py").write_text("import os\n")
+    (package / "clean.py").write_text("from knot import a\nimport knot.inner.other\n")
+    graph = import_graph(tmp_path, ["knot"])
+    assert graph["knot.clean"] == {"knot.a", "knot.inner.other"}
+    assert cycles(graph) == [["knot.a", "knot.b", "knot.c"]]
+    assert closed_path(graph, ["knot.a", "knot.b", "knot.c"]) == ["knot.a", "knot.b", "knot.c", "knot.a"]
+    (package / "inner" / "leaf.py").write_text("from knot.inner import thing as _\nthing = 1\n")
+    assert ["knot.inner", "knot.inner.leaf"] in cycles(import_graph(tmp_path, ["knot"]))

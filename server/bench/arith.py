@@ -23,8 +23,8 @@ import numpy as np
 
 from runtime.tasks.arith import ArithTask
 from runtime.tasks.base import WorkUnit
-from server.bpe import REPORT_ARITH_SEED, REPORT_NUM_EXAMPLES, REPORT_NUM_MERGES
-from server.package import host_services
+from server.session.bpe import REPORT_ARITH_SEED, REPORT_NUM_EXAMPLES, REPORT_NUM_MERGES
+from server.session.package import host_services
 
 REPORT_EPOCH_SECONDS = 4.0
 REPORT_SETTINGS: dict[str, Any] = {"seed": REPORT_ARITH_SEED, "num_examples": REPORT_NUM_EXAMPLES,
@@ -89,7 +89,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from server.cli import parse_sets
+    from server.cli.options import parse_sets
 
     settings = REPORT_SETTINGS | parse_sets(args.arith_set)
     runs: dict[str, ArithRun] = {}

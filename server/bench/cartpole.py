@@ -21,7 +21,6 @@ from typing import Any
 from runtime.merge import Result, make_merge
 from runtime.planner import RoundPlan
 from runtime.tasks.cartpole import CartPoleTask
-from runtime.tasks.loader import unit_for
 
 SOLVED_RETURN = 500.0
 TARGET_SEEDS = 4
@@ -58,7 +57,7 @@ def run_session(
         start = time.perf_counter()
         results = []
         for assignment in plan.units_for_round(round_index):
-            unit = unit_for(task, data, assignment.unit_index, assignment.unit_seed)
+            unit = task.work_unit(data, assignment.unit_index, assignment.unit_seed)
             result = task.train_unit(weights, unit)
             results.append(Result(result.weights, result.num_examples))
         weights = method.merge(weights, results)
@@ -83,7 +82,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from server.cli import parse_sets
+    from server.cli.options import parse_sets
 
     settings: dict[str, Any] = {"episodes_per_unit": args.cartpole_episodes, **parse_sets(args.cartpole_sets)}
     rounds, participants, merge = args.cartpole_rounds, args.cartpole_participants, args.cartpole_merge

@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from server.simulate import MergeChoice, compare, fmt
+from server.session.simulator import MergeChoice, compare, fmt
 
 SETTINGS = [
     MergeChoice("fedavg"),
@@ -70,7 +70,7 @@ def results_table(series: dict[str, list[float | None]], target_round: int) -> t
 
 def run(args: argparse.Namespace) -> int:
     from runtime.planner import RoundPlan
-    from server.package import build_package
+    from server.session.package import build_package
 
     started = time.perf_counter()
     out: Path = args.out
@@ -83,9 +83,7 @@ def run(args: argparse.Namespace) -> int:
     task, data = package.task, package.data
     unit = plan.units_for_round(0)[0]
     clock = time.perf_counter()
-    from runtime.tasks.loader import unit_for
-
-    task.train_unit(package.initial_weights, unit_for(task, data, unit.unit_index, unit.unit_seed))
+    task.train_unit(package.initial_weights, task.work_unit(data, unit.unit_index, unit.unit_seed))
     unit_seconds = time.perf_counter() - clock
     clock = time.perf_counter()
     task.validate(package.initial_weights, data.validation)

@@ -40,11 +40,10 @@ import httpx
 import numpy as np
 
 from runtime import wire
-from runtime.tasks.loader import unit_for
-from server.browser import relay_process
-from server.package import Package, build_package
+from server.browser.launcher import relay_process
+from server.relay.client import AsyncRelayClient, result_call, status_call, weights_call, work_call
+from server.session.package import Package, build_package
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 ADMIN = "bench-relay"
 POLL_SECONDS = 0.01
 HOLD_SECONDS = 15.0
@@ -107,16 +106,16 @@ def serve_arguments(package: Path, session_dir: Path, k: int, passes: int) -> li
 
 @dataclass
 class SimPeer:
-    headers: dict[str, str]
+    relay: AsyncRelayClient  # this peer's credentials over the bench's shared connection pool
     perturbation: np.ndarray
     weights: np.ndarray | None = None
     weights_round: int | None = None
 
 
-async def ask_for_work(client: httpx.AsyncClient, peer: SimPeer) -> tuple[dict[str, Any], float]:
+async def ask_for_work(peer: SimPeer) -> tuple[dict[str, Any], float]:
     """The next assignment and when it arrived; the request is held until a round has work for this peer."""
     while True:
-        job = (await client.post(f"/api/work?hold={HOLD_SECONDS}", headers=peer.headers)).json()
+        job = await peer.relay.call(work_call(HOLD_SECONDS))
         if "slot" in job:
             return dict(job), time.perf_counter()
         if job.get("done"):
@@ -124,9 +123,8 @@ async def ask_for_work(client: httpx.AsyncClient, peer: SimPeer) -> tuple[dict[s
         await asyncio.sleep(float(job.get("wait", POLL_SECONDS)))
 
 
-async def fetch_weights(client: httpx.AsyncClient, peer: SimPeer, round_index: int) -> float:
-    response = await client.get("/api/weights", headers=peer.headers)
-    header, vector = wire.decode(response.content)
+async def fetch_weights(peer: SimPeer, round_index: int) -> float:
+    header, vector = wire.decode(await peer.relay.call(weights_call()))
     peer.weights, peer.weights_round = vector, header.round
     assert header.round == round_index, (header.round, round_index)
     return time.perf_counter()
@@ -138,27 +136,22 @@ def fake_result(peer: SimPeer, header: wire.WireHeader) -> bytes:
     return wire.encode(peer.weights + peer.perturbation, header)
 
 
-async def upload(client: httpx.AsyncClient, peer: SimPeer, job: dict[str, Any], body: bytes,
-                 ) -> tuple[float, float, int]:
+async def upload(peer: SimPeer, job: dict[str, Any], body: bytes) -> tuple[float, float, int]:
     started = time.perf_counter()
-    response = await client.post(f"/api/result?round={job['round']}&slot={job['slot']}", content=body,
-                                 headers=peer.headers)
-    ended = time.perf_counter()
-    if response.status_code != 200:
-        raise RuntimeError(f"upload refused: {response.status_code} {response.text}")
-    return started, ended, len(body)
+    await peer.relay.call(result_call(job["round"], job["slot"], body))  # a refusal raises RelayRefusal
+    return started, time.perf_counter(), len(body)
 
 
-async def upload_and_ask(client: httpx.AsyncClient, peer: SimPeer, job: dict[str, Any], body: bytes,
+async def upload_and_ask(peer: SimPeer, job: dict[str, Any], body: bytes,
                          ) -> tuple[tuple[float, float, int], tuple[dict[str, Any], float]]:
-    uploaded = await upload(client, peer, job, body)
-    return uploaded, await ask_for_work(client, peer)
+    uploaded = await upload(peer, job, body)
+    return uploaded, await ask_for_work(peer)
 
 
-async def wait_for_round(client: httpx.AsyncClient, round_index: int, *, samples: bool = False) -> dict[str, Any]:
+async def wait_for_round(relay: AsyncRelayClient, round_index: int, *, samples: bool = False) -> dict[str, Any]:
     """Until ``round_index`` rounds are merged (and, with ``samples``, the page's samples made from them)."""
     while True:
-        status = (await client.get("/api/session")).json()
+        status = await relay.call(status_call())
         if status["round"] >= round_index and not status["merging"] and (
                 not samples or (status.get("samples_round") or 0) >= round_index):
             return dict(status)
@@ -172,29 +165,30 @@ async def drive(url: str, package: Package, k: int, rounds: int, perturbation: f
     limits = httpx.Limits(max_connections=k + 4, max_keepalive_connections=k + 4, keepalive_expiry=2.0)
     async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
         rng = np.random.default_rng(0)
+        observer = AsyncRelayClient(client)
         peers = []
         for _ in range(k):
-            joined = (await client.post("/api/join", json={})).json()
-            peers.append(SimPeer({"Authorization": f"Bearer {joined['peer_id']}:{joined['token']}"},
-                                 (rng.standard_normal(package.spec.size) * perturbation).astype(np.float32)))
-        asked = await asyncio.gather(*(ask_for_work(client, peer) for peer in peers))
+            relay = AsyncRelayClient(client)
+            await relay.join()
+            peers.append(SimPeer(relay, (rng.standard_normal(package.spec.size) * perturbation).astype(np.float32)))
+        asked = await asyncio.gather(*(ask_for_work(peer) for peer in peers))
         available = max(at for _, at in asked)
         for round_index in range(rounds):
             jobs = [job for job, _ in asked]
-            fetched = await asyncio.gather(*(fetch_weights(client, peer, round_index) for peer in peers))
+            fetched = await asyncio.gather(*(fetch_weights(peer, round_index) for peer in peers))
             fan_out = max(fetched) - available
             header = wire.WireHeader(spec=package.spec, round=round_index, fingerprint=package.fingerprint,
                                      num_examples=1000, metrics={"train_loss": 1.0})
             bodies = [fake_result(peer, header) for peer in peers]  # before the clock: the peers' own work
             # Each peer asks for its next unit as soon as its upload is answered, as the page's worker does.
-            done = await asyncio.gather(*(upload_and_ask(client, peer, job, body)
+            done = await asyncio.gather(*(upload_and_ask(peer, job, body)
                                           for peer, job, body in zip(peers, jobs, bodies, strict=True)))
             uploads, asked = [pair[0] for pair in done], [pair[1] for pair in done]
             last_end = max(end for _, end, _ in uploads)
             available = max(at for _, at in asked)
-            status = await wait_for_round(client, round_index + 1)
+            status = await wait_for_round(observer, round_index + 1)
             # Real peers train for seconds now; these would queue the next merge behind the samples.
-            await wait_for_round(client, round_index + 1, samples=True)
+            await wait_for_round(observer, round_index + 1, samples=True)
             sampled = time.perf_counter()
             seconds = status["history"][-1]["seconds"]
             first_start = min(start for start, _, _ in uploads)
@@ -229,7 +223,7 @@ def check_seconds(package: Package, repeats: int = 5) -> float:
 def training_seconds(package: Package) -> float:
     """One bytetext unit trained natively, as a peer would (the anchor)."""
     task, data = package.task, package.data
-    unit = unit_for(task, data, 0, 1)
+    unit = task.work_unit(data, 0, 1)
     started = time.perf_counter()
     task.train_unit(package.initial_weights, unit)
     return time.perf_counter() - started
@@ -261,7 +255,7 @@ json.dumps({"seconds": time.perf_counter() - started, "unit": job["unit_index"]}
 
 def browser_training_seconds(package: Package, work: Path) -> float:
     """One bytetext unit trained in the page's worker (Pyodide in headless Chromium, its default matmul)."""
-    from server.browser import relay_process, run_in_worker, worker_page
+    from server.browser.launcher import relay_process, run_in_worker, worker_page
 
     arguments = serve_arguments(package.path, work / "session-browser", 1, 1)
     with relay_process(*arguments, log_path=work / "serve-browser.log") as url, worker_page(url) as page:

@@ -18,7 +18,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from server.paths import REPO_ROOT
+
 TORCH_PYTHON = Path(os.environ.get("PEERTRAIN_TORCH_PYTHON", REPO_ROOT / ".venv-torch" / "bin" / "python"))
 TORCH_ORACLE = REPO_ROOT / "tests" / "runtime" / "torch_oracle.py"
 
@@ -57,7 +58,7 @@ def measure_torch(config: str, steps: int) -> dict[str, Any] | str:
 
 def measure_pyodide(config: str, steps: int, *, query: str = "") -> dict[str, Any] | str:
     """In the page's worker, the page opened with ``query`` (e.g. ``?blas=numpy``); notes the page's matmul."""
-    from server.browser import relay_process, run_in_worker, worker_page
+    from server.browser.launcher import relay_process, run_in_worker, worker_page
 
     with relay_process("--no-session") as url, worker_page(url + query) as page:
         row = json.loads(run_in_worker(page, measure_code(config, steps, 1)))

@@ -17,19 +17,20 @@ from typing import Any
 MEASURE = """
 import json
 from runtime.backend.webgpu import create_backend
-from runtime.device import choose_device, probe_for_model
-from runtime.models.mlp import MLPPolicy, preset as mlp_preset
-from runtime.models.transformer import Transformer, preset as transformer_preset
+from runtime.device import choose_device
+from runtime.tasks.bytetext import ByteTextTask
+from runtime.tasks.cartpole import CartPoleTask
 
 gpu = await create_backend()
 rows = []
-models = [("CartPole policy 4-16-2", MLPPolicy(mlp_preset("4-16-2"), 0), {{"rows": {rows}}}, "{rows} steps")]
+models = [("CartPole policy 4-16-2", CartPoleTask({{"model": "4-16-2"}}), {{"rows": {rows}}}, "{rows} steps")]
 if {bytelm}:
-    models.append(("bytelm-2.3mb", Transformer(transformer_preset("bytelm-2.3mb"), 0), {{"batch_size": {batch}}},
+    models.append(("bytelm-2.3mb", ByteTextTask({{"model": "bytelm-2.3mb"}}), {{"batch_size": {batch}}},
                    "{batch} x 64 tokens"))
-for name, model, options, batch in models:
+for name, task, options, batch in models:
+    model = task.build_model(0)
     before = (gpu.context.dispatches, gpu.context.reads)
-    choice, _ = await choose_device("auto", probe_for_model(model, **options), steps={steps}, report=False)
+    choice, _ = await choose_device("auto", task.device_probe(**options), steps={steps}, report=False)
     dispatches, reads = gpu.context.dispatches - before[0], gpu.context.reads - before[1]
     rows.append({{"model": name, "weights": model.num_parameters(), "batch": batch, "cpu_ms": choice.cpu_ms,
                   "webgpu_ms": choice.webgpu_ms, "auto": choice.chosen,
@@ -46,7 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
-    from server.browser import relay_process, run_in_worker, worker_page
+    from server.browser.launcher import relay_process, run_in_worker, worker_page
 
     code = MEASURE.format(rows=args.rows, batch=args.batch, steps=args.steps, bytelm=not args.skip_bytelm)
     with relay_process("--no-session") as url, worker_page(url) as page:

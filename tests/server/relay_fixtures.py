@@ -1,9 +1,9 @@
 """Helpers for the relay tests: a small package, a relay with its app, and native peers that talk HTTP.
 
-A ``HttpPeer`` does what the browser's worker does, over any client with httpx's interface (Starlette's
-``TestClient`` in-process, or ``httpx.Client`` against a ``peertrain serve`` subprocess): join, ask for
-work, fetch the weights and the unit's chunk, train with ``runtime.peer.Peer`` (the module a browser
-runs) and upload the result message.
+A ``HttpPeer`` does what the browser's worker does, through the relay's Python client over any client
+with httpx's interface (Starlette's ``TestClient`` in-process, or ``httpx.Client`` against a
+``peertrain serve`` subprocess): join, ask for work, fetch the weights and the unit's chunk, train with
+``runtime.peer.Peer`` (the module a browser runs) and upload the result message.
 """
 
 from __future__ import annotations
@@ -22,11 +22,12 @@ from starlette.testclient import TestClient
 from runtime import wire
 from runtime.peer import Peer
 from runtime.tasks import UnitResult
-from server.app import RelayPaths, create_app
-from server.package import Package, build_package
-from server.relay import Relay, RelayOptions
-from server.session import Session, SessionConfig
-from server.store import Store, StoredResult
+from server.relay.app import RelayPaths, create_app
+from server.relay.client import RelayClient, result_call
+from server.relay.sqlite_store import Store, StoredResult
+from server.relay.state import Relay, RelayOptions
+from server.session.package import Package, build_package
+from server.session.session import Session, SessionConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO_ROOT / "examples" / "majority_task.py"
@@ -62,26 +63,30 @@ def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-class HttpPeer:
-    """A native peer speaking the relay's HTTP API through ``client`` (TestClient or httpx.Client)."""
+class HttpPeer(RelayClient):
+    """A native peer speaking the relay's HTTP API (``server.relay.client``) through ``client`` (TestClient or
+    httpx.Client): joined at once, with the task built as a browser builds it."""
 
     def __init__(self, client: httpx.Client, *, join_code: str | None = None) -> None:
-        self.client = client
-        response = client.post("/api/join", json={"join_code": join_code} if join_code else {})
-        response.raise_for_status()
-        joined = response.json()
-        self.peer_id: str = joined["peer_id"]
-        self.token: str = joined["token"]
-        self.peer = Peer(client.get("/api/task").json())
+        super().__init__(client)
+        credentials = self.join(join_code)
+        self.peer_id: str = credentials.peer_id
+        self.token: str = credentials.token
+        self.peer = Peer(self.task())
+
+    @property
+    def client(self) -> httpx.Client:
+        """The HTTP client this peer speaks through (a test may point it at a restarted relay)."""
+        return self.http  # type: ignore[no-any-return]
+
+    @client.setter
+    def client(self, client: httpx.Client) -> None:
+        self.http = client
 
     @property
     def headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.peer_id}:{self.token}"}
-
-    def work(self, hold: float | str | None = None) -> dict[str, Any]:
-        response = self.client.post("/api/work" if hold is None else f"/api/work?hold={hold}", headers=self.headers)
-        response.raise_for_status()
-        return dict(response.json())
+        assert self.credentials is not None
+        return self.credentials.headers
 
     def assignment(self) -> dict[str, Any]:
         """The next assignment; fails the test when the relay says wait or done instead."""
@@ -89,23 +94,16 @@ class HttpPeer:
         assert "slot" in job, f"expected an assignment, got {job}"
         return job
 
-    def weights(self) -> bytes:
-        response = self.client.get("/api/weights", headers=self.headers)
-        response.raise_for_status()
-        return response.content
-
     def train(self, job: dict[str, Any]) -> bytes:
         """Fetch the round's weights and the unit's chunk, train natively, return the result message."""
         if self.peer.weights_round != job["round"]:
             self.peer.set_weights(self.weights())
-        unit = self.client.get(f"/api/unit/{job['unit_index']}", headers=self.headers)
-        unit.raise_for_status()
-        return self.peer.train(job, unit.content)
+        return self.peer.train(job, self.unit(job["unit_index"]))
 
     def upload(self, round_index: int | str, slot: int | str, body: bytes,
                headers: dict[str, str] | None = None) -> httpx.Response:
-        return self.client.post(f"/api/result?round={round_index}&slot={slot}", content=body,
-                                headers=self.headers if headers is None else headers)
+        """The raw answer to a result upload (tests examine refusals); ``headers`` replace the peer's own."""
+        return self.send(result_call(round_index, slot, body), headers=headers)
 
     def train_and_upload(self, job: dict[str, Any] | None = None) -> httpx.Response:
         job = job or self.assignment()
@@ -113,7 +111,7 @@ class HttpPeer:
 
 
 def session_status(client: httpx.Client) -> dict[str, Any]:
-    return dict(client.get("/api/session").json())
+    return RelayClient(client).status()
 
 
 def wait_for_round(client: httpx.Client, round_index: int, timeout: float = 30.0) -> dict[str, Any]:

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from relay_fixtures import ADMIN_TOKEN, HttpPeer, build_small_package, make_relay, run_round, serving, session_status
 
-from server.package import Package
-from server.session import Session
+from server.session.package import Package
+from server.session.session import Session
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from server import assets
+from server.build import assets
 
 
 def make_official_lock(core: Path, files: dict[str, bytes]) -> None:

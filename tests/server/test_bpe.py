@@ -15,7 +15,7 @@ from runtime.data.arith import (  # noqa: E402
     validation_problems,
 )
 from runtime.data.tokenizer import EOS, PAD, Tokenizer, glued_tokens, inspect_tokenization  # noqa: E402
-from server.bpe import (  # noqa: E402
+from server.session.bpe import (  # noqa: E402
     REPORT_ARITH_SEED,
     REPORT_NUM_EXAMPLES,
     REPORT_NUM_MERGES,

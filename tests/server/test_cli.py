@@ -8,8 +8,8 @@ import httpx
 import pytest
 
 from server import cli
-from server.app import RelayPaths
-from server.browser import relay_process
+from server.browser.launcher import relay_process
+from server.relay.app import RelayPaths
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -54,8 +54,9 @@ def test_serve_prints_url_and_serves(tmp_path: Path) -> None:
 
 
 def test_serve_refuses_without_setup(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from server.serve import serve
+    from server.cli.commands import build_parser
+    from server.cli.serve import run as serve
 
-    args = cli.build_parser().parse_args(["serve", "--port", "0", "--no-session"])
+    args = build_parser().parse_args(["serve", "--port", "0", "--no-session"])
     assert serve(args, paths=RelayPaths(web=tmp_path, wheels=tmp_path)) == 2
     assert "make setup" in capsys.readouterr().err

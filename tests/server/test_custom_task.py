@@ -10,9 +10,8 @@ import pytest
 
 from runtime.merge import Result, make_merge
 from runtime.tasks import TaskError, load_task, task_class
-from runtime.tasks.loader import unit_for
 from server import cli
-from server.package import Package, build_package
+from server.session.package import Package, build_package
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO_ROOT / "examples" / "majority_task.py"
@@ -33,7 +32,7 @@ def test_example_task_packages_and_learns(tmp_path: Path) -> None:
     before = task.validate(weights, data.validation)["accuracy"]
     fedavg = make_merge("fedavg")
     for round_index in range(3):
-        results = [task.train_unit(weights, unit_for(task, data, (2 * round_index + i) % 4, 10 * round_index + i))
+        results = [task.train_unit(weights, task.work_unit(data, (2 * round_index + i) % 4, 10 * round_index + i))
                    for i in range(2)]
         weights = fedavg.merge(weights, [Result(r.weights, r.num_examples) for r in results])
     after = task.validate(weights, data.validation)["accuracy"]
@@ -94,8 +93,8 @@ def test_replaying_a_unit_is_bit_identical() -> None:
     task = load_task(str(EXAMPLE))
     data = task.prepare()
     weights = task.initial_weights(0)
-    first = task.train_unit(weights, unit_for(task, data, 2, 99)).weights
-    again = task.train_unit(weights, unit_for(task, data, 2, 99)).weights
-    other = task.train_unit(weights, unit_for(task, data, 2, 100)).weights
+    first = task.train_unit(weights, task.work_unit(data, 2, 99)).weights
+    again = task.train_unit(weights, task.work_unit(data, 2, 99)).weights
+    other = task.train_unit(weights, task.work_unit(data, 2, 100)).weights
     assert np.array_equal(first, again)
     assert not np.array_equal(first, other)

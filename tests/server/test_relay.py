@@ -35,8 +35,8 @@ from safetensors.numpy import load as load_safetensors
 from starlette.testclient import TestClient
 
 from runtime import wire
-from server.package import Package
-from server.relay import Relay
+from server.relay.state import Relay
+from server.session.package import Package
 
 
 @pytest.fixture(scope="module")

@@ -39,12 +39,12 @@ from relay_fixtures import (
 from safetensors.numpy import load as load_safetensors
 
 from runtime.peer import Peer
-from server import checkpoint
-from server.app import RelayPaths
-from server.package import Package
-from server.relay import Relay
-from server.session import Session, SessionConfig
-from server.store import Store
+from server.relay.app import RelayPaths
+from server.relay.sqlite_store import Store
+from server.relay.state import Relay
+from server.session import checkpoint_files as checkpoint
+from server.session.package import Package
+from server.session.session import Session, SessionConfig
 
 ADMIN = "resume-admin"
 

@@ -15,10 +15,10 @@ from runtime.merge import FedAvgM
 from runtime.planner import MergeGuardRefused
 from runtime.tasks import Task, TaskData, UnitResult, WorkUnit
 from runtime.weights import WeightSpec
-from server import checkpoint
-from server.package import Package, build_package
-from server.session import Session, SessionConfig, SessionError
-from server.simulate import run_round
+from server.session import checkpoint_files as checkpoint
+from server.session.package import Package, build_package
+from server.session.session import Session, SessionConfig, SessionError
+from server.session.simulator import run_round
 
 TARGET = np.array([1.0, -2.0, 0.5, 3.0])
 
@@ -141,7 +141,7 @@ def test_divergence_stop_ends_the_session(tmp_path: Path) -> None:
     assert entry["events"][0]["type"] == "divergence" and entry["events"][0]["action"] == "stop"
     assert "x best" in entry["events"][0]["reason"]
     assert session.done and session.stopped is not None and session.round == 3 < session.num_rounds
-    restored = checkpoint.load_latest(tmp_path, toy_package(6))
+    restored = Session.restore(tmp_path, toy_package(6))
     assert restored.done and restored.stopped == session.stopped
 
 
@@ -210,7 +210,7 @@ def test_resume_mid_session_is_bit_identical(tmp_path: Path, text_package: Packa
     run_round(interrupted)
     run_round(interrupted)
     del interrupted
-    resumed = checkpoint.load_latest(tmp_path / "resumed")  # the package comes from session.json
+    resumed = Session.restore(tmp_path / "resumed")  # the package comes from session.json
     assert resumed.round == 2 and len(resumed.history) == 2
     while not resumed.done:
         run_round(resumed)
@@ -241,7 +241,7 @@ def test_checkpoint_files_pointer_and_crash_leftovers(tmp_path: Path, text_packa
 
     # A crash after the history line of a round but before its checkpoint: the restore drops the line.
     checkpoint.append_history(tmp_path, [{"round": 3, "metrics": {}}])
-    restored = checkpoint.load_latest(tmp_path)
+    restored = Session.restore(tmp_path)
     assert len(restored.history) == 3 and len(checkpoint.read_history(tmp_path)) == 3
 
 
@@ -249,6 +249,6 @@ def test_restore_refuses_another_package(tmp_path: Path, text_package: Package) 
     Session.create(text_package, SessionConfig(participants=2, passes=1), directory=tmp_path)
     other = toy_package(6)
     with pytest.raises(checkpoint.CheckpointError, match="trained on package"):
-        checkpoint.load_latest(tmp_path, other)
+        Session.restore(tmp_path, other)
     with pytest.raises(checkpoint.CheckpointError, match="no session"):
-        checkpoint.load_latest(tmp_path / "nowhere")
+        Session.restore(tmp_path / "nowhere")

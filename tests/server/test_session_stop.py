@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from server.package import build_package
-from server.session import Session, SessionConfig
+from server.session.package import build_package
+from server.session.session import Session, SessionConfig
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "majority_task.py"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from starlette.testclient import TestClient
 
-from server.app import RelayPaths, create_app
+from server.relay.app import RelayPaths, create_app
 
 
 @pytest.fixture()

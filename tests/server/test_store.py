@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from server import store as store_module
-from server.store import Store
+from server.relay import sqlite_store as store_module
+from server.relay.sqlite_store import Store
 
 
 def last_seen(path: Path, peer_id: str) -> float:

@@ -23,9 +23,8 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -33,19 +32,14 @@ from runtime.merge import MergeMethod, Result, make_merge
 from runtime.planner import Assignment, RoundPlan, check_merge_guard
 from runtime.tasks import Task, TaskData, UnitResult, WorkUnit
 from runtime.tasks.base import check_unit_result
-from runtime.tasks.loader import unit_for
-from server import checkpoint
+from server.session import checkpoint_files as checkpoint
+from server.session.config import DivergenceAction, SessionConfig, SessionError
 
-DivergenceAction = Literal["stop", "rollback"]
-DIVERGENCE_ACTIONS: tuple[DivergenceAction, ...] = ("stop", "rollback")
-
-
-class SessionError(ValueError):
-    """A session was asked for something its state does not allow; the message says what."""
+__all__ = ["DivergenceAction", "Session", "SessionConfig", "SessionError", "SessionPackage"]
 
 
 class SessionPackage(Protocol):
-    """What a session needs from a package (``server.package.Package`` provides it)."""
+    """What a session needs from a package (``server.session.package.Package`` provides it)."""
 
     task: Task
     data: TaskData
@@ -54,46 +48,6 @@ class SessionPackage(Protocol):
     @property
     def fingerprint(self) -> str: ...
 
-
-@dataclass(frozen=True)
-class SessionConfig:
-    """How a session runs. Round-trips through JSON (``to_json``/``from_json``)."""
-
-    merge: str = "fedavg"
-    merge_config: Mapping[str, Any] = field(default_factory=dict)
-    participants: int = 5  # k, assignments per round
-    passes: int = 3  # E, passes over the C units
-    seed: int = 0  # chunk order and unit seeds
-    max_rounds: int | None = None  # stop early after this many rounds
-    force: bool = False  # run a stateful merge even where the guard refuses it
-    on_divergence: DivergenceAction = "stop"
-    divergence_factor: float = 3.0  # lower-is-better metric above factor * best counts as divergence
-    label: str = ""  # how tables and plots name this session (default: the merge name)
-    keep_checkpoints: int = 2  # round folders kept on disk besides best/
-
-    def __post_init__(self) -> None:
-        if self.on_divergence not in DIVERGENCE_ACTIONS:
-            raise SessionError(f"on_divergence must be one of {DIVERGENCE_ACTIONS}, got {self.on_divergence!r}")
-        if not self.divergence_factor > 1:
-            raise SessionError(f"divergence_factor must be > 1, got {self.divergence_factor!r}")
-        if self.max_rounds is not None and self.max_rounds < 1:
-            raise SessionError(f"max_rounds must be at least 1 (or None), got {self.max_rounds!r}")
-        object.__setattr__(self, "merge_config", dict(self.merge_config))
-
-    @property
-    def name(self) -> str:
-        return self.label or self.merge
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> SessionConfig:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise SessionError(f"unknown session config field(s) {unknown}")
-        return cls(**data)
 
 
 class Session:
@@ -143,13 +97,15 @@ class Session:
 
     @classmethod
     def restore(cls, directory: Path, package: SessionPackage | None = None) -> Session:
-        """The session stored in ``directory`` as of its latest checkpoint (``checkpoint.load_latest``)."""
+        """The session stored in ``directory`` as of its latest checkpoint (``checkpoint_files.read_latest``).
+
+        ``package`` defaults to the folder named in ``session.json``; its fingerprint must match."""
         directory = Path(directory)
         stored = checkpoint.read_session_config(directory)
         if package is None:
             if not stored.get("package"):
                 raise checkpoint.CheckpointError(f"{directory}: the session names no package folder; pass package=")
-            from server.package import Package
+            from server.session.package import Package
 
             package = Package.load(Path(stored["package"]))
         if package.fingerprint != stored["fingerprint"]:
@@ -195,8 +151,8 @@ class Session:
 
     def work_unit(self, assignment: Assignment) -> WorkUnit:
         """What ``task.train_unit`` needs for ``assignment`` (the chunk, or the episode budget, and the seed)."""
-        return unit_for(self.task, self.data, assignment.unit_index, assignment.unit_seed,
-                        progress=assignment.round / self.num_rounds)
+        return self.task.work_unit(self.data, assignment.unit_index, assignment.unit_seed,
+                                   progress=assignment.round / self.num_rounds)
 
     # -- completing a round ---------------------------------------------------------------------
     def complete_round(self, results: Sequence[tuple[Assignment, UnitResult]], *,

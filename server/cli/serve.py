@@ -15,14 +15,17 @@ from pathlib import Path
 
 import uvicorn
 
-from server.app import RelayPaths, create_app
+from server.cli.options import add_task_options, merge_names, parse_sets
+from server.paths import REPO_ROOT
+from server.relay.app import RelayPaths, create_app
+from server.session.config import DIVERGENCE_ACTIONS
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+HELP = "start the relay and the page; prints the URL to join"
+DESCRIPTION = ("Start (or resume) a session and the relay that serves the page, Pyodide and the wheels, hands out "
+               "work and merges results.")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from server.cli import add_task_options
-
     parser.add_argument("--host", default="127.0.0.1", help="interface to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="TCP port (default 8000; 0 picks a free one)")
     parser.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"])
@@ -31,12 +34,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--session-dir", type=Path, help="where checkpoints and the SQLite file live "
                         "(default runs/session-<task>); an existing session there is resumed")
     parser.add_argument("--fresh", action="store_true", help="discard an existing session in --session-dir")
-    parser.add_argument("--merge", default="fedavg", choices=["fedavg", "fedavgm", "fedadam"])
+    parser.add_argument("--merge", default="fedavg", choices=merge_names(), help="the merge method (default fedavg)")
     parser.add_argument("--merge-config", default="{}", help='merge hyperparameters as JSON, e.g. {"eta": 0.01}')
     parser.add_argument("-k", "--participants", type=int, default=3, help="assignments per round")
     parser.add_argument("--passes", type=int, default=3, help="passes over the work units")
     parser.add_argument("--force", action="store_true", help="run a stateful merge where the guard refuses it")
-    parser.add_argument("--on-divergence", choices=["stop", "rollback"], default="stop")
+    parser.add_argument("--on-divergence", choices=DIVERGENCE_ACTIONS, default="stop",
+                        help="on a non-finite or exploding validation metric: stop, or restore the best weights")
     parser.add_argument("--lease-seconds", type=float, default=120.0, help="time a peer has for one unit")
     parser.add_argument("--peer-timeout", type=float, default=30.0, help="silence after which a peer is gone")
     parser.add_argument("--min-peers", type=int, help="peers needed before a round starts (default k)")
@@ -73,7 +77,7 @@ def build_task_wheel(package_manifest: dict, paths: RelayPaths) -> str | None:
     source = package_manifest.get("task_source")
     if not source:
         return None
-    from server.wheels import build_wheels
+    from server.build.wheels import build_wheels
 
     module = package_manifest["task_import"].partition(":")[0]
     dist = module.replace("_", "-")
@@ -86,11 +90,11 @@ def build_task_wheel(package_manifest: dict, paths: RelayPaths) -> str | None:
 
 
 def open_session(args: argparse.Namespace, paths: RelayPaths):  # type: ignore[no-untyped-def]
-    from server.cli import parse_sets
-    from server.package import Package, build_package
-    from server.relay import Relay, RelayOptions
-    from server.session import Session, SessionConfig
-    from server.store import Store
+    from server.relay.sqlite_store import Store
+    from server.relay.state import Relay, RelayOptions
+    from server.session.config import SessionConfig
+    from server.session.package import Package, build_package
+    from server.session.session import Session
 
     session_dir = args.session_dir or REPO_ROOT / "runs" / f"session-{Path(args.task).stem}"
     if args.fresh:
@@ -125,7 +129,7 @@ def open_session(args: argparse.Namespace, paths: RelayPaths):  # type: ignore[n
     return Relay(session=session, package=package, store=Store(session_dir / "relay.sqlite3"), options=options)
 
 
-def serve(args: argparse.Namespace, paths: RelayPaths | None = None) -> int:
+def run(args: argparse.Namespace, paths: RelayPaths | None = None) -> int:
     paths = paths or RelayPaths()
     problems = paths.missing()
     if problems:
@@ -161,5 +165,5 @@ def serve(args: argparse.Namespace, paths: RelayPaths | None = None) -> int:
         if peers is not None:
             peers.terminate()
         if relay is not None:
-            relay.store.close()
+            relay.close()  # (the app's lifespan closes it too; a failed start-up never ran it)
     return 0

@@ -15,9 +15,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from server.chromium import launch_options
+from server.browser.chromium import launch_options
+from server.paths import REPO_ROOT
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 READY_SELECTOR = "body[data-state='ready'], body[data-state='failed']"
 
 

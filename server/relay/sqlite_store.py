@@ -3,7 +3,7 @@
 Peers (id, hashed token, last seen), leases (who trains which slot of which round, until when), every
 accepted result (weights included, so a session can be replayed through the simulator's merge and a
 restart loses nothing), and counters of refusals by reason. Checkpoints (weights, merge state,
-history) live on disk beside this file; see ``server.checkpoint``.
+history) live on disk beside this file; see ``server.session.checkpoint_files``.
 """
 
 from __future__ import annotations
@@ -71,18 +71,38 @@ class Store:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.executescript(SCHEMA)
+        self._db: sqlite3.Connection | None = None
+        self.open()
+
+    def open(self) -> None:
+        """Connect (again, after ``close``); creates the tables of a new file."""
+        with self._lock:
+            if self._db is not None:
+                return
+            self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.executescript(SCHEMA)
+
+    @property
+    def closed(self) -> bool:
+        return self._db is None
 
     def close(self) -> None:
         with self._lock:
-            self._db.close()
+            if self._db is not None:
+                self._db.close()
+                self._db = None
+
+    @property
+    def db(self) -> sqlite3.Connection:
+        if self._db is None:
+            raise sqlite3.ProgrammingError(f"the store {self.path} is closed")
+        return self._db
 
     def _run(self, sql: str, args: tuple = ()) -> list[tuple]:
         with self._lock:
-            return self._db.execute(sql, args).fetchall()
+            return self.db.execute(sql, args).fetchall()
 
     # -- peers ----------------------------------------------------------------------------------
     def add_peer(self, agent: str = "") -> tuple[str, str]:
@@ -130,7 +150,7 @@ class Store:
     def release_live_leases(self) -> int:
         """After a restart nobody holds anything: every unfinished unit is handed out again."""
         with self._lock:
-            cursor = self._db.execute("DELETE FROM leases WHERE NOT EXISTS (SELECT 1 FROM results r "
+            cursor = self.db.execute("DELETE FROM leases WHERE NOT EXISTS (SELECT 1 FROM results r "
                                       "WHERE r.round = leases.round AND r.slot = leases.slot)")
             return cursor.rowcount
 

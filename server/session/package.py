@@ -33,7 +33,7 @@ FORMAT = 1
 
 
 def host_services() -> HostServices:
-    from server import bpe
+    from server.session import bpe
 
     return HostServices(train_bpe=getattr(bpe, "train_for_task", None))
 

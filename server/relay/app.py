@@ -1,8 +1,10 @@
-"""The relay's Starlette application: the page, its assets, and (later) the session API."""
+"""The relay's Starlette application: the page, its assets and, with a relay, the session API under ``/api``."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -10,13 +12,12 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from server import static
-from server.relay import Relay, api_routes
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
+from server.paths import REPO_ROOT
+from server.relay import endpoints, static
+from server.relay.state import Relay
 
 # Only our own origin; Pyodide compiles WebAssembly, which needs 'wasm-unsafe-eval' (not 'unsafe-eval').
 CONTENT_SECURITY_POLICY = (
@@ -90,7 +91,7 @@ def _runtime_version(wheels: Path) -> str | None:
 
 
 def create_app(paths: RelayPaths | None = None, relay: Relay | None = None) -> Starlette:
-    """The page and its assets; with a ``relay``, also the session API (see ``server.relay``)."""
+    """The page and its assets; with a ``relay``, also the session API (see ``server.relay.state``)."""
     paths = paths or RelayPaths()
     page_tree = static.FileTree([paths.web / "src"], allowed_suffixes=PAGE_SUFFIXES)
     wheels_tree = static.FileTree([paths.wheels], allowed_suffixes=PYODIDE_SUFFIXES)
@@ -121,7 +122,7 @@ def create_app(paths: RelayPaths | None = None, relay: Relay | None = None) -> S
         body = {"ok": not problems, "problems": problems, "runtime_version": _runtime_version(paths.wheels)}
         return JSONResponse(body, status_code=200 if not problems else 503)
 
-    routes = [
+    routes: list[BaseRoute] = [
         Route("/", index),
         Route("/healthz", healthz),
         Route("/src/{path:path}", page_tree.endpoint),
@@ -130,5 +131,19 @@ def create_app(paths: RelayPaths | None = None, relay: Relay | None = None) -> S
         Route("/vendor/{path:path}", vendor),
     ]
     if relay is not None:
-        routes += api_routes(relay)
-    return Starlette(routes=routes, middleware=[Middleware(SecurityHeaders)])
+        routes.append(endpoints.API)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        if relay is not None:
+            relay.open()
+        try:
+            yield
+        finally:
+            if relay is not None:
+                relay.close()
+
+    app = Starlette(routes=routes, middleware=[Middleware(SecurityHeaders)], lifespan=lifespan,
+                    exception_handlers=dict(endpoints.EXCEPTION_HANDLERS))
+    app.state.relay = relay
+    return app

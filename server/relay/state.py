@@ -1,47 +1,32 @@
-"""The relay: hands out work, checks every result, merges, validates and checkpoints (via ``Session``).
+"""The relay's state: hands out work, checks every result, merges, validates and checkpoints (via ``Session``).
 
-HTTP API (JSON unless noted; weights, chunks and results are binary wire messages):
-
-    GET  /api/session              what the session trains, peers, round progress, refusals (public)
-    GET  /api/task                 what a peer needs to build the task (import name, settings, assets, spec)
-    GET  /api/events               server-sent events: the session status after every change
-    POST /api/join                 {"join_code"?} -> {"peer_id", "token"}
-    POST /api/work[?hold=S]        (peer) -> an assignment with a lease deadline, or {"wait": s, "reason"};
-                                   with hold, a "wait" answer is held up to S s (at most MAX_HOLD_SECONDS and
-                                   half the peer timeout) and work is answered the moment it exists
-    GET  /api/weights              (peer) the global weights of the current round
-    GET  /api/unit/{index}         (peer, holding a lease on it) the unit's data chunk
-    POST /api/result?round=&slot=  (peer) a result message; refused with 4xx and a reason, counted
-    POST /api/admin/{pause,resume,stop}, GET /api/admin/export/{model,history}   (admin token)
-    POST /api/admin/session        (admin token) a new session on the same package; see ``server.admin``
-
-Peers authenticate with ``Authorization: Bearer <peer_id>:<token>``, admins with ``Bearer <admin token>``.
+``Relay`` owns the session being served, its SQLite store and the events that wake held requests and the
+page's event streams; the endpoints (``server.relay.endpoints``) change it only through its public methods.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hmac
-import io
-import json
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
 
 from runtime import wire
 from runtime.tasks import UnitResult
-from server.package import Package
-from server.session import Session
-from server.store import Store, StoredResult
+from server.relay.sqlite_store import Store, StoredResult
+from server.session.archive import archive_session
+from server.session.config import config_from_request
+from server.session.package import Package
+from server.session.session import Session
 
 MAX_HOLD_SECONDS = 20.0  # longest a POST /api/work?hold=S request is held
 HANDOUT_TURNS = 3  # event-loop turns given to woken held requests after a merge (each answers in one or two)
+HISTORY_LENGTH = 200  # rounds of history in the status (the page's chart); the full history is exported
+RESULT_ENVELOPE_BYTES = 16  # a result body may exceed its payload and header by the wire's length fields
 
 
 @dataclass(kw_only=True)
@@ -107,7 +92,7 @@ class Relay:
             "round_progress": {"slots": len(slots), "done": len(results),
                                "leased": sum(1 for s, lease in leases.items() if s not in results
                                              and lease.deadline >= now)},
-            "history": session.history[-200:],
+            "history": session.history[-HISTORY_LENGTH:],
             "initial_metrics": session.initial_metrics,
             "samples": self.latest_samples,
             "samples_round": self.samples_round,
@@ -123,6 +108,70 @@ class Relay:
         self._weights_cache = None  # (the caller announces the change: this may run in a worker thread)
         self._decoded = {}
 
+    async def replace_session(self, request: Any) -> Path:
+        """A new session on the same package from a session request (``POST /api/admin/session``): the
+        current config with the request's fields replaced. Everything is checked (merge guard and
+        hyperparameters included, by building the session in memory) before anything on disk changes, so a
+        refused request leaves the running session as it was. Then the old session's files move to
+        ``archive/NNN/`` and the new one starts in the same folder; its peers must join again (their
+        tokens lived in the old SQLite file). Returns the archive folder."""
+        try:
+            config = config_from_request(request, self.session.config)
+            if not self.session.done and not request.get("replace"):
+                raise Refusal(409, "session_running", "the current session is still running; stop it first or "
+                              'send "replace": true')
+            Session(self.package, config)  # the dry build: raises on a refused merge or bad settings
+        except (TypeError, ValueError) as error:  # SessionError, MergeGuardRefused, bad hyperparameters
+            raise Refusal(422, "bad_session", str(error)) from error
+        directory = self.session.directory
+        if directory is None:
+            raise Refusal(409, "no_session_folder", "this relay's session has no folder; it cannot be replaced")
+        async with self._merge_lock:
+            archived = await asyncio.to_thread(self._replace_blocking, config, directory)
+        self.work_changed()
+        return archived
+
+    def _replace_blocking(self, config: Any, directory: Path) -> Path:
+        self.store.close()
+        archived = archive_session(directory)
+        self.start_session(Session.create(self.package, config, directory=directory),
+                           Store(directory / "relay.sqlite3"))
+        return archived
+
+    def admin_action(self, action: str) -> None:
+        """``pause``, ``resume`` or ``stop`` (ends the session, recorded so a restart does not resume it)."""
+        if action == "pause":
+            self.paused = True
+        elif action == "resume":
+            self.paused = False
+        elif action == "stop":
+            self.session.stop("stopped by the admin")
+        else:
+            raise Refusal(404, "unknown_action", f"no admin action {action!r}")
+        self.work_changed()
+
+    def open(self) -> None:
+        """(Re)open the store: the app's lifespan calls this on start-up, ``close`` on shutdown."""
+        self.store.open()
+
+    def close(self) -> None:
+        self.store.close()
+
+    # -- limits peers follow -------------------------------------------------------------------------
+    @property
+    def max_hold_seconds(self) -> float:
+        """The longest a ``POST /api/work?hold=S`` is held: half the peer timeout keeps a held peer connected."""
+        return min(MAX_HOLD_SECONDS, self.options.peer_timeout / 2)
+
+    @property
+    def result_body_limit(self) -> int:
+        return self.session.spec.size * 4 + wire.MAX_HEADER_BYTES + RESULT_ENVELOPE_BYTES
+
+    def peer_limits(self) -> dict[str, float]:
+        """What a peer should know of the relay's limits (``GET /api/task``'s ``limits``)."""
+        return {"hold_seconds": self.max_hold_seconds, "lease_seconds": self.options.lease_seconds,
+                "peer_timeout": self.options.peer_timeout, "result_bytes": self.result_body_limit}
+
     def changed(self) -> None:
         self.version += 1
         self._changed.set()
@@ -135,6 +184,14 @@ class Relay:
         self._work_event.set()
         self._work_event = asyncio.Event()
         self.changed()
+
+    async def wait_for_change(self, seconds: float) -> bool:
+        """Wait until the next ``changed`` (True) or ``seconds`` (False): what an event stream waits on."""
+        try:
+            await asyncio.wait_for(self._changed.wait(), timeout=max(seconds, 0.0))
+        except TimeoutError:
+            return False
+        return True
 
     async def hold_for_work(self, seconds: float) -> None:
         """Return after ``work_changed`` or ``seconds``, whichever comes first."""
@@ -179,6 +236,12 @@ class Relay:
                                  self.options.lease_seconds)
         self.changed()
         return self._assignment_json(assignment, lease.deadline)
+
+    def holds_unit(self, peer_id: str, unit_index: int) -> bool:
+        """Whether ``peer_id`` holds a live lease on ``unit_index`` in the current round."""
+        now = time.time()
+        return any(lease.peer_id == peer_id and lease.unit_index == unit_index and lease.deadline >= now
+                   for lease in self.store.leases(self.session.round).values())
 
     def _assignment_json(self, assignment: Any, deadline: float) -> dict[str, Any]:
         unit = self.session.work_unit(assignment)
@@ -284,195 +347,3 @@ class Relay:
             self.latest_samples = await asyncio.to_thread(self.samples_blocking, weights)
             self.samples_round = rounds
             self.changed()
-
-
-def _json_error(status: int, code: str, message: str) -> JSONResponse:
-    return JSONResponse({"error": code, "message": message}, status_code=status)
-
-
-def api_routes(relay: Relay) -> list[Route]:
-    options = relay.options
-
-    def refuse(refusal: Refusal) -> JSONResponse:
-        relay.store.count(f"refused.{refusal.code}")
-        relay.changed()
-        return _json_error(refusal.status, refusal.code, refusal.message)
-
-    def peer_of(request: Request) -> str:
-        credentials = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
-        peer_id, _, token = credentials.partition(":")
-        if not token or not relay.store.authenticate(peer_id, token):
-            raise Refusal(401, "unauthorized", "missing or wrong peer token; join first (POST /api/join)")
-        return peer_id
-
-    def require_admin(request: Request) -> None:
-        given = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
-        if not hmac.compare_digest(given.encode(), options.admin_token.encode()):
-            raise Refusal(401, "unauthorized", "this action needs the admin token")
-
-    async def read_body(request: Request, limit: int) -> bytes:
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            raise Refusal(413, "too_large", f"body of {declared} bytes exceeds the limit of {limit}")
-        chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise Refusal(413, "too_large", f"body exceeds the limit of {limit} bytes")
-            chunks.append(chunk)
-        return b"".join(chunks)
-
-    def handled(handler: Any) -> Any:
-        async def endpoint(request: Request) -> Response:
-            try:
-                return await handler(request)
-            except Refusal as refusal:
-                return refuse(refusal)
-        return endpoint
-
-    async def session_info(request: Request) -> Response:
-        return JSONResponse(relay.status())
-
-    async def task_info(request: Request) -> Response:
-        manifest = relay.package.manifest
-        return JSONResponse({key: manifest[key] for key in ("task_import", "settings", "spec", "fingerprint",
-                                                            "kind", "model_config", "describe")}
-                            | {"assets": relay.package.data.assets, "wheel": manifest.get("wheel")})
-
-    async def join(request: Request) -> Response:
-        body = await read_body(request, 4096)
-        try:
-            payload = json.loads(body) if body.strip() else {}
-        except ValueError as error:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-            raise Refusal(400, "bad_json", f"the join body is not valid JSON: {error}") from error
-        if not isinstance(payload, dict):
-            raise Refusal(400, "bad_json", "the join body must be a JSON object")
-        if options.join_code and not hmac.compare_digest(str(payload.get("join_code", "")).encode(),
-                                                         options.join_code.encode()):
-            raise Refusal(403, "join_code", "this session needs a join code")
-        peer_id, token = relay.store.add_peer(request.headers.get("user-agent", ""))
-        relay.work_changed()
-        return JSONResponse({"peer_id": peer_id, "token": token})
-
-    async def work(request: Request) -> Response:
-        try:
-            hold = float(request.query_params.get("hold", 0))
-        except ValueError as error:
-            raise Refusal(400, "bad_query", "hold= must be a number of seconds") from error
-        if not 0 <= hold < float("inf"):
-            raise Refusal(400, "bad_query", "hold= must be a number of seconds, 0 or more")
-        deadline = time.monotonic() + min(hold, MAX_HOLD_SECONDS, options.peer_timeout / 2)
-        while True:
-            peer_id = peer_of(request)  # each pass marks the peer as seen: a held peer stays connected
-            if not relay.merging and relay.round_full():  # restarted after a round's last result, before its merge
-                relay.schedule_merge()
-            job = relay.next_assignment(peer_id)
-            remaining = deadline - time.monotonic()
-            if "wait" not in job or remaining <= 0:
-                return JSONResponse(job | {"wait": 0.0} if hold and "wait" in job else job)
-            await relay.hold_for_work(remaining)
-
-    async def weights(request: Request) -> Response:
-        peer_of(request)
-        return Response(relay.weights_message(), media_type="application/octet-stream")
-
-    async def unit(request: Request) -> Response:
-        peer_id = peer_of(request)
-        index = int(request.path_params["index"])
-        held = [lease for lease in relay.store.leases(relay.session.round).values()
-                if lease.peer_id == peer_id and lease.unit_index == index and lease.deadline >= time.time()]
-        if not held or relay.session.task.kind != "data":
-            raise Refusal(403, "not_leased", f"unit {index} is not leased to this peer")
-        return Response(relay.package.chunk_bytes(index), media_type="application/octet-stream")
-
-    async def result(request: Request) -> Response:
-        peer_id = peer_of(request)
-        limit = relay.session.spec.size * 4 + wire.MAX_HEADER_BYTES + 16
-        body = await read_body(request, limit)
-        try:
-            round_index, slot = int(request.query_params["round"]), int(request.query_params["slot"])
-        except (KeyError, ValueError) as error:
-            raise Refusal(400, "bad_query", "POST /api/result needs integer round= and slot=") from error
-        relay.accept_result(peer_id, round_index, slot, body)
-        relay.store.count("results_accepted")
-        relay.changed()
-        relay.schedule_merge()
-        return JSONResponse({"accepted": True, "round": round_index, "slot": slot})
-
-    async def events(request: Request) -> Response:
-        async def stream() -> Any:
-            last = -1
-            while not await request.is_disconnected():
-                if relay.version != last:
-                    last = relay.version
-                    yield f"data: {json.dumps(relay.status())}\n\n"
-                try:
-                    await asyncio.wait_for(relay._changed.wait(), timeout=10)
-                except TimeoutError:
-                    yield ": keep-alive\n\n"
-        return StreamingResponse(stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-
-    async def admin(request: Request) -> Response:
-        require_admin(request)
-        action = request.path_params["action"]
-        if action == "pause":
-            relay.paused = True
-        elif action == "resume":
-            relay.paused = False
-        elif action == "stop":
-            relay.session.stop("stopped by the admin")
-        else:
-            raise Refusal(404, "unknown_action", f"no admin action {action!r}")
-        relay.work_changed()
-        return JSONResponse({"ok": True, "paused": relay.paused, "stopped": relay.session.stopped})
-
-    async def create_session(request: Request) -> Response:
-        from server import admin
-
-        require_admin(request)
-        try:
-            body = json.loads(await read_body(request, 65536) or b"{}")
-            config = admin.config_from_request(body, relay.session.config)
-            if not relay.session.done and not body.get("replace"):
-                raise Refusal(409, "session_running", "the current session is still running; stop it first or "
-                              'send "replace": true')
-            admin.check_config(relay, config)
-        except json.JSONDecodeError as error:
-            raise Refusal(400, "bad_json", f"the body is not JSON: {error}") from error
-        except admin.SessionRequestError as error:
-            raise Refusal(422, "bad_session", str(error)) from error
-        async with relay._merge_lock:
-            archived = await asyncio.to_thread(admin.replace_session, relay, config)
-        relay.work_changed()
-        return JSONResponse({"ok": True, "archived": str(archived), "session": relay.session.describe()})
-
-    async def export(request: Request) -> Response:
-        require_admin(request)
-        what = request.path_params["what"]
-        if what == "model":
-            from safetensors.numpy import save
-
-            blob = save({"weights": relay.session.weights}, metadata={"spec": json.dumps(relay.session.spec.to_json()),
-                                                                     "round": str(relay.session.round)})
-            return Response(blob, media_type="application/octet-stream",
-                            headers={"Content-Disposition": 'attachment; filename="model.safetensors"'})
-        if what == "history":
-            text = io.StringIO()
-            for entry in relay.session.history:
-                text.write(json.dumps(entry) + "\n")
-            return Response(text.getvalue(), media_type="application/x-ndjson")
-        raise Refusal(404, "unknown_export", f"nothing to export as {what!r}")
-
-    return [
-        Route("/api/session", session_info),
-        Route("/api/task", task_info),
-        Route("/api/events", events),
-        Route("/api/join", handled(join), methods=["POST"]),
-        Route("/api/work", handled(work), methods=["POST"]),
-        Route("/api/weights", handled(weights)),
-        Route("/api/unit/{index:int}", handled(unit)),
-        Route("/api/result", handled(result), methods=["POST"]),
-        Route("/api/admin/export/{what}", handled(export)),
-        Route("/api/admin/session", handled(create_session), methods=["POST"]),
-        Route("/api/admin/{action}", handled(admin), methods=["POST"]),
-    ]

@@ -24,9 +24,9 @@ from tqdm import tqdm
 
 from runtime.merge import InvalidHyperparameter, merge_class
 from runtime.planner import RoundPlan, check_merge_guard
-from server.package import Package
-from server.plot import plot_metric
-from server.session import DivergenceAction, Session, SessionConfig
+from server.session.package import Package
+from server.session.plot import plot_metric
+from server.session.session import DivergenceAction, Session, SessionConfig
 
 # Short names for labels and folder names.
 SHORT_NAMES = {"server_learning_rate": "lr", "server_momentum": "m", "nesterov": "nesterov", "eta": "eta",
@@ -180,42 +180,3 @@ def comparison_table(sessions: Sequence[Session]) -> str:
         lines.append(f"| {session.config.name} | {session.round} | {fmt(final)} | {fmt(session.best_metric)} "
                      f"({best_after}) | {fmt(ratio, 3)} | {events} |")
     return "\n".join(lines)
-
-
-MERGE_OPTIONS = ("server_learning_rate", "server_momentum", "nesterov", "eta", "beta_1", "beta_2", "tau",
-                 "bias_correction")
-
-
-def run_from_args(args: Any) -> int:
-    """``peertrain simulate``: build (or load) the package, run the comparison, report. 2 on a refused set-up."""
-    import sys
-
-    from runtime.merge import MergeError
-    from runtime.planner import PlanError
-    from runtime.tasks import TaskError
-    from server.cli import parse_sets
-    from server.package import build_package
-    from server.session import SessionError
-
-    def fail(error: Exception) -> int:
-        print(f"peertrain simulate: {error}", file=sys.stderr)
-        return 2
-
-    try:
-        common = {name: getattr(args, name) for name in MERGE_OPTIONS if getattr(args, name, None) is not None}
-        choices = with_common_settings(parse_merge_choices(args.merge), common)
-        if args.package is not None:
-            package = Package.load(args.package)
-        else:
-            package = build_package(args.task, parse_sets(args.sets), Path(args.out) / "package", seed=args.seed)
-        participants = args.participants or min(5, package.data.num_units)
-        comparison = compare(package, choices, out=args.out, participants=participants, passes=args.passes,
-                             seed=args.seed, max_rounds=args.rounds, force=args.force,
-                             on_divergence=args.on_divergence, divergence_factor=args.divergence_factor,
-                             progress=args.progress)
-    except (MergeError, PlanError, TaskError, SessionError, FileNotFoundError) as error:
-        return fail(error)
-    stopped = [s for s in comparison.sessions if s.stopped]
-    for session in stopped:
-        print(f"{session.config.name}: stopped: {session.stopped}", file=sys.stderr)
-    return 0

@@ -1,4 +1,6 @@
-"""Session checkpoints on disk: one folder per round, a ``latest`` pointer, the best round, the history.
+"""Session checkpoints as files: one folder per round, a ``latest`` pointer, the best round, the history.
+
+(The relay's peers, leases and results live in SQLite instead: ``server.relay.sqlite_store``.)
 
 Layout of a session directory::
 
@@ -25,7 +27,7 @@ import shutil
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from safetensors import safe_open
@@ -33,10 +35,6 @@ from safetensors.numpy import load_file, save_file
 
 from runtime.merge import StateDict, join_state, split_state
 from runtime.weights import WeightSpec
-
-if TYPE_CHECKING:
-    from server.package import Package
-    from server.session import Session
 
 SESSION_FILE = "session.json"
 HISTORY_FILE = "history.jsonl"
@@ -184,13 +182,3 @@ def read_best(directory: Path) -> Checkpoint:
     if not folder.is_dir():
         raise CheckpointError(f"{directory} has no best checkpoint ({BEST_DIR}/ is missing)")
     return read_point(folder)
-
-
-def load_latest(directory: Path, package: Package | None = None) -> Session:
-    """The session stored in ``directory``, exactly as it was after its latest checkpoint.
-
-    ``package`` defaults to the package folder named in ``session.json``; its fingerprint must match.
-    """
-    from server.session import Session
-
-    return Session.restore(Path(directory), package)

@@ -17,7 +17,8 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from server import assets
+from server.build import assets
+from server.paths import REPO_ROOT
 
 RUNTIME_DIST = "peertrain-runtime"
 LOCK_NAME = "pyodide-lock.json"
@@ -117,8 +118,8 @@ def _check_lock(folder: Path) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m server.wheels", description=__doc__)
-    parser.add_argument("--root", type=Path, default=Path(__file__).resolve().parent.parent)
+    parser = argparse.ArgumentParser(prog="python -m server.build.wheels", description=__doc__)
+    parser.add_argument("--root", type=Path, default=REPO_ROOT)
     args = parser.parse_args(argv)
     try:
         build_wheels(args.root)

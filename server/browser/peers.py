@@ -10,7 +10,6 @@ Ctrl-C or SIGTERM. The browser is closed on every way out.
 
 from __future__ import annotations
 
-import argparse
 import signal
 import sys
 import time
@@ -24,7 +23,8 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import httpx
 from tqdm import tqdm
 
-from server.chromium import launch_options
+from server.browser.chromium import launch_options
+from server.relay.client import RelayClient, RelayRefusal
 
 # What each page reports; plain property reads (the page's CSP forbids eval, not CDP evaluation).
 PAGE_PROBE = """() => ({
@@ -36,15 +36,6 @@ PAGE_PROBE = """() => ({
   error: document.getElementById('error') ? document.getElementById('error').textContent : '',
 })"""
 QUIET_KINDS_START = ("waiting", "refused", "offline", "finished")  # printed when a peer enters them
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("count", type=int, metavar="N", help="how many headless peers to start")
-    parser.add_argument("--url", default="http://127.0.0.1:8000/", help="the relay's URL (what `serve` prints)")
-    parser.add_argument("--timeout", type=float, default=0.0,
-                        help="give up after this many seconds (exit 1); default 0: wait until the session is done")
-    parser.add_argument("--headful", action="store_true", help="show the browser windows")
-    parser.add_argument("--poll", type=float, default=0.5, help="seconds between looks at the relay and the pages")
 
 
 def join_url(url: str) -> str:
@@ -123,15 +114,16 @@ def stop_flag() -> Iterator[list[int]]:
             signal.signal(sig, old)
 
 
-def session_status(client: httpx.Client) -> dict[str, Any] | None:
+def session_status(relay: RelayClient) -> dict[str, Any] | None:
     """The relay's ``/api/session``; None while it cannot be reached (a restart, say)."""
     try:
-        response = client.get("/api/session")
+        return relay.status()
     except httpx.HTTPError:
         return None
-    if response.status_code == 404:
-        raise LookupError("the relay runs no session (started with --no-session?)")
-    return dict(response.json()) if response.status_code == 200 else None
+    except RelayRefusal as refusal:
+        if refusal.status == 404:
+            raise LookupError("the relay runs no session (started with --no-session?)") from refusal
+        return None
 
 
 def describe_round(status: dict[str, Any]) -> str:
@@ -153,9 +145,10 @@ def run_peers(count: int, url: str, *, timeout_s: float = 0.0, headless: bool = 
         return 2
     deadline = time.monotonic() + timeout_s if timeout_s > 0 else None
     target = join_url(url)
-    with stop_flag() as caught, httpx.Client(base_url=url, timeout=5) as client, sync_playwright() as playwright:
+    with stop_flag() as caught, httpx.Client(base_url=url, timeout=5) as http, sync_playwright() as playwright:
+        relay = RelayClient(http)
         try:
-            if session_status(client) is None:
+            if session_status(relay) is None:
                 print(f"peertrain peers: no relay answers at {url} yet; waiting for it", file=sys.stderr)
         except LookupError as error:
             print(f"peertrain peers: {error}", file=sys.stderr)
@@ -174,7 +167,7 @@ def run_peers(count: int, url: str, *, timeout_s: float = 0.0, headless: bool = 
                 if caught:
                     tqdm.write(f"peertrain peers: {signal.Signals(caught[0]).name}; closing the browser")
                     return 130
-                status = session_status(client)
+                status = session_status(relay)
                 if status is not None:
                     bar.total = max(1, int(status.get("num_rounds") or 1))
                     bar.n = min(int(status.get("round") or 0), bar.total)
@@ -199,7 +192,3 @@ def run_peers(count: int, url: str, *, timeout_s: float = 0.0, headless: bool = 
         finally:
             bar.close()
             browser.close()
-
-
-def main_from_args(args: argparse.Namespace) -> int:
-    return run_peers(args.count, args.url, timeout_s=args.timeout, headless=not args.headful, poll_s=args.poll)

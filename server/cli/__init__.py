@@ -1,0 +1,18 @@
+"""The ``peertrain`` command line: ``server.cli.commands`` builds the parser from one module per command."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+from server.cli.options import single_threaded_blas, trains_in_process
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The ``peertrain`` entry point: one BLAS thread for in-process training, then ``server.cli.commands``."""
+    words = list(sys.argv[1:] if argv is None else argv)
+    if trains_in_process(words):
+        single_threaded_blas()
+    from server.cli.commands import main as run
+
+    return run(words)

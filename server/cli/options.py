@@ -1,0 +1,59 @@
+"""Options and helpers that several commands share: the task and its settings, the merge choices, BLAS threads."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+
+
+def merge_names() -> list[str]:
+    """The merge methods a command offers: every one the runtime registers (``runtime.merge.MERGES``)."""
+    from runtime.merge import MERGES  # (imports numpy: not before ``single_threaded_blas`` had its say)
+
+    return list(MERGES)
+
+
+def parse_sets(pairs: Sequence[str]) -> dict[str, object]:
+    """``--set key=value`` pairs; values are read as JSON when they parse (numbers, lists), else as text."""
+    settings: dict[str, object] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--set expects key=value, got {pair!r}")
+        try:
+            settings[key.strip()] = json.loads(raw)
+        except json.JSONDecodeError:
+            settings[key.strip()] = raw
+    return settings
+
+
+def add_task_options(parser: argparse.ArgumentParser) -> None:
+    """Options shared by every command that builds a task: which task, its settings, the seed."""
+    parser.add_argument("--task", default="arith",
+                        help="built-in task (bytetext, arith, cartpole), a file path.py, or package.module[:Class]")
+    parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                        help="a task setting, repeatable (e.g. --set tokenizer=char --set chunks=5)")
+    parser.add_argument("--seed", type=int, default=0, help="seed for initial weights and the unit order")
+
+
+def single_threaded_blas() -> None:
+    """One BLAS thread for in-process training, unless the user chose otherwise.
+
+    The simulator trains many small units one after another (as a browser does, single-threaded); on a
+    busy 2-core host, OpenBLAS's spinning worker threads made a unit 10-15x slower, for the same bits.
+    It only takes effect before numpy is first imported: ``server.cli.commands`` calls it before importing the
+    commands for the commands that train in-process (``IN_PROCESS_TRAINING``).
+    """
+    if "numpy" not in sys.modules:
+        for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
+            os.environ.setdefault(name, "1")
+
+
+IN_PROCESS_TRAINING = (("simulate",), ("bench", "merges"))  # command words whose runs train unit after unit
+
+
+def trains_in_process(argv: Sequence[str]) -> bool:
+    return any(tuple(argv[:len(words)]) == words for words in IN_PROCESS_TRAINING)

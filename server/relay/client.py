@@ -1,0 +1,156 @@
+"""The one Python client of the relay's HTTP API: join, work (with hold), weights, unit, result, status.
+
+Each endpoint is described once as a ``Call`` (method, path, body); ``RelayClient`` sends calls over any
+client with httpx's interface (``httpx.Client``, or Starlette's ``TestClient`` in-process) and
+``AsyncRelayClient`` over ``httpx.AsyncClient``. Both keep the peer's credentials after ``join`` and raise
+``RelayRefusal`` (the relay's ``{"error", "message"}`` and status) for a 4xx or 5xx answer. ``send`` returns
+the raw response for callers that examine refusals themselves (the relay's tests).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+
+class RelayRefusal(Exception):
+    """The relay refused a request: ``status`` (HTTP), ``code`` (the relay's reason) and its message."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(f"{status} {code}: {message}")
+        self.status, self.code, self.message = status, code, message
+
+
+def checked(response: httpx.Response) -> httpx.Response:
+    if response.status_code >= 400:
+        try:
+            body = response.json()
+        except ValueError:
+            body = {}
+        body = body if isinstance(body, dict) else {}
+        raise RelayRefusal(response.status_code, str(body.get("error", "http_error")),
+                           str(body.get("message", response.text[:200])))
+    return response
+
+
+def json_object(response: httpx.Response) -> dict[str, Any]:
+    return dict(checked(response).json())
+
+
+def content(response: httpx.Response) -> bytes:
+    return checked(response).content
+
+
+@dataclass(frozen=True)
+class Call:
+    """One request to the relay and how to read its answer."""
+
+    method: str
+    path: str
+    parse: Callable[[httpx.Response], Any] = json_object
+    json: Any = None
+    content: bytes | None = None
+    authorized: bool = True
+
+
+def join_call(join_code: str | None = None) -> Call:
+    return Call("POST", "/api/join", json={"join_code": join_code} if join_code else {}, authorized=False)
+
+
+def task_call() -> Call:
+    return Call("GET", "/api/task", authorized=False)
+
+
+def status_call() -> Call:
+    return Call("GET", "/api/session", authorized=False)
+
+
+def work_call(hold: float | str | None = None) -> Call:
+    return Call("POST", "/api/work" if hold is None else f"/api/work?hold={hold}")
+
+
+def weights_call() -> Call:
+    return Call("GET", "/api/weights", parse=content)
+
+
+def unit_call(index: int) -> Call:
+    return Call("GET", f"/api/unit/{index}", parse=content)
+
+
+def result_call(round_index: int | str, slot: int | str, body: bytes) -> Call:
+    return Call("POST", f"/api/result?round={round_index}&slot={slot}", content=body)
+
+
+@dataclass
+class Credentials:
+    peer_id: str
+    token: str
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.peer_id}:{self.token}"}
+
+
+@dataclass
+class RelayClient:
+    """Synchronous calls over ``http`` (whose base URL is the relay's)."""
+
+    http: Any  # httpx.Client or starlette.testclient.TestClient
+    credentials: Credentials | None = field(default=None)
+
+    def send(self, call: Call, *, headers: dict[str, str] | None = None) -> httpx.Response:
+        """The raw response to ``call`` (``headers`` replace the peer's credentials when given)."""
+        if headers is None:
+            headers = self.credentials.headers if call.authorized and self.credentials else {}
+        response: httpx.Response = self.http.request(call.method, call.path, headers=headers, json=call.json,
+                                                     content=call.content)
+        return response
+
+    def call(self, call: Call) -> Any:
+        return call.parse(self.send(call))
+
+    def join(self, join_code: str | None = None) -> Credentials:
+        joined = self.call(join_call(join_code))
+        self.credentials = Credentials(joined["peer_id"], joined["token"])
+        return self.credentials
+
+    def task(self) -> dict[str, Any]:
+        return dict(self.call(task_call()))
+
+    def status(self) -> dict[str, Any]:
+        return dict(self.call(status_call()))
+
+    def work(self, hold: float | str | None = None) -> dict[str, Any]:
+        return dict(self.call(work_call(hold)))
+
+    def weights(self) -> bytes:
+        return bytes(self.call(weights_call()))
+
+    def unit(self, index: int) -> bytes:
+        return bytes(self.call(unit_call(index)))
+
+    def result(self, round_index: int, slot: int, body: bytes) -> dict[str, Any]:
+        return dict(self.call(result_call(round_index, slot, body)))
+
+
+@dataclass
+class AsyncRelayClient:
+    """The same calls over ``httpx.AsyncClient`` (many simulated peers on one event loop)."""
+
+    http: httpx.AsyncClient
+    credentials: Credentials | None = field(default=None)
+
+    async def send(self, call: Call) -> httpx.Response:
+        headers = self.credentials.headers if call.authorized and self.credentials else {}
+        return await self.http.request(call.method, call.path, headers=headers, json=call.json, content=call.content)
+
+    async def call(self, call: Call) -> Any:
+        return call.parse(await self.send(call))
+
+    async def join(self, join_code: str | None = None) -> Credentials:
+        joined = await self.call(join_call(join_code))
+        self.credentials = Credentials(joined["peer_id"], joined["token"])
+        return self.credentials

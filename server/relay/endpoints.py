@@ -1,0 +1,235 @@
+"""The relay's HTTP API as module-level Starlette endpoints; each reads the relay from ``request.app.state``.
+
+JSON unless noted; weights, chunks and results are binary wire messages (``runtime.wire``):
+
+    GET  /api/session              what the session trains, peers, round progress, refusals (public)
+    GET  /api/task                 what a peer needs to build the task (import name, settings, assets, spec,
+                                   and the relay's limits a peer should follow: ``limits``)
+    GET  /api/events               server-sent events: the session status after every change
+    POST /api/join                 {"join_code"?} -> {"peer_id", "token"}
+    POST /api/work[?hold=S]        (peer) -> an assignment with a lease deadline, or {"wait": s, "reason"};
+                                   with hold, a "wait" answer is held up to S s (at most MAX_HOLD_SECONDS and
+                                   half the peer timeout) and work is answered the moment it exists
+    GET  /api/weights              (peer) the global weights of the current round
+    GET  /api/unit/{index}         (peer, holding a lease on it) the unit's data chunk
+    POST /api/result?round=&slot=  (peer) a result message; refused with 4xx and a reason, counted
+    POST /api/admin/{pause,resume,stop}, GET /api/admin/export/{model,history}   (admin token)
+    POST /api/admin/session        (admin token) a new session on the same package (``Relay.replace_session``)
+
+Peers authenticate with ``Authorization: Bearer <peer_id>:<token>``, admins with ``Bearer <admin token>``.
+Every refusal is a ``Refusal``; the app's exception handler (``refusal_response``) counts it and answers
+``{"error": code, "message": ...}`` with its 4xx status.
+"""
+
+from __future__ import annotations
+
+import hmac
+import io
+import json
+import time
+from collections.abc import AsyncIterator
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Mount, Route
+
+from server.relay.state import MAX_HOLD_SECONDS, Refusal, Relay
+
+JOIN_BODY_LIMIT = 4096  # bytes: a join body holds at most a join code
+SESSION_BODY_LIMIT = 65536  # bytes: a session request is a small JSON object of settings
+KEEP_ALIVE_SECONDS = 10.0  # an idle event stream sends a comment this often, so proxies keep it open
+TASK_FIELDS = ("task_import", "settings", "spec", "fingerprint", "kind", "model_config", "describe")
+
+
+def relay_of(request: Request) -> Relay:
+    relay: Relay = request.app.state.relay
+    return relay
+
+
+def refusal_response(request: Request, refusal: Exception) -> Response:
+    """The exception handler for ``Refusal``: count it by code, tell the page, answer with its status."""
+    assert isinstance(refusal, Refusal)
+    relay = relay_of(request)
+    relay.store.count(f"refused.{refusal.code}")
+    relay.changed()
+    return JSONResponse({"error": refusal.code, "message": refusal.message}, status_code=refusal.status)
+
+
+def peer_of(request: Request) -> str:
+    credentials = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
+    peer_id, _, token = credentials.partition(":")
+    if not token or not relay_of(request).store.authenticate(peer_id, token):
+        raise Refusal(401, "unauthorized", "missing or wrong peer token; join first (POST /api/join)")
+    return peer_id
+
+
+def require_admin(request: Request) -> None:
+    given = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
+    if not hmac.compare_digest(given.encode(), relay_of(request).options.admin_token.encode()):
+        raise Refusal(401, "unauthorized", "this action needs the admin token")
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body, refused with 413 as soon as it (declared or streamed) exceeds ``limit`` bytes."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise Refusal(413, "too_large", f"body of {declared} bytes exceeds the limit of {limit}")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise Refusal(413, "too_large", f"body exceeds the limit of {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def read_json_object(request: Request, limit: int, what: str) -> dict:
+    body = await read_body(request, limit)
+    try:
+        payload = json.loads(body) if body.strip() else {}
+    except ValueError as error:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise Refusal(400, "bad_json", f"the {what} body is not valid JSON: {error}") from error
+    if not isinstance(payload, dict):
+        raise Refusal(400, "bad_json", f"the {what} body must be a JSON object")
+    return payload
+
+
+# -- public -------------------------------------------------------------------------------------
+async def session_info(request: Request) -> Response:
+    return JSONResponse(relay_of(request).status())
+
+
+async def task_info(request: Request) -> Response:
+    relay = relay_of(request)
+    manifest = relay.package.manifest
+    return JSONResponse({key: manifest[key] for key in TASK_FIELDS}
+                        | {"assets": relay.package.data.assets, "wheel": manifest.get("wheel"),
+                           "limits": relay.peer_limits()})
+
+
+async def events(request: Request) -> Response:
+    relay = relay_of(request)
+
+    async def stream() -> AsyncIterator[str]:
+        last = -1
+        while not await request.is_disconnected():
+            if relay.version != last:
+                last = relay.version
+                yield f"data: {json.dumps(relay.status())}\n\n"
+            if not await relay.wait_for_change(KEEP_ALIVE_SECONDS):
+                yield ": keep-alive\n\n"
+    return StreamingResponse(stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+# -- peers --------------------------------------------------------------------------------------
+async def join(request: Request) -> Response:
+    relay = relay_of(request)
+    payload = await read_json_object(request, JOIN_BODY_LIMIT, "join")
+    join_code = relay.options.join_code
+    if join_code and not hmac.compare_digest(str(payload.get("join_code", "")).encode(), join_code.encode()):
+        raise Refusal(403, "join_code", "this session needs a join code")
+    peer_id, token = relay.store.add_peer(request.headers.get("user-agent", ""))
+    relay.work_changed()
+    return JSONResponse({"peer_id": peer_id, "token": token})
+
+
+async def work(request: Request) -> Response:
+    relay = relay_of(request)
+    try:
+        hold = float(request.query_params.get("hold", 0))
+    except ValueError as error:
+        raise Refusal(400, "bad_query", "hold= must be a number of seconds") from error
+    if not 0 <= hold < float("inf"):
+        raise Refusal(400, "bad_query", "hold= must be a number of seconds, 0 or more")
+    deadline = time.monotonic() + min(hold, relay.max_hold_seconds)
+    while True:
+        peer_id = peer_of(request)  # each pass marks the peer as seen: a held peer stays connected
+        if not relay.merging and relay.round_full():  # restarted after a round's last result, before its merge
+            relay.schedule_merge()
+        job = relay.next_assignment(peer_id)
+        remaining = deadline - time.monotonic()
+        if "wait" not in job or remaining <= 0:
+            return JSONResponse(job | {"wait": 0.0} if hold and "wait" in job else job)
+        await relay.hold_for_work(remaining)
+
+
+async def weights(request: Request) -> Response:
+    peer_of(request)
+    return Response(relay_of(request).weights_message(), media_type="application/octet-stream")
+
+
+async def unit(request: Request) -> Response:
+    relay = relay_of(request)
+    peer_id = peer_of(request)
+    index = int(request.path_params["index"])
+    if not relay.holds_unit(peer_id, index) or relay.session.task.kind != "data":
+        raise Refusal(403, "not_leased", f"unit {index} is not leased to this peer")
+    return Response(relay.package.chunk_bytes(index), media_type="application/octet-stream")
+
+
+async def result(request: Request) -> Response:
+    relay = relay_of(request)
+    peer_id = peer_of(request)
+    body = await read_body(request, relay.result_body_limit)
+    try:
+        round_index, slot = int(request.query_params["round"]), int(request.query_params["slot"])
+    except (KeyError, ValueError) as error:
+        raise Refusal(400, "bad_query", "POST /api/result needs integer round= and slot=") from error
+    relay.accept_result(peer_id, round_index, slot, body)
+    relay.store.count("results_accepted")
+    relay.changed()
+    relay.schedule_merge()
+    return JSONResponse({"accepted": True, "round": round_index, "slot": slot})
+
+
+# -- admin --------------------------------------------------------------------------------------
+async def admin_action(request: Request) -> Response:
+    require_admin(request)
+    relay = relay_of(request)
+    relay.admin_action(request.path_params["action"])
+    return JSONResponse({"ok": True, "paused": relay.paused, "stopped": relay.session.stopped})
+
+
+async def create_session(request: Request) -> Response:
+    require_admin(request)
+    relay = relay_of(request)
+    body = await read_json_object(request, SESSION_BODY_LIMIT, "session")
+    archived = await relay.replace_session(body)
+    return JSONResponse({"ok": True, "archived": str(archived), "session": relay.session.describe()})
+
+
+async def export(request: Request) -> Response:
+    require_admin(request)
+    relay = relay_of(request)
+    what = request.path_params["what"]
+    if what == "model":
+        from safetensors.numpy import save
+
+        session = relay.session
+        blob = save({"weights": session.weights}, metadata={"spec": json.dumps(session.spec.to_json()),
+                                                           "round": str(session.round)})
+        return Response(blob, media_type="application/octet-stream",
+                        headers={"Content-Disposition": 'attachment; filename="model.safetensors"'})
+    if what == "history":
+        text = io.StringIO()
+        for entry in relay.session.history:
+            text.write(json.dumps(entry) + "\n")
+        return Response(text.getvalue(), media_type="application/x-ndjson")
+    raise Refusal(404, "unknown_export", f"nothing to export as {what!r}")
+
+
+API = Mount("/api", routes=[
+    Route("/session", session_info),
+    Route("/task", task_info),
+    Route("/events", events),
+    Route("/join", join, methods=["POST"]),
+    Route("/work", work, methods=["POST"]),
+    Route("/weights", weights),
+    Route("/unit/{index:int}", unit),
+    Route("/result", result, methods=["POST"]),
+    Route("/admin/export/{what}", export),
+    Route("/admin/session", create_session, methods=["POST"]),
+    Route("/admin/{action}", admin_action, methods=["POST"]),
+])
+EXCEPTION_HANDLERS = {Refusal: refusal_response}
+__all__ = ["API", "EXCEPTION_HANDLERS", "MAX_HOLD_SECONDS"]
