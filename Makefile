@@ -47,9 +47,10 @@ $(STAMPS)/torch:
 	  $(TORCH_VENV)/bin/python -m pip install --quiet torch==2.13.0 numpy && touch $@ \
 	  || echo "warning: no PyTorch 3.11 environment; the PyTorch parity tests will be skipped"
 
-lint: $(STAMPS)/venv
+lint: $(STAMPS)/venv $(STAMPS)/npm
 	$(VENV)/bin/ruff check runtime server tests examples
 	$(VENV)/bin/mypy runtime server
+	cd web && npx --no-install eslint src eslint.config.js
 
 # The default session: arithmetic with the char tokenizer, 3 units per round, 3 local epochs per unit, 4 passes
 # (11 rounds; about 96% exact answers in the simulator, a few minutes with 3 headless peers on 2 cores).

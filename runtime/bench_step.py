@@ -13,6 +13,7 @@ import numpy as np
 
 from runtime.models.transformer import Transformer, preset
 from runtime.optim import Adam
+from runtime.train_step import lm_step
 
 
 def peak_rss_mb() -> float | None:
@@ -43,12 +44,7 @@ def train_steps_throughput(
     loss_value = float("nan")
 
     def step() -> float:
-        _, loss = model(tokens[:, :-1], tokens[:, 1:])
-        assert loss is not None
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        return loss.item()
+        return lm_step(model, optimizer, tokens[:, :-1], tokens[:, 1:], clip=0.0).item()
 
     for _ in range(warmup):
         step()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from typing import Literal, overload
 
 import numpy as np
 
@@ -179,18 +180,37 @@ class AdamW(Adam):
         super().__init__(params, lr=lr, beta_1=beta_1, beta_2=beta_2, eps=eps, weight_decay=weight_decay)
 
 
-def clip_grad_norm(params: Iterable[Tensor], max_norm: float) -> float:
+@overload
+def clip_grad_norm(params: Iterable[Tensor], max_norm: float, *, on_device: Literal[False] = False) -> float: ...
+@overload
+def clip_grad_norm(params: Iterable[Tensor], max_norm: float, *, on_device: Literal[True]) -> Array: ...
+@overload
+def clip_grad_norm(params: Iterable[Tensor], max_norm: float, *, on_device: bool) -> float | Array: ...
+
+
+def clip_grad_norm(params: Iterable[Tensor], max_norm: float, *, on_device: bool = False) -> float | Array:
     """Scale all gradients by max_norm / (total_norm + 1e-6) when that is below 1 (torch.nn.utils.clip_grad_norm_).
 
     Returns the total L2 norm of the gradients before clipping. Gradients are replaced, never mutated in place.
+    By default the norm is read back once and returned as a float (so the host decides whether to scale).
+    With ``on_device=True`` nothing is read back: the norm stays a 0-d backend array (returned) and the scale
+    min(1, max_norm / (norm + 1e-6)) is computed on the device and applied to every gradient (a multiply by
+    exactly 1 where no clipping is needed), so a GPU step can clip without a host round trip.
     """
     backend = get_backend()
     with_grads = [p for p in params if p.grad is not None]
     if not with_grads:
-        return 0.0
+        return backend.zeros((), np.float32) if on_device else 0.0
     total_squared = backend.squared_norm(with_grads[0].grad)
     for param in with_grads[1:]:
         total_squared = backend.binary("add", total_squared, backend.squared_norm(param.grad))
+    if on_device:
+        norm = backend.unary("sqrt", total_squared)
+        ratio = backend.binary("div", backend.full((), max_norm, norm.dtype), backend.binary("add", norm, 1e-6))
+        scale = backend.where(backend.compare("lt", ratio, 1.0), ratio, 1.0)
+        for param in with_grads:
+            param.grad = backend.binary("mul", param.grad, scale)
+        return norm
     total_norm = math.sqrt(float(backend.to_numpy(total_squared)))  # the one read-back
     clip_coefficient = max_norm / (total_norm + 1e-6)
     if clip_coefficient < 1.0:

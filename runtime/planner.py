@@ -165,8 +165,8 @@ def check_merge_guard(merge_name: str, plan: RoundPlan, *, force: bool = False) 
         f"{STATEFUL_MERGE_MAX_SHARE:.0%}). FedAvgM and FedAdam treat a round's change as one step and carry it "
         "into the next rounds with server momentum. When one round covers a large share of the data (with a "
         "single-chunk package, one round is a whole pass), that step is already large and momentum makes it grow "
-        "every round: in the field report an arithmetic model on one chunk climbed to validation loss 11 by "
-        "round 30 with FedAvgM, where FedAvg reached 0.94 by round 20. These methods are meant for many small "
+        "every round: an arithmetic model on one chunk has climbed to validation loss 11 by round 30 with "
+        "FedAvgM, where FedAvg reached 0.94 by round 20. These methods are meant for many small "
         "rounds. Use 'fedavg', split the data into more units, or pass --force to run it anyway."
     )
 

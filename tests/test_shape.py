@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from pathlib import Path
 
@@ -94,3 +95,35 @@ def test_the_cycle_check_finds_a_synthetic_cycle(tmp_path: Path) -> None:
     assert closed_path(graph, ["knot.a", "knot.b", "knot.c"]) == ["knot.a", "knot.b", "knot.c", "knot.a"]
     (package / "inner" / "leaf.py").write_text("from knot.inner import thing as _\nthing = 1\n")
     assert ["knot.inner", "knot.inner.leaf"] in cycles(import_graph(tmp_path, ["knot"]))
+
+
+def documented_paths(text: str) -> list[tuple[str, str]]:
+    """(row's first path, a path) for every path named in backticks in a Markdown table row; a later path in
+    a row may be relative to the first (``tests/`` ... ``browser/``)."""
+    found = []
+    for line in text.splitlines():
+        if not line.startswith("|"):
+            continue
+        names = [n for n in re.findall(r"`([\w./-]+)`", line)
+                 if "/" in n and not n.startswith(("/", "http")) and not n.endswith(".json")]
+        found += [(names[0], name) for name in names]
+    return found
+
+
+def path_exists(base: str, name: str) -> bool:
+    folders = [REPO_ROOT, REPO_ROOT / base, REPO_ROOT / base.rstrip("/").rsplit("/", 1)[0], REPO_ROOT / "web"]
+    return any((folder / name).exists() for folder in folders)
+
+
+@pytest.mark.parametrize("document", ["README.md", "docs/architecture.md"])
+def test_the_folder_maps_match_the_tree(document: str) -> None:
+    """Every path a folder map names exists, and every sub-package of server/ is on the map."""
+    text = (REPO_ROOT / document).read_text()
+    generated = {"wheels/"}  # built by set-up, not in a fresh clone
+    at_run_time = {"archive/NNN/"}  # made in a session folder
+    missing = sorted({name for base, name in documented_paths(text)
+                      if base not in generated and name not in at_run_time and not path_exists(base, name)})
+    assert missing == [], f"{document} names paths that do not exist: {missing}"
+    packages = sorted(p.parent.name for p in (REPO_ROOT / "server").glob("*/__init__.py"))
+    unlisted = [name for name in packages if f"server/{name}/" not in text]
+    assert unlisted == [], f"{document} does not list server/ sub-packages {unlisted}"

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from runtime.autograd.tensor import Shape, Tensor, as_tensor, make_result, tensor
+from runtime.autograd.tensor import Shape, Tensor, as_tensor, make_result, register_ops, tensor
 from runtime.autograd.tensor import accumulate_grad as _accumulate
 from runtime.backend import Array, get_backend
 
@@ -231,3 +231,11 @@ def getitem(a: Tensor, key: Any) -> Tensor:
     return make_result(
         backend.index(a.data, key), (a,), lambda grad: _accumulate(a, backend.index_add(a.shape, key, grad))
     )
+
+
+# Tensor's operators and methods call these (tensor.py cannot import this module, which imports it).
+register_ops({
+    "add": add, "sub": sub, "mul": mul, "div": div, "neg": neg, "power": power, "matmul": matmul, "getitem": getitem,
+    "exp": exp, "log": log, "tanh": tanh, "relu": relu, "reduce_sum": reduce_sum, "mean": mean,
+    "reduce_max": reduce_max, "reshape": reshape, "permute": permute,
+})

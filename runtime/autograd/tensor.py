@@ -55,6 +55,22 @@ def get_default_dtype() -> np.dtype:
     return _AutogradState.default_dtype
 
 
+# The ops behind Tensor's operators and methods, by name. `runtime.autograd.ops` (which builds on this module, so
+# this module must not import it) registers them when imported; `runtime.autograd` imports it, so importing any
+# part of the package fills the table before a Tensor exists.
+_OPS: dict[str, Callable[..., Tensor]] = {}
+OP_NAMES = ("add", "sub", "mul", "div", "neg", "power", "matmul", "getitem", "exp", "log", "tanh", "relu",
+            "reduce_sum", "mean", "reduce_max", "reshape", "permute")
+
+
+def register_ops(ops: dict[str, Callable[..., Tensor]]) -> None:
+    """Install the functions behind Tensor's operators (called once, by `runtime.autograd.ops`)."""
+    missing = sorted(set(OP_NAMES) - set(ops))
+    if missing:
+        raise RuntimeError(f"autograd ops missing: {missing}")
+    _OPS.update(ops)
+
+
 def _graph_freed(grad: Array) -> None:
     raise RuntimeError("backward through a graph a second time: its buffers were freed by the first backward()")
 
@@ -118,75 +134,75 @@ class Tensor:
 
     # arithmetic (operands may be Tensors, numpy arrays or Python numbers)
     def __add__(self, other: Any) -> Tensor:
-        return _ops.add(self, other)
+        return _OPS["add"](self, other)
 
     def __radd__(self, other: Any) -> Tensor:
-        return _ops.add(other, self)
+        return _OPS["add"](other, self)
 
     def __sub__(self, other: Any) -> Tensor:
-        return _ops.sub(self, other)
+        return _OPS["sub"](self, other)
 
     def __rsub__(self, other: Any) -> Tensor:
-        return _ops.sub(other, self)
+        return _OPS["sub"](other, self)
 
     def __mul__(self, other: Any) -> Tensor:
-        return _ops.mul(self, other)
+        return _OPS["mul"](self, other)
 
     def __rmul__(self, other: Any) -> Tensor:
-        return _ops.mul(other, self)
+        return _OPS["mul"](other, self)
 
     def __truediv__(self, other: Any) -> Tensor:
-        return _ops.div(self, other)
+        return _OPS["div"](self, other)
 
     def __rtruediv__(self, other: Any) -> Tensor:
-        return _ops.div(other, self)
+        return _OPS["div"](other, self)
 
     def __neg__(self) -> Tensor:
-        return _ops.neg(self)
+        return _OPS["neg"](self)
 
     def __pow__(self, exponent: Any) -> Tensor:
-        return _ops.power(self, exponent)
+        return _OPS["power"](self, exponent)
 
     def __matmul__(self, other: Tensor) -> Tensor:
-        return _ops.matmul(self, other)
+        return _OPS["matmul"](self, other)
 
     def __getitem__(self, key: Any) -> Tensor:
-        return _ops.getitem(self, key)
+        return _OPS["getitem"](self, key)
 
     def exp(self) -> Tensor:
-        return _ops.exp(self)
+        return _OPS["exp"](self)
 
     def log(self) -> Tensor:
-        return _ops.log(self)
+        return _OPS["log"](self)
 
     def tanh(self) -> Tensor:
-        return _ops.tanh(self)
+        return _OPS["tanh"](self)
 
     def relu(self) -> Tensor:
-        return _ops.relu(self)
+        return _OPS["relu"](self)
 
     def sum(self, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Tensor:
-        return _ops.reduce_sum(self, axis, keepdims)
+        return _OPS["reduce_sum"](self, axis, keepdims)
 
     def mean(self, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Tensor:
-        return _ops.mean(self, axis, keepdims)
+        return _OPS["mean"](self, axis, keepdims)
 
     def max(self, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Tensor:
-        return _ops.reduce_max(self, axis, keepdims)
+        return _OPS["reduce_max"](self, axis, keepdims)
 
     def reshape(self, *shape: int) -> Tensor:
         if len(shape) == 1 and isinstance(shape[0], tuple | list):
             shape = tuple(shape[0])
-        return _ops.reshape(self, shape)
+        return _OPS["reshape"](self, shape)
 
     def transpose(self, *axes: int) -> Tensor:
-        return _ops.permute(self, axes if axes else tuple(reversed(range(self.ndim))))
+        return _OPS["permute"](self, axes if axes else tuple(reversed(range(self.ndim))))
 
     permute = transpose
 
     @property
     def T(self) -> Tensor:  # noqa: N802 - numpy's name
-        return _ops.permute(self, tuple(reversed(range(self.ndim))))
+        return _OPS["permute"](self, tuple(reversed(range(self.ndim))))
 
 
 def tensor(data: Any, dtype: Any = None, requires_grad: bool = False) -> Tensor:
@@ -244,5 +260,3 @@ def _topological_order(root: Tensor) -> list[Tensor]:
                 stack.append((parent, False))
     return order
 
-
-from runtime.autograd import ops as _ops  # noqa: E402  (ops builds on the names above)

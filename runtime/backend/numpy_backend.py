@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from runtime.backend import Array, Axes
+from runtime.backend.base import Array, Axes
 
 GELU_COEFF = 0.044715
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)

@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from runtime.backend import numpy_backend
+from runtime.backend.numpy_backend import use_matmul
 from runtime.backend.wasm import Function, side_module
 
 # Rows of A per block: 8 accumulators + 2 rows of B + 1 splat fit 16 vector registers; 6 and 8 rows measured
@@ -177,5 +177,5 @@ def matmul(gemm: Callable[..., None], a: np.ndarray, b: np.ndarray) -> np.ndarra
 def install() -> str:
     """Load the kernel and make it the numpy backend's matmul (Pyodide only); returns what the page shows."""
     gemm = load()
-    numpy_backend.use_matmul(lambda a, b: matmul(gemm, a, b))
+    use_matmul(lambda a, b: matmul(gemm, a, b))
     return f"WebAssembly SIMD kernel ({ROWS}x8 blocks)"

@@ -8,7 +8,8 @@ backend; index lists derived from them are uploaded as uint32.
 
 Nothing here reads the GPU except `to_numpy` (blocking, through JSPI) and `read` (awaitable); see
 `webgpu_context` for how work is batched and read back. Create a backend with `await create_backend()`.
-The fused kernels (softmax, cross-entropy, layer norm, attention, optimizers) are in `webgpu_fused`.
+The fused kernels (softmax, cross-entropy, layer norm, attention, optimizers) are in `webgpu_fused`; `GPUArray`
+and the kernels' op codes are in `webgpu_array` (both modules import them from there).
 """
 
 from __future__ import annotations
@@ -18,57 +19,19 @@ from typing import Any
 
 import numpy as np
 
+from runtime.backend.webgpu_array import (
+    BINARY_CODES,
+    COMPARE_CODES,
+    FLOAT32,
+    REDUCE_CODES,
+    UNARY_CODES,
+    WHERE,
+    GPUArray,
+)
 from runtime.backend.webgpu_context import MAX_GROUPS, Buffer, GPUContext, f32_bits, request_context, webgpu_entry
 from runtime.backend.webgpu_fused import FusedKernels
 
 MAX_DIMS = 6
-UNARY_CODES = {"neg": 0, "exp": 1, "log": 2, "tanh": 3, "relu": 4, "sqrt": 5, "abs": 6, "sign": 7, "step": 8,
-               "copy": 9}
-BINARY_CODES = {"add": 10, "sub": 11, "mul": 12, "div": 13, "pow": 14, "maximum": 15}
-COMPARE_CODES = {"eq": 20, "gt": 21, "ge": 22, "lt": 23, "le": 24, "ne": 25}
-WHERE, GELU_GATE, GELU_BACKWARD = 30, 40, 41
-REDUCE_CODES = {"sum": 0, "max": 1, "sumsq": 2}
-FLOAT32 = np.dtype(np.float32)
-
-
-def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    strides, step = [], 1
-    for size in reversed(shape):
-        strides.append(step)
-        step *= size
-    return tuple(reversed(strides))
-
-
-class GPUArray:
-    """A view (shape, element strides, element offset) of a GPU buffer, with a logical numpy dtype."""
-
-    __slots__ = ("buffer", "shape", "strides", "offset", "dtype", "host", "host_version")
-
-    def __init__(self, buffer: Buffer, shape: tuple[int, ...], dtype: Any = FLOAT32,
-                 strides: tuple[int, ...] | None = None, offset: int = 0) -> None:
-        self.buffer = buffer
-        self.shape = tuple(int(n) for n in shape)
-        self.strides = contiguous_strides(self.shape) if strides is None else tuple(strides)
-        self.offset = offset
-        self.dtype = np.dtype(dtype)
-        self.host: np.ndarray | None = None  # a cached read-back, valid while buffer.version == host_version
-        self.host_version = -1
-
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
-    @property
-    def size(self) -> int:
-        return math.prod(self.shape)
-
-    def is_contiguous(self) -> bool:
-        expected = contiguous_strides(self.shape)
-        return self.offset == 0 and all(n == 1 or s == e for n, s, e in zip(self.shape, self.strides, expected,
-                                                                              strict=True))
-
-    def __repr__(self) -> str:
-        return f"GPUArray(shape={self.shape}, dtype={self.dtype})"
 
 
 def _logical_dtype(dtype: Any) -> np.dtype:

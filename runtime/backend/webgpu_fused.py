@@ -14,11 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from runtime.backend.webgpu_context import f32_bits
-
-if TYPE_CHECKING:
-    from runtime.backend.webgpu import GPUArray
-    from runtime.backend.webgpu_context import GPUContext
+from runtime.backend.webgpu_array import GELU_BACKWARD, GELU_GATE, UNARY_CODES, GPUArray
+from runtime.backend.webgpu_context import GPUContext, f32_bits
 
 IGNORED = 0xFFFFFFFF  # a target that counts for nothing
 
@@ -43,8 +40,6 @@ class FusedKernels:
         def zeros(self, shape: tuple[int, ...], dtype: Any) -> GPUArray: ...
 
     def _new(self, shape: tuple[int, ...]) -> GPUArray:
-        from runtime.backend.webgpu import GPUArray
-
         return GPUArray(self.context.buffer(math.prod(shape) * 4), shape)
 
     def _rows(self, kernel: str, params: list[int], buffers: list[Any], rows: int) -> None:
@@ -53,14 +48,10 @@ class FusedKernels:
 
     # gelu
     def gelu(self, x: GPUArray) -> tuple[GPUArray, GPUArray]:
-        from runtime.backend.webgpu import GELU_GATE
-
         gate = self._map(GELU_GATE, x.shape, [x])
         return self.binary("mul", x, gate), gate
 
     def gelu_backward(self, x: GPUArray, gate: GPUArray, grad: GPUArray) -> GPUArray:
-        from runtime.backend.webgpu import GELU_BACKWARD
-
         return self._map(GELU_BACKWARD, x.shape, [x, gate, grad])
 
     # softmax family (rows along `axis`, moved last when it is not)
@@ -155,8 +146,6 @@ class FusedKernels:
     # causal attention, composed from strided matmuls and a causal softmax kernel
     def _heads(self, qkv: GPUArray, n_head: int) -> tuple[GPUArray, GPUArray, GPUArray, int]:
         """Views q, k, v (B, nh, T, hs) of the packed projections (B, T, 3C); no copies."""
-        from runtime.backend.webgpu import GPUArray
-
         qkv = self.contiguous(qkv)
         batch, length, width3 = qkv.shape
         head_size = width3 // (3 * n_head)
@@ -179,8 +168,6 @@ class FusedKernels:
 
     def causal_attention_backward(self, qkv: GPUArray, probs: GPUArray, n_head: int, dropout_mask: GPUArray | None,
                                   grad: GPUArray) -> GPUArray:
-        from runtime.backend.webgpu import UNARY_CODES
-
         query, key, value, head_size = self._heads(qkv, n_head)
         batch, _, length, _ = query.shape
         grad_y = self.permute(self.reshape(grad, (batch, length, n_head, head_size)), (0, 2, 1, 3))  # view

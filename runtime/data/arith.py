@@ -7,7 +7,7 @@ Which problems go where (all seeded by ``ArithSettings.seed``):
 - ``generate_problems``: ``num_examples`` problems drawn with replacement from the training pairs and
   the operators.
 - ``validation_problems``: ``validation_size`` (200) problems drawn uniformly from the whole operand range,
-  as in the field report. These MAY overlap the training problems: with 0-99 the range holds few enough
+  a measure of fit. These MAY overlap the training problems: with 0-99 the range holds few enough
   problems that a model can memorise most of them, so this set measures fit, not generalisation.
 - ``generalization_problems``: problems the model never saw: up to ``generalization_size`` problems on
   held-out pairs, plus ``beyond_range_size`` problems whose operands lie above the training range
@@ -111,7 +111,8 @@ def arith_alphabet(settings: ArithSettings) -> str:
 
 
 def char_tokenizer(settings: ArithSettings) -> CharTokenizer:
-    """The report's fix: no merges, every digit, operator and '=' its own token, and a real ``<eos>``."""
+    """The tokenizer that learns sums: no merges, every digit, operator and '=' its own token, and a real ``<eos>``
+    (a BPE glues digits to operators and the end marker, and the model then never learns the sums)."""
     return CharTokenizer.build(arith_alphabet(settings), end_text=settings.end_token)
 
 

@@ -5,12 +5,13 @@ and special tokens. Encoding first cuts the special-token strings out of the tex
 ``split_special_tokens`` is False, see below), then runs byte-pair merging on each remaining piece with no
 pre-tokenization: start from single characters and repeatedly merge the adjacent pair whose merge has the
 lowest rank, leftmost first. That is what Hugging Face ``tokenizers``' ``models.BPE`` does for a tokenizer
-without normalizer or pre-tokenizer, so a BPE trained by ``server.bpe`` encodes to the same ids here.
+without normalizer or pre-tokenizer, so a BPE trained by ``server.session.bpe`` encodes to the same ids here.
 
 ``split_special_tokens=False`` mirrors Hugging Face's ``encode_special_tokens = True``: ``<eos>`` stays a
 real special token in the vocabulary, but the string ``"<eos>"`` written in the text is merged like any
-other characters. That is how the field report's tokenizer glued the end marker to the last digit
-(``"5<EOS>\\n"``); a ``CharTokenizer`` keeps every character and special token apart, which was the fix.
+other characters. That is how a BPE trained on arithmetic glues the end marker to the last digit
+(``"5<EOS>\\n"``: one token for a digit and the end of the answer); a ``CharTokenizer`` keeps every
+character and special token apart, which avoids it.
 """
 
 from __future__ import annotations

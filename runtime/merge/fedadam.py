@@ -67,8 +67,9 @@ class FedAdam(MergeMethod):
     are shrunk by (1 - beta_1**t) and (1 - beta_2**t), and the two shrinkages do not cancel: with
     the default betas the per-coordinate step is eta in round 1 but grows to about 2.1 * eta near
     round 10 and only slowly settles back to eta. A step that grows over the rounds is the very
-    trap the field report describes for server momentum; corrected, the step stays about eta from
-    the first round, so eta means the same thing in a 33-round session as in a 1000-round one.
+    trap of server momentum (it makes a model diverge when each round is a large share of the data);
+    corrected, the step stays about eta from the first round, so eta means the same thing in a
+    33-round session as in a 1000-round one.
     Moments start at zero as in Flower (the paper allows any v_{-1} >= tau**2); tau keeps the
     denominator positive.
 

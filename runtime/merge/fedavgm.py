@@ -4,7 +4,7 @@ Hsu, Qi and Brown 2019, "Measuring the Effects of Non-Identical Data Distributio
 Visual Classification". The round's change ``global - average`` is treated as one gradient step
 (the pseudo-gradient) and continued with heavy-ball momentum on the server. That suits many small
 rounds; when one round is a whole pass over the data, momentum keeps growing an already large step
-(the field report's arithmetic model diverged this way), hence the planner's guard.
+(an arithmetic model trained on a single-chunk package diverges this way), hence the planner's guard.
 """
 
 from __future__ import annotations

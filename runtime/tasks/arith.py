@@ -1,6 +1,6 @@
 """Arithmetic with a small causal transformer: ``37+48=85<eos>``, scored on exact answers.
 
-The field report's lesson is built in: a byte-pair tokenizer trained on arithmetic glues digits to operators
+A known pitfall is built in: a byte-pair tokenizer trained on arithmetic glues digits to operators
 (``"7+4"``, ``"8=8"``) and the model never learns the sums; a character vocabulary with a real ``<eos>``
 (``tokenizer="char"``, the default) does. ``inspect_lines()`` shows how the tokenizer cuts a few examples and
 warns about glued tokens.
@@ -11,11 +11,11 @@ inputs (token ids, right-padded with ``<pad>``), ``chunk[1]`` the next-token tar
 does not look (prompt and padding: the loss covers only the answer and the end marker). ``T`` is the longest
 training or validation sequence minus one, not the model's context, so no step is spent on padding.
 
-Validation (kept on the host): ``val_*`` the 200 seeded problems from the whole range (the report's
-measure: they may overlap the training problems), ``gen_*`` problems never trained on (held-out pairs, then
-``beyond_range_size`` three-digit ones, marked by ``gen_beyond``), ``sample_*`` the report's ``1+1`` ...
-``1+8``. Each set is ``*_prompts`` (M, P) int32 right-padded, ``*_lengths`` (M,) and ``*_answers`` (M,) int64;
-``loss_inputs`` / ``loss_targets`` are the validation problems as LM arrays for ``val_loss``.
+Validation (kept on the host): ``val_*`` the 200 seeded problems from the whole range (a measure of fit:
+they may overlap the training problems), ``gen_*`` problems never trained on (held-out pairs, then
+``beyond_range_size`` three-digit ones, marked by ``gen_beyond``), ``sample_*`` the fixed problems ``1+1``
+... ``1+8``, shown as samples. Each set is ``*_prompts`` (M, P) int32 right-padded, ``*_lengths`` (M,) and
+``*_answers`` (M,) int64; ``loss_inputs`` / ``loss_targets`` are the validation problems as LM arrays for ``val_loss``.
 """
 
 from __future__ import annotations
@@ -42,13 +42,14 @@ from runtime.data.arith import (
     validation_problems,
 )
 from runtime.data.tokenizer import Tokenizer, TokenizerError, inspect_tokenization, tokenization_warning
+from runtime.device_probe import Probe
 from runtime.models.transformer import Transformer, TransformerConfig, preset
 from runtime.tasks.base import HostServices, Sample, Task, TaskData, TaskError, UnitResult, WorkUnit
-from runtime.tasks.lm import greedy_continuations, mean_loss, train_lm_passes
+from runtime.tasks.lm import greedy_continuations, lm_probe, mean_loss, train_lm_passes
 
 TOKENIZERS = ("char", "bpe")
 MODEL_OVERRIDES = ("n_layer", "n_head", "n_embd", "context")
-SAMPLE_COUNT = 8  # the report's "1+1=", "1+2=", ...
+SAMPLE_COUNT = 8  # the sample problems "1+1=", "1+2=", ...
 
 
 @dataclass(frozen=True)
@@ -64,10 +65,10 @@ class ArithTaskSettings:
     validation_size: int = 200
     generalization_size: int = 200
     beyond_range_size: int = 50
-    # the tokenizer: "char" (every character a token, a real <eos>) or "bpe" (the report's pitfall)
+    # the tokenizer: "char" (every character a token, a real <eos>) or "bpe" (glues digits and operators: no sums)
     tokenizer: str = "char"
     merges: int = 300  # bpe only
-    glue_end_marker: bool = True  # bpe only: the report's "<eos>\n" written as text the merges can swallow
+    glue_end_marker: bool = True  # bpe only: "<eos>\n" written as text the merges can fuse with the last digit
     # the model: a preset, with optional overrides (None keeps the preset's value)
     model: str = "arith"
     n_layer: int | None = None
@@ -168,6 +169,10 @@ class ArithTask(Task):
     def build_model(self, seed: int) -> Transformer:
         return Transformer(self.config(), seed)
 
+    def device_probe(self, *, seed: int = 0, **options: Any) -> Probe | None:
+        """``lm_probe`` of the initial model on batches of ``batch_size`` (an option; default the setting)."""
+        return lm_probe(self.build_model(seed), seed=seed, **({"batch_size": self.settings.batch_size} | options))
+
     def attach(self, assets: Mapping[str, Any]) -> None:
         if "tokenizer" in assets:
             try:
@@ -181,8 +186,8 @@ class ArithTask(Task):
         if self.settings.tokenizer == "char":
             return char_tokenizer(self.settings.arith())
         if host is None or host.train_bpe is None:
-            raise TaskError("arith: tokenizer='bpe' needs the host's train_bpe service (server.bpe.train_for_task); "
-                            "use tokenizer='char' inside a peer")
+            raise TaskError("arith: tokenizer='bpe' needs the host's train_bpe service "
+                            "(server.session.bpe.train_for_task); use tokenizer='char' inside a peer")
         tokenizer = host.train_bpe(problems, self.settings.merges, glue_end_marker=self.settings.glue_end_marker)
         if not isinstance(tokenizer, Tokenizer):
             raise TaskError(f"arith: train_bpe returned {type(tokenizer).__name__}, expected a runtime Tokenizer")
@@ -196,7 +201,7 @@ class ArithTask(Task):
         general = generalization_problems(arith)
         first_op = arith.operators[0]
         low = arith.operand_min
-        report = [make_problem(low + 1, first_op, low + k) for k in range(1, SAMPLE_COUNT + 1)]
+        shown = [make_problem(low + 1, first_op, low + k) for k in range(1, SAMPLE_COUNT + 1)]
         try:
             steps = max(len(tokenizer.pieces(p.text(tokenizer.end_text))) for p in problems + val) - 1
             context = self.settings.base_config().context
@@ -210,7 +215,7 @@ class ArithTask(Task):
             validation = {"loss_inputs": loss_inputs, "loss_targets": loss_targets}
             validation |= encode_prompts(tokenizer, val, "val")
             validation |= encode_prompts(tokenizer, general, "gen")
-            validation |= encode_prompts(tokenizer, report, "sample")
+            validation |= encode_prompts(tokenizer, shown, "sample")
         except TokenizerError as error:
             raise TaskError(f"arith: the tokenizer cannot encode the problems: {error}") from error
         _, heldout = split_pairs(arith)
@@ -282,7 +287,7 @@ class ArithTask(Task):
         return np.array([a == str(int(t)) for a, t in zip(answers, truth, strict=True)], dtype=bool)
 
     def samples(self, weights: np.ndarray, validation: Mapping[str, np.ndarray], count: int = 6) -> list[Sample]:
-        """Lines like ``1+1=2 ok`` and ``1+6=10 wrong, want 7`` for the report's problems 1+1, 1+2, ..."""
+        """Lines like ``1+1=2 ok`` and ``1+6=10 wrong, want 7`` for the sample problems 1+1, 1+2, ..."""
         tokenizer = self.require_tokenizer()
         model = self.load(weights)
         answers = self.answers(model, validation, "sample")

@@ -24,6 +24,7 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 
+from runtime.device_probe import Probe
 from runtime.nn import Module
 from runtime.weights import WeightSpec, flatten, spec_of, unflatten
 
@@ -82,9 +83,9 @@ class HostServices:
     """Host-only helpers a task may use in ``prepare`` (runtime code cannot import host libraries).
 
     ``train_bpe(texts, num_merges, *, glue_end_marker=True) -> runtime.data.tokenizer.Tokenizer`` trains a
-    byte-pair tokenizer with Hugging Face ``tokenizers`` (``server.bpe.train_for_task``): ``texts`` are
+    byte-pair tokenizer with Hugging Face ``tokenizers`` (``server.session.bpe.train_for_task``): ``texts`` are
     ``runtime.data.arith.Problem``s (written with the end marker glued into the text when ``glue_end_marker``,
-    the field report's setting) or ready-made training lines, used as they are.
+    so merges can fuse it with the last digit) or ready-made training lines, used as they are.
     """
 
     train_bpe: Callable[..., Any] | None = None
@@ -151,6 +152,17 @@ class Task:
     def samples(self, weights: np.ndarray, validation: Mapping[str, np.ndarray], count: int = 6) -> list[Sample]:
         return []
 
+    def episodes_per_unit(self) -> int:
+        """Experience tasks: the episode budget of one work unit (see ``work_unit``). Default 1; override it."""
+        return 1
+
+    def device_probe(self, *, seed: int = 0, **options: Any) -> Probe | None:
+        """A probe of this task's own kind of update, for the device chooser (``runtime.device``): called with
+        a backend active it builds the model, optimizer and a synthetic batch there and returns an awaitable step.
+        ``seed`` seeds the model and the batch; ``options`` are task-specific sizes. Default None: no probe,
+        so ``auto`` has nothing to time (``runtime.device.choose_device`` then takes WebGPU where present)."""
+        return None
+
     # -- shared helpers ---------------------------------------------------------------------------
     def model(self) -> Module:
         """The task's model, built once per task object (weights are replaced by ``load``)."""
@@ -179,6 +191,15 @@ class Task:
             raise TaskError(f"task {self.name!r}: weights have shape {weights.shape}, the model needs ({spec.size},)")
         model.load_state_dict(unflatten(np.asarray(weights, dtype=np.float32), spec, copy=True))
         return model
+
+    def work_unit(self, data: TaskData, index: int, seed: int, progress: float = 0.0) -> WorkUnit:
+        """Unit ``index`` of a pass, handed out with ``seed`` when ``progress`` of the session is done: a data
+        task's unit is its chunk ``data.units[index]``; an experience task's is ``episodes_per_unit()`` episodes."""
+        if self.kind == "data":
+            if data.units is None:
+                raise TaskError(f"task {self.name!r}: a data task's TaskData has no units")
+            return WorkUnit(index=index, seed=seed, data=data.units[index], progress=progress)
+        return WorkUnit(index=index, seed=seed, episodes=self.episodes_per_unit(), progress=progress)
 
     def flat_weights(self, model: Module) -> np.ndarray:
         return flatten(model.state_dict(), self.spec())

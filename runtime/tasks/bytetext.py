@@ -15,9 +15,10 @@ from typing import Any
 import numpy as np
 
 from runtime.data.text import byte_chunks, default_corpus, lm_windows, validation_windows
+from runtime.device_probe import Probe
 from runtime.models.transformer import Transformer, TransformerConfig, preset
 from runtime.tasks.base import HostServices, Sample, Task, TaskData, TaskError, UnitResult, WorkUnit
-from runtime.tasks.lm import bits_per_token, mean_loss, train_lm
+from runtime.tasks.lm import bits_per_token, lm_probe, mean_loss, train_lm
 
 # Prompts of equal length so the samples come from one batched generation (it sits beside every round).
 PROMPTS = ("The ", "When", "A fu")
@@ -62,6 +63,10 @@ class ByteTextTask(Task):
 
     def build_model(self, seed: int) -> Transformer:
         return Transformer(self.config(), seed)
+
+    def device_probe(self, *, seed: int = 0, **options: Any) -> Probe | None:
+        """``lm_probe`` of the initial model on batches of ``batch_size`` (an option; default the setting)."""
+        return lm_probe(self.build_model(seed), seed=seed, **({"batch_size": self.settings.batch_size} | options))
 
     def corpus(self) -> bytes:
         if not self.settings.files:

@@ -32,6 +32,7 @@ import numpy as np
 
 from runtime.autograd import Tensor, functional, no_grad, tensor
 from runtime.backend import get_backend
+from runtime.device_probe import Probe, Step, copier
 from runtime.envs.cartpole import MAX_EPISODE_STEPS, CartPoleBatch, Trajectory, episode_seeds, play_episodes
 from runtime.models.mlp import MLPPolicy, preset
 from runtime.nn import Linear
@@ -224,6 +225,27 @@ def update_policy(
     return loss.item()
 
 
+def policy_probe(policy: MLPPolicy, *, rows: int = 1024, seed: int = 0) -> Probe:
+    """The device probe of CartPole: ``update_policy`` (Adam, lr 0.01, clip ratio 0.2) of a copy of ``policy`` on
+    a synthetic batch of ``rows`` steps, the size of a unit's experience."""
+    build = copier(policy, seed)
+    rng = np.random.default_rng(seed)
+    width = policy.config.sizes[0]
+    batch = PolicyBatch(rng.normal(size=(rows, width)).astype(np.float32), rng.integers(0, 2, size=rows),
+                        rng.normal(size=rows).astype(np.float32), np.full(rows, np.log(0.5), np.float32))
+
+    def make_step() -> Step:
+        copy = build()
+        optimizer = Adam(copy.parameters(), lr=0.01)
+
+        async def step() -> float:
+            return update_policy(copy, optimizer, batch, clip_ratio=0.2)
+
+        return step
+
+    return make_step
+
+
 def make_optimizer(policy: MLPPolicy, settings: CartPoleSettings) -> Optimizer:
     if settings.optimizer == "sgd":
         return SGD(policy.parameters(), lr=settings.lr)
@@ -248,6 +270,13 @@ class CartPoleTask(Task):
 
     def build_model(self, seed: int) -> MLPPolicy:
         return MLPPolicy(preset(self.settings.model), seed)
+
+    def episodes_per_unit(self) -> int:
+        return self.settings.episodes_per_unit
+
+    def device_probe(self, *, seed: int = 0, **options: Any) -> Probe | None:
+        """``policy_probe`` of the initial policy; option ``rows`` (default 1024) sets the batch size."""
+        return policy_probe(self.build_model(seed), seed=seed, **options)
 
     def policy(self, weights: np.ndarray) -> MLPPolicy:
         model = self.load(weights)

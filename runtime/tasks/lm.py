@@ -8,8 +8,10 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from runtime.autograd import no_grad
+from runtime.device_probe import Probe, Step, copier
 from runtime.models.transformer import Transformer
-from runtime.optim import Adam, clip_grad_norm
+from runtime.optim import Adam
+from runtime.train_step import lm_step, lm_step_async
 
 
 def adam_steps(model: Transformer, inputs: np.ndarray, targets: np.ndarray, plan: Sequence[np.ndarray],
@@ -22,15 +24,24 @@ def adam_steps(model: Transformer, inputs: np.ndarray, targets: np.ndarray, plan
     losses = []
     for step, rows in enumerate(plan):
         optimizer.lr = lr_at(step)
-        _, loss = model(inputs[rows], targets[rows])
-        assert loss is not None
-        optimizer.zero_grad()
-        loss.backward()
-        if clip > 0:
-            clip_grad_norm(model.parameters(), clip)
-        optimizer.step()
+        loss = lm_step(model, optimizer, inputs[rows], targets[rows], clip=clip)
         losses.append(float(loss.numpy()))
     return losses
+
+
+def lm_probe(model: Transformer, *, batch_size: int = 8, seed: int = 0) -> Probe:
+    """The device probe of a language-model task: an Adam step (lr 1e-3, clipping at norm 1 on the device, one
+    read-back) of a copy of ``model`` on ``batch_size`` random sequences of its full context."""
+    build = copier(model, seed)
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(0, model.config.vocab_size, size=(batch_size, model.config.context + 1))
+
+    def transformer_probe() -> Step:
+        transformer = build()
+        optimizer = Adam(transformer.parameters(), lr=1e-3)
+        return lambda: lm_step_async(transformer, optimizer, tokens)
+
+    return transformer_probe
 
 
 def train_lm(model: Transformer, inputs: np.ndarray, targets: np.ndarray, *, steps: int, batch_size: int,

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from runtime.tasks.base import Task, TaskData, TaskError, WorkUnit, check_unit_result
+from runtime.tasks.base import Task, TaskData, TaskError, check_unit_result
 
 BUILTIN_TASKS = {
     "bytetext": "runtime.tasks.bytetext:ByteTextTask",
@@ -117,7 +117,7 @@ def dry_run(task: Task, data: TaskData, *, seed: int = 0) -> dict[str, float]:
     spec = task.spec()
     if weights.shape != (spec.size,):
         raise TaskError(f"task {task.name!r}: initial weights have shape {weights.shape}, expected ({spec.size},)")
-    unit = unit_for(task, data, 0, seed)
+    unit = task.work_unit(data, 0, seed)
     check_unit_result(task, task.train_unit(weights, unit), spec)
     metrics = task.validate(weights, data.validation)
     if not isinstance(metrics, dict) or task.metric not in metrics:
@@ -127,10 +127,3 @@ def dry_run(task: Task, data: TaskData, *, seed: int = 0) -> dict[str, float]:
         raise TaskError(f"task {task.name!r}: validate returned non-numeric or NaN metrics {bad}")
     return metrics
 
-
-def unit_for(task: Task, data: TaskData, index: int, seed: int, progress: float = 0.0) -> WorkUnit:
-    if task.kind == "data":
-        assert data.units is not None
-        return WorkUnit(index=index, seed=seed, data=data.units[index], progress=progress)
-    return WorkUnit(index=index, seed=seed, episodes=int(getattr(task.settings, "episodes_per_unit", 1)),
-                    progress=progress)

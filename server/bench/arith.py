@@ -1,13 +1,14 @@
-"""``peertrain bench tasks`` (arithmetic part): the field report's tokenizer pitfall, reproduced and fixed.
+"""``peertrain bench tasks`` (arithmetic part): the BPE tokenizer pitfall on arithmetic
+(digits glued to operators, the end marker swallowed), reproduced and fixed.
 
-Both runs use the report's data (``REPORT_ARITH_SEED``, ``REPORT_NUM_EXAMPLES`` problems 0-99) and the same
+Both runs use the pitfall's data (``REPORT_ARITH_SEED``, ``REPORT_NUM_EXAMPLES`` problems 0-99) and the same
 model and training settings; only the tokenizer differs: ``bpe`` (``REPORT_NUM_MERGES`` merges, the end
-marker glued into the text: the report's pitfall) and ``char`` (every character a token, a real ``<eos>``:
+marker glued into the text: the pitfall) and ``char`` (every character a token, a real ``<eos>``:
 the fix). An epoch is one pass over every chunk, trained unit after unit (FedAvg with one participant per
 round, so the merge is the identity). Printed per tokenizer: the inspection of how it cuts ``37+48=85``,
 then per epoch the seconds (wall and CPU), validation loss, exact answers x/200, generalisation accuracy
 (held-out pairs and three-digit problems), and finally a few sample answers. The anchor is the bpe run:
-the last lines print char against bpe, and the epoch time against the report's ~4 s.
+the last lines print char against bpe, and the epoch time against a published ~4 s per epoch for this set-up.
 """
 
 from __future__ import annotations
@@ -109,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"    {sample}")
     if "char" in runs:
         char = runs["char"]
-        print(f"char epoch time vs the report's ~{REPORT_EPOCH_SECONDS:.0f} s: "
+        print(f"char epoch time vs the published ~{REPORT_EPOCH_SECONDS:.0f} s: "
               f"{char.seconds_per_epoch / REPORT_EPOCH_SECONDS:.2f}x")
     if "char" in runs and "bpe" in runs:
         char_final, bpe_final = runs["char"].final, runs["bpe"].final

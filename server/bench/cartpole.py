@@ -1,6 +1,6 @@
 """``peertrain bench tasks`` (CartPole part): rounds until the greedy return first reaches 500.
 
-The field report: with two participants playing 32 episodes each per round and FedAvg merging, the
+The claim under test: with two participants playing 32 episodes each per round and FedAvg merging, the
 greedy return went from about 9 to 500 within 25 to 30 rounds. Here, per seed, an in-process session
 runs the planner's assignments: every participant trains its unit from the same global weights, the
 results are merged with FedAvg and the merged policy is evaluated on the task's fixed seeded episodes.

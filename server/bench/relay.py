@@ -229,11 +229,12 @@ def training_seconds(package: Package) -> float:
     return time.perf_counter() - started
 
 
-# One unit as the page's worker trains it: join, ask for work, fetch the weights and the chunk, train.
+# One unit as the page's worker trains it (through runtime.worker, the module the worker calls): join, ask for
+# work, fetch the weights and the chunk, train. (worker_page opens the page with ?test=1, so this code runs.)
 BROWSER_UNIT = """
 import json, time
 from pyodide.http import pyfetch
-from runtime.peer import Peer
+from runtime.worker import build_peer
 
 async def get(path, **options):
     response = await pyfetch(path, **options)
@@ -243,7 +244,7 @@ async def get(path, **options):
 
 joined = await (await get("/api/join", method="POST", body="{}")).json()
 auth = {"Authorization": f"Bearer {joined['peer_id']}:{joined['token']}"}
-peer = Peer(json.dumps(await (await get("/api/task")).json()))
+peer = build_peer(json.dumps(await (await get("/api/task")).json()))
 job = await (await get("/api/work", method="POST", headers=auth)).json()
 peer.set_weights(await (await get("/api/weights", headers=auth)).bytes())
 chunk = await (await get(f"/api/unit/{job['unit_index']}", headers=auth)).bytes()

@@ -1,4 +1,5 @@
-"""Where Debian's Chromium is and how to launch it (DESIGN.md: Playwright's own download fails here)."""
+"""Where Debian's Chromium is and how to launch it (Playwright's own browser download fails offline, so the
+system package is used)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,10 @@
 """Train a byte-pair tokenizer on arithmetic text with Hugging Face ``tokenizers``, then export it to the runtime.
 
-This reproduces the field report's pitfall on purpose, so it can be seen and tested:
+A known pitfall of BPE on arithmetic, reproduced on purpose so it can be seen and tested (the char tokenizer
+is the fix):
 - no normalizer and no pre-tokenizer, so nothing splits on digits or punctuation and merges CAN glue digits
   to operators and '=' (``"7+4"``, ``"8=8"``);
-- with ``glue_end_marker=True`` (the report's setting) each training line is ``"37+48=85<eos>\\n"`` and
+- with ``glue_end_marker=True`` (the pitfall's setting) each training line is ``"37+48=85<eos>\\n"`` and
   ``encode_special_tokens`` is on: ``<eos>`` is still a real special token in the vocabulary, but the marker
   written in the text is merged like ordinary characters, giving pieces such as ``"5<eos>\\n"``;
 - with ``glue_end_marker=False`` the lines are trained without the marker and ``<eos>`` is always cut out
@@ -29,7 +30,7 @@ from runtime.data.tokenizer import EOS, PAD, Tokenizer, TokenizerError
 
 SPECIAL_TOKENS = (PAD, EOS)
 
-# Settings under which the field report's cut appears exactly:
+# Settings under which the pitfall's cut appears exactly (digits glued to operators, the end marker swallowed):
 #   37+48=85<eos> -> "3" | "7+4" | "8=8" | "5<eos>\n"
 # ArithSettings(seed=4, num_examples=10_000) (other fields default: 0-99, "+", 10% held-out pairs) and
 # BpeSettings(num_merges=300, glue_end_marker=True). Other seeds give similar fragments ("7+4", "=85<eos>\n").
@@ -41,7 +42,7 @@ REPORT_NUM_MERGES = 300
 @dataclass
 class BpeSettings:
     num_merges: int = 300
-    glue_end_marker: bool = True  # the field report's setting: "<eos>\n" is text the merges can swallow
+    glue_end_marker: bool = True  # the pitfall: "<eos>\n" written as text, which merges can swallow
     newline: bool = True  # end each training line with "\n" (only with glue_end_marker)
 
     def __post_init__(self) -> None:
@@ -118,7 +119,7 @@ def train_for_task(texts: Sequence[Problem | str], num_merges: int, *, glue_end_
     """The ``HostServices.train_bpe`` hook: a runtime ``Tokenizer`` with ``num_merges`` BPE merges.
 
     ``texts``: arithmetic problems (written as ``training_lines`` does: with the end marker glued into the text
-    when ``glue_end_marker``, the field report's setting) or ready-made training lines, used as they are.
+    when ``glue_end_marker``, the pitfall's setting) or ready-made training lines, used as they are.
     """
     settings = BpeSettings(num_merges=num_merges, glue_end_marker=glue_end_marker)
     lines = [t if isinstance(t, str) else t.text(settings.end_text) if glue_end_marker else t.prompt + t.answer

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 from playwright.sync_api import Browser, Page
 
-from server.browser import READY_SELECTOR, run_in_worker
+from server.browser.launcher import READY_SELECTOR, run_in_worker, with_test_flag
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -252,7 +252,7 @@ import numpy as np
 from runtime.backend import set_backend
 from runtime.backend.numpy_backend import NumpyBackend
 from runtime.backend.webgpu import create_backend
-from runtime.device import transformer_step
+from runtime.train_step import lm_step_async
 from runtime.models.transformer import Transformer, TransformerConfig
 from runtime.optim import Adam
 
@@ -266,7 +266,7 @@ for backend in (NumpyBackend(), gpu):
         model = Transformer(config, seed=2)
         optimizer = Adam(model.parameters(), lr=1e-3)
         reads = getattr(getattr(backend, "context", None), "reads", 0)
-        loss = await transformer_step(model, optimizer, tokens, clip=0.5)
+        loss = await lm_step_async(model, optimizer, tokens, clip=0.5)
         reads = getattr(getattr(backend, "context", None), "reads", 0) - reads
         weights = np.concatenate([p.numpy().ravel() for p in model.parameters()])
         outcome[backend.name] = (loss, weights, reads)
@@ -279,10 +279,10 @@ json.dumps({"losses": [cpu_loss, gpu_loss], "max_abs": float(np.abs(cpu_w - gpu_
 
 AUTO_CHOICE = r"""
 import json
-from runtime.device import choose_device, probe_for_model
-from runtime.models.mlp import MLPPolicy, preset
+from runtime.device import choose_device
+from runtime.tasks.cartpole import CartPoleTask
 
-choice, backend = await choose_device("auto", probe_for_model(MLPPolicy(preset("4-16-2"), 0), rows=256), steps=2)
+choice, backend = await choose_device("auto", CartPoleTask().device_probe(rows=256), steps=2)
 json.dumps(choice.to_dict() | {"backend": backend.name})
 """
 
@@ -291,12 +291,12 @@ NO_WEBGPU = r"""
 import json
 from js import Object, Reflect, navigator
 from pyodide.ffi import to_js
-from runtime.device import choose_device, probe_for_model
-from runtime.models.mlp import MLPPolicy, preset
+from runtime.device import choose_device
+from runtime.tasks.cartpole import CartPoleTask
 
 Object.defineProperty(navigator, "gpu", to_js({"value": None, "configurable": True}, dict_converter=Object.fromEntries))
 try:
-    choice, backend = await choose_device("auto", probe_for_model(MLPPolicy(preset("4-16-2"), 0)), steps=1)
+    choice, backend = await choose_device("auto", CartPoleTask().device_probe(), steps=1)
 finally:
     Reflect.deleteProperty(navigator, "gpu")
 json.dumps(choice.to_dict() | {"backend": backend.name})
@@ -306,7 +306,7 @@ json.dumps(choice.to_dict() | {"backend": backend.name})
 @pytest.fixture(scope="module")
 def worker(browser: Browser, relay_url: str) -> Iterator[Page]:
     page = browser.new_page()
-    page.goto(relay_url)
+    page.goto(with_test_flag(relay_url))
     page.locator(READY_SELECTOR).wait_for(timeout=120_000)
     assert page.evaluate("window.peertrain.state") == "ready"
     yield page

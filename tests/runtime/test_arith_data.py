@@ -124,8 +124,9 @@ def test_char_tokenizer_follows_the_settings() -> None:
         ArithSettings(end_token="<EOS>")
 
 
-def bpe_like_report() -> Tokenizer:
-    """A hand-made BPE with the report's merges: it glues digits to '+', '=' and the end marker."""
+def glued_bpe() -> Tokenizer:
+    """A hand-made BPE with the merges a BPE trained on arithmetic makes: it glues digits to '+', '=' and the
+    end marker."""
     chars = list("0123456789+=<eos>\n")
     merges = [("7", "+"), ("7+", "4"), ("8", "="), ("8=", "8"), ("<", "e"), ("<e", "o"), ("<eo", "s")]
     merges += [("<eos", ">"), ("<eos>", "\n"), ("5", "<eos>\n")]
@@ -134,7 +135,7 @@ def bpe_like_report() -> Tokenizer:
 
 
 def test_bpe_merges_glue_fragments_and_are_flagged() -> None:
-    tok = bpe_like_report()
+    tok = glued_bpe()
     text = "37+48=85<eos>\n"
     assert tok.pieces(text) == ["3", "7+4", "8=8", "5<eos>\n"]
     assert inspect_tokenization(tok, [text]) == ['37+48=85<eos> -> "3" | "7+4" | "8=8" | "5<eos>\\n"']
@@ -160,7 +161,7 @@ def test_lm_examples_mask_the_prompt() -> None:
 
 
 def test_lm_examples_count_tokens_that_straddle_the_equals_sign() -> None:
-    tok = bpe_like_report()
+    tok = glued_bpe()
     inputs, targets = make_lm_examples(tok, [make_problem(37, "+", 48)], context=4)
     ids = [tok.token_id(p) for p in ["3", "7+4", "8=8", "5<eos>\n"]]
     assert inputs[0].tolist() == ids[:3] + [tok.pad_id]
@@ -172,6 +173,6 @@ def test_parse_answer_and_exact_match() -> None:
     assert parse_answer(tok, tok.encode("85<eos>12")) == "85"
     assert parse_answer(tok, np.array(tok.encode("-2<eos>"))) == "-2"
     assert parse_answer(tok, tok.encode("85")) == "85"
-    assert parse_answer(bpe_like_report(), bpe_like_report().encode("8=85<eos>\n")) == "8=85"
+    assert parse_answer(glued_bpe(), glued_bpe().encode("8=85<eos>\n")) == "8=85"
     problems = [make_problem(37, "+", 48), make_problem(3, "-", 5)]
     assert exact_match(["85", "-2"], problems) == 1.0 and exact_match(["85", "2"], problems) == 0.5

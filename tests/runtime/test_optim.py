@@ -9,11 +9,14 @@ Adam lr 0.1 step 1: m/(1-b1) = g, v/(1-b2) = g^2, so p1 = p0 - 0.1 g / (|g| + 1e
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
 
 from runtime.autograd import Tensor, default_dtype, tensor
+from runtime.backend import set_backend
+from runtime.backend.numpy_backend import NumpyBackend
 from runtime.optim import SGD, Adam, AdamW, Optimizer, clip_grad_norm
 
 GRADIENTS = [[0.5, 1.0], [-1.0, 0.25], [0.3, -0.7]]
@@ -83,6 +86,58 @@ def test_clip_grad_norm_scales_to_max_norm_and_returns_the_total() -> None:
     np.testing.assert_allclose(b.grad, [6.0], rtol=1e-6)
     assert clip_grad_norm([a, b], max_norm=100.0) == pytest.approx(6.5, rel=1e-6)
     np.testing.assert_allclose(b.grad, [6.0], rtol=1e-6)  # below the limit: unchanged
+
+
+class CountingBackend(NumpyBackend):
+    """The numpy backend, counting read-backs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads = 0
+
+    def to_numpy(self, x: np.ndarray) -> np.ndarray:
+        self.reads += 1
+        return super().to_numpy(x)
+
+
+def clipped(max_norm: float, *, on_device: bool) -> tuple[Any, list[np.ndarray], int]:
+    """(returned norm, the gradients after clipping, read-backs) for three float32 gradients of norm 13."""
+    backend = CountingBackend()
+    previous = set_backend(backend)
+    try:
+        params = [tensor(np.zeros(shape, np.float32), requires_grad=True) for shape in [(2,), (1,), (1, 1)]]
+        grads = [[3.0, 4.0], [12.0], [[0.0]]]
+        for param, grad in zip(params, grads, strict=True):
+            param.grad = np.array(grad, dtype=np.float32)
+        norm = clip_grad_norm(params, max_norm, on_device=on_device)
+        return norm, [np.asarray(p.grad) for p in params], backend.reads
+    finally:
+        set_backend(previous)
+
+
+@pytest.mark.parametrize("max_norm", [6.5, 100.0])
+def test_clip_grad_norm_on_device_matches_the_host_path_without_reading_back(max_norm: float) -> None:
+    host_norm, host_grads, host_reads = clipped(max_norm, on_device=False)
+    device_norm, device_grads, device_reads = clipped(max_norm, on_device=True)
+    assert isinstance(host_norm, float) and host_reads == 1
+    assert not isinstance(device_norm, float)  # a 0-d float32 backend array (numpy: an np.float32)
+    assert np.shape(device_norm) == () and np.asarray(device_norm).dtype == np.float32
+    assert device_reads == 0  # the norm and the scale stay on the backend
+    assert float(device_norm) == pytest.approx(host_norm, rel=1e-6) == 13.0
+    for got, want in zip(device_grads, host_grads, strict=True):
+        assert got.dtype == np.float32
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+    if max_norm > 13.0:  # no clipping: the device path multiplies by exactly 1
+        assert [g.tolist() for g in device_grads] == [[3.0, 4.0], [12.0], [[0.0]]]
+    else:
+        np.testing.assert_allclose(device_grads[0], [1.5, 2.0], rtol=1e-6)
+
+
+def test_clip_grad_norm_without_gradients_is_zero_on_both_paths() -> None:
+    param = tensor(np.zeros(2, np.float32), requires_grad=True)
+    assert clip_grad_norm([param], 1.0) == 0.0
+    norm = clip_grad_norm([param], 1.0, on_device=True)
+    assert np.shape(norm) == () and float(norm) == 0.0 and param.grad is None
 
 
 def test_params_without_grad_are_skipped_and_zero_grad_clears() -> None:

@@ -26,7 +26,7 @@ def all_assignments(plan: RoundPlan) -> list[Assignment]:
     return [a for r in range(plan.num_rounds) for a in plan.units_for_round(r)]
 
 
-def test_field_report_session_has_33_rounds_of_5() -> None:
+def test_55_units_5_per_round_3_passes_is_33_rounds_of_5() -> None:
     plan = RoundPlan(num_units=55, participants_per_round=5, passes=3, seed=7)
     assert plan.num_rounds == 33  # ceil(3 * 55 / 5) = 33
     assert [len(plan.units_for_round(r)) for r in range(33)] == [5] * 33

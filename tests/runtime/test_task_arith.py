@@ -1,6 +1,6 @@
-"""The arithmetic task: chunk layout, settings errors, replay, tokenizer assets, and the report's pitfall.
+"""The arithmetic task: chunk layout, settings errors, replay, tokenizer assets, and the BPE pitfall.
 
-The char tokenizer must learn sums; the report's BPE (glued "7+4", "8=8" fragments) must not.
+The char tokenizer must learn sums; a BPE trained on the problems (glued "7+4", "8=8" fragments) must not.
 """
 
 from __future__ import annotations
@@ -126,7 +126,7 @@ def test_char_inspection_has_no_warning() -> None:
 
 def test_char_tokenizer_learns_sums() -> None:
     """Two-digit operands (10-49, one fixed width) learn to >= 90% exact answers in two passes, on held-out
-    pairs too; mixed widths (0-99, the report's range) take longer: see the slow test below."""
+    pairs too; mixed widths (0-99, the default range) take longer: see the slow test below."""
     task = ArithTask({"operand_min": 10, "operand_max": 49, "num_examples": 3000, "chunks": 1, "lr": 5e-3,
                       "validation_size": 100, "generalization_size": 40, "beyond_range_size": 10})
     data = task.prepare()
@@ -141,11 +141,12 @@ def test_char_tokenizer_learns_sums() -> None:
 
 
 @pytest.mark.slow
-def test_report_pitfall_bpe_stays_low_char_reaches_99_percent() -> None:
-    """The report's data and model: bpe stays near 0/200 with glued fragments; char reaches >= 198/200.
+def test_bpe_pitfall_stays_low_char_reaches_99_percent() -> None:
+    """The benchmark's data and model (REPORT_SETTINGS): bpe stays near 0/200 with glued fragments; char reaches
+    >= 198/200.
 
     Char crosses 99% around epoch 18 and then wobbles (188-198/200: every unit restarts Adam at the full
-    learning rate), so this asserts that it *reaches* 99% within 24 epochs, as the report claims."""
+    learning rate), so this asserts that it *reaches* 99% within 24 epochs."""
     pytest.importorskip("tokenizers")
     from server.bench.arith import REPORT_SETTINGS, train_sequentially
 

@@ -24,7 +24,7 @@ from runtime.tasks.cartpole import (
     returns_to_go,
     update_policy,
 )
-from runtime.tasks.loader import check_task_data, dry_run, unit_for
+from runtime.tasks.loader import check_task_data, dry_run
 
 
 def small_batch(policy: MLPPolicy, rows: int, shift: np.ndarray, seed: int = 0) -> PolicyBatch:
@@ -143,7 +143,7 @@ def test_task_interface_and_dry_run() -> None:
     assert isinstance(task, CartPoleTask) and task.kind == "experience" and task.higher_is_better
     data = check_task_data(task, task.prepare())
     assert data.num_units == 10 and data.units is None and data.validation["reset_seeds"].shape == (5,)
-    assert unit_for(task, data, 2, 9).episodes == 4
+    assert task.work_unit(data, 2, 9).episodes == 4
     metrics = dry_run(task, data)
     assert set(metrics) == {"greedy_return", "eval_min", "eval_max"}
     assert metrics["eval_min"] <= metrics["greedy_return"] <= metrics["eval_max"]
@@ -175,7 +175,7 @@ def test_two_participants_with_fedavg_learn_to_balance() -> None:
     for round_index in range(LEARNING_ROUNDS):
         results = []
         for assignment in plan.units_for_round(round_index):
-            result = task.train_unit(weights, unit_for(task, data, assignment.unit_index, assignment.unit_seed))
+            result = task.train_unit(weights, task.work_unit(data, assignment.unit_index, assignment.unit_seed))
             results.append(Result(result.weights, result.num_examples))
         weights = merge.merge(weights, results)
         best = max(best, task.validate(weights, data.validation)["greedy_return"])

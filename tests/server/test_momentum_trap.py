@@ -1,4 +1,4 @@
-"""The field report's momentum trap: on a single-chunk package FedAvg learns, FedAvgM (momentum 0.9) does not.
+"""The momentum trap: on a single-chunk package FedAvg learns, FedAvgM (momentum 0.9) does not.
 
 With one chunk, one round is a whole pass over the data; FedAvgM treats that large change as one step and
 adds momentum on top, so the step keeps growing. The guard refuses FedAvgM there unless forced, and says why.
@@ -17,7 +17,7 @@ from runtime.tasks import Task, TaskData, load_task
 from server.session.session import Session, SessionConfig
 from server.session.simulator import run_round
 
-# The same local training every round (no decay over the session), as in the field report's runs.
+# The same local training every round (no decay over the session), so only the merge differs.
 SETTINGS = {"chunks": 1, "num_examples": 1024, "batch_size": 64, "epochs": 3, "validation_size": 100,
             "generalization_size": 20, "beyond_range_size": 5, "session_final_lr_ratio": 1.0}
 ROUNDS = 30

@@ -47,7 +47,7 @@ def test_bpe_package_through_host_services(tmp_path: Path) -> None:
     loaded = Package.load(tmp_path / "bpe")
     tok = loaded.task.tokenizer
     assert len(tok.merges) == 40 and tok.vocab == built.task.tokenizer.vocab
-    assert not tok.split_special_tokens and tok.end_text == "<eos>\n"  # the report's glued end marker
+    assert not tok.split_special_tokens and tok.end_text == "<eos>\n"  # the pitfall's glued end marker
     result = loaded.task.train_unit(loaded.initial_weights, WorkUnit(index=0, seed=1, data=loaded.data.units[0]))
     assert result.weights.shape == loaded.initial_weights.shape
 
