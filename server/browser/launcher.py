@@ -14,11 +14,22 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from server.browser.chromium import launch_options
 from server.paths import REPO_ROOT
 
 READY_SELECTOR = "body[data-state='ready'], body[data-state='failed']"
+# The page's worker answers ``window.peertrain.run(code)`` only when the page was opened with ``?test=1``.
+TEST_FLAG = "test"
+
+
+def with_test_flag(url: str) -> str:
+    """``url`` with ``test=1`` added to its query (other parameters kept): a page whose run hook answers."""
+    parts = urlsplit(url)
+    query = dict(parse_qsl(parts.query))
+    query[TEST_FLAG] = "1"
+    return urlunsplit((parts.scheme, parts.netloc, parts.path or "/", urlencode(query), parts.fragment))
 
 
 def launch_relay(*extra_args: str, log_path: Path) -> tuple[subprocess.Popen, str]:
@@ -54,14 +65,15 @@ def relay_process(*extra_args: str, log_path: Path | None = None) -> Iterator[st
 
 @contextmanager
 def worker_page(url: str, *, timeout_s: float = 120) -> Iterator[object]:
-    """A headless Chromium page at ``url`` whose worker has booted the runtime; yields the Playwright page."""
+    """A headless Chromium page at ``url`` (opened for testing, so ``run_in_worker`` is answered) whose worker has
+    booted the runtime; yields the Playwright page."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(**launch_options())
         try:
             page = browser.new_page()
-            page.goto(url)
+            page.goto(with_test_flag(url))
             page.locator(READY_SELECTOR).wait_for(timeout=timeout_s * 1000)
             if page.evaluate("window.peertrain.state") != "ready":
                 raise RuntimeError(f"the page failed to boot: {page.inner_text('#error')}")
@@ -71,6 +83,8 @@ def worker_page(url: str, *, timeout_s: float = 120) -> Iterator[object]:
 
 
 def run_in_worker(page: object, code: str, *, timeout_s: float = 600) -> str:
-    """Run Python source in the page's worker; returns the value of its last expression as a string."""
+    """Run Python source in the page's worker; returns the value of its last expression as a string.
+
+    The page must have been opened at ``with_test_flag(...)`` (``worker_page`` does); otherwise the worker refuses."""
     page.set_default_timeout(timeout_s * 1000)  # type: ignore[attr-defined]
     return str(page.evaluate("(code) => window.peertrain.run(code)", code))  # type: ignore[attr-defined]

@@ -1,1 +1,2 @@
-"""What a browser installs: the verified Pyodide packages (``assets``) and the wheels with the lock file (``wheels``)."""
+"""What a browser installs: the verified Pyodide packages (``assets``), and the wheels with their lock file
+(``wheels``)."""

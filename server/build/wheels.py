@@ -1,6 +1,7 @@
 """Build ``wheels/``: every wheel a browser installs, and the ``pyodide-lock.json`` that lists them.
 
-Order that works offline (``pyodide build`` would download a cross-build environment, so it is not used): copy the verified Pyodide packages in, write a lock that
+Order that works offline (``pyodide build`` would download a cross-build environment, so it is not
+used): copy the verified Pyodide packages in, write a lock that
 holds only their official entries, build our pure-Python wheels with ``pip wheel``, add them with
 ``pyodide lockfile add-wheels`` (it wants the ``py3-none-any`` tag), then ``pyodide py-compile``
 the folder, which compiles our wheels to ``.pyc`` for Pyodide's CPython 3.12 and rewrites the

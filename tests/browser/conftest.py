@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from playwright.sync_api import Page
 
-from server.browser import launch_relay
-from server.chromium import launch_options
+from server.browser.chromium import launch_options
+from server.browser.launcher import launch_relay
+from server.relay.client import RelayClient
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO_ROOT / "tests" / "artifacts"
@@ -37,9 +37,9 @@ def start_relay(*extra_args: str, log_name: str = "relay.log") -> tuple[subproce
 
 
 def session_status(url: str) -> dict:
-    """The relay's ``/api/session`` status."""
-    with urllib.request.urlopen(url + "api/session", timeout=10) as response:
-        return dict(json.loads(response.read()))
+    """The relay's ``/api/session`` status, through the relay's Python client."""
+    with httpx.Client(base_url=url, timeout=10) as http:
+        return RelayClient(http).status()
 
 
 def wait_until_done(page: Page, url: str, *, timeout_s: float) -> dict:

@@ -7,7 +7,7 @@ import json
 import pytest
 from playwright.sync_api import Page
 
-from server.browser import READY_SELECTOR, run_in_worker
+from server.browser.launcher import READY_SELECTOR, run_in_worker, with_test_flag
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -44,7 +44,7 @@ def run_in_cpython(code: str) -> str:
 
 
 def test_bytelm_training_steps_match_cpython(page: Page, relay_url: str) -> None:
-    page.goto(relay_url)
+    page.goto(with_test_flag(relay_url))
     page.locator(READY_SELECTOR).wait_for(timeout=90_000)
     assert page.evaluate("window.peertrain.state") == "ready"
 

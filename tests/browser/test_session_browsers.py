@@ -26,11 +26,12 @@ from playwright.sync_api import Browser, Page
 from runtime import wire
 from runtime.peer import Peer
 from runtime.tasks import UnitResult
-from server import checkpoint
-from server.package import Package
-from server.peers import join_url
-from server.session import Session, SessionConfig
-from server.store import Store, StoredResult
+from server.browser.peers import join_url
+from server.relay.client import RelayRefusal
+from server.relay.sqlite_store import Store, StoredResult
+from server.session import checkpoint_files as checkpoint
+from server.session.package import Package
+from server.session.session import Session, SessionConfig
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -71,7 +72,8 @@ def wait_for_status(url: str, predicate: Callable[[dict[str, Any]], bool], *, ti
             pytest.fail(f"the relay exited with {relay.returncode} while waiting for {what}")
         try:
             status = session_status(url)
-        except OSError:  # urllib's URLError, refused or reset connections, timeouts: the relay may be restarting
+        except (OSError, httpx.HTTPError, RelayRefusal):  # refused or reset connections, timeouts, a 5xx: the relay
+            # may be restarting
             status = {}
         if status and predicate(status):
             return status

@@ -8,6 +8,8 @@ from urllib.parse import urlsplit
 import pytest
 from playwright.sync_api import Page
 
+from server.browser.launcher import with_test_flag
+
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 
@@ -17,7 +19,7 @@ def test_page_boots_runtime_in_worker_from_own_origin(page: Page, relay_url: str
     console_errors: list[str] = []
     page.on("console", lambda message: message.type == "error" and console_errors.append(message.text))
 
-    page.goto(relay_url)
+    page.goto(with_test_flag(relay_url))  # opened for testing: window.peertrain.run answers
     # Selectors, not wait_for_function: the page's CSP forbids the eval that function polling needs.
     page.locator("body[data-state='ready'], body[data-state='failed']").wait_for(timeout=90_000)
     assert page.evaluate("window.peertrain.state") == "ready", page.inner_text("#error")
@@ -64,3 +66,18 @@ def test_blas_numpy_opts_out_of_the_kernel(page: Page, relay_url: str) -> None:
     page.locator("body[data-state='ready'], body[data-state='failed']").wait_for(timeout=90_000)
     assert page.evaluate("window.peertrain.state") == "ready", page.inner_text("#error")
     assert page.evaluate("window.peertrain.versions.matmul") == "numpy (no BLAS)"
+
+
+def test_run_hook_is_refused_without_the_test_flag(page: Page, relay_url: str) -> None:
+    """A page opened the way a user opens it runs no Python it is sent: the worker refuses and says why."""
+    page.goto(relay_url)
+    page.locator("body[data-state='ready'], body[data-state='failed']").wait_for(timeout=90_000)
+    assert page.evaluate("window.peertrain.state") == "ready", page.inner_text("#error")
+    outcome = page.evaluate("window.peertrain.run('1 + 1').then((value) => ({ value }), "
+                            "(error) => ({ error: error.message }))")
+    assert "value" not in outcome, outcome
+    assert "refused" in outcome["error"] and "?test=1" in outcome["error"], outcome
+    # The same page with the flag answers: the refusal is the flag's doing, not a broken hook.
+    page.goto(with_test_flag(relay_url))
+    page.locator("body[data-state='ready'], body[data-state='failed']").wait_for(timeout=90_000)
+    assert page.evaluate("window.peertrain.run('1 + 1')") == "2"

@@ -93,7 +93,7 @@ function showSession(session) {
     return li;
   }));
   drawChart(session);
-  if (session.done) $("join").disabled = true;
+  $("join").disabled = session.done || peer.joined || peer.state !== "ready";
 }
 
 function follow() {
@@ -113,7 +113,8 @@ function join() {
     device: params.get("device") || "cpu" });
 }
 
-// Run Python in the worker; resolves with the value (a string) or rejects with the error.
+// Run Python in the worker; resolves with the value (a string) or rejects with the error. The worker
+// answers only on a page opened for testing (?test=1) and refuses otherwise.
 peer.run = (code) => new Promise((resolve, reject) => {
   const id = peer.nextId++;
   peer.pending.set(id, { resolve, reject });
@@ -160,10 +161,15 @@ const handlers = {
   finished(message) { setActivity(`session finished: ${message.reason}`, "finished"); },
 };
 
-// The worker reads its boot options (?blas=numpy) from its own URL.
-peer.worker = new Worker(params.has("blas") ? `/src/worker.js?blas=${encodeURIComponent(params.get("blas"))}`
-  : "/src/worker.js");
-peer.worker.onmessage = (event) => (handlers[event.data.type] || (() => {}))(event.data);
-peer.worker.onerror = (event) => handlers.failed({ message: `worker error: ${event.message}` });
+// A module worker (`import` of /pyodide/pyodide.mjs); its boot options come in its first message:
+// ?blas=numpy keeps numpy's own matmul, ?test=1 lets the "run" hook (window.peertrain.run) answer.
+peer.worker = new Worker("/src/worker.js", { type: "module" });
+peer.worker.onmessage = (event) => {
+  const handler = handlers[event.data.type];
+  if (handler) handler(event.data);
+  else console.error(`the page got an unknown message from the worker: ${event.data.type}`);
+};
+peer.worker.onerror = (event) => handlers.failed({ message: `worker error: ${event.message || "the worker script did not load"}` });
+peer.worker.postMessage({ type: "boot", blas: params.get("blas") || "", test: params.get("test") === "1" });
 $("join").addEventListener("click", join);
 follow();

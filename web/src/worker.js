@@ -1,12 +1,23 @@
-// The peer's worker: boots Pyodide from the relay, installs numpy and the runtime wheel from the relay's
-// lock file, then (once the page says "join") asks the relay for work, trains each unit in Python and
-// uploads the result. Everything is reported to the page; the page never waits on Python.
-"use strict";
+// The peer's worker (an ES module worker): boots Pyodide from the relay, installs numpy and the runtime
+// wheel from the relay's lock file, then (once the page says "join") asks the relay for work, trains each
+// unit in Python and uploads the result. Everything is reported to the page; the page never waits on Python.
+//
+// All Python it calls is one module, runtime.worker (boot report, the peer, the device, training); the worker
+// runs no Python source of its own and passes nothing through pyodide.globals. The one exception is the
+// "run" message, a test and benchmark hook that runs the Python source it is given: it is answered only
+// when the page was opened with ?test=1 (the page passes that flag in its "boot" message).
+import { loadPyodide } from "/pyodide/pyodide.mjs";
 
 const INDEX_URL = new URL("/pyodide/", self.location.origin).href;
-const STEPS = ["fetch Pyodide", "start the interpreter", "install numpy + runtime", "import runtime"];
+const STEPS = ["fetch and start Pyodide", "install numpy + runtime", "import runtime"];
+const TEST_FLAG = "test";
+
 let pyodide = null;
+let entry = null; // runtime.worker, the module's proxy
+let options = null; // from the page's "boot" message: { blas, test }
+let booted = null; // resolves once the runtime is imported
 let credentials = null;
+let training = false;
 
 function report(type, fields) {
   self.postMessage({ type, ...fields });
@@ -16,35 +27,25 @@ function step(index, detail) {
   report("step", { index, name: STEPS[index], total: STEPS.length, detail: detail || "" });
 }
 
+const describe = (error) => String((error && error.stack) || error);
+
 async function boot() {
   const started = performance.now();
-  step(0);
-  importScripts(INDEX_URL + "pyodide.js");
-  step(1);
+  step(0); // (pyodide.mjs came with this module; loadPyodide fetches the interpreter and its standard library)
   pyodide = await loadPyodide({ indexURL: INDEX_URL, lockFileURL: INDEX_URL + "pyodide-lock.json" });
-  step(2);
+  step(1);
   await pyodide.loadPackage(["numpy", "peertrain-runtime"], {
-    messageCallback: (message) => step(2, message),
+    messageCallback: (message) => step(1, message),
     errorCallback: (message) => report("log", { level: "error", message }),
   });
-  // Pyodide's numpy has no BLAS: its matmul is a plain loop. The runtime's WebAssembly SIMD kernel (loaded
-  // into Pyodide's memory as a side module) gives the same float32 sums about 15x faster; ?blas=numpy opts out.
-  let matmul = "numpy (no BLAS)";
-  if (new URL(self.location.href).searchParams.get("blas") !== "numpy") {
-    try {
-      matmul = pyodide.runPython("from runtime.backend import wasm_gemm\nwasm_gemm.install()");
-    } catch (error) {
-      report("log", { level: "error", message: `SIMD matmul kernel unavailable, numpy's loop instead: ${error}` });
-    }
-  }
-  step(3);
-  const versions = pyodide.runPython(`
-import json, sys
-import numpy, runtime
-json.dumps({"python": sys.version.split()[0], "numpy": numpy.__version__,
-            "runtime": getattr(runtime, "__version__", "unknown")})`);
+  step(2);
+  entry = pyodide.pyimport("runtime.worker");
+  // ?blas=numpy keeps numpy's own matmul loop; otherwise runtime.worker installs the WebAssembly SIMD kernel.
+  const versions = JSON.parse(entry.boot(options.blas || ""));
+  if (versions.matmul_error) report("log", { level: "error", message: versions.matmul_error });
+  delete versions.matmul_error;
   report("ready", {
-    versions: { pyodide: pyodide.version, ...JSON.parse(versions), matmul },
+    versions: { pyodide: pyodide.version, ...versions },
     seconds: (performance.now() - started) / 1000,
   });
 }
@@ -57,7 +58,7 @@ async function api(path, { method = "GET", body = null, binary = false } = {}) {
   const response = await fetch(path, { method, headers, body, cache: "no-store" });
   if (!response.ok) {
     let detail = {};
-    try { detail = await response.json(); } catch (_) { /* not JSON */ }
+    try { detail = await response.json(); } catch { /* not JSON */ }
     const error = new Error(detail.message || `${method} ${path}: HTTP ${response.status}`);
     error.status = response.status;
     error.code = detail.error;
@@ -66,56 +67,86 @@ async function api(path, { method = "GET", body = null, binary = false } = {}) {
   return binary ? new Uint8Array(await response.arrayBuffer()) : response.json();
 }
 
-// Train forever: ask for work, fetch weights and the unit, train in Python, upload. Network trouble is
-// retried with back-off; a refused result is reported and the peer moves on.
-async function trainLoop(joinCode, device) {
+// A refusal that asking again will not change (a wrong join code, say); network trouble and 5xx are retried.
+const permanent = (error) => error.status >= 400 && error.status < 500 && error.status !== 429;
+
+// The task, its Python peer and its device, for the relay's current session (built again when a new
+// session trains another task). GPU calls go through callPromising so that their reads can block (JSPI).
+async function prepare(current, device) {
   const taskInfo = await api("/api/task");
+  if (current && current.peer.fingerprint === taskInfo.fingerprint) return { ...current, taskInfo };
   if (taskInfo.wheel) await pyodide.loadPackage([taskInfo.wheel]);
-  pyodide.globals.set("task_info_json", JSON.stringify(taskInfo));
-  const peer = pyodide.runPython("from runtime.peer import Peer\nPeer(task_info_json)");
+  if (current) current.peer.destroy();
+  const peer = entry.build_peer(JSON.stringify(taskInfo));
   // Device choice (?device=auto|webgpu; default cpu): timed on the task's own model, reported to the page.
-  // GPU units run through callPromising so their read-backs can block on mapAsync (JSPI).
-  let deviceText = "CPU (numpy in Pyodide)";
-  let trainOnDevice = null;
-  if (device && device !== "cpu") {
-    const choice = JSON.parse(await pyodide.runPython("from runtime.device import choose_for_peer\nchoose_for_peer")
-      .callPromising(peer, device));
-    deviceText = choice.description;
-    if (choice.chosen === "webgpu") trainOnDevice = pyodide.runPython("from runtime.device import train_on_device\ntrain_on_device");
-  }
+  // (callPromising needs JSPI, which only the GPU path needs: the CPU path never calls it.)
+  const mode = device || "cpu";
+  const choice = JSON.parse(await (mode === "cpu" ? peer.choose_device(mode) : peer.choose_device.callPromising(mode)));
+  return { taskInfo, peer, onWebgpu: choice.chosen === "webgpu", description: choice.description };
+}
+
+// Join the session, with the join code the page was given. Used at the start and whenever the relay refuses
+// the stored token (401: a relay restarted with a new session no longer knows this peer).
+async function join(joinCode, prepared) {
+  credentials = null;
   credentials = await api("/api/join", { method: "POST", body: JSON.stringify({ join_code: joinCode || "" }) });
-  report("joined", { peerId: credentials.peer_id, device: deviceText });
+  report("joined", { peerId: credentials.peer_id, device: prepared.description });
+}
+
+async function trainUnit(prepared, job, unit) {
+  const train = prepared.peer.train;
+  try {
+    const out = prepared.onWebgpu ? await train.callPromising(JSON.stringify(job), unit) : train(JSON.stringify(job), unit);
+    try {
+      const [result, metricsJson] = out.toJs();
+      return { result, metrics: JSON.parse(metricsJson) };
+    } finally {
+      out.destroy();
+    }
+  } finally {
+    train.destroy();
+  }
+}
+
+// Train until the session is done: ask for work, fetch weights and the unit, train in Python, upload.
+// Network trouble is retried with back-off; a refused result is reported and the peer moves on; a refused
+// token means joining again (and, for a new session, fetching its task and weights again).
+async function trainLoop(joinCode, device) {
+  let prepared = await prepare(null, device);
+  await join(joinCode, prepared);
   let weightsRound = null;
   let failures = 0;
   for (;;) {
     try {
-      // hold: the relay keeps a "wait" answer up to 15 s and answers the moment a round opens (no polling gap).
-      const job = await api("/api/work?hold=15", { method: "POST" });
+      if (!credentials) {
+        prepared = await prepare(prepared, device);
+        await join(joinCode, prepared);
+        weightsRound = null; // a new session's round 0 is not the old session's round 0
+      }
+      // hold: the relay keeps a "wait" answer up to hold_seconds and answers the moment a round opens.
+      const hold = (prepared.taskInfo.limits || {}).hold_seconds || 0;
+      const job = await api(hold > 0 ? `/api/work?hold=${hold}` : "/api/work", { method: "POST" });
       failures = 0;
       if (job.done) { report("finished", { reason: job.reason }); return; }
       if (job.wait !== undefined) { report("waiting", { reason: job.reason }); await sleep(job.wait * 1000); continue; }
       if (weightsRound !== job.weights_round) {
-        const message = await api("/api/weights", { binary: true });
-        weightsRound = peer.set_weights(message);
+        weightsRound = prepared.peer.set_weights(await api("/api/weights", { binary: true }));
       }
       const unit = job.kind === "data" ? await api(`/api/unit/${job.unit_index}`, { binary: true }) : null;
       report("training", { job });
       const started = performance.now();
-      const out = trainOnDevice ? await trainOnDevice.callPromising(peer, JSON.stringify(job), unit)
-        : peer.train(JSON.stringify(job), unit);
-      const result = out.toJs();
-      out.destroy();
+      const { result, metrics } = await trainUnit(prepared, job, unit);
       const seconds = (performance.now() - started) / 1000;
-      const metrics = JSON.parse(peer.last_metrics_json);
       try {
         await api(`/api/result?round=${job.round}&slot=${job.slot}`, { method: "POST", body: result });
         report("uploaded", { job, metrics, seconds });
       } catch (error) {
-        if (error.status >= 400 && error.status < 500) report("refused", { job, code: error.code, message: error.message });
+        if (error.status !== 401 && permanent(error)) report("refused", { job, code: error.code, message: error.message });
         else throw error;
       }
     } catch (error) {
-      if (error.status === 401) { credentials = await api("/api/join", { method: "POST", body: "{}" }); continue; }
+      if (error.status === 401) { credentials = null; continue; }
+      if (!credentials && permanent(error)) throw error; // joining was refused for good
       failures += 1;
       const delay = Math.min(30, 2 ** Math.min(failures, 5)) * (0.75 + Math.random() / 2);
       report("offline", { message: String(error.message || error), retryIn: delay });
@@ -124,19 +155,43 @@ async function trainLoop(joinCode, device) {
   }
 }
 
-self.onmessage = async (event) => {
-  const message = event.data || {};
-  if (message.type === "run") {
-    // Test and benchmark hook: run Python source in the worker and return its (string) result.
+// What the page may ask; one handler per message type.
+const handlers = {
+  boot(message) {
+    if (booted) return;
+    options = { blas: message.blas || "", test: Boolean(message[TEST_FLAG]) };
+    booted = boot();
+    booted.catch((error) => report("failed", { message: describe(error) }));
+  },
+  async join(message) {
+    if (training) return;
+    training = true;
     try {
+      await booted;
+      await trainLoop(message.joinCode, message.device);
+    } catch (error) {
+      report("failed", { message: describe(error) });
+    }
+  },
+  // Test and benchmark hook: run Python source in the worker and return its (string) result.
+  async run(message) {
+    if (!options || !options.test) {
+      report("result", { id: message.id, error: `refused: the run hook answers only on a page opened for testing (?${TEST_FLAG}=1)` });
+      return;
+    }
+    try {
+      await booted;
       const result = await pyodide.runPythonAsync(message.code);
       report("result", { id: message.id, value: result === undefined ? null : String(result) });
     } catch (error) {
       report("result", { id: message.id, error: String(error) });
     }
-  } else if (message.type === "join") {
-    trainLoop(message.joinCode, message.device).catch((error) => report("failed", { message: String(error.stack || error) }));
-  }
+  },
 };
 
-boot().catch((error) => report("failed", { message: String(error && error.stack ? error.stack : error) }));
+self.onmessage = (event) => {
+  const message = event.data || {};
+  const handler = handlers[message.type];
+  if (handler) handler(message);
+  else report("log", { level: "error", message: `the worker got an unknown message: ${message.type}` });
+};

@@ -1,0 +1,103 @@
+"""The one Python module the page's Web Worker calls, reached once with ``pyodide.pyimport("runtime.worker")``.
+
+The worker passes plain values (JSON strings, and the relay's binary messages as JavaScript
+``Uint8Array``s, which ``runtime.peer.as_bytes`` reads) and gets plain values back: JSON strings, an
+int, and the result message as bytes. Nothing goes through ``pyodide.globals`` and the worker runs no
+Python source of its own; what it holds between calls is the ``WorkerPeer`` that ``build_peer`` returns.
+
+    boot(blas)                  the boot report (versions, which matmul runs) as JSON
+    build_peer(task_info)       a WorkerPeer for ``GET /api/task``'s JSON
+    WorkerPeer.choose_device    (async) cpu | webgpu | auto -> the choice as JSON
+    WorkerPeer.set_weights      the round's weights message -> its round
+    WorkerPeer.train            one job -> (result message, metrics as JSON)
+
+The same calls run natively (``tests/runtime/test_worker_entry.py``), so a unit trained through this
+module in a browser is the unit a native peer trains.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import numpy as np
+
+import runtime
+from runtime import device
+from runtime.peer import Peer
+
+NUMPY_MATMUL = "numpy (no BLAS)"
+CPU_DESCRIPTION = "CPU (numpy in Pyodide)"
+
+
+def boot(blas: str = "") -> str:
+    """The boot report as JSON: ``{"python", "numpy", "runtime", "matmul", "matmul_error"}``.
+
+    Pyodide's numpy has no BLAS (its matmul is a plain loop); unless ``blas == "numpy"`` (the page's
+    ``?blas=numpy``), the runtime's WebAssembly SIMD kernel becomes the numpy backend's matmul, the same
+    float32 sums about 15x faster. Where the kernel cannot be loaded (natively, or an engine without SIMD)
+    numpy's loop stays and ``matmul_error`` says why; the worker logs it, the peer still trains.
+    """
+    matmul, error = NUMPY_MATMUL, None
+    if blas != "numpy":
+        from runtime.backend import wasm_gemm
+
+        try:
+            matmul = wasm_gemm.install()
+        except Exception as failure:  # any failure to load a side module leaves numpy's loop, which works
+            error = f"SIMD matmul kernel unavailable, numpy's loop instead: {type(failure).__name__}: {failure}"
+    return json.dumps({"python": sys.version.split()[0], "numpy": np.__version__,
+                       "runtime": getattr(runtime, "__version__", "unknown"), "matmul": matmul,
+                       "matmul_error": error})
+
+
+class WorkerPeer:
+    """A ``runtime.peer.Peer`` and the device it trains on, for one session's task."""
+
+    def __init__(self, task_info: str | dict[str, Any]) -> None:
+        self.peer = Peer(task_info)
+        self.on_webgpu = False  # True once choose_device picked WebGPU: train through callPromising then
+
+    @property
+    def fingerprint(self) -> str:
+        return self.peer.fingerprint
+
+    async def choose_device(self, mode: str, steps: int = 2) -> str:
+        """The device for ``mode`` (``cpu``, ``webgpu`` or ``auto``) as JSON: ``{"chosen", "description", ...}``.
+
+        ``cpu`` decides nothing and times nothing. The others go through ``runtime.device.choose_for_peer``,
+        which times the task's own probe and tells the page (a ``device`` message); call this through
+        ``callPromising`` so that the probe's reads may block on the GPU.
+        """
+        if mode == "cpu":
+            self.on_webgpu = False
+            return json.dumps({"chosen": "cpu", "requested": "cpu", "description": CPU_DESCRIPTION})
+        choice = json.loads(await device.choose_for_peer(self.peer, mode))
+        self.on_webgpu = choice["chosen"] == "webgpu"
+        return json.dumps(choice)
+
+    def set_weights(self, message: object) -> int:
+        """Keep the round's global weights (a wire message); returns their round."""
+        return self.peer.set_weights(message)
+
+    @property
+    def weights_round(self) -> int | None:
+        return self.peer.weights_round
+
+    def train(self, job: str | dict[str, Any], unit: object = None) -> tuple[bytes, str]:
+        """Train one job (``POST /api/work``'s assignment, as JSON) on the chosen device, with the unit's data
+        message for data tasks; returns the result message to upload and the unit's metrics as JSON.
+
+        On WebGPU this must be entered through ``callPromising`` (mid-step reads block through JSPI).
+        """
+        if self.on_webgpu:
+            result = device.train_on_device(self.peer, job if isinstance(job, str) else json.dumps(job), unit)
+        else:
+            result = self.peer.train(job, unit)
+        return bytes(result), self.peer.last_metrics_json
+
+
+def build_peer(task_info: str | dict[str, Any]) -> WorkerPeer:
+    """The peer for ``GET /api/task``'s JSON (its task wheel, if any, already installed)."""
+    return WorkerPeer(task_info)

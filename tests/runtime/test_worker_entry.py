@@ -1,0 +1,151 @@
+"""``runtime.worker``, the module the page's Web Worker calls, driven natively the way the worker drives it.
+
+The worker's calls are made here with the same values it passes: ``GET /api/task``'s JSON as a string,
+the relay's weights and unit messages as bytes, the job as JSON. One test runs a whole session through an
+in-process relay over HTTP (join, work, weights, unit, result) and checks the relay's final weights
+against the same units trained without a relay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from starlette.testclient import TestClient
+
+import runtime
+from runtime import wire, worker
+from runtime.backend import wasm_gemm
+from runtime.tasks import TaskError
+from server.relay.app import RelayPaths, create_app
+from server.relay.endpoints import TASK_FIELDS
+from server.relay.sqlite_store import Store
+from server.relay.state import Relay, RelayOptions
+from server.session.package import Package, build_package
+from server.session.session import Session, SessionConfig
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+# 4 chunks of 256 rows, 2 local epochs: a unit trains in milliseconds and still learns the majority.
+SMALL_SETTINGS: dict[str, Any] = {"chunks": 4, "examples": 1024, "epochs": 2}
+
+
+@pytest.fixture(scope="module")
+def package(tmp_path_factory: pytest.TempPathFactory) -> Package:
+    return build_package(str(REPO_ROOT / "examples" / "majority_task.py"), SMALL_SETTINGS,
+                         tmp_path_factory.mktemp("package") / "package", seed=0, log=lambda _: None)
+
+
+def task_info(package: Package) -> str:
+    """What ``GET /api/task`` answers for ``package``, as the JSON text the worker hands over."""
+    manifest = package.manifest
+    info = {key: manifest[key] for key in TASK_FIELDS} | {"assets": package.data.assets,
+                                                          "wheel": manifest.get("wheel"),
+                                                          "limits": {"hold_seconds": 15.0}}
+    return json.dumps(info)
+
+
+def weights_message(package: Package, weights: np.ndarray, round_index: int) -> bytes:
+    header = wire.WireHeader(spec=package.spec, round=round_index, fingerprint=package.fingerprint, num_examples=0)
+    return wire.encode(weights, header)
+
+
+def test_boot_reports_versions_and_keeps_numpy_matmul_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    def must_not_run() -> str:
+        raise AssertionError("?blas=numpy must not install the kernel")
+
+    monkeypatch.setattr(wasm_gemm, "install", must_not_run)
+    report = json.loads(worker.boot("numpy"))
+    assert report == {"python": sys.version.split()[0], "numpy": np.__version__, "runtime": runtime.__version__,
+                      "matmul": worker.NUMPY_MATMUL, "matmul_error": None}
+
+
+def test_boot_installs_the_kernel_and_falls_back_with_the_reason(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(wasm_gemm, "install", lambda: "WebAssembly SIMD kernel (test)")
+    assert json.loads(worker.boot(""))["matmul"] == "WebAssembly SIMD kernel (test)"
+
+    def broken() -> str:
+        raise OSError("invalid ELF header")
+
+    monkeypatch.setattr(wasm_gemm, "install", broken)
+    report = json.loads(worker.boot())
+    assert report["matmul"] == worker.NUMPY_MATMUL
+    assert "OSError: invalid ELF header" in report["matmul_error"]
+
+
+def test_one_job_from_task_json_and_messages(package: Package) -> None:
+    session = Session.create(package, SessionConfig(participants=2, passes=1))
+    peer = worker.build_peer(task_info(package))
+    assert peer.fingerprint == package.fingerprint
+    choice = json.loads(asyncio.run(peer.choose_device("cpu")))
+    assert choice["chosen"] == "cpu" and not peer.on_webgpu and "CPU" in choice["description"]
+
+    assert peer.set_weights(weights_message(package, session.weights, 0)) == 0 == peer.weights_round
+    assignment = session.assignments()[1]
+    unit = session.work_unit(assignment)
+    job = {**assignment.to_json(), "kind": "data", "episodes": unit.episodes, "progress": unit.progress}
+    result, metrics_json = peer.train(json.dumps(job), bytearray(package.chunk_bytes(assignment.unit_index)))
+
+    header, vector = wire.decode(result, expect_spec=package.spec, expect_round=0,
+                                 expect_fingerprint=package.fingerprint)
+    assert header.meta == {"slot": assignment.slot, "unit_index": assignment.unit_index}
+    native = package.task.train_unit(session.weights, unit)
+    assert np.array_equal(vector, native.weights)
+    assert header.num_examples == native.num_examples
+    metrics = json.loads(metrics_json)
+    assert metrics["seconds"] > 0 and metrics == header.metrics
+
+    with pytest.raises(TaskError, match="assignment is for round 1"):
+        peer.train(json.dumps({**job, "round": 1}), package.chunk_bytes(assignment.unit_index))
+
+
+def test_a_session_through_the_relay_api(package: Package, tmp_path: Path) -> None:
+    """Two worker peers talk to an in-process relay as the browser's worker does; the session completes with
+    the weights of the same units trained without a relay."""
+    config = SessionConfig(participants=2, passes=1)
+    relay = Relay(session=Session.create(package, config, directory=tmp_path / "session"), package=package,
+                  store=Store(tmp_path / "relay.sqlite3"), options=RelayOptions(admin_token="admin"))
+    try:
+        with TestClient(create_app(RelayPaths(), relay)) as client:
+            info = client.get("/api/task")
+            assert info.json()["limits"]["hold_seconds"] > 0
+            peers = []
+            for _ in range(2):
+                joined = client.post("/api/join", content=b"{}").json()
+                headers = {"Authorization": f"Bearer {joined['peer_id']}:{joined['token']}"}
+                peer = worker.build_peer(info.text)
+                asyncio.run(peer.choose_device("cpu"))
+                peers.append((peer, headers))
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                jobs = [(peer, headers, client.post("/api/work", headers=headers).json()) for peer, headers in peers]
+                if any(job.get("done") for _, _, job in jobs):
+                    break
+                for peer, headers, job in jobs:
+                    if "slot" not in job:
+                        continue
+                    if peer.weights_round != job["weights_round"]:
+                        peer.set_weights(client.get("/api/weights", headers=headers).content)
+                    chunk = client.get(f"/api/unit/{job['unit_index']}", headers=headers).content
+                    result, _ = peer.train(json.dumps(job), chunk)
+                    answer = client.post(f"/api/result?round={job['round']}&slot={job['slot']}", content=result,
+                                         headers=headers)
+                    assert answer.status_code == 200, answer.text
+                time.sleep(0.02)  # the merge runs in the background on the app's event loop
+            status = client.get("/api/session").json()
+    finally:
+        relay.store.close()
+
+    assert status["done"], status
+    assert status["counters"]["results_accepted"] == 4 and not any(k.startswith("refused.") for k in status["counters"])
+    reference = Session.create(package, config)
+    while not reference.done:
+        reference.complete_round([(a, package.task.train_unit(reference.weights, reference.work_unit(a)))
+                                  for a in reference.assignments()])
+    assert np.array_equal(relay.session.weights, reference.weights)
+    assert status["history"][-1]["metrics"] == reference.history[-1]["metrics"]
