@@ -7,13 +7,13 @@ numpy backend standing in for WebGPU (the real one runs in tests/browser).
 from __future__ import annotations
 
 import ast
-import asyncio
 import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from coroutines import run_to_completion
 
 import runtime.backend.webgpu as webgpu
 from runtime import device
@@ -73,7 +73,7 @@ def steps(probe: Probe, count: int) -> list[float]:
     async def run() -> list[float]:
         return [await step() for _ in range(count)]
 
-    return asyncio.run(run())
+    return run_to_completion(run())
 
 
 def test_a_task_without_a_probe_says_so() -> None:
@@ -125,7 +125,7 @@ def test_the_async_lm_step_reads_back_once_and_clips_on_the_device() -> None:
         async def run() -> float:
             return await step()
 
-        loss = asyncio.run(run())
+        loss = run_to_completion(run())
     finally:
         set_backend(previous)
     assert np.isfinite(loss) and (backend.blocking, backend.awaited) == (0, 1)
@@ -182,14 +182,14 @@ def test_auto_times_the_tasks_own_probe(numpy_as_webgpu: list[dict[str, Any]]) -
             built.append({"seed": seed, **options})
             return super().device_probe(seed=seed, rows=32)
 
-    choice = json.loads(asyncio.run(device.choose_for_peer(FakePeer(Watched()), "auto", steps=1)))
+    choice = json.loads(run_to_completion(device.choose_for_peer(FakePeer(Watched()), "auto", steps=1)))
     assert built == [{"seed": 0}]
     assert choice["reason"] == "faster of the two" and choice["cpu_ms"] > 0 and choice["webgpu_ms"] > 0
     assert numpy_as_webgpu[-1]["chosen"] == choice["chosen"]
 
 
 def test_auto_without_a_probe_times_nothing(numpy_as_webgpu: list[dict[str, Any]]) -> None:
-    choice = json.loads(asyncio.run(device.choose_for_peer(FakePeer(Episodic()), "auto")))
+    choice = json.loads(run_to_completion(device.choose_for_peer(FakePeer(Episodic()), "auto")))
     assert choice["chosen"] == "webgpu" and choice["cpu_ms"] is None
 
 

@@ -8,7 +8,6 @@ against the same units trained without a relay.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 import time
@@ -17,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from coroutines import run_to_completion
 from starlette.testclient import TestClient
 
 import runtime
@@ -82,7 +82,7 @@ def test_one_job_from_task_json_and_messages(package: Package) -> None:
     session = Session.create(package, SessionConfig(participants=2, passes=1))
     peer = worker.build_peer(task_info(package))
     assert peer.fingerprint == package.fingerprint
-    choice = json.loads(asyncio.run(peer.choose_device("cpu")))
+    choice = json.loads(run_to_completion(peer.choose_device("cpu")))
     assert choice["chosen"] == "cpu" and not peer.on_webgpu and "CPU" in choice["description"]
 
     assert peer.set_weights(weights_message(package, session.weights, 0)) == 0 == peer.weights_round
@@ -119,7 +119,7 @@ def test_a_session_through_the_relay_api(package: Package, tmp_path: Path) -> No
                 joined = client.post("/api/join", content=b"{}").json()
                 headers = {"Authorization": f"Bearer {joined['peer_id']}:{joined['token']}"}
                 peer = worker.build_peer(info.text)
-                asyncio.run(peer.choose_device("cpu"))
+                run_to_completion(peer.choose_device("cpu"))
                 peers.append((peer, headers))
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline:
