@@ -53,6 +53,10 @@ class MajorityTask(Task):
         chunks = [chunk.ravel() for chunk in np.array_split(train, self.settings.chunks)]  # int32, flat
         return TaskData(num_units=len(chunks), units=chunks, validation={"rows": held_out})
 
+    def unit_examples(self, unit: WorkUnit) -> int:
+        """Chunks are stored flat: 9 numbers a row. The relay weighs a result by this count, not the peer's."""
+        return unit.data.size // (BITS + 1)
+
     def train_unit(self, weights: np.ndarray, unit: WorkUnit) -> UnitResult:
         model = self.load(weights)  # the task's model, holding the global weights
         rows = unit.data.reshape(-1, BITS + 1)

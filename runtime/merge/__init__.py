@@ -1,7 +1,9 @@
 """Merge methods, chosen by name: ``make_merge("fedadam", eta=0.03)``.
 
 Each method is a small dataclass of its hyperparameters plus its server state, with
-``merge(global_weights, results) -> new_global_weights`` on flat float32 vectors.
+``merge(global_weights, results) -> new_global_weights`` on flat float32 vectors. The round's average comes
+from an aggregator (``runtime.aggregate``): ``merge(global_weights, results, aggregator=Median())``; by
+default the example-weighted mean.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from runtime.aggregate import Aggregator
 from runtime.merge.base import (
     MergeMethod,
     Result,
@@ -25,7 +26,7 @@ from runtime.merge.base import (
     checked_number,
     checked_round_count,
     checked_state_array,
-    weighted_average,
+    or_mean,
 )
 from runtime.weights import WeightSpec
 
@@ -96,7 +97,12 @@ class FedAdam(MergeMethod):
         self.bias_correction = checked_flag(self.name, "bias_correction", self.bias_correction)
 
     def merge(
-        self, global_weights: np.ndarray, results: Sequence[Result], *, spec: WeightSpec | None = None
+        self,
+        global_weights: np.ndarray,
+        results: Sequence[Result],
+        *,
+        spec: WeightSpec | None = None,
+        aggregator: Aggregator | None = None,
     ) -> np.ndarray:
         global64, vectors, counts = check_results(global_weights, results, spec)
         m = np.zeros_like(global64) if self.m is None else self.m
@@ -105,7 +111,7 @@ class FedAdam(MergeMethod):
             raise StateMismatch(f"fedadam moments have {m.shape[0]} values, weights have {global64.shape[0]}")
         new_weights, self.m, self.v = fedadam_update(
             global64,
-            weighted_average(vectors, counts),
+            or_mean(aggregator).combine(global64, vectors, counts),
             m,
             v,
             self.t + 1,

@@ -15,6 +15,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from runtime.aggregate import Aggregator
 from runtime.merge.base import (
     MergeMethod,
     Result,
@@ -26,7 +27,7 @@ from runtime.merge.base import (
     checked_number,
     checked_round_count,
     checked_state_array,
-    weighted_average,
+    or_mean,
 )
 from runtime.weights import WeightSpec
 
@@ -78,7 +79,12 @@ class FedAvgM(MergeMethod):
         self.nesterov = checked_flag(self.name, "nesterov", self.nesterov)
 
     def merge(
-        self, global_weights: np.ndarray, results: Sequence[Result], *, spec: WeightSpec | None = None
+        self,
+        global_weights: np.ndarray,
+        results: Sequence[Result],
+        *,
+        spec: WeightSpec | None = None,
+        aggregator: Aggregator | None = None,
     ) -> np.ndarray:
         global64, vectors, counts = check_results(global_weights, results, spec)
         momentum = np.zeros_like(global64) if self.momentum is None else self.momentum
@@ -86,7 +92,7 @@ class FedAvgM(MergeMethod):
             raise StateMismatch(f"fedavgm momentum has {momentum.shape[0]} values, weights have {global64.shape[0]}")
         new_weights, self.momentum = fedavgm_update(
             global64,
-            weighted_average(vectors, counts),
+            or_mean(aggregator).combine(global64, vectors, counts),
             momentum,
             server_learning_rate=self.server_learning_rate,
             server_momentum=self.server_momentum,

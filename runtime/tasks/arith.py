@@ -237,6 +237,10 @@ class ArithTask(Task):
         return lines
 
     # -- peer side ------------------------------------------------------------------------------
+    def unit_examples(self, unit: WorkUnit) -> int:
+        """A chunk is (2, N, T): inputs and targets of N problems."""
+        return int(unit.data.shape[1]) if unit.data is not None and unit.data.ndim == 3 else 0
+
     def train_unit(self, weights: np.ndarray, unit: WorkUnit) -> UnitResult:
         data = unit.data
         if data is None or data.ndim != 3 or data.shape[0] != 2:

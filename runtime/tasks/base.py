@@ -156,6 +156,24 @@ class Task:
         """Experience tasks: the episode budget of one work unit (see ``work_unit``). Default 1; override it."""
         return 1
 
+    # -- example counts the relay knows -----------------------------------------------------------
+    # A result's weight in the merge is its example count. A peer could claim any count, so the relay never
+    # takes the claim for what it can compute: a data unit counts ``unit_examples`` (from the package), an
+    # experience unit counts the peer's report capped by ``max_examples_per_unit``; a claim above either is
+    # refused (``num_examples_claim``).
+    def unit_examples(self, unit: WorkUnit) -> int:
+        """Data tasks: how many examples unit ``unit`` holds, counted as ``train_unit`` counts them (its
+        ``num_examples`` must not exceed this). Default: the chunk's first axis (rows); override it when a
+        chunk is stored flat or packs several arrays (``dry_run`` checks the two agree)."""
+        if unit.data is None:
+            raise TaskError(f"task {self.name!r}: unit {unit.index} has no data to count")
+        return int(unit.data.shape[0]) if unit.data.ndim else 1
+
+    def max_examples_per_unit(self) -> int | None:
+        """Experience tasks: the most examples one unit can honestly report (e.g. episodes x the step limit);
+        None (the default) means no cap is known, and the relay then caps nothing. Override it."""
+        return None
+
     def device_probe(self, *, seed: int = 0, **options: Any) -> Probe | None:
         """A probe of this task's own kind of update, for the device chooser (``runtime.device``): called with
         a backend active it builds the model, optimizer and a synthetic batch there and returns an awaitable step.

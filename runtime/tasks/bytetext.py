@@ -82,6 +82,10 @@ class ByteTextTask(Task):
         return TaskData(num_units=len(chunks), units=[c.astype(np.int32) for c in chunks],
                         validation={"bytes": validation.astype(np.int32)})
 
+    def unit_examples(self, unit: WorkUnit) -> int:
+        """The chunk's bytes, as ``train_unit`` counts them."""
+        return int(unit.data.size) if unit.data is not None else 0
+
     def train_unit(self, weights: np.ndarray, unit: WorkUnit) -> UnitResult:
         if unit.data is None:
             raise TaskError("bytetext: a unit needs its chunk of bytes")

@@ -274,6 +274,10 @@ class CartPoleTask(Task):
     def episodes_per_unit(self) -> int:
         return self.settings.episodes_per_unit
 
+    def max_examples_per_unit(self) -> int:
+        """Every episode ends by the time limit: a unit sees at most episodes x 500 steps."""
+        return self.settings.episodes_per_unit * MAX_EPISODE_STEPS
+
     def device_probe(self, *, seed: int = 0, **options: Any) -> Probe | None:
         """``policy_probe`` of the initial policy; option ``rows`` (default 1024) sets the batch size."""
         return policy_probe(self.build_model(seed), seed=seed, **options)

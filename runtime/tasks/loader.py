@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from runtime.tasks.base import Task, TaskData, TaskError, check_unit_result
+from runtime.tasks.base import Task, TaskData, TaskError, WorkUnit, check_unit_result
 
 BUILTIN_TASKS = {
     "bytetext": "runtime.tasks.bytetext:ByteTextTask",
@@ -111,6 +111,22 @@ def check_task_data(task: Task, data: Any) -> TaskData:
     return data
 
 
+def check_example_count(task: Task, unit: WorkUnit, claimed: int) -> None:
+    """An honest peer's ``num_examples`` must fit what the relay will count (``Task.unit_examples`` for data
+    units, ``Task.max_examples_per_unit`` for experience units), or the relay would refuse its results."""
+    if task.kind == "data":
+        known = task.unit_examples(unit)
+        if claimed > known:
+            raise TaskError(f"task {task.name!r}: train_unit reports {claimed} examples for unit {unit.index}, but "
+                            f"unit_examples counts {known}; the relay refuses claims above its own count, so define "
+                            "unit_examples(unit) to count examples as train_unit does")
+    else:
+        cap = task.max_examples_per_unit()
+        if cap is not None and claimed > cap:
+            raise TaskError(f"task {task.name!r}: train_unit reports {claimed} examples, above "
+                            f"max_examples_per_unit() = {cap}; the relay would refuse it")
+
+
 def dry_run(task: Task, data: TaskData, *, seed: int = 0) -> dict[str, float]:
     """Build the model, train unit 0 once and validate: catches wrong shapes before a session starts."""
     weights = task.initial_weights(seed)
@@ -118,7 +134,8 @@ def dry_run(task: Task, data: TaskData, *, seed: int = 0) -> dict[str, float]:
     if weights.shape != (spec.size,):
         raise TaskError(f"task {task.name!r}: initial weights have shape {weights.shape}, expected ({spec.size},)")
     unit = task.work_unit(data, 0, seed)
-    check_unit_result(task, task.train_unit(weights, unit), spec)
+    result = check_unit_result(task, task.train_unit(weights, unit), spec)
+    check_example_count(task, unit, int(result.num_examples))
     metrics = task.validate(weights, data.validation)
     if not isinstance(metrics, dict) or task.metric not in metrics:
         raise TaskError(f"task {task.name!r}: validate must return a dict containing {task.metric!r}")

@@ -98,7 +98,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"warning: the estimate exceeds the {BUDGET_SECONDS // 60}-minute budget; lower --steps or "
               "--validation-windows")
 
+    # The server optimizers over the plain weighted mean (mean): the claim under test compares them, not aggregators.
     comparison = compare(package, SETTINGS, out=out, participants=5, passes=3, seed=args.seed, max_rounds=args.rounds,
+                         aggregate="mean",
                          progress=args.progress, log=lambda _: None,
                          title=f"bytelm-2.3mb, 55 chunks, k=5, {args.steps} local steps: validation loss per round")
     series = {s.config.name: s.metric_series() for s in comparison.sessions}

@@ -98,7 +98,9 @@ class KFigures:
 
 def serve_arguments(package: Path, session_dir: Path, k: int, passes: int) -> list[str]:
     return ["--package", str(package), "--session-dir", str(session_dir), "--fresh", "-k", str(k),
-            "--passes", str(passes), "--admin-token", ADMIN, "--lease-seconds", "3600", "--peer-timeout", "3600"]
+            "--passes", str(passes), "--admin-token", ADMIN, "--lease-seconds", "3600", "--peer-timeout", "3600",
+            # every simulated peer joins from loopback at once: no admission limit per address here
+            "--join-rate", "0", "--max-peers-per-address", "0"]
 
 
 # ---------------------------------------------------------------- simulated peers

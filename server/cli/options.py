@@ -16,6 +16,25 @@ def merge_names() -> list[str]:
     return list(MERGES)
 
 
+def aggregator_names() -> list[str]:
+    """The aggregators a command offers: every one the runtime registers (``runtime.aggregate.AGGREGATORS``)."""
+    from runtime.aggregate import AGGREGATORS
+
+    return list(AGGREGATORS)
+
+
+def add_aggregate_options(parser: argparse.ArgumentParser) -> None:
+    """``--aggregate`` and ``--aggregate-config``: how a round's results become one average (any merge)."""
+    from server.session.config import DEFAULT_AGGREGATE, DEFAULT_AGGREGATE_CONFIG
+
+    parser.add_argument("--aggregate", default=DEFAULT_AGGREGATE, choices=aggregator_names(),
+                        help=f"how a round's results become one average before the merge's step (default "
+                        f"{DEFAULT_AGGREGATE} with {json.dumps(DEFAULT_AGGREGATE_CONFIG)}; mean: plain FedAvg)")
+    parser.add_argument("--aggregate-config", type=json.loads, default=None, metavar="JSON",
+                        help='the aggregator\'s settings as JSON, e.g. {"fraction": 0.2} or {"f": 2} (default: '
+                        "its own defaults)")
+
+
 def parse_sets(pairs: Sequence[str]) -> dict[str, object]:
     """``--set key=value`` pairs; values are read as JSON when they parse (numbers, lists), else as text."""
     settings: dict[str, object] = {}

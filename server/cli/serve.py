@@ -15,9 +15,15 @@ from pathlib import Path
 
 import uvicorn
 
-from server.cli.options import add_task_options, merge_names, parse_sets
+from server.cli.options import add_aggregate_options, add_task_options, merge_names, parse_sets
 from server.paths import REPO_ROOT
 from server.relay.app import RelayPaths, create_app
+from server.relay.state import (
+    DEFAULT_JOIN_BURST,
+    DEFAULT_JOIN_RATE,
+    DEFAULT_MAX_PEERS_PER_ADDRESS,
+    DEFAULT_OUTLIER_FACTOR,
+)
 from server.session.config import DIVERGENCE_ACTIONS
 
 HELP = "start the relay and the page; prints the URL to join"
@@ -36,6 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fresh", action="store_true", help="discard an existing session in --session-dir")
     parser.add_argument("--merge", default="fedavg", choices=merge_names(), help="the merge method (default fedavg)")
     parser.add_argument("--merge-config", default="{}", help='merge hyperparameters as JSON, e.g. {"eta": 0.01}')
+    add_aggregate_options(parser)
     parser.add_argument("-k", "--participants", type=int, default=3, help="assignments per round")
     parser.add_argument("--passes", type=int, default=3, help="passes over the work units")
     parser.add_argument("--force", action="store_true", help="run a stateful merge where the guard refuses it")
@@ -45,6 +52,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--peer-timeout", type=float, default=30.0, help="silence after which a peer is gone")
     parser.add_argument("--min-peers", type=int, help="peers needed before a round starts (default k)")
     parser.add_argument("--max-update-norm", type=float, default=1e4, help="refuse results that move further")
+    guard = parser.add_argument_group("an open session's guards (anyone with the URL can join)")
+    guard.add_argument("--outlier-factor", type=float, default=DEFAULT_OUTLIER_FACTOR,
+                       help="refuse an update more than this many times the median norm of the round's accepted "
+                       f"updates (default {DEFAULT_OUTLIER_FACTOR:g}; 0: off)")
+    guard.add_argument("--join-rate", type=float, default=DEFAULT_JOIN_RATE,
+                       help=f"joins per second per client address after a burst (default {DEFAULT_JOIN_RATE:g}; "
+                       "0: no limit); over it a join gets 429 with Retry-After")
+    guard.add_argument("--join-burst", type=int, default=DEFAULT_JOIN_BURST,
+                       help=f"joins one address may make at once (default {DEFAULT_JOIN_BURST})")
+    guard.add_argument("--max-peers-per-address", type=int, default=DEFAULT_MAX_PEERS_PER_ADDRESS,
+                       help=f"live peers one client address may hold (default {DEFAULT_MAX_PEERS_PER_ADDRESS}; "
+                       "0: any)")
+    guard.add_argument("--trusted-proxy-header", metavar="HEADER",
+                       help="behind a reverse proxy: read the client address from this header (e.g. "
+                       "X-Forwarded-For); never set it on a relay reachable directly")
     parser.add_argument("--join-code", default=os.environ.get("PEERTRAIN_JOIN_CODE"),
                         help="require this code to join (env PEERTRAIN_JOIN_CODE); default: open")
     parser.add_argument("--admin-token", default=os.environ.get("PEERTRAIN_ADMIN_TOKEN"),
@@ -116,6 +138,7 @@ def open_session(args: argparse.Namespace, paths: RelayPaths):  # type: ignore[n
                   "start over with --fresh (make demo DEMO_ARGS=--fresh)")
     else:
         config = SessionConfig(merge=args.merge, merge_config=json.loads(args.merge_config),
+                               aggregate=args.aggregate, aggregate_config=args.aggregate_config,
                                participants=args.participants, passes=args.passes, seed=args.seed,
                                force=args.force, on_divergence=args.on_divergence)
         session = Session.create(package, config, directory=session_dir)
@@ -125,7 +148,10 @@ def open_session(args: argparse.Namespace, paths: RelayPaths):  # type: ignore[n
         print(f"admin token (shown once): {admin_token}")
     options = RelayOptions(admin_token=admin_token, join_code=args.join_code, lease_seconds=args.lease_seconds,
                            peer_timeout=args.peer_timeout, min_peers=args.min_peers,
-                           max_update_norm=args.max_update_norm)
+                           max_update_norm=args.max_update_norm, outlier_factor=args.outlier_factor,
+                           join_rate=args.join_rate, join_burst=args.join_burst,
+                           max_peers_per_address=args.max_peers_per_address,
+                           trusted_proxy_header=args.trusted_proxy_header)
     return Relay(session=session, package=package, store=Store(session_dir / "relay.sqlite3"), options=options)
 
 

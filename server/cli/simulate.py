@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from server.cli.options import add_task_options, merge_names, parse_sets
+from server.cli.options import add_aggregate_options, add_task_options, merge_names, parse_sets
 
 HELP = "run training sessions in-process, without browsers; compare merge methods"
 DESCRIPTION = ("Run sessions in-process with the same runtime code a browser runs. Several --merge choices run from "
@@ -19,6 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--merge", action="append", default=[], metavar="NAME[:KEY=VALUE,...]",
                         help=f"{', '.join(merge_names())}; repeatable or a comma list; settings per choice, e.g. "
                         "fedavgm:server_momentum=0.5 (default fedavg)")
+    add_aggregate_options(parser)
     group = parser.add_argument_group("merge hyperparameters (applied to every chosen method that takes them)")
     group.add_argument("--server-lr", dest="server_learning_rate", type=float, help="FedAvgM server learning rate")
     group.add_argument("--server-momentum", type=float, help="FedAvgM server momentum")
@@ -69,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
         comparison = compare(package, choices, out=args.out, participants=participants, passes=args.passes,
                              seed=args.seed, max_rounds=args.rounds, force=args.force,
                              on_divergence=args.on_divergence, divergence_factor=args.divergence_factor,
-                             progress=args.progress)
+                             progress=args.progress, aggregate=args.aggregate, aggregate_config=args.aggregate_config)
     except (MergeError, PlanError, TaskError, SessionError, FileNotFoundError) as error:
         return fail(error)
     stopped = [s for s in comparison.sessions if s.stopped]

@@ -33,7 +33,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
 
-from server.relay.state import MAX_HOLD_SECONDS, Refusal, Relay
+from server.relay.admission import client_address
+from server.relay.refusal import Refusal
+from server.relay.state import MAX_HOLD_SECONDS, Relay
 
 JOIN_BODY_LIMIT = 4096  # bytes: a join body holds at most a join code
 SESSION_BODY_LIMIT = 65536  # bytes: a session request is a small JSON object of settings
@@ -52,7 +54,8 @@ def refusal_response(request: Request, refusal: Exception) -> Response:
     relay = relay_of(request)
     relay.store.count(f"refused.{refusal.code}")
     relay.changed()
-    return JSONResponse({"error": refusal.code, "message": refusal.message}, status_code=refusal.status)
+    return JSONResponse({"error": refusal.code, "message": refusal.message}, status_code=refusal.status,
+                        headers=refusal.headers)
 
 
 def peer_of(request: Request) -> str:
@@ -128,7 +131,10 @@ async def join(request: Request) -> Response:
     join_code = relay.options.join_code
     if join_code and not hmac.compare_digest(str(payload.get("join_code", "")).encode(), join_code.encode()):
         raise Refusal(403, "join_code", "this session needs a join code")
-    peer_id, token = relay.store.add_peer(request.headers.get("user-agent", ""))
+    address = client_address(request.client.host if request.client else None, dict(request.headers),
+                             relay.options.trusted_proxy_header)
+    relay.admit(address)
+    peer_id, token = relay.store.add_peer(request.headers.get("user-agent", ""), address)
     relay.work_changed()
     return JSONResponse({"peer_id": peer_id, "token": token})
 

@@ -24,7 +24,7 @@ LAST_SEEN_RESOLUTION = 1.0  # seconds; "connected" is judged over the peer timeo
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS peers (
     id TEXT PRIMARY KEY, token_hash TEXT NOT NULL, joined REAL NOT NULL, last_seen REAL NOT NULL,
-    agent TEXT NOT NULL DEFAULT '', units_done INTEGER NOT NULL DEFAULT 0
+    agent TEXT NOT NULL DEFAULT '', units_done INTEGER NOT NULL DEFAULT 0, address TEXT NOT NULL DEFAULT ''
 );
 CREATE TABLE IF NOT EXISTS leases (
     round INTEGER NOT NULL, slot INTEGER NOT NULL, unit_index INTEGER NOT NULL, peer_id TEXT NOT NULL,
@@ -83,6 +83,9 @@ class Store:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
             self._db.executescript(SCHEMA)
+            columns = {row[1] for row in self._db.execute("PRAGMA table_info(peers)")}
+            if "address" not in columns:  # a file from before peers had addresses
+                self._db.execute("ALTER TABLE peers ADD COLUMN address TEXT NOT NULL DEFAULT ''")
 
     @property
     def closed(self) -> bool:
@@ -105,12 +108,22 @@ class Store:
             return self.db.execute(sql, args).fetchall()
 
     # -- peers ----------------------------------------------------------------------------------
-    def add_peer(self, agent: str = "") -> tuple[str, str]:
+    def add_peer(self, agent: str = "", address: str = "") -> tuple[str, str]:
         peer_id, token = "p-" + secrets.token_hex(4), secrets.token_urlsafe(24)
         now = time.time()
-        self._run("INSERT INTO peers (id, token_hash, joined, last_seen, agent) VALUES (?, ?, ?, ?, ?)",
-                  (peer_id, hash_token(token), now, now, agent[:200]))
+        self._run("INSERT INTO peers (id, token_hash, joined, last_seen, agent, address) VALUES (?, ?, ?, ?, ?, ?)",
+                  (peer_id, hash_token(token), now, now, agent[:200], address[:100]))
         return peer_id, token
+
+    def live_peers_at(self, address: str, within_seconds: float) -> int:
+        """Peers from ``address`` seen within ``within_seconds`` (the cap on live peers per address)."""
+        since = time.time() - within_seconds
+        return int(self._run("SELECT COUNT(*) FROM peers WHERE address = ? AND last_seen >= ?", (address, since))[0][0])
+
+    def addresses(self, within_seconds: float) -> int:
+        """How many distinct client addresses have a peer seen within ``within_seconds``."""
+        since = time.time() - within_seconds
+        return int(self._run("SELECT COUNT(DISTINCT address) FROM peers WHERE last_seen >= ?", (since,))[0][0])
 
     def authenticate(self, peer_id: str, token: str) -> bool:
         """Constant-time comparison of the token's hash with the stored one; refreshes last_seen.
@@ -146,6 +159,10 @@ class Store:
         self._run("INSERT OR REPLACE INTO leases VALUES (?, ?, ?, ?, ?, ?)",
                   (round_index, slot, unit_index, peer_id, now, now + seconds))
         return Lease(round_index, slot, unit_index, peer_id, now, now + seconds)
+
+    def release(self, round_index: int, slot: int) -> None:
+        """Drop the lease on a slot (its result was refused): the next peer to ask may take it."""
+        self._run("DELETE FROM leases WHERE round = ? AND slot = ?", (round_index, slot))
 
     def release_live_leases(self) -> int:
         """After a restart nobody holds anything: every unfinished unit is handed out again."""

@@ -17,6 +17,9 @@ import numpy as np
 
 from runtime import wire
 from runtime.tasks import UnitResult
+from server.relay.admission import JoinLimiter
+from server.relay.checks import check_update_norm, decode_result, relay_count, update_norm
+from server.relay.refusal import Refusal
 from server.relay.sqlite_store import Store, StoredResult
 from server.session.archive import archive_session
 from server.session.config import config_from_request
@@ -25,6 +28,12 @@ from server.session.session import Session
 
 MAX_HOLD_SECONDS = 20.0  # longest a POST /api/work?hold=S request is held
 HANDOUT_TURNS = 3  # event-loop turns given to woken held requests after a merge (each answers in one or two)
+# Defaults of an open session (README, "What an open session defends against").
+DEFAULT_OUTLIER_FACTOR = 3.0
+DEFAULT_JOIN_RATE = 2.0
+DEFAULT_JOIN_BURST = 20
+DEFAULT_MAX_PEERS_PER_ADDRESS = 32
+NOT_COVERED = ("a majority of dishonest peers", "the privacy of the data sent to peers", "trusted execution")
 HISTORY_LENGTH = 200  # rounds of history in the status (the page's chart); the full history is exported
 RESULT_ENVELOPE_BYTES = 16  # a result body may exceed its payload and header by the wire's length fields
 
@@ -37,13 +46,13 @@ class RelayOptions:
     peer_timeout: float = 30.0  # a peer not heard from for this long no longer counts as connected
     min_peers: int | None = None  # peers needed before a round starts (default: k)
     max_update_norm: float = 1e4  # L2 norm of (result - global) above which a result is refused
+    outlier_factor: float = DEFAULT_OUTLIER_FACTOR  # refuse updates this many times the round's median norm
+    outlier_min_results: int = 2  # accepted results of the round before the relative check applies
     retry_seconds: float = 1.0  # what a waiting peer is told (one that did not hold its request)
-
-
-class Refusal(Exception):
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(message)
-        self.status, self.code, self.message = status, code, message
+    join_rate: float = DEFAULT_JOIN_RATE  # joins per second per client address, after a burst (0: no limit)
+    join_burst: int = DEFAULT_JOIN_BURST
+    max_peers_per_address: int = DEFAULT_MAX_PEERS_PER_ADDRESS  # live peers one address may hold (0: any)
+    trusted_proxy_header: str | None = None  # e.g. X-Forwarded-For, only behind a proxy that sets it
 
 
 @dataclass
@@ -64,8 +73,14 @@ class Relay:
     latest_samples: list[dict[str, Any]] = field(default_factory=list)
     samples_round: int | None = None  # rounds merged into the weights latest_samples come from
     _background: set[asyncio.Task[None]] = field(default_factory=set)  # the loop keeps only weak references
+    # Per round: the accepted updates' norms (the relative check), and the peers refused on each slot, which
+    # are not handed that slot again (an honest peer takes it at once instead of after the lease).
+    _accepted_norms: dict[int, list[float]] = field(default_factory=dict)
+    _refused_on_slot: dict[tuple[int, int], set[str]] = field(default_factory=dict)
+    joins: JoinLimiter = field(init=False)
 
     def __post_init__(self) -> None:
+        self.joins = JoinLimiter(self.options.join_rate, self.options.join_burst)
         released = self.store.release_live_leases()
         if released:
             self.store.count("leases_released_on_start", released)
@@ -88,7 +103,8 @@ class Relay:
             "fingerprint": self.package.fingerprint,
             "paused": self.paused,
             "merging": self.merging,
-            "peers": {"connected": len(active), "joined": self.store.peer_count(), "needed": self.min_peers},
+            "peers": {"connected": len(active), "joined": self.store.peer_count(), "needed": self.min_peers,
+                      "addresses": self.store.addresses(self.options.peer_timeout)},
             "round_progress": {"slots": len(slots), "done": len(results),
                                "leased": sum(1 for s, lease in leases.items() if s not in results
                                              and lease.deadline >= now)},
@@ -97,8 +113,25 @@ class Relay:
             "samples": self.latest_samples,
             "samples_round": self.samples_round,
             "counters": self.store.counters(),
+            "defenses": self.defenses(),
             "version": self.version,
         }
+
+    def defenses(self) -> dict[str, Any]:
+        """What this session defends against and what it does not, in words for the page."""
+        options, aggregator = self.options, self.session.aggregator
+        settings = ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
+                             for k, v in aggregator.to_config().items())
+        guards = [f"results are combined by {aggregator.name}" + (f" ({settings})" if settings else ""),
+                  "example counts come from the relay, never from a peer's claim",
+                  f"updates above norm {options.max_update_norm:g}"
+                  + (f" or {options.outlier_factor:g}x the round's median are refused" if options.outlier_factor > 0
+                     else " are refused"),
+                  "joins per address: " + (f"{options.join_burst} at once, then {options.join_rate:g}/s"
+                                           if options.join_rate > 0 else "no limit")
+                  + (f", at most {options.max_peers_per_address} live peers" if options.max_peers_per_address > 0
+                     else "")]
+        return {"guards": guards, "not_covered": list(NOT_COVERED)}
 
     def start_session(self, session: Session, store: Store) -> None:
         """Serve ``session`` (with its own store) from now on, forgetting what belonged to the previous one."""
@@ -200,6 +233,15 @@ class Relay:
         except TimeoutError:
             pass
 
+    # -- admission ---------------------------------------------------------------------------------
+    def admit(self, address: str) -> None:
+        """Refuse a join from ``address`` past its join rate or its cap of live peers (429, ``Retry-After``)."""
+        cap = self.options.max_peers_per_address
+        if cap > 0 and self.store.live_peers_at(address, self.options.peer_timeout) >= cap:
+            raise Refusal(429, "too_many_peers", f"{address} already has {cap} live peers in this session",
+                          headers={"Retry-After": str(max(1, int(self.options.peer_timeout)))})
+        self.joins.admit(address)
+
     # -- handing out work -----------------------------------------------------------------------
     def next_assignment(self, peer_id: str) -> dict[str, Any]:
         session = self.session
@@ -224,6 +266,8 @@ class Relay:
             if lease is not None and lease.deadline >= now:
                 if lease.peer_id == peer_id:
                     return self._assignment_json(assignment, lease.deadline)
+                continue
+            if peer_id in self._refused_on_slot.get((session.round, assignment.slot), ()):
                 continue
             open_slots.append((assignment, lease))
         if not open_slots:
@@ -260,15 +304,36 @@ class Relay:
 
     # -- checking and merging results -----------------------------------------------------------
     def accept_result(self, peer_id: str, round_index: int, slot: int, body: bytes) -> StoredResult:
-        """Check and store a result, keeping its decoded weights for the merge (saves reading them back)."""
-        stored, vector = self.check_result(peer_id, round_index, slot, body)
+        """Check and store a result, keeping its decoded weights for the merge (saves reading them back).
+
+        A result refused for what it holds (not for its lease) frees its slot at once for another peer."""
+        stored, vector, norm = self.check_result(peer_id, round_index, slot, body)
         self.store.add_result(stored)
         self._decoded[(round_index, slot)] = (dataclasses.replace(stored, message=b""), vector)
+        self._accepted_norms.setdefault(round_index, []).append(norm)
         return stored
 
     def check_result(self, peer_id: str, round_index: int, slot: int,
-                     body: bytes) -> tuple[StoredResult, np.ndarray]:
-        """The result as it would be stored, and its decoded weights; a ``Refusal`` names what is wrong."""
+                     body: bytes) -> tuple[StoredResult, np.ndarray, float]:
+        """The result as it would be stored (with the relay's example count), its decoded weights and its
+        update norm; a ``Refusal`` names what is wrong (``server.relay.checks``)."""
+        assignment = self._leased_assignment(peer_id, round_index, slot)
+        session = self.session
+        try:
+            header, vector = decode_result(body, spec=session.spec, round_index=round_index,
+                                           fingerprint=self.package.fingerprint)
+            count = relay_count(session.task, session.work_unit(assignment), int(header.num_examples))
+            norm = update_norm(vector, session.weights)
+            check_update_norm(norm, self._accepted_norms.get(round_index, []),
+                              max_norm=self.options.max_update_norm, outlier_factor=self.options.outlier_factor,
+                              min_results=self.options.outlier_min_results)
+        except Refusal:
+            self._free_slot(peer_id, round_index, slot)
+            raise
+        return StoredResult(round_index, slot, assignment.unit_index, peer_id, count, dict(header.metrics),
+                            body), vector, norm
+
+    def _leased_assignment(self, peer_id: str, round_index: int, slot: int) -> Any:
         session = self.session
         if session.done or round_index != session.round:
             raise Refusal(409, "stale_round", f"round {round_index} is not the current round ({session.round})")
@@ -282,19 +347,18 @@ class Relay:
             raise Refusal(403, "not_leased", f"slot {slot} of round {round_index} is not leased to this peer")
         if lease.deadline < time.time():
             raise Refusal(409, "late", f"the lease on slot {slot} expired {time.time() - lease.deadline:.1f} s ago")
-        try:
-            header, vector = wire.decode(body, expect_spec=session.spec, expect_round=round_index,
-                                         expect_fingerprint=self.package.fingerprint)
-        except wire.WireError as error:
-            raise Refusal(int(getattr(error, "http_status", 400)), error.code, str(error)) from error
-        if header.num_examples <= 0:
-            raise Refusal(422, "num_examples", f"num_examples must be positive, got {header.num_examples}")
-        norm = float(np.linalg.norm(vector.astype(np.float64) - session.weights))
-        if not norm <= self.options.max_update_norm:
-            raise Refusal(422, "update_norm",
-                          f"update norm {norm:.4g} exceeds the bound {self.options.max_update_norm}")
-        return StoredResult(round_index, slot, by_slot[slot].unit_index, peer_id, header.num_examples,
-                            dict(header.metrics), body), vector
+        return by_slot[slot]
+
+    def _free_slot(self, peer_id: str, round_index: int, slot: int) -> None:
+        """After a refused result: release the lease, never hand this slot to that peer again this round."""
+        self.store.release(round_index, slot)
+        self._refused_on_slot.setdefault((round_index, slot), set()).add(peer_id)
+        self.store.count("slots_freed_by_refusal")
+        self.work_changed()
+
+    def _forget_rounds_before(self, round_index: int) -> None:
+        self._accepted_norms = {r: v for r, v in self._accepted_norms.items() if r >= round_index}
+        self._refused_on_slot = {k: v for k, v in self._refused_on_slot.items() if k[0] >= round_index}
 
     def complete_round_blocking(self) -> dict[str, Any]:
         """Merge the stored results of the current round (runs in a worker thread).
@@ -338,6 +402,7 @@ class Relay:
             try:
                 await asyncio.to_thread(self.complete_round_blocking)
             finally:
+                self._forget_rounds_before(self.session.round)
                 self.merging = False
                 self.work_changed()
             # After the next round is open: peers train meanwhile; the lock keeps the next merge behind it.

@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
+DEFAULT_AGGREGATE = "trimmed_mean"
+DEFAULT_AGGREGATE_CONFIG: Mapping[str, Any] = {"fraction": 1 / 3}
 DivergenceAction = Literal["stop", "rollback"]
 DIVERGENCE_ACTIONS: tuple[DivergenceAction, ...] = ("stop", "rollback")
 
@@ -22,6 +24,10 @@ class SessionConfig:
 
     merge: str = "fedavg"
     merge_config: Mapping[str, Any] = field(default_factory=dict)
+    # How a round's results become one average before the merge's step (runtime.aggregate). The default holds
+    # up to a third of a round's results being wrong in any direction: a third is trimmed on each side.
+    aggregate: str = DEFAULT_AGGREGATE
+    aggregate_config: Mapping[str, Any] | None = None  # None: the default's settings for the default, else {}
     participants: int = 5  # k, assignments per round
     passes: int = 3  # E, passes over the C units
     seed: int = 0  # chunk order and unit seeds
@@ -40,6 +46,11 @@ class SessionConfig:
         if self.max_rounds is not None and self.max_rounds < 1:
             raise SessionError(f"max_rounds must be at least 1 (or None), got {self.max_rounds!r}")
         object.__setattr__(self, "merge_config", dict(self.merge_config))
+        if self.aggregate_config is None:
+            defaults = DEFAULT_AGGREGATE_CONFIG if self.aggregate == DEFAULT_AGGREGATE else {}
+            object.__setattr__(self, "aggregate_config", dict(defaults))
+        else:
+            object.__setattr__(self, "aggregate_config", dict(self.aggregate_config))
 
     @property
     def name(self) -> str:
@@ -54,14 +65,14 @@ class SessionConfig:
         unknown = sorted(set(data) - known)
         if unknown:
             raise SessionError(f"unknown session config field(s) {unknown}")
+        if "aggregate" not in data:  # a session stored before aggregators existed ran the weighted mean
+            data = {**data, "aggregate": "mean", "aggregate_config": {}}
         return cls(**data)
 
 
-
-
 # What ``POST /api/admin/session`` may change; the package (task, data) stays the relay's.
-SETTABLE = ("merge", "merge_config", "participants", "passes", "seed", "max_rounds", "force", "on_divergence",
-            "divergence_factor")
+SETTABLE = ("merge", "merge_config", "aggregate", "aggregate_config", "participants", "passes", "seed", "max_rounds",
+            "force", "on_divergence", "divergence_factor")
 
 
 def config_from_request(body: Any, current: SessionConfig) -> SessionConfig:
@@ -73,6 +84,9 @@ def config_from_request(body: Any, current: SessionConfig) -> SessionConfig:
     if unknown:
         raise SessionError(f"unknown session setting(s) {unknown}; known: {list(SETTABLE)}")
     try:
-        return dataclasses.replace(current, **{key: body[key] for key in SETTABLE if key in body})
+        changes = {key: body[key] for key in SETTABLE if key in body}
+        if "aggregate" in changes and "aggregate_config" not in changes:
+            changes["aggregate_config"] = None  # the new aggregator's own defaults, not the old one's settings
+        return dataclasses.replace(current, **changes)
     except (TypeError, ValueError) as error:
         raise SessionError(f"bad session settings: {error}") from error

@@ -28,6 +28,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from runtime.aggregate import Aggregator, make_aggregator
 from runtime.merge import MergeMethod, Result, make_merge
 from runtime.planner import Assignment, RoundPlan, check_merge_guard
 from runtime.tasks import Task, TaskData, UnitResult, WorkUnit
@@ -61,6 +62,11 @@ class Session:
         self.plan = RoundPlan(self.data.num_units, config.participants, config.passes, config.seed)
         check_merge_guard(config.merge, self.plan, force=config.force)
         self.merge: MergeMethod = make_merge(config.merge, **config.merge_config)
+        self.aggregator: Aggregator = make_aggregator(config.aggregate, **(config.aggregate_config or {}))
+        assumed = getattr(self.aggregator, "f", None)  # Krum's assumption: k > 2f + 2 results a round
+        if isinstance(assumed, int) and config.participants <= 2 * assumed + 2:
+            raise SessionError(f"{config.aggregate} with f={assumed} needs more than {2 * assumed + 2} results a "
+                               f"round; this session has k={config.participants}")
         self.spec = self.task.spec()
         self.weights = np.array(package.initial_weights, dtype=np.float32)
         self.directory = Path(directory) if directory is not None else None
@@ -115,7 +121,9 @@ class Session:
         latest, best = checkpoint.read_latest(directory), checkpoint.read_best(directory)
         state = latest.state
         session.weights = np.array(latest.weights, dtype=np.float32)
-        session.merge.load_state_dict(latest.merge_state)
+        merge_state, aggregate_state = split_server_state(latest.merge_state)
+        session.merge.load_state_dict(merge_state)
+        session.aggregator.load_state_dict(aggregate_state)
         session.round = int(state["round"])
         session.initial_metrics = state["initial_metrics"]
         session.best_metric = state["best_metric"]
@@ -167,7 +175,8 @@ class Session:
         ordered = self._checked_results(results)
         started = time.perf_counter()
         merged = self.merge.merge(self.weights, [Result(r.weights, int(r.num_examples)) for _, r in ordered],
-                                  spec=self.spec)
+                                  spec=self.spec, aggregator=self.aggregator)
+        outliers = [ordered[i][0].unit_index for i in self.aggregator.last_outliers]
         merged_at = time.perf_counter()
         metrics = self.task.validate(merged, self.data.validation)
         validated_at = time.perf_counter()
@@ -181,6 +190,7 @@ class Session:
             if self.config.on_divergence == "rollback":
                 self.weights = self.best_weights.copy()
                 self.merge.reset()
+                self.aggregator.reset()
                 event["restored_round"] = self.best_round
             else:
                 self.weights = merged
@@ -201,6 +211,7 @@ class Session:
             "metrics": checkpoint.json_safe(metrics),
             "participants": len(ordered),
             "units": [a.unit_index for a, _ in ordered],
+            "outliers": outliers,  # units the aggregator set aside or distrusted
             "missing": [a.unit_index for a in planned if a.slot not in done_slots],
             "examples": int(sum(int(r.num_examples) for _, r in ordered)),
             "train": _mean_metrics(unit_metrics),
@@ -258,6 +269,8 @@ class Session:
             "history_length": len(self.history),
             "merge": self.merge.name,
             "merge_config": self.merge.to_config(),
+            "aggregate": self.aggregator.name,
+            "aggregate_config": self.aggregator.to_config(),
         }
 
     def stop(self, reason: str) -> None:
@@ -270,8 +283,10 @@ class Session:
     def _save(self, *, new_entries: list[dict[str, Any]], best_changed: bool) -> None:
         assert self.directory is not None
         state = self._state_json()
-        current = checkpoint.Checkpoint(self.weights, self.spec, self.merge.state_dict(), state)
-        best = checkpoint.Checkpoint(self.best_weights, self.spec, self.merge.state_dict(), state) if best_changed \
+        server_state = {**self.merge.state_dict(),
+                        **{AGGREGATE_PREFIX + k: v for k, v in self.aggregator.state_dict().items()}}
+        current = checkpoint.Checkpoint(self.weights, self.spec, server_state, state)
+        best = checkpoint.Checkpoint(self.best_weights, self.spec, server_state, state) if best_changed \
             else None
         checkpoint.save_round(self.directory, current, fingerprint=self.package.fingerprint, new_history=new_entries,
                               best=best, keep=self.config.keep_checkpoints)
@@ -288,6 +303,8 @@ class Session:
             "name": self.config.name,
             "merge": self.merge.name,
             "merge_config": self.merge.to_config(),
+            "aggregate": self.aggregator.name,
+            "aggregate_config": self.aggregator.to_config(),
             "plan": self.plan.to_json(),
             "round": self.round,
             "num_rounds": self.num_rounds,
@@ -296,6 +313,16 @@ class Session:
             "stopped": self.stopped,
             "done": self.done,
         })
+
+
+AGGREGATE_PREFIX = "aggregate."  # the aggregator's state shares the checkpoint's merge_state file
+
+
+def split_server_state(state: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A checkpoint's server state as (the merge method's, the aggregator's)."""
+    merge = {k: v for k, v in state.items() if not k.startswith(AGGREGATE_PREFIX)}
+    aggregate = {k.removeprefix(AGGREGATE_PREFIX): v for k, v in state.items() if k.startswith(AGGREGATE_PREFIX)}
+    return merge, aggregate
 
 
 def _mean_metrics(per_unit: Sequence[Mapping[str, Any]]) -> dict[str, float]:

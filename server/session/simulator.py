@@ -24,6 +24,7 @@ from tqdm import tqdm
 
 from runtime.merge import InvalidHyperparameter, merge_class
 from runtime.planner import RoundPlan, check_merge_guard
+from server.session.config import DEFAULT_AGGREGATE
 from server.session.package import Package
 from server.session.plot import plot_metric
 from server.session.session import DivergenceAction, Session, SessionConfig
@@ -126,7 +127,8 @@ class Comparison:
 def compare(package: Package, choices: Sequence[MergeChoice], *, out: Path, participants: int, passes: int,
             seed: int = 0, max_rounds: int | None = None, force: bool = False,
             on_divergence: DivergenceAction = "stop", divergence_factor: float = 3.0, progress: bool = True,
-            title: str = "", log: Callable[[str], Any] = print) -> Comparison:
+            title: str = "", log: Callable[[str], Any] = print, aggregate: str = DEFAULT_AGGREGATE,
+            aggregate_config: Mapping[str, Any] | None = None) -> Comparison:
     """Run one session per merge choice (same package, same plan), then write the plot and the table."""
     out = Path(out)
     plan = RoundPlan(package.data.num_units, participants, passes, seed)
@@ -134,7 +136,8 @@ def compare(package: Package, choices: Sequence[MergeChoice], *, out: Path, part
         check_merge_guard(choice.name, plan, force=force)
     configs = [SessionConfig(merge=c.name, merge_config=dict(c.config), participants=participants, passes=passes,
                              seed=seed, max_rounds=max_rounds, force=force, on_divergence=on_divergence,
-                             divergence_factor=divergence_factor, label=c.label) for c in choices]
+                             divergence_factor=divergence_factor, label=c.label, aggregate=aggregate,
+                             aggregate_config=aggregate_config) for c in choices]
     rounds_each = plan.num_rounds if max_rounds is None else min(max_rounds, plan.num_rounds)
     started = time.perf_counter()
     sessions = []

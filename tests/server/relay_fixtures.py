@@ -41,9 +41,11 @@ def build_small_package(directory: Path, task: str | Path = EXAMPLE, **settings:
 
 
 def make_relay(package: Package, session_dir: Path | None, *, k: int = 2, passes: int = 2,
-               **options: Any) -> Relay:
-    """A fresh session on ``package`` (checkpoints in ``session_dir`` when given) behind a relay."""
-    session = Session.create(package, SessionConfig(participants=k, passes=passes), directory=session_dir)
+               config: dict[str, Any] | None = None, **options: Any) -> Relay:
+    """A fresh session on ``package`` (checkpoints in ``session_dir`` when given) behind a relay; ``config``:
+    more session settings (``aggregate``, ...), ``options``: relay options."""
+    session = Session.create(package, SessionConfig(participants=k, passes=passes, **(config or {})),
+                             directory=session_dir)
     store_path = (session_dir or Path(package.path).parent) / "relay.sqlite3"
     return Relay(session=session, package=package, store=Store(store_path),
                  options=RelayOptions(admin_token=ADMIN_TOKEN, **options))

@@ -132,8 +132,10 @@ class Leased:
                                 headers=self.a.headers if headers is None else headers)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture()
 def leased(package: Package, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Leased]:
+    """A fresh relay per case: a refused result frees its slot (and bars its peer from it), so a case
+    cannot reuse the previous one's lease."""
     relay = make_relay(package, tmp_path_factory.mktemp("bad-input"), k=2, passes=1, max_update_norm=50.0)
     with serving(relay) as client:
         a, b = HttpPeer(client), HttpPeer(client)

@@ -86,6 +86,13 @@ function showSession(session) {
     : `training: ${session.round_progress.done}/${session.round_progress.slots} units back`;
   const refused = Object.entries(session.counters).filter(([k]) => k.startsWith("refused."));
   $("refusals").textContent = refused.length ? refused.map(([k, v]) => `${k.slice(8)}: ${v}`).join(", ") : "0";
+  const defenses = session.defenses || { guards: [], not_covered: [] };
+  $("defenses").replaceChildren(...defenses.guards.map((text) => {
+    const li = document.createElement("li");
+    li.textContent = text;
+    return li;
+  }));
+  $("not-covered").textContent = defenses.not_covered.join("; ");
   $("samples").replaceChildren(...session.samples.map((sample) => {
     const li = document.createElement("li");
     li.textContent = sample.text;

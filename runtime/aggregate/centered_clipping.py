@@ -1,0 +1,121 @@
+"""Centered clipping: start from the last round's aggregate and move towards each result by at most a radius.
+
+Karimireddy, He and Jaggi 2021, "Learning from History for Byzantine Robust Optimization" (ICML),
+centered clipping (CC). The paper clips workers' (momentum) gradients around the previous aggregate;
+here everything is an update in weight space:
+
+    x_i = w_i - global          result i's update                           (n,)
+    v_0 = the previous round's aggregated update (zero in the first round, i.e. the global weights)
+    v  <- v + mean_i(clip_tau(x_i - v)),   clip_tau(z) = z * min(1, tau / ||z||),   L times
+    average = global + v_L
+
+so with FedAvg the round's step is v_L, and v_L is the next round's starting point (the "history").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import numpy as np
+
+from runtime.aggregate.base import Aggregator, Outliers, stacked
+from runtime.aggregate.checks import (
+    StateDict,
+    StateMismatch,
+    StateValue,
+    checked_integer,
+    checked_number,
+    checked_state_array,
+)
+
+RADIUS_FACTOR = 2.0  # radius=None: tau = RADIUS_FACTOR * the median distance ||x_i - v_0|| of the round
+
+
+def distances(updates: np.ndarray, center: np.ndarray) -> np.ndarray:
+    """updates (k, n), center (n,) -> ||x_i - center|| (k,), in float64."""
+    return np.sqrt(np.square(updates - center).sum(axis=1))
+
+
+def default_radius(updates: np.ndarray, center: np.ndarray) -> float:
+    """tau = RADIUS_FACTOR * median_i ||x_i - v_0||: honest results, whose distances are alike, pass unclipped,
+    while one far away is cut down to twice the typical distance. Scale-free, so it needs no tuning."""
+    return RADIUS_FACTOR * float(np.median(distances(updates, center)))
+
+
+def centered_clip(
+    updates: np.ndarray, center: np.ndarray, radius: float, iterations: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """updates: (k, n) float64, center v_0: (n,), radius tau >= 0, L >= 1 -> (v_L (n,), clipped (k,) bool).
+
+    repeat L times:
+        z_i = x_i - v                                   (k, n)
+        s_i = min(1, tau / ||z_i||), 1 where z_i = 0    (k,)
+        v   = v + sum_i(s_i * z_i) / k                  (n,)
+    clipped: ||z_i|| > tau in the last iteration
+    """
+    v = center
+    clipped = np.zeros(updates.shape[0], dtype=bool)
+    for _ in range(iterations):
+        z = updates - v
+        norms = np.sqrt(np.square(z).sum(axis=1))
+        clipped = norms > radius
+        scale = np.ones_like(norms)
+        scale[clipped] = radius / norms[clipped]
+        v = v + (scale[:, None] * z).sum(axis=0) / updates.shape[0]
+    return v, clipped
+
+
+@dataclass(eq=False)
+class CenteredClipping(Aggregator):
+    """Centered clipping (Karimireddy et al. 2021) on updates. Defaults: radius None (see below), iterations 1.
+
+    ``radius`` (tau) in weight units; ``None`` picks it per round: twice the median distance of the
+    round's updates from the starting point v_0. ``iterations`` is L. Unweighted, as in the paper.
+    ``last_outliers``: the results clipped in the last iteration (further than tau from v); ``last_radius``:
+    the tau the last call used.
+    State: ``center`` (float64, the last aggregated update v_L), absent before the first call. It is the
+    starting point of the next call, so call ``reset`` when the global weights jump (a rollback, a new session).
+    """
+
+    radius: float | None = None
+    iterations: int = 1
+    center: np.ndarray | None = field(default=None, init=False, repr=False)
+    last_radius: float | None = field(default=None, init=False)
+
+    name: ClassVar[str] = "centered_clipping"
+    is_stateful: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        if self.radius is not None:
+            self.radius = checked_number(self.name, "radius", self.radius, above=0)
+        self.iterations = checked_integer(self.name, "iterations", self.iterations, at_least=1)
+
+    def _combine(
+        self, global_weights: np.ndarray, vectors: Sequence[np.ndarray], counts: Sequence[int]
+    ) -> tuple[np.ndarray, Outliers]:
+        center = np.zeros_like(global_weights) if self.center is None else self.center
+        if center.shape != global_weights.shape:
+            raise StateMismatch(
+                f"centered_clipping center has {center.shape[0]} values, weights have {global_weights.shape[0]}"
+            )
+        updates = stacked(vectors) - global_weights
+        radius = default_radius(updates, center) if self.radius is None else self.radius
+        v, clipped = centered_clip(updates, center, radius, self.iterations)
+        self.center, self.last_radius = v, radius
+        return global_weights + v, tuple(int(i) for i in np.flatnonzero(clipped))
+
+    def state_dict(self) -> StateDict:
+        return {} if self.center is None else {"center": self.center.copy()}
+
+    def load_state_dict(self, state: Mapping[str, StateValue]) -> None:
+        if set(state) - {"center"}:
+            raise StateMismatch(f"centered_clipping state has only 'center' (after a call), got {sorted(state)}")
+        center = checked_state_array(self.name, "center", state["center"]) if "center" in state else None
+        self.reset()
+        self.center = center
+
+    def reset(self) -> None:
+        super().reset()
+        self.center, self.last_radius = None, None

@@ -1,0 +1,79 @@
+"""Who may join: the client's address (optionally through a trusted proxy header), a token bucket of joins
+per address, and a cap on live peers per address.
+
+Anyone with an open session's URL can join, and one client can open thousands of identities in seconds; each
+identity can then take a unit (and hold its lease) or vote in the merge. Limiting joins per address does not
+stop a determined attacker with many addresses (robust aggregation and, later, replay checks do that), but it
+keeps one machine from flooding the session and keeps the relay responsive.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+from server.relay.refusal import Refusal
+
+MAX_TRACKED_ADDRESSES = 10_000  # buckets kept in memory; full (idle) ones are dropped first past this
+
+
+def client_address(peer_host: str | None, headers: dict[str, str] | None, trusted_header: str | None) -> str:
+    """The client's address: the first address in ``trusted_header`` when the relay runs behind a reverse
+    proxy that sets it (only trust it there: anyone can send the header), else the connection's peer."""
+    if trusted_header and headers:
+        forwarded = headers.get(trusted_header.lower(), "")
+        first = forwarded.split(",")[0].strip()
+        if first:
+            return first
+    return peer_host or "unknown"
+
+
+@dataclass
+class TokenBucket:
+    """``burst`` joins at once, refilled at ``rate`` per second."""
+
+    rate: float
+    burst: float
+    tokens: float
+    updated: float
+
+    def take(self, now: float) -> float:
+        """Take one token; returns 0 when taken, else the seconds until one is there."""
+        self.tokens = min(self.burst, self.tokens + (now - self.updated) * self.rate)
+        self.updated = now
+        if self.tokens >= 1:
+            self.tokens -= 1
+            return 0.0
+        return (1 - self.tokens) / self.rate if self.rate > 0 else math.inf
+
+
+@dataclass
+class JoinLimiter:
+    """Token buckets per address; ``rate <= 0`` turns the limit off."""
+
+    rate: float
+    burst: int
+    buckets: dict[str, TokenBucket] = field(default_factory=dict)
+
+    def admit(self, address: str, now: float | None = None) -> None:
+        """Refuse with 429 ``join_rate`` (and ``Retry-After``) when ``address`` has no join left."""
+        if self.rate <= 0:
+            return
+        now = time.monotonic() if now is None else now
+        bucket = self.buckets.get(address)
+        if bucket is None:
+            self._make_room(now)
+            bucket = self.buckets[address] = TokenBucket(self.rate, float(self.burst), float(self.burst), now)
+        wait = bucket.take(now)
+        if wait > 0:
+            raise Refusal(429, "join_rate", f"too many joins from {address}: {self.burst} at once, then "
+                          f"{self.rate:g} per second; try again in {wait:.1f} s",
+                          headers={"Retry-After": str(max(1, math.ceil(wait)))})
+
+    def _make_room(self, now: float) -> None:
+        if len(self.buckets) < MAX_TRACKED_ADDRESSES:
+            return
+        refilled = [a for a, b in self.buckets.items() if b.tokens + (now - b.updated) * b.rate >= b.burst]
+        for address in refilled or list(self.buckets)[: len(self.buckets) // 2]:
+            del self.buckets[address]

@@ -1,0 +1,65 @@
+"""What every result goes through before it may reach the merge, after its lease was checked.
+
+1. The wire message: fingerprint, round, spec, dtype, length, finite values (``runtime.wire.decode``).
+2. The example count: the weight a result gets in the merge is the relay's, never the peer's claim. A data
+   unit counts ``Task.unit_examples`` (from the package); an experience unit counts the peer's report,
+   capped by ``Task.max_examples_per_unit``. A claim above the relay's count is refused: an honest peer never
+   makes one, and one inflated claim would otherwise outweigh every other result of the round.
+3. The update's size, absolute: ``|result - global|`` above ``max_update_norm`` is refused.
+4. The update's size relative to the round: once ``outlier_min_results`` results of the round are accepted,
+   an update more than ``outlier_factor`` times their median norm is refused (a flipped and scaled update
+   sits far out; honest updates of one round differ by well under 2x on the built-in tasks).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+
+import numpy as np
+
+from runtime import wire
+from runtime.tasks import Task, WorkUnit
+from runtime.weights import WeightSpec
+from server.relay.refusal import Refusal
+
+
+def decode_result(body: bytes, *, spec: WeightSpec, round_index: int,
+                  fingerprint: str) -> tuple[wire.WireHeader, np.ndarray]:
+    try:
+        return wire.decode(body, expect_spec=spec, expect_round=round_index, expect_fingerprint=fingerprint)
+    except wire.WireError as error:
+        raise Refusal(int(getattr(error, "http_status", 400)), error.code, str(error)) from error
+
+
+def relay_count(task: Task, unit: WorkUnit, claimed: int) -> int:
+    """The example count the merge uses for this result (see the module docstring, 2)."""
+    if claimed <= 0:
+        raise Refusal(422, "num_examples", f"num_examples must be positive, got {claimed}")
+    if task.kind == "data":
+        known = task.unit_examples(unit)
+        if claimed > known:
+            raise Refusal(422, "num_examples_claim", f"unit {unit.index} holds {known} examples; the result "
+                          f"claims {claimed}")
+        return known
+    cap = task.max_examples_per_unit()
+    if cap is not None and claimed > cap:
+        raise Refusal(422, "num_examples_claim", f"a unit of {task.name} yields at most {cap} examples; the "
+                      f"result claims {claimed}")
+    return claimed
+
+
+def update_norm(vector: np.ndarray, global_weights: np.ndarray) -> float:
+    return float(np.linalg.norm(vector.astype(np.float64) - global_weights))
+
+
+def check_update_norm(norm: float, accepted: Sequence[float], *, max_norm: float, outlier_factor: float,
+                      min_results: int) -> None:
+    """Refuse an update too large in itself or against the round's accepted ones (module docstring, 3-4)."""
+    if not norm <= max_norm:
+        raise Refusal(422, "update_norm", f"update norm {norm:.4g} exceeds the bound {max_norm}")
+    if outlier_factor > 0 and len(accepted) >= max(1, min_results):
+        median = statistics.median(accepted)
+        if median > 0 and norm > outlier_factor * median:
+            raise Refusal(422, "update_outlier", f"update norm {norm:.4g} is more than {outlier_factor:g} times "
+                          f"the median {median:.4g} of this round's {len(accepted)} accepted updates")
