@@ -14,7 +14,8 @@
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -63,3 +64,25 @@ def check_update_norm(norm: float, accepted: Sequence[float], *, max_norm: float
         if median > 0 and norm > outlier_factor * median:
             raise Refusal(422, "update_outlier", f"update norm {norm:.4g} is more than {outlier_factor:g} times "
                           f"the median {median:.4g} of this round's {len(accepted)} accepted updates")
+
+
+NOT_COVERED = ("a majority of dishonest peers", "the privacy of the data sent to peers", "trusted execution")
+
+
+def describe_defenses(options: Any, aggregate: str, aggregate_config: Mapping[str, Any]) -> dict[str, Any]:
+    """The page's list of what the session's settings (``RelayOptions``) defend against, and what not."""
+    settings = ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in aggregate_config.items())
+    guards = [f"results are combined by {aggregate}" + (f" ({settings})" if settings else ""),
+              "example counts come from the relay, never from a peer's claim",
+              f"updates above norm {options.max_update_norm:g}"
+              + (f" or {options.outlier_factor:g}x the round's median are refused" if options.outlier_factor > 0
+                 else " are refused"),
+              "joins per address: " + (f"{options.join_burst} at once, then {options.join_rate:g}/s"
+                                       if options.join_rate > 0 else "no limit")
+              + (f", at most {options.max_peers_per_address} live peers" if options.max_peers_per_address > 0
+                 else "")]
+    if getattr(options, "verify", False):
+        guards.append("results are re-trained on the host and compared (every peer's first, "
+                      f"{options.verify_fraction:.0%} of the rest, and outliers); a peer whose result differs is "
+                      "banned")
+    return {"guards": guards, "not_covered": list(NOT_COVERED)}

@@ -15,6 +15,8 @@ JSON unless noted; weights, chunks and results are binary wire messages (``runti
     POST /api/result?round=&slot=  (peer) a result message; refused with 4xx and a reason, counted
     POST /api/admin/{pause,resume,stop}, GET /api/admin/export/{model,history}   (admin token)
     POST /api/admin/session        (admin token) a new session on the same package (``Relay.replace_session``)
+    GET  /api/admin/peers          (admin token) every peer, its address, units and ban
+    POST /api/admin/unban          (admin token) {"peer_id"}: lift a ban
 
 Peers authenticate with ``Authorization: Bearer <peer_id>:<token>``, admins with ``Bearer <admin token>``.
 Every refusal is a ``Refusal``; the app's exception handler (``refusal_response``) counts it and answers
@@ -40,7 +42,6 @@ from server.relay.state import MAX_HOLD_SECONDS, Relay
 JOIN_BODY_LIMIT = 4096  # bytes: a join body holds at most a join code
 SESSION_BODY_LIMIT = 65536  # bytes: a session request is a small JSON object of settings
 KEEP_ALIVE_SECONDS = 10.0  # an idle event stream sends a comment this often, so proxies keep it open
-TASK_FIELDS = ("task_import", "settings", "spec", "fingerprint", "kind", "model_config", "describe")
 
 
 def relay_of(request: Request) -> Relay:
@@ -61,8 +62,12 @@ def refusal_response(request: Request, refusal: Exception) -> Response:
 def peer_of(request: Request) -> str:
     credentials = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
     peer_id, _, token = credentials.partition(":")
-    if not token or not relay_of(request).store.authenticate(peer_id, token):
+    store = relay_of(request).store
+    if not token or not store.authenticate(peer_id, token):
         raise Refusal(401, "unauthorized", "missing or wrong peer token; join first (POST /api/join)")
+    banned = store.ban_reason(peer_id)
+    if banned is not None:
+        raise Refusal(403, "banned", f"this peer is banned from the session: {banned}")
     return peer_id
 
 
@@ -104,10 +109,7 @@ async def session_info(request: Request) -> Response:
 
 async def task_info(request: Request) -> Response:
     relay = relay_of(request)
-    manifest = relay.package.manifest
-    return JSONResponse({key: manifest[key] for key in TASK_FIELDS}
-                        | {"assets": relay.package.data.assets, "wheel": manifest.get("wheel"),
-                           "limits": relay.peer_limits()})
+    return JSONResponse(relay.package.task_description() | {"limits": relay.peer_limits()})
 
 
 async def events(request: Request) -> Response:
@@ -196,6 +198,22 @@ async def admin_action(request: Request) -> Response:
     return JSONResponse({"ok": True, "paused": relay.paused, "stopped": relay.session.stopped})
 
 
+async def admin_peers(request: Request) -> Response:
+    """Every peer: address, units, last seen, and its ban with the reason."""
+    require_admin(request)
+    return JSONResponse({"peers": relay_of(request).store.peers_listing()})
+
+
+async def admin_unban(request: Request) -> Response:
+    """Lift a ban: ``{"peer_id": ...}``."""
+    require_admin(request)
+    payload = await read_json_object(request, JOIN_BODY_LIMIT, "unban")
+    peer_id = str(payload.get("peer_id", ""))
+    if not relay_of(request).unban(peer_id):
+        raise Refusal(404, "not_banned", f"peer {peer_id!r} is not banned")
+    return JSONResponse({"ok": True, "peer_id": peer_id})
+
+
 async def create_session(request: Request) -> Response:
     require_admin(request)
     relay = relay_of(request)
@@ -235,6 +253,8 @@ API = Mount("/api", routes=[
     Route("/result", result, methods=["POST"]),
     Route("/admin/export/{what}", export),
     Route("/admin/session", create_session, methods=["POST"]),
+    Route("/admin/peers", admin_peers),
+    Route("/admin/unban", admin_unban, methods=["POST"]),
     Route("/admin/{action}", admin_action, methods=["POST"]),
 ])
 EXCEPTION_HANDLERS = {Refusal: refusal_response}

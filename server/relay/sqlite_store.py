@@ -36,6 +36,9 @@ CREATE TABLE IF NOT EXISTS results (
     PRIMARY KEY (round, slot)
 );
 CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS bans (
+    peer_id TEXT PRIMARY KEY, address TEXT NOT NULL, reason TEXT NOT NULL, time REAL NOT NULL
+);
 """
 
 
@@ -192,6 +195,41 @@ class Store:
         rows = self._run("SELECT round, slot, unit_index, peer_id, num_examples, metrics, message FROM results "
                          "ORDER BY round, slot")
         return [StoredResult(r[0], r[1], r[2], r[3], r[4], json.loads(r[5]), bytes(r[6])) for r in rows]
+
+    # -- bans -----------------------------------------------------------------------------------
+    def ban(self, peer_id: str, reason: str) -> str:
+        """Ban ``peer_id`` (and, through it, its address); returns the address."""
+        rows = self._run("SELECT address FROM peers WHERE id = ?", (peer_id,))
+        address = rows[0][0] if rows else ""
+        self._run("INSERT OR REPLACE INTO bans VALUES (?, ?, ?, ?)", (peer_id, address, reason[:500], time.time()))
+        return str(address)
+
+    def unban(self, peer_id: str) -> bool:
+        with self._lock:
+            return self.db.execute("DELETE FROM bans WHERE peer_id = ?", (peer_id,)).rowcount > 0
+
+    def ban_reason(self, peer_id: str) -> str | None:
+        rows = self._run("SELECT reason FROM bans WHERE peer_id = ?", (peer_id,))
+        return str(rows[0][0]) if rows else None
+
+    def address_banned(self, address: str) -> bool:
+        return bool(address) and bool(self._run("SELECT 1 FROM bans WHERE address = ? LIMIT 1", (address,)))
+
+    def peers_listing(self) -> list[dict[str, Any]]:
+        """Every peer with its address, units, last seen, and ban (for ``GET /api/admin/peers``)."""
+        rows = self._run("SELECT p.id, p.address, p.agent, p.joined, p.last_seen, p.units_done, b.reason, b.time "
+                         "FROM peers p LEFT JOIN bans b ON b.peer_id = p.id ORDER BY p.joined")
+        return [{"peer_id": r[0], "address": r[1], "agent": r[2], "joined": r[3], "last_seen": r[4],
+                 "units_done": r[5], "banned": r[6] is not None, "ban_reason": r[6], "banned_at": r[7]}
+                for r in rows]
+
+    def remove_results_of(self, peer_id: str, round_index: int) -> list[int]:
+        """Drop ``peer_id``'s results and leases of ``round_index`` (a banned peer); returns their slots."""
+        slots = [r[0] for r in self._run("SELECT slot FROM results WHERE round = ? AND peer_id = ?",
+                                         (round_index, peer_id))]
+        self._run("DELETE FROM results WHERE round = ? AND peer_id = ?", (round_index, peer_id))
+        self._run("DELETE FROM leases WHERE round = ? AND peer_id = ?", (round_index, peer_id))
+        return slots
 
     # -- counters -------------------------------------------------------------------------------
     def count(self, name: str, by: int = 1) -> None:

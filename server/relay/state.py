@@ -18,9 +18,11 @@ import numpy as np
 from runtime import wire
 from runtime.tasks import UnitResult
 from server.relay.admission import JoinLimiter
-from server.relay.checks import check_update_norm, decode_result, relay_count, update_norm
+from server.relay.checks import check_update_norm, decode_result, describe_defenses, relay_count, update_norm
 from server.relay.refusal import Refusal
+from server.relay.replay_checks import ReplayChecks
 from server.relay.sqlite_store import Store, StoredResult
+from server.relay.verify import DEFAULT_VERIFY_ATOL, DEFAULT_VERIFY_FRACTION, DEFAULT_VERIFY_RTOL, ReplayQueue
 from server.session.archive import archive_session
 from server.session.config import config_from_request
 from server.session.package import Package
@@ -33,7 +35,6 @@ DEFAULT_OUTLIER_FACTOR = 3.0
 DEFAULT_JOIN_RATE = 2.0
 DEFAULT_JOIN_BURST = 20
 DEFAULT_MAX_PEERS_PER_ADDRESS = 32
-NOT_COVERED = ("a majority of dishonest peers", "the privacy of the data sent to peers", "trusted execution")
 HISTORY_LENGTH = 200  # rounds of history in the status (the page's chart); the full history is exported
 RESULT_ENVELOPE_BYTES = 16  # a result body may exceed its payload and header by the wire's length fields
 
@@ -53,10 +54,15 @@ class RelayOptions:
     join_burst: int = DEFAULT_JOIN_BURST
     max_peers_per_address: int = DEFAULT_MAX_PEERS_PER_ADDRESS  # live peers one address may hold (0: any)
     trusted_proxy_header: str | None = None  # e.g. X-Forwarded-For, only behind a proxy that sets it
+    verify: bool = True  # replay results on the host (server.relay.verify); off where the task cannot replay
+    verify_fraction: float = DEFAULT_VERIFY_FRACTION  # share of results replayed besides firsts and outliers
+    verify_rtol: float = DEFAULT_VERIFY_RTOL
+    verify_atol: float = DEFAULT_VERIFY_ATOL
+    ban_addresses: bool = True  # a banned peer's client address may not join again
 
 
 @dataclass
-class Relay:
+class Relay(ReplayChecks):
     session: Session
     package: Package
     store: Store
@@ -78,9 +84,12 @@ class Relay:
     _accepted_norms: dict[int, list[float]] = field(default_factory=dict)
     _refused_on_slot: dict[tuple[int, int], set[str]] = field(default_factory=dict)
     joins: JoinLimiter = field(init=False)
+    replays: ReplayQueue | None = None  # None: verification is off
+    _replay_wait: float = 0.0  # how long the last merge waited for its round's replays (its added time)
 
     def __post_init__(self) -> None:
         self.joins = JoinLimiter(self.options.join_rate, self.options.join_burst)
+        self._start_replays()
         released = self.store.release_live_leases()
         if released:
             self.store.count("leases_released_on_start", released)
@@ -119,19 +128,7 @@ class Relay:
 
     def defenses(self) -> dict[str, Any]:
         """What this session defends against and what it does not, in words for the page."""
-        options, aggregator = self.options, self.session.aggregator
-        settings = ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
-                             for k, v in aggregator.to_config().items())
-        guards = [f"results are combined by {aggregator.name}" + (f" ({settings})" if settings else ""),
-                  "example counts come from the relay, never from a peer's claim",
-                  f"updates above norm {options.max_update_norm:g}"
-                  + (f" or {options.outlier_factor:g}x the round's median are refused" if options.outlier_factor > 0
-                     else " are refused"),
-                  "joins per address: " + (f"{options.join_burst} at once, then {options.join_rate:g}/s"
-                                           if options.join_rate > 0 else "no limit")
-                  + (f", at most {options.max_peers_per_address} live peers" if options.max_peers_per_address > 0
-                     else "")]
-        return {"guards": guards, "not_covered": list(NOT_COVERED)}
+        return describe_defenses(self.options, self.session.aggregator.name, self.session.aggregator.to_config())
 
     def start_session(self, session: Session, store: Store) -> None:
         """Serve ``session`` (with its own store) from now on, forgetting what belonged to the previous one."""
@@ -140,6 +137,7 @@ class Relay:
         self.latest_samples, self.samples_round = [], None
         self._weights_cache = None  # (the caller announces the change: this may run in a worker thread)
         self._decoded = {}
+        self._start_replays()
 
     async def replace_session(self, request: Any) -> Path:
         """A new session on the same package from a session request (``POST /api/admin/session``): the
@@ -188,6 +186,8 @@ class Relay:
         self.store.open()
 
     def close(self) -> None:
+        if self.replays is not None:
+            self.replays.verifier.close()
         self.store.close()
 
     # -- limits peers follow -------------------------------------------------------------------------
@@ -235,7 +235,11 @@ class Relay:
 
     # -- admission ---------------------------------------------------------------------------------
     def admit(self, address: str) -> None:
-        """Refuse a join from ``address`` past its join rate or its cap of live peers (429, ``Retry-After``)."""
+        """Refuse a join from ``address`` past its join rate or its cap of live peers (429, ``Retry-After``),
+        or from the address of a banned peer (403 ``banned``)."""
+        if self.options.ban_addresses and self.store.address_banned(address):
+            raise Refusal(403, "banned", f"a peer from {address} was banned from this session for a result that "
+                          "failed verification")
         cap = self.options.max_peers_per_address
         if cap > 0 and self.store.live_peers_at(address, self.options.peer_timeout) >= cap:
             raise Refusal(429, "too_many_peers", f"{address} already has {cap} live peers in this session",
@@ -311,6 +315,7 @@ class Relay:
         self.store.add_result(stored)
         self._decoded[(round_index, slot)] = (dataclasses.replace(stored, message=b""), vector)
         self._accepted_norms.setdefault(round_index, []).append(norm)
+        self.verify(stored, vector)
         return stored
 
     def check_result(self, peer_id: str, round_index: int, slot: int,
@@ -327,8 +332,13 @@ class Relay:
             check_update_norm(norm, self._accepted_norms.get(round_index, []),
                               max_norm=self.options.max_update_norm, outlier_factor=self.options.outlier_factor,
                               min_results=self.options.outlier_min_results)
-        except Refusal:
+        except Refusal as refusal:
             self._free_slot(peer_id, round_index, slot)
+            if refusal.code == "num_examples_claim":  # an honest peer's runtime never claims more than it holds
+                self.ban(peer_id, f"claimed more examples than its unit holds ({refusal.message})")
+            elif refusal.code == "update_outlier":  # replay it: a cheat is banned, an unlucky peer is not
+                self.verify(StoredResult(round_index, slot, assignment.unit_index, peer_id, 0, {}, b""),
+                            wire.decode(body)[1], outlier=True)
             raise
         return StoredResult(round_index, slot, assignment.unit_index, peer_id, count, dict(header.metrics),
                             body), vector, norm
@@ -376,7 +386,9 @@ class Relay:
         by_slot = {a.slot: a for a in session.assignments()}
         results = [(by_slot[slot], UnitResult(vector, result.num_examples, result.metrics))
                    for slot, (result, vector) in sorted(kept.items())]
-        return session.complete_round(results)
+        costs = self.replays.costs(round_index) if self.replays is not None else None
+        extra = {"verification": {**costs, "waited_seconds": self._replay_wait}} if costs is not None else None
+        return session.complete_round(results, extra=extra)
 
     def samples_blocking(self, weights: np.ndarray) -> list[dict[str, Any]]:
         """The page's samples for ``weights`` (generating text can cost several validations)."""
@@ -395,7 +407,12 @@ class Relay:
     async def maybe_complete_round(self) -> None:
         async with self._merge_lock:
             session = self.session
-            if session.done or len(self.store.result_slots(session.round)) < len(session.assignments()):
+            if not self.round_full():
+                return
+            waited = time.perf_counter()
+            await self.wait_for_replays(session.round)
+            self._replay_wait = time.perf_counter() - waited
+            if not self.round_full():  # a replay banned a peer: its slots are out again
                 return
             self.merging = True
             self.changed()

@@ -59,6 +59,9 @@ def fingerprint_of(manifest: dict[str, Any], data: TaskData) -> str:
     return digest.hexdigest()[:16]
 
 
+TASK_FIELDS = ("task_import", "settings", "spec", "fingerprint", "kind", "model_config", "describe")
+
+
 @dataclass
 class Package:
     """A built package, loaded: the attached task, its data and initial weights."""
@@ -76,6 +79,11 @@ class Package:
     @property
     def spec(self) -> WeightSpec:
         return WeightSpec.from_json(self.manifest["spec"])
+
+    def task_description(self) -> dict[str, Any]:
+        """What a peer needs to build the task (``GET /api/task``): import name, settings, spec, assets, wheel."""
+        return {key: self.manifest[key] for key in TASK_FIELDS} | {"assets": self.data.assets,
+                                                                    "wheel": self.manifest.get("wheel")}
 
     def chunk_bytes(self, index: int) -> bytes:
         """A data unit as the wire codec's array message, exactly as stored."""

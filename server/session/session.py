@@ -164,7 +164,7 @@ class Session:
 
     # -- completing a round ---------------------------------------------------------------------
     def complete_round(self, results: Sequence[tuple[Assignment, UnitResult]], *,
-                       train_seconds: float | None = None) -> dict[str, Any]:
+                       train_seconds: float | None = None, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Merge the round's results, validate, watch for divergence, record and checkpoint; return the entry.
 
         ``results`` may miss some assignments (the entry lists them) but not all; their order does not
@@ -219,6 +219,7 @@ class Session:
             "seconds": {"train": train_seconds, "merge": merged_at - started, "validate": validated_at - merged_at},
             "events": events,
             "time": time.time(),
+            **(extra or {}),  # what the relay adds (the round's host replays)
         }
         entry = checkpoint.json_safe(entry)
         self.history.append(entry)

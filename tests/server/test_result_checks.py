@@ -21,6 +21,7 @@ from runtime import wire
 from runtime.tasks import WorkUnit
 from runtime.tasks.cartpole import CartPoleTask
 from server.relay.checks import relay_count
+from server.relay.client import RelayRefusal
 from server.relay.refusal import Refusal
 from server.session.config import SessionConfig, SessionError
 from server.session.package import Package
@@ -66,8 +67,9 @@ def test_an_inflated_claim_is_refused_counted_and_frees_the_slot(package: Packag
         assert relay.store.leases(0).get(job["slot"]) is None  # freed at once, not after the lease
         taken = honest.assignment()
         assert taken["slot"] == job["slot"]  # the honest peer gets the freed slot first
-        other = liar.assignment()
-        assert other["slot"] != job["slot"]  # the liar is not handed that slot again this round
+        with pytest.raises(RelayRefusal) as banned:  # an honest runtime never over-claims: the liar is banned
+            liar.work()
+        assert (banned.value.status, banned.value.code) == (403, "banned")
         assert honest.train_and_upload(taken).status_code == 200
         assert relay.store.all_results()[0].peer_id == honest.peer_id
 

@@ -1,0 +1,116 @@
+"""The relay's side of verification by replay (``server.relay.verify``) and bans: a mixin of ``Relay``.
+
+Which results are replayed and how is ``ReplayQueue``'s business; this part hands them over with what a replay
+needs (the job as the peer got it, the round's weights, the unit's data), applies the verdicts on the event
+loop as they come in, and bans: a peer whose result fails its replay (or that claims more examples than its
+unit holds) loses its token, its address may not join again, and its results of the open round are dropped
+so their slots are handed out again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from server.relay.sqlite_store import Store, StoredResult
+from server.relay.verify import ReplayQueue, Verifier
+
+if TYPE_CHECKING:
+    from server.session.package import Package
+    from server.session.session import Session
+
+
+def call_soon(loop: asyncio.AbstractEventLoop, callback: Callable[[], None]) -> None:
+    """``callback`` on ``loop`` from another thread; nothing when the loop has closed (the relay stopped)."""
+    try:
+        loop.call_soon_threadsafe(callback)
+    except RuntimeError:
+        pass
+
+
+class ReplayChecks:
+    """Needs from the relay: ``session``, ``package``, ``store``, ``options``, ``replays``, ``_decoded``,
+    ``weights_message``, ``_assignment_json``, ``changed`` and ``work_changed``."""
+
+    session: Session
+    package: Package
+    store: Store
+    options: Any
+    replays: ReplayQueue | None
+    _decoded: dict[tuple[int, int], Any]
+
+    def weights_message(self) -> bytes:
+        raise NotImplementedError
+
+    def _assignment_json(self, assignment: Any, deadline: float) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def changed(self) -> None:
+        raise NotImplementedError
+
+    def work_changed(self) -> None:
+        raise NotImplementedError
+
+    # -- verification by replay and bans (server.relay.verify) ----------------------------------------
+    def _start_replays(self) -> None:
+        if self.replays is not None:
+            self.replays.verifier.close()
+        verifier = Verifier(self.package.task_description(), rtol=self.options.verify_rtol,
+                            atol=self.options.verify_atol) if self.options.verify else None
+        self.replays = ReplayQueue(verifier, fraction=self.options.verify_fraction,
+                                   seed=self.session.config.seed) if verifier else None
+
+    def verify(self, stored: StoredResult, vector: np.ndarray, *, outlier: bool = False) -> None:
+        """Queue a replay of this result when the rules say so (``ReplayQueue.reason``)."""
+        reason = self.replays.reason(stored.peer_id, stored.round, stored.slot, outlier=outlier) \
+            if self.replays is not None else None
+        if self.replays is None or reason is None:
+            return
+        assignment = {a.slot: a for a in self.session.assignments()}[stored.slot]
+        unit = self.package.chunk_bytes(assignment.unit_index) if self.session.task.kind == "data" else None
+        future = self.replays.verifier.submit(
+            job=self._assignment_json(assignment, time.time()), weights_message=self.weights_message(),
+            unit_message=unit, result=vector, peer_id=stored.peer_id, reason=reason)
+        self.replays.queue(stored.round, stored.slot if not outlier else -1 - stored.slot, future)
+        self.store.count("replays_queued")
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # called outside the app (a test): verdicts apply at the merge
+            return
+        future.add_done_callback(lambda _: call_soon(loop, self.apply_verdicts))
+
+    async def wait_for_replays(self, round_index: int) -> None:
+        """Until every replay queued for ``round_index`` has its verdict (a round merges only after them)."""
+        if self.replays is not None:
+            await self.replays.wait(round_index)
+        self.apply_verdicts()
+
+    def apply_verdicts(self) -> None:
+        """Count the finished replays; a failed one bans its peer. Runs on the event loop as each one ends."""
+        for verdict in self.replays.finished() if self.replays is not None else []:
+            self.store.count("results_verified" if verdict.ok else "verification_failed")
+            if not verdict.ok:
+                self.ban(verdict.peer_id, f"a result of round {verdict.round + 1} differs from the host's replay "
+                         f"by {verdict.relative_deviation:.3g} of its update (tolerance {self.options.verify_rtol:g})")
+
+    def ban(self, peer_id: str, reason: str) -> None:
+        """Ban for the session: token revoked, address refused at join, the open round's results dropped and
+        their slots handed out again. Stored in SQLite (survives a restart); ``unban`` lifts it."""
+        if self.store.ban_reason(peer_id) is None:
+            self.store.ban(peer_id, reason)
+            self.store.count("peers_banned")
+        round_index = self.session.round
+        for slot in self.store.remove_results_of(peer_id, round_index):
+            self._decoded.pop((round_index, slot), None)
+            self.store.count("results_dropped_by_ban")
+        self.work_changed()
+
+    def unban(self, peer_id: str) -> bool:
+        lifted = self.store.unban(peer_id)
+        self.changed()
+        return lifted
+

@@ -1,0 +1,149 @@
+"""Checking results by replay: the host trains a unit again and compares.
+
+A unit is a deterministic function of (global weights, the unit's data or episode seed, the task's settings),
+so an honest result can be reproduced: bit for bit between Pyodide peers on the CPU, within a small relative
+error between a browser and native CPython (different float summation orders in the matmul kernels). The
+host replays a result with the same code a browser runs (``runtime.peer.Peer``, built from the same task
+description) and accepts it when, on the update,
+
+    |result - replay| <= rtol * |replay - global| + atol
+
+A cheat cannot stay inside that bound and still move the model its way: noise, a flipped, scaled or zeroed
+update (a free-rider) all differ from the replay by a large fraction of the update itself. Which results are
+replayed: every peer's first result, a seeded random share (``fraction``), and every result a check or the
+aggregator flags as an outlier. Replays run in one worker thread with their own task object (the merge's
+validation uses the session's), so verification overlaps the round; a round merges only after its pending
+replays finished. Host replay does not depend on who the peers are, so many identities do not help a cheat.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from runtime import wire
+from runtime.peer import Peer
+
+# Calibrated from browser results against native replays (BENCHMARKS.md, "Replay tolerance"): the largest
+# relative deviation seen was far below this; the margin absorbs other browsers' summation orders.
+DEFAULT_VERIFY_RTOL = 1e-2
+DEFAULT_VERIFY_ATOL = 1e-6
+DEFAULT_VERIFY_FRACTION = 0.1
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The outcome of one replay: ``ok``, the deviation relative to the replayed update, and the seconds."""
+
+    round: int
+    slot: int
+    peer_id: str
+    ok: bool
+    relative_deviation: float
+    seconds: float
+    reason: str  # why this result was replayed (first, sampled, outlier)
+
+
+def deviation(result: np.ndarray, replay: np.ndarray, global_weights: np.ndarray) -> tuple[float, float]:
+    """(|result - replay|, |replay - global|) in float64."""
+    replay64 = replay.astype(np.float64)
+    return (float(np.linalg.norm(result.astype(np.float64) - replay64)),
+            float(np.linalg.norm(replay64 - global_weights.astype(np.float64))))
+
+
+def matches(result: np.ndarray, replay: np.ndarray, global_weights: np.ndarray, *, rtol: float,
+            atol: float) -> tuple[bool, float]:
+    """Whether ``result`` is the replay within tolerance, and the deviation relative to the replayed update."""
+    off, scale = deviation(result, replay, global_weights)
+    return off <= rtol * scale + atol, off / scale if scale > 0 else (0.0 if off == 0 else float("inf"))
+
+
+def sampled(seed: int, round_index: int, slot: int, fraction: float) -> bool:
+    """A seeded coin per (round, slot): the same session draws the same share, and a peer cannot tell which."""
+    if fraction >= 1:
+        return True
+    digest = hashlib.sha256(f"verify:{seed}:{round_index}:{slot}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") / 2**64 < fraction
+
+
+class Verifier:
+    """Replays results in one worker thread with its own ``Peer`` (the browser's code path)."""
+
+    def __init__(self, task_info: dict[str, Any], *, rtol: float, atol: float) -> None:
+        self.task_info = task_info
+        self.rtol, self.atol = rtol, atol
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="replay")
+        self._peer: Peer | None = None  # built in the worker thread, used only there
+
+    def submit(self, *, job: dict[str, Any], weights_message: bytes, unit_message: bytes | None,
+               result: np.ndarray, peer_id: str, reason: str) -> Future[Verdict]:
+        return self._pool.submit(self._replay, job, weights_message, unit_message, result, peer_id, reason)
+
+    def _replay(self, job: dict[str, Any], weights_message: bytes, unit_message: bytes | None, result: np.ndarray,
+                peer_id: str, reason: str) -> Verdict:
+        started = time.perf_counter()
+        if self._peer is None:
+            self._peer = Peer(self.task_info)
+        peer = self._peer
+        if peer.weights_round != job["round"]:
+            peer.set_weights(weights_message)
+        assert peer.weights is not None
+        _, replay = wire.decode(peer.train(json.dumps(job), unit_message))
+        ok, relative = matches(result, replay, peer.weights, rtol=self.rtol, atol=self.atol)
+        return Verdict(int(job["round"]), int(job["slot"]), peer_id, ok, relative, time.perf_counter() - started,
+                       reason)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+class ReplayQueue:
+    """The replays of the open rounds: which results to replay, the pending ones, the peers already checked."""
+
+    def __init__(self, verifier: Verifier, *, fraction: float, seed: int) -> None:
+        self.verifier, self.fraction, self.seed = verifier, fraction, seed
+        self.pending: dict[tuple[int, int], Future[Verdict]] = {}
+        self.checked_peers: set[str] = set()  # peers with a result that passed a replay
+        self.first_queued: set[str] = set()  # peers whose first result is (or was) queued
+        self.seconds: dict[int, float] = {}  # replay seconds per round (the history's costs)
+        self.counts: dict[int, int] = {}  # results replayed per round
+
+    def reason(self, peer_id: str, round_index: int, slot: int, *, outlier: bool = False) -> str | None:
+        """Why this result should be replayed, or None."""
+        if outlier:
+            return "outlier"
+        if peer_id not in self.first_queued:
+            self.first_queued.add(peer_id)
+            return "first result of the peer"
+        return "sampled" if self.fraction > 0 and sampled(self.seed, round_index, slot, self.fraction) else None
+
+    def queue(self, round_index: int, slot: int, future: Future[Verdict]) -> None:
+        self.pending[(round_index, slot)] = future
+
+    async def wait(self, round_index: int) -> None:
+        """Until the replays queued for ``round_index`` are done (their verdicts stay for ``finished``)."""
+        for key in [key for key in self.pending if key[0] == round_index]:
+            await asyncio.wrap_future(self.pending[key])
+
+    def finished(self) -> list[Verdict]:
+        """The verdicts that are in, taken off the queue."""
+        done = [key for key, future in self.pending.items() if future.done()]
+        return [self._take(key) for key in done]
+
+    def _take(self, key: tuple[int, int]) -> Verdict:
+        verdict = self.pending.pop(key).result()
+        self.seconds[verdict.round] = self.seconds.get(verdict.round, 0.0) + verdict.seconds
+        self.counts[verdict.round] = self.counts.get(verdict.round, 0) + 1
+        if verdict.ok:
+            self.checked_peers.add(verdict.peer_id)
+        return verdict
+
+    def costs(self, round_index: int) -> dict[str, float | int]:
+        return {"results": self.counts.pop(round_index, 0), "replay_seconds": self.seconds.pop(round_index, 0.0)}

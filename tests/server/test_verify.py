@@ -1,0 +1,152 @@
+"""Verified units by replay, and bans: every attack is caught by a host replay and its peer banned, bans survive
+a restart, a banned peer's slots are handed out again, honest peers are never banned."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from relay_fixtures import ADMIN_TOKEN, HttpPeer, build_small_package, make_relay, serving, session_status
+
+from runtime import wire
+from server.relay.sqlite_store import Store
+from server.relay.state import Relay
+from server.relay.verify import matches, sampled
+from server.session.package import Package
+from server.session.session import Session
+
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+Attack = Callable[[np.ndarray, np.ndarray, np.random.Generator], np.ndarray]  # (global, honest, rng) -> upload
+ATTACKS: dict[str, Attack] = {
+    "noise": lambda g, w, rng: (g + rng.normal(0, 0.05, g.shape)).astype(np.float32),
+    "flip": lambda g, w, rng: (g - 4 * (w - g)).astype(np.float32),
+    "free_rider": lambda g, w, rng: g.astype(np.float32),
+    "scaled": lambda g, w, rng: (g + 1.5 * (w - g) + rng.normal(0, 0.01, g.shape)).astype(np.float32),
+    "subtle": lambda g, w, rng: (g + 1.05 * (w - g)).astype(np.float32),  # just inside every norm bound
+    "little_is_enough": lambda g, w, rng: (g + (w - g) - 1.0 * np.abs(w - g)).astype(np.float32),
+}
+
+
+@pytest.fixture(scope="module")
+def package(tmp_path_factory: pytest.TempPathFactory) -> Package:
+    return build_small_package(tmp_path_factory.mktemp("package"))
+
+
+def test_the_tolerance_by_hand() -> None:
+    g = np.zeros(4, np.float32)
+    replay = np.array([3.0, 4.0, 0.0, 0.0], np.float32)  # update norm 5
+    assert matches(replay, replay, g, rtol=0.01, atol=0.0) == (True, 0.0)
+    close = replay + np.array([0.03, 0.0, 0.0, 0.04], np.float32)  # off by 0.05 = 1% of 5
+    ok, relative = matches(close, replay, g, rtol=0.011, atol=0.0)
+    assert ok and relative == pytest.approx(0.01, rel=1e-5)
+    assert not matches(close, replay, g, rtol=0.009, atol=0.0)[0]
+    assert matches(close, replay, g, rtol=0.0, atol=0.051)[0]
+    assert matches(g, replay, g, rtol=0.5, atol=0.0) == (False, 1.0)  # a free-rider is off by its whole update
+
+
+def test_the_sampled_share_is_seeded_and_near_its_fraction() -> None:
+    draws = [sampled(7, r, s, 0.25) for r in range(100) for s in range(10)]
+    assert draws == [sampled(7, r, s, 0.25) for r in range(100) for s in range(10)]
+    assert 0.2 < sum(draws) / len(draws) < 0.3
+    assert all(sampled(0, 1, 2, 1.0) for _ in range(3)) and not any(sampled(3, r, 0, 0.0) for r in range(50))
+
+
+def poisoned(peer: HttpPeer, job: dict, attack: str, relay: Relay) -> bytes:
+    header, trained = wire.decode(peer.train(job))
+    return wire.encode(ATTACKS[attack](relay.session.weights, trained, np.random.default_rng(0)), header)
+
+
+@pytest.mark.parametrize("attack", sorted(ATTACKS))
+def test_each_attack_is_caught_by_a_replay_and_its_peer_banned(package: Package, tmp_path: Path, attack: str) -> None:
+    relay = make_relay(package, tmp_path / "s", k=2, passes=1, verify_fraction=0.0, ban_addresses=False)
+    with serving(relay) as client:
+        attacker, honest = HttpPeer(client), HttpPeer(client)
+        job = attacker.assignment()
+        response = attacker.upload(job["round"], job["slot"], poisoned(attacker, job, attack, relay))
+        if response.status_code == 200:  # accepted at first: the replay of the peer's first result decides
+            honest_job = honest.assignment()
+            assert honest.train_and_upload(honest_job).status_code == 200
+            status = wait_until(client, lambda s: s["counters"].get("peers_banned", 0) == 1)
+        else:  # refused by a check (outlier), then replayed all the same
+            assert response.json()["error"] == "update_outlier"
+            status = wait_until(client, lambda s: s["counters"].get("peers_banned", 0) == 1)
+        assert status["counters"].get("verification_failed") == 1
+        banned = attacker.send(attacker_work_call())
+        assert (banned.status_code, banned.json()["error"]) == (403, "banned")
+        assert "differs from the host's replay" in banned.json()["message"]
+        # The banned peer's slot goes to the honest peer; the round completes without it.
+        while session_status(client)["round"] == 0:
+            taken = honest.work()
+            if "slot" in taken:
+                assert honest.train_and_upload(taken).status_code == 200
+        results = relay.store.all_results()
+        assert {r.peer_id for r in results} == {honest.peer_id} and len(results) == 2
+        listing = client.get("/api/admin/peers", headers=ADMIN).json()["peers"]
+        assert [p["banned"] for p in listing] == [True, False]
+
+
+def attacker_work_call():  # type: ignore[no-untyped-def]
+    from server.relay.client import work_call
+
+    return work_call()
+
+
+def wait_until(client, predicate, timeout: float = 20.0) -> dict:  # type: ignore[no-untyped-def]
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        status = session_status(client)
+        if predicate(status) or time.monotonic() > deadline:
+            assert predicate(status), status["counters"]
+            return status
+        time.sleep(0.02)
+
+
+def test_an_inflated_claim_bans_at_once(package: Package, tmp_path: Path) -> None:
+    relay = make_relay(package, tmp_path / "s", k=2, passes=1)
+    with serving(relay) as client:
+        liar, _ = HttpPeer(client), HttpPeer(client)
+        job = liar.assignment()
+        header, vector = wire.decode(liar.train(job))
+        header = type(header)(**{**header.__dict__, "num_examples": 10**9})
+        assert liar.upload(job["round"], job["slot"], wire.encode(vector, header)).status_code == 422
+        assert liar.send(attacker_work_call()).json()["error"] == "banned"
+        assert client.post("/api/join", json={}).json()["error"] == "banned"  # its address, too
+
+
+def test_honest_peers_are_never_banned_when_every_result_is_replayed(package: Package, tmp_path: Path) -> None:
+    relay = make_relay(package, tmp_path / "s", k=2, passes=3, verify_fraction=1.0)
+    with serving(relay) as client:
+        peers = [HttpPeer(client), HttpPeer(client)]
+        while not session_status(client)["done"]:
+            for peer in peers:
+                job = peer.work()
+                if "slot" in job:
+                    assert peer.train_and_upload(job).status_code == 200
+        counters = session_status(client)["counters"]
+        assert counters.get("peers_banned", 0) == 0 and counters.get("verification_failed", 0) == 0
+        assert counters["results_verified"] == counters["results_accepted"] == 2 * relay.session.num_rounds, counters
+        assert relay.session.history[-1]["verification"]["results"] >= 1
+
+
+def test_bans_survive_a_restart_and_can_be_lifted(package: Package, tmp_path: Path) -> None:
+    relay = make_relay(package, tmp_path / "s", k=2, passes=1, verify_fraction=0.0)
+    with serving(relay) as client:
+        attacker, _ = HttpPeer(client), HttpPeer(client)
+        job = attacker.assignment()
+        assert attacker.upload(job["round"], job["slot"], poisoned(attacker, job, "free_rider", relay)).status_code \
+            == 200
+        wait_until(client, lambda s: s["counters"].get("peers_banned", 0) == 1)
+    restarted = Relay(session=Session.restore(tmp_path / "s", package), package=package,
+                      store=Store(tmp_path / "s" / "relay.sqlite3"), options=relay.options)
+    with serving(restarted) as client:
+        attacker.client = client
+        assert attacker.send(attacker_work_call()).json()["error"] == "banned"
+        assert client.post("/api/join", json={}).json()["error"] == "banned"
+        assert client.post("/api/admin/unban", headers=ADMIN, json={"peer_id": attacker.peer_id}).json()["ok"]
+        assert "slot" in attacker.work() or "wait" in attacker.work()
+        missing = client.post("/api/admin/unban", headers=ADMIN, json={"peer_id": "p-nobody"})
+        assert (missing.status_code, missing.json()["error"]) == (404, "not_banned")
