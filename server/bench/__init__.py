@@ -19,6 +19,7 @@ BENCHES: dict[str, tuple[str, ...]] = {
     "merges": ("server.bench.merges",),
     "relay": ("server.bench.relay",),
     "webgpu": ("server.bench.webgpu",),
+    "attacks": ("server.bench.attacks",),
 }
 
 
