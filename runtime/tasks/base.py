@@ -98,6 +98,10 @@ class Task:
     kind: ClassVar[TaskKind] = "data"
     metric: ClassVar[str] = "val_loss"  # the validation metric plotted and watched for divergence
     higher_is_better: ClassVar[bool] = False
+    # The relay checks results by training units again: |result - replay| <= replay_rtol * |replay - global|.
+    # None: the relay's default (calibrated on the built-in tasks); a task whose training amplifies float
+    # rounding differences between a browser and native CPython more than those may declare its own.
+    replay_rtol: ClassVar[float | None] = None
     Settings: ClassVar[type] = dict  # a dataclass with JSON-able fields in subclasses
 
     def __init__(self, settings: Mapping[str, Any] | None = None) -> None:

@@ -127,6 +127,14 @@ def check_example_count(task: Task, unit: WorkUnit, claimed: int) -> None:
                             f"max_examples_per_unit() = {cap}; the relay would refuse it")
 
 
+def replayable(task: Task, data: TaskData, *, seed: int = 0) -> bool:
+    """Whether training unit 0 twice from the same weights gives the same weights bit for bit: a unit must be a
+    function of (weights, unit, settings) alone for the relay to check results by training units again."""
+    weights = task.initial_weights(seed)
+    first, second = (task.train_unit(weights, task.work_unit(data, 0, seed)).weights for _ in range(2))
+    return bool(np.array_equal(first, second))
+
+
 def dry_run(task: Task, data: TaskData, *, seed: int = 0) -> dict[str, float]:
     """Build the model, train unit 0 once and validate: catches wrong shapes before a session starts."""
     weights = task.initial_weights(seed)

@@ -35,7 +35,7 @@ PAGE_PROBE = """() => ({
   unitsDone: window.peertrain ? window.peertrain.unitsDone : 0,
   error: document.getElementById('error') ? document.getElementById('error').textContent : '',
 })"""
-QUIET_KINDS_START = ("waiting", "refused", "offline", "finished")  # printed when a peer enters them
+QUIET_KINDS_START = ("waiting", "refused", "offline", "finished", "banned")  # printed when a peer enters them
 
 
 def join_url(url: str) -> str:

@@ -24,6 +24,7 @@ from server.relay.state import (
     DEFAULT_MAX_PEERS_PER_ADDRESS,
     DEFAULT_OUTLIER_FACTOR,
 )
+from server.relay.verify import DEFAULT_VERIFY_ATOL, DEFAULT_VERIFY_FRACTION, DEFAULT_VERIFY_RTOL
 from server.session.config import DIVERGENCE_ACTIONS
 
 HELP = "start the relay and the page; prints the URL to join"
@@ -64,6 +65,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     guard.add_argument("--max-peers-per-address", type=int, default=DEFAULT_MAX_PEERS_PER_ADDRESS,
                        help=f"live peers one client address may hold (default {DEFAULT_MAX_PEERS_PER_ADDRESS}; "
                        "0: any)")
+    guard.add_argument("--verify-fraction", type=float, default=DEFAULT_VERIFY_FRACTION,
+                       help="share of results the host re-trains and compares, besides every peer's first result "
+                       f"and the outliers (default {DEFAULT_VERIFY_FRACTION:g}; 1: all)")
+    guard.add_argument("--verify-rtol", type=float, default=None,
+                       help="replay tolerance: |result - replay| <= rtol * |replay - global| + atol (default: the "
+                       f"task's, else {DEFAULT_VERIFY_RTOL:g})")
+    guard.add_argument("--verify-atol", type=float, default=DEFAULT_VERIFY_ATOL, help=argparse.SUPPRESS)
+    guard.add_argument("--no-verify", dest="verify", action="store_false",
+                       help="no host replays (and so no bans for a failed one)")
+    guard.add_argument("--no-ban-addresses", dest="ban_addresses", action="store_false",
+                       help="a banned peer's client address may still join (e.g. many volunteers behind one NAT)")
     guard.add_argument("--trusted-proxy-header", metavar="HEADER",
                        help="behind a reverse proxy: read the client address from this header (e.g. "
                        "X-Forwarded-For); never set it on a relay reachable directly")
@@ -151,7 +163,16 @@ def open_session(args: argparse.Namespace, paths: RelayPaths):  # type: ignore[n
                            max_update_norm=args.max_update_norm, outlier_factor=args.outlier_factor,
                            join_rate=args.join_rate, join_burst=args.join_burst,
                            max_peers_per_address=args.max_peers_per_address,
-                           trusted_proxy_header=args.trusted_proxy_header)
+                           trusted_proxy_header=args.trusted_proxy_header, verify=args.verify,
+                           verify_fraction=args.verify_fraction, verify_atol=args.verify_atol,
+                           verify_rtol=args.verify_rtol if args.verify_rtol is not None
+                           else package.task.replay_rtol or DEFAULT_VERIFY_RTOL,
+                           ban_addresses=args.ban_addresses)
+    if options.verify and package.manifest.get("replayable") is False:
+        raise ValueError(f"task {package.task.name} is not replayable: training unit 0 twice at set-up gave "
+                         "different weights (does it read the clock or an unseeded generator?), so results cannot "
+                         "be verified by replay; make train_unit depend only on (weights, unit, settings), or serve "
+                         "with --no-verify")
     return Relay(session=session, package=package, store=Store(session_dir / "relay.sqlite3"), options=options)
 
 
@@ -175,6 +196,7 @@ def run(args: argparse.Namespace, paths: RelayPaths | None = None) -> int:
         try:
             relay = open_session(args, paths)
         except (TaskError, PlanError, ValueError, FileNotFoundError) as error:
+            sock.close()
             print(f"peertrain serve: {error}", file=sys.stderr)
             return 2
     url = join_url(args.host, sock.getsockname()[1])

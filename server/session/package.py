@@ -26,7 +26,7 @@ from safetensors.numpy import load_file, save_file
 
 from runtime import wire
 from runtime.tasks import HostServices, Task, TaskData, load_task
-from runtime.tasks.loader import BUILTIN_TASKS, check_task_data, dry_run, module_name_for_file
+from runtime.tasks.loader import BUILTIN_TASKS, check_task_data, dry_run, module_name_for_file, replayable
 from runtime.weights import WeightSpec
 
 FORMAT = 1
@@ -119,8 +119,13 @@ def build_package(task_ref: str, settings: dict[str, Any], out_dir: Path, *, see
     task = load_task(task_ref, settings)
     data = check_task_data(task, task.prepare(host_services()))
     task.attach(data.assets)
+    replays = None
     if check:
         dry_run(task, data, seed=seed)
+        replays = replayable(task, data, seed=seed)
+        if not replays:
+            log(f"warning: task {task.name} is not replayable (unit 0 trained twice gave different weights); "
+                "the relay cannot verify its results by replay")
     initial = task.initial_weights(seed)
     spec = task.spec()
     manifest: dict[str, Any] = {
@@ -138,6 +143,7 @@ def build_package(task_ref: str, settings: dict[str, Any], out_dir: Path, *, see
         "describe": task.describe(),
     }
     manifest["fingerprint"] = fingerprint_of(manifest, data)
+    manifest["replayable"] = replays  # (after the fingerprint: a property of the code, not of the data)
 
     out_dir = Path(out_dir)
     staging = out_dir.with_name(out_dir.name + ".partial")

@@ -150,3 +150,24 @@ def test_bans_survive_a_restart_and_can_be_lifted(package: Package, tmp_path: Pa
         assert "slot" in attacker.work() or "wait" in attacker.work()
         missing = client.post("/api/admin/unban", headers=ADMIN, json={"peer_id": "p-nobody"})
         assert (missing.status_code, missing.json()["error"]) == (404, "not_banned")
+
+
+def test_a_task_that_cannot_be_replayed_is_found_at_set_up_and_verification_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An unseeded generator in train_unit: unit 0 trained twice differs, so serve refuses to verify by replay."""
+    from relay_fixtures import EXAMPLE, SMALL_SETTINGS
+
+    from server.cli import main
+    from server.session.package import build_package
+
+    source = EXAMPLE.read_text()
+    assert "np.random.default_rng(unit.seed)" in source
+    task = tmp_path / "clocky_task.py"
+    task.write_text(source.replace("np.random.default_rng(unit.seed)", "np.random.default_rng()"))
+    package = build_package(str(task), SMALL_SETTINGS, tmp_path / "package", log=print)
+    assert package.manifest["replayable"] is False
+    assert "is not replayable" in capsys.readouterr().out
+    args = ["serve", "--port", "0", "--package", str(tmp_path / "package"), "--session-dir", str(tmp_path / "s")]
+    assert main(args) == 2
+    error = capsys.readouterr().err
+    assert "not replayable" in error and "--no-verify" in error

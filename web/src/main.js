@@ -165,6 +165,12 @@ const handlers = {
   },
   refused(message) { peer.refused.push(message.code); setActivity(`result refused: ${message.message}`, "refused"); },
   offline(message) { setActivity(`relay unreachable (${message.message}); retrying in ${message.retryIn.toFixed(0)} s`, "offline"); },
+  banned(message) {
+    peer.banned = message.message;
+    setActivity(`banned from this session: ${message.message}`, "banned");
+    $("error").hidden = false;
+    $("error").textContent = `This peer was banned: ${message.message}`;
+  },
   finished(message) { setActivity(`session finished: ${message.reason}`, "finished"); },
 };
 

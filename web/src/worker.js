@@ -141,10 +141,13 @@ async function trainLoop(joinCode, device) {
         await api(`/api/result?round=${job.round}&slot=${job.slot}`, { method: "POST", body: result });
         report("uploaded", { job, metrics, seconds });
       } catch (error) {
-        if (error.status !== 401 && permanent(error)) report("refused", { job, code: error.code, message: error.message });
-        else throw error;
+        if (error.code !== "banned" && error.status !== 401 && permanent(error)) {
+          report("refused", { job, code: error.code, message: error.message });
+        } else throw error;
       }
     } catch (error) {
+      // A result that failed the host's replay bans this peer for the session: say why and stop asking.
+      if (error.code === "banned") { report("banned", { message: error.message }); return; }
       if (error.status === 401) { credentials = null; continue; }
       if (!credentials && permanent(error)) throw error; // joining was refused for good
       failures += 1;
