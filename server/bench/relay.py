@@ -40,8 +40,9 @@ import httpx
 import numpy as np
 
 from runtime import wire
+from runtime.peer import Peer
 from server.browser.launcher import relay_process
-from server.relay.client import AsyncRelayClient, result_call, status_call, weights_call, work_call
+from server.relay.client import AsyncRelayClient, result_call, status_call, unit_call, weights_call, work_call
 from server.session.package import Package, build_package
 
 ADMIN = "bench-relay"
@@ -58,6 +59,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=Path("runs/bench/relay.json"), help="figures as JSON")
     parser.add_argument("--skip-training", action="store_true", help="do not time the native anchor (one unit)")
     parser.add_argument("--skip-browser", action="store_true", help="do not time the browser anchor (one unit)")
+    parser.add_argument("--verify-fraction", type=float, default=None,
+                        help="run the relay with host replays of this share of results (every peer's first too); "
+                        "the simulated peers then train their units natively for real, before the clock (use with "
+                        "--ks 5); default: no verification, made-up results")
 
 
 @dataclass
@@ -70,6 +75,8 @@ class RoundFigures:
     validate: float
     fan_out: float  # every peer holds its assignment -> every peer holds the round's weights
     samples: float  # round available -> the page's samples for it (off the critical path)
+    replayed: int = 0  # results of the round the host replayed (--verify-fraction)
+    replay_wait: float = 0.0  # how long the merge waited for them (part of relay_seconds)
 
 
 @dataclass
@@ -96,12 +103,14 @@ class KFigures:
 # ---------------------------------------------------------------- the relay under test
 
 
-def serve_arguments(package: Path, session_dir: Path, k: int, passes: int) -> list[str]:
-    return ["--package", str(package), "--session-dir", str(session_dir), "--fresh", "-k", str(k),
+def serve_arguments(package: Path, session_dir: Path, k: int, passes: int,
+                    verify_fraction: float | None = None) -> list[str]:
+    # Made-up results would fail a host replay: verification runs only where the peers train for real.
+    verify = ["--no-verify"] if verify_fraction is None else ["--verify-fraction", str(verify_fraction)]
+    return [*verify, "--package", str(package), "--session-dir", str(session_dir), "--fresh", "-k", str(k),
             "--passes", str(passes), "--admin-token", ADMIN, "--lease-seconds", "3600", "--peer-timeout", "3600",
             # every simulated peer joins from loopback at once: no admission limit per address here
-            "--join-rate", "0", "--max-peers-per-address", "0",
-            "--no-verify"]  # the simulated peers upload made-up results, which a host replay would ban
+            "--join-rate", "0", "--max-peers-per-address", "0"]
 
 
 # ---------------------------------------------------------------- simulated peers
@@ -161,8 +170,15 @@ async def wait_for_round(relay: AsyncRelayClient, round_index: int, *, samples: 
         await asyncio.sleep(POLL_SECONDS)
 
 
+async def trained_results(peers: list[SimPeer], jobs: list[dict[str, Any]], trainer: Peer) -> list[bytes]:
+    """Each job trained natively for real (``--verify-fraction``: a host replay must find the same weights)."""
+    trainer.set_weights(await peers[0].relay.call(weights_call()))
+    return [trainer.train(job, await peer.relay.call(unit_call(job["unit_index"]))) for peer, job in zip(
+        peers, jobs, strict=True)]
+
+
 async def drive(url: str, package: Package, k: int, rounds: int, perturbation: float,
-                figures: KFigures) -> None:
+                figures: KFigures, trainer: Peer | None = None) -> None:
     # Idle connections are dropped here before uvicorn's 5 s keep-alive closes them: a request sent on a
     # connection the server is closing at that moment fails with ReadError.
     limits = httpx.Limits(max_connections=k + 4, max_keepalive_connections=k + 4, keepalive_expiry=2.0)
@@ -182,7 +198,9 @@ async def drive(url: str, package: Package, k: int, rounds: int, perturbation: f
             fan_out = max(fetched) - available
             header = wire.WireHeader(spec=package.spec, round=round_index, fingerprint=package.fingerprint,
                                      num_examples=1000, metrics={"train_loss": 1.0})
-            bodies = [fake_result(peer, header) for peer in peers]  # before the clock: the peers' own work
+            # Before the clock: the peers' own work.
+            bodies = await trained_results(peers, jobs, trainer) if trainer is not None else [
+                fake_result(peer, header) for peer in peers]
             # Each peer asks for its next unit as soon as its upload is answered, as the page's worker does.
             done = await asyncio.gather(*(upload_and_ask(peer, job, body)
                                           for peer, job, body in zip(peers, jobs, bodies, strict=True)))
@@ -197,12 +215,15 @@ async def drive(url: str, package: Package, k: int, rounds: int, perturbation: f
             first_start = min(start for start, _, _ in uploads)
             figures.rounds.append(RoundFigures(
                 round=round_index, upload_seconds=[end - start for start, end, _ in uploads],
+                replayed=int((status["history"][-1].get("verification") or {}).get("results", 0)),
+                replay_wait=float((status["history"][-1].get("verification") or {}).get("waited_seconds", 0.0)),
                 upload_mb_per_s=sum(size for _, _, size in uploads) / 1e6 / (last_end - first_start),
                 relay_seconds=available - last_end, merge=float(seconds["merge"]),
                 validate=float(seconds["validate"]), fan_out=fan_out, samples=sampled - available))
             print(f"  k={k} round {round_index}: relay {available - last_end:.2f} s (merge {seconds['merge']:.3f}, "
                   f"validate {seconds['validate']:.2f}), fan-out {fan_out:.2f} s, samples after "
-                  f"{sampled - available:.2f} s", flush=True)
+                  f"{sampled - available:.2f} s" + (f", {figures.rounds[-1].replayed} replayed, the merge waited "
+                  f"{figures.rounds[-1].replay_wait:.2f} s for them" if trainer is not None else ""), flush=True)
             available = sampled  # the fan-out of the next round starts when the bench lets it
 
 
@@ -308,10 +329,11 @@ def run(args: argparse.Namespace) -> int:
             figures = KFigures(k=k, units=chunks, message_mb=len(wire.encode(package.initial_weights, wire.WireHeader(
                 spec=package.spec, round=0, fingerprint=package.fingerprint, num_examples=1000))) / 1e6,
                 check_seconds=check_seconds(package))
-            with relay_process(*serve_arguments(package.path, work / f"session-k{k}", k, passes),
-                               log_path=work / f"serve-k{k}.log") as url:
+            trainer = Peer(package.task_description()) if args.verify_fraction is not None else None
+            with relay_process(*serve_arguments(package.path, work / f"session-k{k}", k, passes,
+                                                args.verify_fraction), log_path=work / f"serve-k{k}.log") as url:
                 print(f"k={k}: relay at {url}, {chunks} units, {passes} passes", flush=True)
-                asyncio.run(drive(url.rstrip("/"), package, k, args.rounds, args.perturbation, figures))
+                asyncio.run(drive(url.rstrip("/"), package, k, args.rounds, args.perturbation, figures, trainer))
             shutil.rmtree(work / f"session-k{k}", ignore_errors=True)  # k x 2.3 MB of results per round
             results.append(figures)
     finally:
@@ -328,6 +350,12 @@ def run(args: argparse.Namespace) -> int:
             print(f"relay share of a k=5 round against {label} training: {at_5.added:.3f} s of relay time "
                   f"(validation excluded) per {anchor:.2f} s = {share:.1%}; {verdict} the target of "
                   f"< {TARGET_SHARE:.0%}")
+    if args.verify_fraction is not None and at_5 is not None and browser:
+        later = at_5.rounds[1:] or at_5.rounds  # round 0 replays every peer's first result
+        wait = statistics.fmean(r.replay_wait for r in later)
+        print(f"host replays at --verify-fraction {args.verify_fraction:g}, k=5: the merge waited {wait:.3f} s a round "
+              f"after round 1 ({at_5.rounds[0].replay_wait:.2f} s in round 1, every peer's first result) = "
+              f"{wait / browser:.1%} of a browser unit ({browser:.2f} s); goal < 10%")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"train_seconds": train, "browser_train_seconds": browser,
                                     "results": [asdict(f) for f in results]}, indent=1))
