@@ -1,0 +1,150 @@
+"""One of three browser peers uploads poisoned results; the relay's defaults keep the session on course.
+
+A relay runs a small arithmetic session (k = 3, 4 rounds) for three Chromium pages. Playwright intercepts
+one page's ``POST /api/result`` (``page.route``) and replaces the body with a flipped update: the real
+result decoded with ``runtime.wire``, global - 4 * (result - global) written in its place with the same
+header (the global weights fetched from the relay's ``GET /api/weights`` with that page's own token, as the
+page itself could). The session must finish, the poisoned results must be refused (the counters say so) or
+outvoted by the aggregator, and the final validation loss must stay within a stated tolerance of the honest
+run's: the same session (its settings read back from the relay's session folder) with every unit trained
+natively in this process (a unit trained in a browser is the unit trained natively, test_session_browsers).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from conftest import start_relay
+from playwright.sync_api import Browser, Page, Route
+from test_session_browsers import (
+    ARITH_SETTINGS,
+    BOOT_SECONDS,
+    admin,
+    close_pages,
+    fresh_session,
+    stop,
+    task_args,
+    wait_for_status,
+)
+
+from runtime import wire
+from server.bench.attack_peers import flip
+from server.browser.peers import join_url
+from server.relay.client import RelayClient, weights_call
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+# The poisoned run's final val_loss may exceed the honest run's by at most this share of what the honest run
+# learnt (initial - final). A flipped update accepted into a plain mean of three raises the loss well above
+# the honest run's; refused or outvoted ones leave it where the honest run ends (bit for bit when every
+# poisoned result is refused: its slot is trained again by an honest page from the same weights and seed).
+TOLERANCE_SHARE = 0.25
+
+
+class Poisoner:
+    """A ``page.route`` handler for ``POST /api/result``: the page's real result, flipped, with its header."""
+
+    def __init__(self, url: str, poison: Callable[[np.ndarray, np.ndarray], np.ndarray] = flip) -> None:
+        self.url = url
+        self.poison = poison  # (global weights, the page's real result) -> what is uploaded instead
+        self.poisoned: list[tuple[int, int]] = []  # (round, slot) of each flipped upload
+        self.passed: list[str] = []  # uploads sent on unchanged, and why
+        self.answers: list[int] = []
+
+    def __call__(self, route: Route) -> None:
+        request = route.request
+        try:
+            body = request.post_data_buffer
+            header, result = wire.decode(body or b"")
+            with httpx.Client(base_url=self.url, timeout=30) as http:
+                response = RelayClient(http).send(
+                    weights_call(), headers={"Authorization": request.all_headers().get("authorization", "")})
+            global_header, global_weights = wire.decode(response.content)
+        except Exception as error:  # noqa: BLE001 (the page must not hang on a failed interception)
+            self.passed.append(f"{type(error).__name__}: {error}")
+            route.continue_()
+            return
+        if global_header.round != header.round:
+            self.passed.append(f"round {header.round} result, weights of round {global_header.round}")
+            route.continue_()
+            return
+        self.poisoned.append((header.round, int(header.meta.get("slot", -1))))
+        route.continue_(post_data=wire.encode(self.poison(global_weights, result), header))
+
+
+def open_pages(browser: Browser, url: str, count: int, poisoner: Poisoner) -> list[Page]:
+    """``count`` pages in their own contexts; the first one's result uploads go through ``poisoner``."""
+    pages = []
+    for index in range(count):
+        page = browser.new_context().new_page()
+        if index == 0:
+            page.route("**/api/result?*", poisoner)
+        page.goto(join_url(url))
+        pages.append(page)
+    return pages
+
+
+def honest_run(session_dir: Path) -> list[float]:
+    """The validation losses (initial, then after every round) of the relay's session, trained natively."""
+    session = fresh_session(session_dir)
+    losses = [float(session.initial_metrics["val_loss"])]
+    while not session.done:
+        session.complete_round([(a, session.task.train_unit(session.weights, session.work_unit(a)))
+                                for a in session.assignments()])
+        losses.append(float(session.history[-1]["metrics"]["val_loss"]))
+    return losses
+
+
+def test_a_page_uploading_flipped_updates_is_refused_or_outvoted(browser: Browser, tmp_path: Path) -> None:
+    session_dir = tmp_path / "session"
+    # --min-peers 1: a peer the relay refuses for good must not keep the next rounds from starting. The relay
+    # is paused until all three pages have joined, so each takes a slot of the first round.
+    relay, url = start_relay(*task_args("arith", ARITH_SETTINGS, "-k", "3", "--passes", "2", "--min-peers", "1",
+                                        "--session-dir", str(session_dir)), log_name="relay-attacker.log")
+    poisoner = Poisoner(url)
+    pages: list[Page] = []
+    try:
+        admin(url, "pause")
+        pages = open_pages(browser, url, 3, poisoner)
+        wait_for_status(url, lambda s: s["peers"]["joined"] >= 3, timeout_s=BOOT_SECONDS + 60,
+                        what="three pages to join", pages=pages, relay=relay)
+        admin(url, "resume")
+        final = wait_for_status(url, lambda s: s["done"], timeout_s=240, what="the session to finish",
+                                pages=pages, relay=relay)
+        page_refusals = [page.evaluate("window.peertrain.refused") for page in pages]
+        units_done = [page.evaluate("window.peertrain.unitsDone") for page in pages]
+    finally:
+        close_pages(pages)
+        stop(relay)
+
+    history = final["history"]
+    counters: dict[str, Any] = final["counters"]
+    refused = {name: n for name, n in counters.items() if name.startswith("refused.")}
+    seen = f"poisoned {poisoner.poisoned}, passed {poisoner.passed}, counters {counters}, " \
+           f"pages refused {page_refusals}, units {units_done}, aggregate {final.get('aggregate')}"
+    # The session finished every round, and the first page really uploaded flipped results.
+    assert [entry["round"] for entry in history] == list(range(final["num_rounds"])) == [0, 1, 2, 3], seen
+    assert not final["stopped"] or final["stopped"].startswith("all"), seen
+    assert poisoner.poisoned, f"no upload of the first page was intercepted: {seen}"
+    assert sum(entry["participants"] for entry in history) == 12, seen
+
+    honest = honest_run(session_dir)
+    losses = [final["initial_metrics"]["val_loss"]] + [entry["metrics"]["val_loss"] for entry in history]
+    assert losses[0] == pytest.approx(honest[0])
+    learnt = honest[0] - honest[-1]
+    assert learnt > 0.1, f"the honest run itself did not learn: {honest}"
+    bound = honest[-1] + TOLERANCE_SHARE * learnt
+    outcome = "refused" if refused else "accepted (outvoted by the aggregator, or not)"
+    assert losses[-1] <= bound, (f"final val_loss {losses[-1]:.4f} with a poisoning page, honest run "
+                                 f"{honest[-1]:.4f} (bound {bound:.4f}); poisoned results {outcome}; {seen}; "
+                                 f"losses {losses} vs honest {honest}")
+    if len(page_refusals[0]) >= len(poisoner.poisoned):  # every flipped result refused: its slot was trained
+        # again by an honest page from the same weights and seed, so this is the honest run (browser vs native)
+        assert abs(losses[-1] - honest[-1]) <= 0.05 * learnt + 1e-3, (losses, honest, seen)
+    assert all(np.isfinite(losses)), losses
+    print(f"final val_loss {losses[-1]:.4f}, honest {honest[-1]:.4f} (bound {bound:.4f}); {seen}")

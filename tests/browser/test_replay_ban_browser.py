@@ -1,0 +1,76 @@
+"""A page whose uploads are subtly poisoned in flight is banned after its first checked result.
+
+Three Chromium pages train a small arithmetic session; Playwright rewrites one page's ``POST /api/result``
+(``page.route``) to ``global + 1.5 * update``: an update in the honest direction, 1.5 times as long, inside
+every norm bound a relay can set without refusing honest peers. The relay replays every peer's first result
+natively and the replay differs by half the update, so that page is banned (its page says so), its results
+of the open round are dropped and handed to the others, the session finishes, and no honest page is banned.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from conftest import start_relay
+from playwright.sync_api import Browser, Page
+from test_attacker_browser import Poisoner, open_pages
+from test_session_browsers import (
+    ADMIN_TOKEN,
+    ARITH_SETTINGS,
+    BOOT_SECONDS,
+    admin,
+    close_pages,
+    recorded_results,
+    stop,
+    task_args,
+    wait_for_status,
+)
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+
+def subtle(global_weights: np.ndarray, result: np.ndarray) -> np.ndarray:
+    return (global_weights + 1.5 * (result.astype(np.float64) - global_weights)).astype(np.float32)
+
+
+def test_a_subtly_poisoning_page_is_banned_after_its_first_checked_result(browser: Browser, tmp_path: Path) -> None:
+    session_dir = tmp_path / "session"
+    relay, url = start_relay(*task_args("arith", ARITH_SETTINGS, "-k", "3", "--passes", "2", "--min-peers", "1",
+                                        "--no-ban-addresses",  # all three pages come from 127.0.0.1
+                                        "--session-dir", str(session_dir)), log_name="relay-replay-ban.log")
+    poisoner = Poisoner(url, poison=subtle)
+    pages: list[Page] = []
+    try:
+        admin(url, "pause")
+        pages = open_pages(browser, url, 3, poisoner)
+        wait_for_status(url, lambda s: s["peers"]["joined"] >= 3, timeout_s=BOOT_SECONDS + 60,
+                        what="three pages to join", pages=pages, relay=relay)
+        admin(url, "resume")
+        wait_for_status(url, lambda s: s["counters"].get("peers_banned", 0) >= 1, timeout_s=180,
+                        what="the poisoning page to be banned", pages=pages, relay=relay)
+        final = wait_for_status(url, lambda s: s["done"], timeout_s=240, what="the session to finish",
+                                pages=pages, relay=relay)
+        banned_text = [page.evaluate("window.peertrain.banned || null") for page in pages]
+        listing = httpx.get(url + "api/admin/peers", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+                            timeout=10).json()["peers"]
+    finally:
+        close_pages(pages)
+        stop(relay)
+
+    counters = final["counters"]
+    seen = f"poisoned {poisoner.poisoned}, counters {counters}, banned pages {banned_text}"
+    assert counters["peers_banned"] == 1 and counters["verification_failed"] >= 1, seen
+    banned = [peer for peer in listing if peer["banned"]]
+    assert len(banned) == 1 and "differs from the host's replay" in banned[0]["ban_reason"], listing
+    # The poisoning page is told why; the honest pages are not banned.
+    assert banned_text[0] and "banned" in banned_text[0] and banned_text[1:] == [None, None], seen
+    # Banned after its first checked result: at most the uploads it made while that replay ran, and none of
+    # its results reached a merge.
+    assert 1 <= len(poisoner.poisoned) <= 2, seen
+    merged = recorded_results(session_dir)
+    assert banned[0]["peer_id"] not in {r.peer_id for r in merged}, seen
+    assert [entry["round"] for entry in final["history"]] == list(range(final["num_rounds"])), seen
+    assert sum(entry["participants"] for entry in final["history"]) == 3 * final["num_rounds"], seen
