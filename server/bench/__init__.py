@@ -20,6 +20,7 @@ BENCHES: dict[str, tuple[str, ...]] = {
     "relay": ("server.bench.relay",),
     "webgpu": ("server.bench.webgpu",),
     "attacks": ("server.bench.attacks",),
+    "replay": ("server.bench.replay",),
 }
 
 

@@ -168,6 +168,10 @@ def open_session(args: argparse.Namespace, paths: RelayPaths):  # type: ignore[n
                            verify_rtol=args.verify_rtol if args.verify_rtol is not None
                            else package.task.replay_rtol or DEFAULT_VERIFY_RTOL,
                            ban_addresses=args.ban_addresses)
+    if options.verify and not package.task.replay_across_engines:
+        print(f"host replays are off: a {package.task.name} unit trained in a browser and natively can part ways "
+              "(a float difference flips a discrete choice), so a replay cannot judge it; the other checks remain")
+        options.verify = False
     if options.verify and package.manifest.get("replayable") is False:
         raise ValueError(f"task {package.task.name} is not replayable: training unit 0 twice at set-up gave "
                          "different weights (does it read the clock or an unseeded generator?), so results cannot "

@@ -137,8 +137,8 @@ def test_the_aggregator_is_chosen_by_name_and_kept_in_the_session(package: Packa
 
 
 def test_the_default_is_a_robust_aggregator_and_old_sessions_keep_the_mean() -> None:
-    assert SessionConfig().aggregate == "trimmed_mean" and SessionConfig().aggregate_config == {"fraction": 1 / 3}
-    assert SessionConfig(aggregate="median").aggregate_config == {}
+    assert SessionConfig().aggregate == "centered_clipping" and SessionConfig().aggregate_config == {}
+    assert SessionConfig(aggregate="trimmed_mean").aggregate_config == {}  # its own defaults
     stored = SessionConfig(merge="fedavg").to_json()
     del stored["aggregate"], stored["aggregate_config"]
     assert SessionConfig.from_json(stored).aggregate == "mean"

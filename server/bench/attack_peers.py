@@ -1,0 +1,425 @@
+"""Attacker peers for ``peertrain bench attacks``: the poisoned uploads' maths, and native peers that drive one
+session of a real relay over HTTP.
+
+Every peer, honest or not, speaks the documented API through ``server.relay.client.RelayClient`` over its own
+``httpx.Client`` (its own client address, sent in ``PROXY_HEADER`` for a relay started with
+``--trusted-proxy-header``): join, ask for work, fetch the global weights and the unit's chunk, train with
+``runtime.peer.Peer`` (the code a browser's worker runs) and upload the wire message. An attacker trains
+honestly too and then replaces its upload (``poisoned``); everything else it does is honest. Nothing here
+is a flag of the product: the relay sees clients and nothing else.
+
+The uploads (g: the round's global weights, w: the attacker's honestly trained weights, u = w - g):
+
+* ``noise_claim``: g + N(0, 0.05) per weight, claiming ``num_examples`` = 1e9;
+* ``flip``: g - 4 u;
+* ``free_rider``: g unchanged;
+* ``scaled``: g + 1.5 u + N(0, 0.01);
+* ``little_is_enough`` (Baruch et al. 2019, "A Little Is Enough: Circumventing Defenses For Distributed
+  Learning"): the attackers collude; each uploads g + mean(u) - z std(u), per coordinate, over the honest
+  updates the attackers computed in this round (their estimate of the benign updates; std with ddof 0).
+  z is fixed (1.0 by default) or the paper's ``z_max`` for n peers and f attackers (``paper_z``);
+* ``sybil``: one client address joins ``sybil_joins`` extra times beside the k honest peers; the joins the
+  relay admits ask for work like everyone (each pass over the peers goes in a shuffled order: who asks first
+  gets the slot) and upload ``flip``. The refused joins are counted by code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import multiprocessing
+import os
+import sys
+import time
+from collections import Counter
+from collections.abc import Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from statistics import NormalDist
+from typing import Any
+
+import httpx
+import numpy as np
+
+from runtime import wire
+from runtime.peer import Peer
+from runtime.tasks.loader import module_name_for_file, task_class
+from runtime.weights import WeightSpec
+from server.relay.client import Credentials, RelayClient, RelayRefusal, checked, join_call
+
+UPLOAD_ATTACKS = ("noise_claim", "flip", "free_rider", "scaled", "little_is_enough")
+ATTACKS = (*UPLOAD_ATTACKS, "sybil")
+CLAIMED_EXAMPLES = 10**9
+NOISE_STD = 0.05
+FLIP_FACTOR = 4.0
+SCALE_FACTOR = 1.5
+SCALED_NOISE_STD = 0.01
+SYBIL_UPLOAD = "flip"  # what an admitted sybil peer uploads
+PROXY_HEADER = "X-Forwarded-For"
+SYBIL_ADDRESS = "10.66.0.1"
+JOIN_RETRIES = 5  # an honest peer refused with 429 waits Retry-After (at most MAX_RETRY_AFTER) and tries again
+MAX_RETRY_AFTER = 5.0
+CACHE_ENTRIES = 256
+BLAS_THREADS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")
+FILE_TASK_PREFIX = module_name_for_file(Path("x")).removesuffix("x")  # "peertrain_task_"
+MAX_PASSES = 20_000  # passes over the peers in one run (each pass makes at least one request)
+
+
+# ---------------------------------------------------------------- the uploads' maths
+
+
+def update(global_weights: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    return weights.astype(np.float64) - global_weights.astype(np.float64)
+
+
+def flip(global_weights: np.ndarray, honest: np.ndarray) -> np.ndarray:
+    """g - 4 (w - g)."""
+    g = global_weights.astype(np.float64)
+    return (g - FLIP_FACTOR * update(global_weights, honest)).astype(np.float32)
+
+
+def free_rider(global_weights: np.ndarray) -> np.ndarray:
+    return np.array(global_weights, dtype=np.float32, copy=True)
+
+
+def noise(global_weights: np.ndarray, rng: np.random.Generator, std: float = NOISE_STD) -> np.ndarray:
+    """g + N(0, std) per weight (uploaded with a claim of CLAIMED_EXAMPLES examples)."""
+    return (global_weights.astype(np.float64) + rng.normal(0.0, std, global_weights.shape)).astype(np.float32)
+
+
+def scaled(global_weights: np.ndarray, honest: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """g + 1.5 (w - g) + N(0, 0.01)."""
+    moved = global_weights.astype(np.float64) + SCALE_FACTOR * update(global_weights, honest)
+    return (moved + rng.normal(0.0, SCALED_NOISE_STD, global_weights.shape)).astype(np.float32)
+
+
+def paper_z(n: int, f: int) -> float:
+    """Baruch et al.'s z_max: s = floor(n/2 + 1) - f peers must be won over; z = Phi^-1((n - s) / n).
+    (n=10: f=1 gives 0, f=2 0.25, f=3 0.52, f=4 0.84.)"""
+    s = n // 2 + 1 - f
+    share = min(max((n - s) / n, 1e-6), 1 - 1e-6)
+    return float(NormalDist().inv_cdf(share))
+
+
+def little_is_enough(global_weights: np.ndarray, colluders: Sequence[np.ndarray], z: float) -> np.ndarray:
+    """g + mean - z * std, per coordinate, of the colluders' honest updates (w_i - g); std with ddof 0."""
+    updates = np.stack([update(global_weights, w) for w in colluders])
+    return (global_weights.astype(np.float64) + updates.mean(axis=0) - z * updates.std(axis=0)).astype(np.float32)
+
+
+def poisoned(attack: str, message: bytes, global_weights: np.ndarray, *, rng: np.random.Generator,
+             colluders: Sequence[np.ndarray] = (), z: float = 1.0) -> bytes:
+    """The upload that replaces the honest result ``message``: the same header (round, slot, metrics), new
+    weights; ``noise_claim`` also claims CLAIMED_EXAMPLES examples."""
+    header, honest = wire.decode(message)
+    if attack == "noise_claim":
+        header = dataclasses.replace(header, num_examples=CLAIMED_EXAMPLES)
+        vector = noise(global_weights, rng)
+    elif attack == "flip":
+        vector = flip(global_weights, honest)
+    elif attack == "free_rider":
+        vector = free_rider(global_weights)
+    elif attack == "scaled":
+        vector = scaled(global_weights, honest, rng)
+    elif attack == "little_is_enough":
+        vector = little_is_enough(global_weights, list(colluders) or [honest], z)
+    else:
+        raise ValueError(f"unknown attack {attack!r}; known: {', '.join(UPLOAD_ATTACKS)}")
+    return wire.encode(vector, header)
+
+
+# ---------------------------------------------------------------- training, shared by the peers of a task
+
+
+_worker_peer: list[Any] = []  # in a training process: [Peer, digest of the weights it holds]
+
+
+def _start_worker(task_info: dict[str, Any], source: str | None) -> None:
+    if source:  # a task from a file: import it under the name the parent's loader gave it
+        task_class(source)
+    _worker_peer[:] = [Peer(task_info), None]
+
+
+def _train_in_worker(message: bytes, digest: str, job: dict[str, Any], unit: bytes | None) -> bytes:
+    peer = _worker_peer[0]
+    if _worker_peer[1] != digest:
+        peer.set_weights(message)
+        _worker_peer[1] = digest
+    return bytes(peer.train(job, unit))
+
+
+class Trainer:
+    """Training for a run's native peers, shared by them: a unit is a function of the weights, the unit and its
+    seed, so which peer (or process) runs it does not matter. A round's units train in ``workers`` processes,
+    each with its own ``runtime.peer.Peer`` and one BLAS thread (on these small models two BLAS threads per
+    process were 2-7x slower than one, more so beside a busy relay). Round 0 starts from the package's initial
+    weights in every run, so its honest results are kept and reused: the same bytes a peer would upload (its
+    ``seconds`` metric aside)."""
+
+    def __init__(self, task_info: dict[str, Any], workers: int = 1) -> None:
+        self.spec = WeightSpec.from_json(task_info["spec"])
+        self.cache: dict[tuple[Any, ...], bytes] = {}
+        self.vectors: dict[str, np.ndarray] = {}  # the global weights by message hash (the current round's)
+        self.trained = self.reused = 0
+        for name in BLAS_THREADS:  # read by the processes started from here on (BLAS reads it when it loads)
+            os.environ.setdefault(name, "1")
+        module = sys.modules.get(str(task_info["task_import"]).partition(":")[0])
+        source = getattr(module, "__file__", None) if module and module.__name__.startswith(FILE_TASK_PREFIX) else None
+        self.pool = ProcessPoolExecutor(max_workers=max(1, workers), mp_context=multiprocessing.get_context("spawn"),
+                                        initializer=_start_worker, initargs=(task_info, source))
+
+    def close(self) -> None:
+        self.pool.shutdown(cancel_futures=True)
+
+    def global_weights(self, message: bytes, digest: str) -> np.ndarray:
+        if digest not in self.vectors:
+            self.vectors = {digest: wire.decode(message, expect_spec=self.spec)[1]}
+        return self.vectors[digest]
+
+    def train_all(self, work: list[tuple[bytes, str, dict[str, Any], bytes | None]]) -> list[bytes]:
+        """The result messages of ``work`` (weights message, its digest, assignment, unit message), in order."""
+        keys = [(digest, job["round"], job["slot"], job["unit_index"], job["unit_seed"], job.get("episodes"),
+                 job.get("progress")) for _, digest, job, _ in work]
+        results: dict[int, bytes | Future[bytes]] = {}
+        for index, (key, (message, digest, job, unit)) in enumerate(zip(keys, work, strict=True)):
+            if key in self.cache:
+                self.reused += 1
+                results[index] = self.cache[key]
+            else:
+                results[index] = self.pool.submit(_train_in_worker, message, digest, job, unit)
+        out = []
+        for index, key in enumerate(keys):
+            value = results[index]
+            if isinstance(value, Future):
+                value = value.result()
+            if key not in self.cache:
+                self.trained += 1
+                if key[1] == 0 and len(self.cache) < CACHE_ENTRIES:
+                    self.cache[key] = value
+            out.append(value)
+        return out
+
+
+# ---------------------------------------------------------------- one session driven over HTTP
+
+
+@dataclass
+class RunSpec:
+    url: str
+    attack: str | None  # None: the honest run
+    attackers: int  # peers (of k) that attack; for sybil, ignored (the admitted sybil joins attack)
+    k: int
+    seed: int = 0
+    z: float | None = 1.0  # little_is_enough's z; None: the paper's formula for n = k and f = attackers
+    honest_first: int = 0  # an attacker's first N uploads are its honest results (past a check of first results)
+    sybil_joins: int = 10
+    timeout_s: float = 600.0
+    hold_s: float = 15.0
+    request_timeout_s: float = 120.0
+
+
+@dataclass
+class Observed:
+    """What the peers saw of one session."""
+
+    uploads: Counter[str] = field(default_factory=Counter)  # "honest accepted", "flip refused.update_outlier", ...
+    joins: Counter[str] = field(default_factory=Counter)  # "honest admitted", "sybil refused.too_many_peers", ...
+    round_seconds: list[float] = field(default_factory=list)  # last upload -> the next round's first assignment
+    trained: int = 0
+    reused: int = 0
+    stalled: bool = False  # the run hit its time or request budget before the session was done
+    seconds: dict[str, float] = field(default_factory=dict)  # the peers' time by step: ask, hold, fetch, train...
+
+    def spent(self, step: str, since: float) -> float:
+        """Add the time since ``since`` to ``step``; returns now."""
+        now = time.perf_counter()
+        self.seconds[step] = self.seconds.get(step, 0.0) + now - since
+        return now
+
+    def accepted(self, role: str) -> int:
+        return self.uploads[f"{role} accepted"]
+
+    def attempted(self, role: str) -> int:
+        return sum(n for key, n in self.uploads.items() if key.split(" ")[0] == role)
+
+
+class BenchPeer:
+    """A native peer with its own client address; ``role`` is "honest", an attack, or "sybil"; ``upload`` the
+    attack its uploads carry (None: honest uploads)."""
+
+    def __init__(self, url: str, address: str, role: str, timeout_s: float) -> None:
+        self.role, self.address = role, address
+        self.upload = SYBIL_UPLOAD if role == "sybil" else role if role in UPLOAD_ATTACKS else None
+        limits = httpx.Limits(max_connections=2, max_keepalive_connections=2, keepalive_expiry=2.0)
+        self.http = httpx.Client(base_url=url, headers={PROXY_HEADER: address}, timeout=timeout_s, limits=limits)
+        self.relay = RelayClient(self.http)
+        self.uploaded = 0
+        self.message: bytes = b""
+        self.digest = ""
+        self.round: int | None = None
+        self.active = True
+
+    def close(self) -> None:
+        self.http.close()
+
+    def join(self, retry: bool) -> str:
+        """"admitted" or "refused.<code>"; a peer that retries waits what a 429's Retry-After says."""
+        for attempt in range(JOIN_RETRIES if retry else 1):
+            response = self.relay.send(join_call())
+            if response.status_code < 400:
+                body = response.json()
+                self.relay.credentials = Credentials(body["peer_id"], body["token"])
+                return "admitted"
+            code = "http_error"
+            try:
+                checked(response)
+            except RelayRefusal as refusal:
+                code = refusal.code
+            if response.status_code != 429 or attempt == JOIN_RETRIES - 1 or not retry:
+                return f"refused.{code}"
+            time.sleep(min(MAX_RETRY_AFTER, float(response.headers.get("retry-after", "1") or 1)))
+        return "refused.retries"
+
+    def weights(self, round_index: int) -> None:
+        if self.round != round_index:
+            self.message = self.relay.weights()
+            self.digest = hashlib.sha256(self.message).hexdigest()
+            self.round = wire.decode(self.message)[0].round
+
+
+def drive(spec: RunSpec, trainers: dict[str, Trainer], workers: int = 1) -> tuple[dict[str, Any], Observed]:
+    """Join, train and upload until the session is done (or the run's budget is spent); returns the relay's
+    final ``/api/session`` status and what the peers observed. ``trainers`` keeps a Trainer per task (made
+    here with ``workers`` training processes when the task is new; the caller closes them)."""
+    observed = Observed()
+    deadline = time.monotonic() + spec.timeout_s
+    rng = np.random.default_rng(spec.seed)
+    roles = ["honest"] * spec.k
+    if spec.attack in UPLOAD_ATTACKS:
+        for index in rng.choice(spec.k, size=spec.attackers, replace=False):
+            roles[int(index)] = spec.attack
+    peers = [BenchPeer(spec.url, f"10.0.{i // 250}.{i % 250 + 1}", role, spec.request_timeout_s)
+             for i, role in enumerate(roles)]
+    observer = RelayClient(httpx.Client(base_url=spec.url, timeout=spec.request_timeout_s))
+    sybils: list[BenchPeer] = []
+    try:
+        for peer in peers:
+            outcome = peer.join(retry=True)
+            observed.joins[f"{peer.role} {outcome}"] += 1
+            peer.active = outcome == "admitted"
+        if spec.attack == "sybil":
+            for _ in range(spec.sybil_joins):
+                sybil = BenchPeer(spec.url, SYBIL_ADDRESS, "sybil", spec.request_timeout_s)
+                outcome = sybil.join(retry=False)
+                observed.joins[f"sybil {outcome}"] += 1
+                sybil.active = outcome == "admitted"
+                sybils.append(sybil)
+        everyone = sybils + peers  # the order peers ask in is shuffled on every pass
+        info = observer.task()
+        if info["fingerprint"] not in trainers:
+            trainers[info["fingerprint"]] = Trainer(info, workers)
+        trainer = trainers[info["fingerprint"]]
+        trained, reused = trainer.trained, trainer.reused
+        rounds_of_work(spec, everyone, trainer, observed, rng, deadline)
+        observed.trained, observed.reused = trainer.trained - trained, trainer.reused - reused
+        return observer.status(), observed
+    finally:
+        for peer in peers + sybils:
+            peer.close()
+        observer.http.close()
+
+
+def ask(peer: BenchPeer, observed: Observed, hold: float | None = None) -> dict[str, Any]:
+    try:
+        return peer.relay.work(hold)
+    except RelayRefusal as refusal:
+        observed.uploads[f"{peer.role} work_refused.{refusal.code}"] += 1
+        if refusal.status in (401, 403):
+            peer.active = False
+        return {"wait": 0.0}
+
+
+def poll(everyone: list[BenchPeer], batch: dict[int, tuple[BenchPeer, dict[str, Any]]], observed: Observed,
+         rng: np.random.Generator) -> bool:
+    """Every active peer not yet in ``batch`` asks once, in a shuffled order (who asks first gets a slot first);
+    assignments go into ``batch``. True when the relay says the session is done."""
+    waiting = [p for p in everyone if p.active and id(p) not in batch]
+    for index in rng.permutation(len(waiting)):
+        peer = waiting[int(index)]
+        job = ask(peer, observed)
+        if job.get("done"):
+            return True
+        if "slot" in job:
+            batch[id(peer)] = (peer, job)
+    return False
+
+
+def rounds_of_work(spec: RunSpec, everyone: list[BenchPeer], trainer: Trainer, observed: Observed,
+                   rng: np.random.Generator, deadline: float) -> None:
+    """Each pass: every active peer asks for work; those given an assignment train, the attackers replace
+    their uploads, all upload in a shuffled order. With no work to hand out, one peer's held request waits
+    for the next round (what a browser's worker does), which also times the relay's work between rounds."""
+    colluders: dict[int, list[np.ndarray]] = {}  # round -> the attackers' honest weights (little_is_enough)
+    last_upload, last_round = None, -1
+    for _ in range(MAX_PASSES):  # every pass makes requests; the deadline ends a stuck run first
+        if time.monotonic() > deadline:
+            observed.stalled = True
+            return
+        batch: dict[int, tuple[BenchPeer, dict[str, Any]]] = {}
+        clock = time.perf_counter()
+        if poll(everyone, batch, observed, rng):
+            return
+        clock = observed.spent("ask", clock)
+        if not batch:
+            holder = next((p for p in everyone if p.active and p.role == "honest"), None)
+            if holder is None:
+                observed.stalled = True
+                return
+            job = ask(holder, observed, min(spec.hold_s, max(0.0, deadline - time.monotonic())))
+            clock = observed.spent("hold", clock)
+            if job.get("done"):
+                return
+            if "slot" not in job:
+                continue
+            if last_upload is not None and job["round"] > last_round:
+                observed.round_seconds.append(time.perf_counter() - last_upload)
+            batch[id(holder)] = (holder, job)
+            if poll(everyone, batch, observed, rng):  # the others take the new round's other slots
+                return
+            clock = observed.spent("ask", clock)
+        fetched = []
+        for peer, job in batch.values():
+            try:
+                peer.weights(job["round"])
+                unit = peer.relay.unit(job["unit_index"]) if job.get("kind", "data") == "data" else None
+            except RelayRefusal as refusal:  # banned meanwhile (a replay of an earlier result), or the lease lost
+                observed.uploads[f"{peer.role} fetch_refused.{refusal.code}"] += 1
+                peer.active = peer.active and refusal.status not in (401, 403)
+                continue
+            fetched.append((peer, job, unit))
+        clock = observed.spent("fetch", clock)
+        messages = trainer.train_all([(peer.message, peer.digest, job, unit) for peer, job, unit in fetched])
+        clock = observed.spent("train", clock)
+        uploads = []
+        for (peer, job, _), message in zip(fetched, messages, strict=True):
+            if peer.upload is not None:
+                colluders.setdefault(job["round"], []).append(wire.decode(message)[1])
+            uploads.append((peer, job, message))
+        for index in rng.permutation(len(uploads)):
+            peer, job, message = uploads[int(index)]
+            if peer.upload is not None and peer.uploaded >= spec.honest_first:
+                global_weights = trainer.global_weights(peer.message, peer.digest)
+                z = spec.z if spec.z is not None else paper_z(spec.k, spec.attackers)
+                message = poisoned(peer.upload, message, global_weights, rng=rng, colluders=colluders[job["round"]],
+                                   z=z)
+            peer.uploaded += 1
+            try:
+                peer.relay.result(job["round"], job["slot"], message)
+                observed.uploads[f"{peer.role} accepted"] += 1
+            except RelayRefusal as refusal:
+                observed.uploads[f"{peer.role} refused.{refusal.code}"] += 1
+                peer.active = peer.active and refusal.code != "banned"
+            last_upload, last_round = time.perf_counter(), max(last_round, job["round"])
+        observed.spent("upload", clock)
+    observed.stalled = True

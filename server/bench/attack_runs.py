@@ -1,0 +1,166 @@
+"""One run of ``peertrain bench attacks``: what the relay offers, its command line, the run and its record."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from server.bench.attack_peers import PROXY_HEADER, Observed, RunSpec, Trainer, drive
+from server.browser.launcher import relay_process
+from server.paths import REPO_ROOT
+
+ADMIN = "bench-attacks"
+LEASE_SECONDS = 60.0  # a slot held by a peer that went quiet is handed on after this
+# "checks off": the relay's switches for the result checks that have one, where `peertrain serve --help` lists them
+CHECKS_OFF = (("--outlier-factor", ("--outlier-factor", "0")), ("--no-verify", ("--no-verify",)))
+
+
+@dataclass(frozen=True)
+class RelayFeatures:
+    flags: frozenset[str]
+    default_aggregate: str | None  # the name `peertrain serve --help` gives as --aggregate's default
+
+    @property
+    def aggregate(self) -> bool:
+        return "--aggregate" in self.flags
+
+
+def relay_features() -> RelayFeatures:
+    text = subprocess.run([sys.executable, "-m", "server.cli", "serve", "--help"], cwd=REPO_ROOT, check=True,
+                          capture_output=True, text=True, timeout=120).stdout
+    return RelayFeatures(frozenset(re.findall(r"--[a-z][a-z-]*", text)), default_aggregate(text))
+
+
+def default_aggregate(help_text: str) -> str | None:
+    """``trimmed_mean`` from an options section such as ``--aggregate {mean,...}  robust aggregator (default:
+    trimmed_mean)``."""
+    options = " ".join(help_text.partition("options:")[2].split())
+    match = re.search(r"--aggregate(?![-\w])\s+(?:\{[^}]*\}|[A-Z_]+)\s+(.*?)(?=\s--[a-z]|$)", options)
+    found = re.search(r"default:?\s*'?([a-z][a-z_]*)", match.group(1)) if match else None
+    return found.group(1) if found else None
+
+
+def aggregator_of(status: dict[str, Any]) -> str | None:
+    """The aggregator a relay says it runs (``GET /api/session``'s ``aggregate``)."""
+    value = status.get("aggregate")
+    if isinstance(value, dict):
+        value = value.get("name")
+    return value if isinstance(value, str) else None
+
+
+@dataclass
+class RunRecord:
+    section: str  # which part of the grid asked for it (the honest runs serve every part with their checks)
+    task: str
+    aggregator: str  # as asked: a name or "default"
+    checks: str  # "on": the relay as shipped; "off": its switchable result checks off (CHECKS_OFF)
+    attack: str  # "none" for the honest run
+    fraction: float
+    attackers: int
+    metric: str
+    honest_first: int = 0
+    value: float | None = None
+    initial: float | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    rounds: int = 0
+    num_rounds: int = 0
+    stopped: str | None = None
+    refusals: dict[str, int] = field(default_factory=dict)  # the relay's counters refused.<code>
+    counters: dict[str, int] = field(default_factory=dict)  # all of them (bans, replays, freed slots...)
+    uploads: dict[str, int] = field(default_factory=dict)  # what the peers saw, by role and outcome
+    joins: dict[str, int] = field(default_factory=dict)
+    merge_s: float | None = None  # history seconds.merge, mean over rounds (the aggregator's time is in it)
+    validate_s: float | None = None
+    relay_round_s: float | None = None  # the last upload -> the next round's first assignment, mean
+    seconds: float = 0.0
+    trained: int = 0
+    reused: int = 0
+    stalled: bool = False
+    peer_seconds: dict[str, float] = field(default_factory=dict)  # where the peers' time went (ask, hold, ...)
+    relay_aggregator: str | None = None  # what the relay's status says it ran, with its settings
+    relay_aggregator_config: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+    vs_honest: float | None = None
+    vs_mean: float | None = None
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        """Whose honest run anchors this one: the same task, aggregator and checks."""
+        return self.task, self.aggregator, self.checks
+
+    def accepted(self) -> int:
+        """The attackers' uploads the relay accepted (for sybil: the admitted sybil joins')."""
+        return self.uploads.get(f"{self.attack} accepted", 0)
+
+
+def serve_args(package: Path, session_dir: Path, k: int, passes: int, aggregator: str, features: RelayFeatures,
+               *, checks: str = "on", configs: dict[str, str] | None = None,
+               extra: list[str] | None = None) -> list[str]:
+    """``peertrain serve`` for one run. --min-peers 1: a peer the relay bans must not hold up the next rounds
+    (every peer joins before any asks for work, so the first round still goes to all of them)."""
+    args = ["--package", str(package), "--session-dir", str(session_dir), "--fresh", "-k", str(k),
+            "--passes", str(passes), "--admin-token", ADMIN, "--lease-seconds", str(LEASE_SECONDS),
+            "--peer-timeout", "600", "--min-peers", "1"]
+    if aggregator != "default":
+        args += ["--aggregate", aggregator]
+        if configs and aggregator in configs:
+            args += ["--aggregate-config", configs[aggregator]]
+    if "--trusted-proxy-header" in features.flags:
+        args += ["--trusted-proxy-header", PROXY_HEADER]
+    if checks == "off":
+        args += [word for flag, words in CHECKS_OFF if flag in features.flags for word in words]
+    return args + list(extra or [])
+
+
+def one_run(record: RunRecord, spec: RunSpec, arguments: list[str], work: Path, trainers: dict[str, Trainer],
+            workers: int) -> None:
+    """Start the relay with ``arguments``, drive the session, fill ``record`` (or its ``error``)."""
+    session_dir = Path(arguments[arguments.index("--session-dir") + 1])
+    shutil.rmtree(session_dir, ignore_errors=True)
+    started = time.perf_counter()
+    try:
+        with relay_process(*arguments, log_path=work / "serve.log") as url:
+            spec.url = url.rstrip("/")
+            status, observed = drive(spec, trainers, workers)
+    except Exception as error:  # a relay that would not start, a refused flag, a broken connection
+        record.error = f"{type(error).__name__}: {error}"[:500]
+        record.seconds = time.perf_counter() - started
+        return
+    record.seconds = time.perf_counter() - started
+    fill(record, status, observed)
+    shutil.rmtree(session_dir, ignore_errors=True)
+
+
+def mean_of(values: list[float]) -> float | None:
+    return float(statistics.fmean(values)) if values else None
+
+
+def fill(record: RunRecord, status: dict[str, Any], observed: Observed) -> None:
+    history = status.get("history") or []
+    final = history[-1]["metrics"] if history else status.get("initial_metrics") or {}
+    record.metrics = {k: float(v) for k, v in final.items() if isinstance(v, int | float)}
+    record.value = record.metrics.get(record.metric)
+    record.initial = (status.get("initial_metrics") or {}).get(record.metric)
+    record.rounds, record.num_rounds = len(history), int(status.get("num_rounds") or 0)
+    record.stopped = status.get("stopped") or None
+    record.counters = {name: int(n) for name, n in (status.get("counters") or {}).items()}
+    record.refusals = {name.removeprefix("refused."): n for name, n in record.counters.items()
+                       if name.startswith("refused.")}
+    record.uploads, record.joins = dict(observed.uploads), dict(observed.joins)
+    record.merge_s = mean_of([float(e["seconds"]["merge"]) for e in history if "merge" in e.get("seconds", {})])
+    record.validate_s = mean_of([float(e["seconds"]["validate"]) for e in history
+                                 if "validate" in e.get("seconds", {})])
+    record.relay_round_s = mean_of(observed.round_seconds)
+    record.trained, record.reused, record.stalled = observed.trained, observed.reused, observed.stalled
+    record.peer_seconds = {step: round(value, 3) for step, value in observed.seconds.items()}
+    record.relay_aggregator = aggregator_of(status)
+    record.relay_aggregator_config = dict(status.get("aggregate_config") or {})
+    if record.attack == "sybil":
+        record.attackers = observed.joins.get("sybil admitted", 0)
