@@ -103,8 +103,10 @@ class Task:
     # rounding differences between a browser and native CPython more than those may declare its own.
     replay_rtol: ClassVar[float | None] = None
     # False where a unit trained in a browser and the same unit trained natively can part ways for good (a
-    # float rounding difference that flips a discrete choice, as an action in an episode): the relay then does
-    # not verify this task's results by replay (it would ban honest peers) and relies on its other checks.
+    # float rounding difference that flips a discrete choice, as an action in an episode, or that Adam turns
+    # into whole steps on coordinates with near-zero gradients): the relay then does not verify this task's
+    # results by replay (it would ban honest peers) and relies on its other checks. Measure a task with
+    # ``peertrain bench replay`` before trusting replays of it.
     replay_across_engines: ClassVar[bool] = True
     Settings: ClassVar[type] = dict  # a dataclass with JSON-able fields in subclasses
 

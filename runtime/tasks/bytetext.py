@@ -49,6 +49,11 @@ class ByteTextTask(Task):
     metric = "val_loss"
     Settings = ByteTextSettings
     settings: ByteTextSettings
+    # Adam divides each gradient by its running magnitude, so on coordinates whose gradients are nearly zero
+    # (bytes a chunk hardly uses) the last-bit differences between the browser's SIMD matmul and native BLAS
+    # become whole steps. Measured in headless Chromium: a browser unit differed from its native replay by up
+    # to 40% of its update (62 units), so a replay cannot judge a bytetext result; the other checks remain.
+    replay_across_engines = False
 
     def crosses_boundary(self) -> str:
         source = ", ".join(self.settings.files) or "CPython's pydoc topics (public documentation)"

@@ -57,7 +57,7 @@ def aggregator_cell(record: Any) -> str:
     if record.aggregator != "default" or not record.relay_aggregator:
         return str(record.aggregator)
     settings = " ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
-                        for k, v in record.relay_aggregator_config.items())
+                        for k, v in record.relay_aggregator_config.items() if v is not None)
     return f"default ({record.relay_aggregator}{' ' + settings if settings else ''})"
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import statistics
@@ -26,6 +27,7 @@ CHECKS_OFF = (("--outlier-factor", ("--outlier-factor", "0")), ("--no-verify", (
 class RelayFeatures:
     flags: frozenset[str]
     default_aggregate: str | None  # the name `peertrain serve --help` gives as --aggregate's default
+    default_config: dict[str, Any] | None = None  # and its settings, where the help says them
 
     @property
     def aggregate(self) -> bool:
@@ -35,16 +37,23 @@ class RelayFeatures:
 def relay_features() -> RelayFeatures:
     text = subprocess.run([sys.executable, "-m", "server.cli", "serve", "--help"], cwd=REPO_ROOT, check=True,
                           capture_output=True, text=True, timeout=120).stdout
-    return RelayFeatures(frozenset(re.findall(r"--[a-z][a-z-]*", text)), default_aggregate(text))
+    name, config = default_aggregate(text)
+    return RelayFeatures(frozenset(re.findall(r"--[a-z][a-z-]*", text)), name, config)
 
 
-def default_aggregate(help_text: str) -> str | None:
-    """``trimmed_mean`` from an options section such as ``--aggregate {mean,...}  robust aggregator (default:
-    trimmed_mean)``."""
+def default_aggregate(help_text: str) -> tuple[str | None, dict[str, Any] | None]:
+    """(``trimmed_mean``, ``{"fraction": 0.33}``) from an options section such as ``--aggregate {mean,...}
+    how ... (default trimmed_mean with {"fraction": 0.33}; ...)``; None where the help does not say."""
     options = " ".join(help_text.partition("options:")[2].split())
     match = re.search(r"--aggregate(?![-\w])\s+(?:\{[^}]*\}|[A-Z_]+)\s+(.*?)(?=\s--[a-z]|$)", options)
-    found = re.search(r"default:?\s*'?([a-z][a-z_]*)", match.group(1)) if match else None
-    return found.group(1) if found else None
+    found = re.search(r"default:?\s*'?([a-z][a-z_]*)(?:\s+with\s+(\{[^}]*\}))?", match.group(1)) if match else None
+    if not found:
+        return None, None
+    try:
+        config = json.loads(found.group(2)) if found.group(2) else None
+    except ValueError:
+        config = None
+    return found.group(1), config if isinstance(config, dict) else None
 
 
 def aggregator_of(status: dict[str, Any]) -> str | None:

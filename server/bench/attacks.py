@@ -101,11 +101,13 @@ class Section:
 
 SHIPPED, PATIENT = "the relay as shipped", "the relay as shipped; attackers honest on their first upload"
 ALONE = "the aggregators alone: outlier check and host replays off"
+# noise_claim's claim is refused by a check without a switch (and its peer banned), whatever comes first or after
+MOVING = tuple(a for a in UPLOAD_ATTACKS if a != "noise_claim")
 FULL_K = 10
 FULL = (
     Section(SHIPPED, "arith", ("mean", "default"), ATTACKS, (0.3,)),
-    Section(PATIENT, "arith", ("mean", "default"), UPLOAD_ATTACKS, (0.2, 0.4), honest_first=1),
-    Section(ALONE, "arith", AGGREGATORS, UPLOAD_ATTACKS, (0.3,), checks="off"),
+    Section(PATIENT, "arith", ("mean", "default"), MOVING, (0.2, 0.4), honest_first=1),
+    Section(ALONE, "arith", AGGREGATORS, MOVING, (0.3,), checks="off"),
     Section(SHIPPED, "bytetext", ("mean", "default"), ATTACKS, (0.3,)),
 )
 QUICK_K = 3
@@ -209,16 +211,20 @@ def planned_runs(section: Section, k: int) -> list[Planned]:
     return runs
 
 
-def supported(sections: list[Section], features: RelayFeatures) -> list[Section]:
-    """The sections with the aggregators this relay can run (all of them with --aggregate; else mean and
-    default, both its plain FedAvg)."""
-    if features.aggregate:
-        return sections
-    dropped = sorted({a for s in sections for a in s.aggregators} - {"mean", "default"})
-    if dropped:
-        print(f"skipped: aggregators {', '.join(dropped)} (this relay's `peertrain serve` has no --aggregate)")
-    return [dataclasses.replace(s, aggregators=tuple(a for a in s.aggregators if a in ("mean", "default")))
-            for s in sections]
+def supported(sections: list[Section], features: RelayFeatures, configs: dict[str, str]) -> list[Section]:
+    """The sections with the aggregators this relay can run (all with --aggregate; else mean and default, both
+    its plain FedAvg), and without ``default`` where the section also runs the aggregator it names with the
+    same settings (``default centered_clipping with {}`` is ``--aggregate centered_clipping``)."""
+    if not features.aggregate:
+        dropped = sorted({a for s in sections for a in s.aggregators} - {"mean", "default"})
+        if dropped:
+            print(f"skipped: aggregators {', '.join(dropped)} (this relay's `peertrain serve` has no --aggregate)")
+        return [dataclasses.replace(s, aggregators=tuple(a for a in s.aggregators if a in ("mean", "default")))
+                for s in sections]
+    same = features.default_aggregate if features.default_config == {} and \
+        features.default_aggregate not in configs else None
+    return [dataclasses.replace(s, aggregators=tuple(a for a in s.aggregators if a != "default"))
+            if same in s.aggregators and "default" in s.aggregators else s for s in sections]
 
 
 def aggregate_configs(values: list[str]) -> dict[str, str]:
@@ -236,8 +242,8 @@ def aggregate_configs(values: list[str]) -> dict[str, str]:
 def run(args: argparse.Namespace) -> int:
     features = relay_features()
     sections, k = sections_of(args)
-    sections = supported(sections, features)
     configs = aggregate_configs(args.aggregate_config)
+    sections = supported(sections, features, configs)
     z = None if str(args.lie_z) == "paper" else float(args.lie_z)
     work = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="peertrain-bench-attacks-"))
     work.mkdir(parents=True, exist_ok=True)

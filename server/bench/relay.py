@@ -106,7 +106,8 @@ class KFigures:
 def serve_arguments(package: Path, session_dir: Path, k: int, passes: int,
                     verify_fraction: float | None = None) -> list[str]:
     # Made-up results would fail a host replay: verification runs only where the peers train for real.
-    verify = ["--no-verify"] if verify_fraction is None else ["--verify-fraction", str(verify_fraction)]
+    verify = ["--no-verify"] if verify_fraction is None else ["--verify-fraction", str(verify_fraction),
+                                                              "--force-verify"]  # native peers only here
     return [*verify, "--package", str(package), "--session-dir", str(session_dir), "--fresh", "-k", str(k),
             "--passes", str(passes), "--admin-token", ADMIN, "--lease-seconds", "3600", "--peer-timeout", "3600",
             # every simulated peer joins from loopback at once: no admission limit per address here

@@ -74,6 +74,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     guard.add_argument("--verify-atol", type=float, default=DEFAULT_VERIFY_ATOL, help=argparse.SUPPRESS)
     guard.add_argument("--no-verify", dest="verify", action="store_false",
                        help="no host replays (and so no bans for a failed one)")
+    guard.add_argument("--force-verify", action="store_true",
+                       help="replay even a task that declares its browser and native units can part ways (only "
+                       "for sessions whose peers all run natively, e.g. the benches)")
     guard.add_argument("--no-ban-addresses", dest="ban_addresses", action="store_false",
                        help="a banned peer's client address may still join (e.g. many volunteers behind one NAT)")
     guard.add_argument("--trusted-proxy-header", metavar="HEADER",
@@ -168,9 +171,10 @@ def open_session(args: argparse.Namespace, paths: RelayPaths):  # type: ignore[n
                            verify_rtol=args.verify_rtol if args.verify_rtol is not None
                            else package.task.replay_rtol or DEFAULT_VERIFY_RTOL,
                            ban_addresses=args.ban_addresses)
-    if options.verify and not package.task.replay_across_engines:
+    if options.verify and not package.task.replay_across_engines and not args.force_verify:
         print(f"host replays are off: a {package.task.name} unit trained in a browser and natively can part ways "
-              "(a float difference flips a discrete choice), so a replay cannot judge it; the other checks remain")
+              "(float rounding differences grow into different weights), so a replay cannot judge it; the other "
+              "checks remain")
         options.verify = False
     if options.verify and package.manifest.get("replayable") is False:
         raise ValueError(f"task {package.task.name} is not replayable: training unit 0 twice at set-up gave "

@@ -121,11 +121,14 @@ def test_the_grid_runs_each_attacker_count_once_with_mean_honest_first() -> None
 
 
 def test_the_full_grid_shares_its_honest_runs() -> None:
-    keys = [p.key for section in FULL for p in planned_runs(section, FULL_K)]
-    distinct = set(keys)
-    # shipped arith: 2 honest + 2 x 6 attacks; patient: 2 x 5 x 2 (its honest runs are the shipped ones);
-    # aggregators alone: 7 honest + 7 x 5; shipped bytetext: 2 + 2 x 6
-    assert len(distinct) == 14 + 20 + 42 + 14
+    features = RelayFeatures(frozenset({"--aggregate"}), "centered_clipping", {})  # default: its own settings
+    sections = supported(list(FULL), features, {})
+    assert "default" not in sections[2].aggregators and "default" in sections[0].aggregators
+    distinct = {p.key for section in sections for p in planned_runs(section, FULL_K)}
+    # shipped arith: 2 honest + 2 x 6 attacks; patient: 2 x 4 x 2 (its honest runs are the shipped ones);
+    # aggregators alone: 6 honest + 6 x 4; shipped bytetext: 2 + 2 x 6
+    assert len(distinct) == 14 + 16 + 30 + 14
+    assert supported(list(FULL), features, {"centered_clipping": '{"radius": 1}'}) == list(FULL)
     assert all(p.attackers == 1 for p in planned_runs(QUICK[0], 3) if p.attack != "none")
 
 
@@ -144,11 +147,13 @@ options:
 
 
 def test_the_default_aggregator_is_read_from_serve_help() -> None:
-    assert default_aggregate(HELP) == "trimmed_mean"
-    assert default_aggregate(HELP.replace("--aggregate {", "--other {")) is None
+    assert default_aggregate(HELP) == ("trimmed_mean", {"fraction": 0.3333333333333333})
+    plain = HELP.replace('with {"fraction":\n                        0.3333333333333333}', "with {}")
+    assert default_aggregate(plain) == ("trimmed_mean", {})
+    assert default_aggregate(HELP.replace("--aggregate {", "--other {")) == (None, None)
     without = RelayFeatures(frozenset(), None)  # a relay of plain FedAvg only: mean and default run
-    assert supported([Section("t", "arith", ("mean", "krum", "default"), ("flip",), (0.3,))], without)[0].aggregators \
-        == ("mean", "default")
+    sections = supported([Section("t", "arith", ("mean", "krum", "default"), ("flip",), (0.3,))], without, {})
+    assert sections[0].aggregators == ("mean", "default")
 
 
 def test_attacks_is_a_registered_bench() -> None:
