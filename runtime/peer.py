@@ -9,12 +9,14 @@ same computation.
 from __future__ import annotations
 
 import json
+import sys
 import time
 from typing import Any
 
 import numpy as np
 
 from runtime import wire
+from runtime.backend import get_backend
 from runtime.tasks.base import Task, TaskError, WorkUnit, check_unit_result
 from runtime.tasks.loader import task_class
 from runtime.weights import WeightSpec
@@ -24,6 +26,12 @@ def as_bytes(message: object) -> bytes:
     """Bytes from a Python buffer or, inside Pyodide, from a JavaScript Uint8Array/ArrayBuffer proxy."""
     to_py = getattr(message, "to_py", None)
     return bytes(to_py() if to_py is not None else message)  # type: ignore[arg-type]
+
+
+def engine() -> str:
+    """Where a unit is trained, as a result says (two copies of a unit from one engine must be identical):
+    ``pyodide-numpy``, ``pyodide-webgpu`` or ``native-numpy``."""
+    return f"{'pyodide' if sys.platform == 'emscripten' else 'native'}-{get_backend().name}"
 
 
 class Peer:
@@ -65,5 +73,5 @@ class Peer:
         self.last_metrics_json = json.dumps(metrics)
         header = wire.WireHeader(spec=self.spec, round=int(job["round"]), fingerprint=self.fingerprint,
                                  num_examples=int(result.num_examples), metrics=metrics,
-                                 meta={"slot": int(job["slot"]), "unit_index": unit.index})
+                                 meta={"slot": int(job["slot"]), "unit_index": unit.index, "engine": engine()})
         return wire.encode(result.weights, header)

@@ -77,6 +77,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     guard.add_argument("--force-verify", action="store_true",
                        help="replay even a task that declares its browser and native units can part ways (only "
                        "for sessions whose peers all run natively, e.g. the benches)")
+    guard.add_argument("--redundancy", type=float, default=0.0, metavar="F",
+                       help="share of units also trained by a second, different peer and compared with the first "
+                       "result (identical from one engine; a disagreement is decided by a host replay, or the "
+                       "unit goes to a third peer); never both merged (default 0: off)")
     guard.add_argument("--no-ban-addresses", dest="ban_addresses", action="store_false",
                        help="a banned peer's client address may still join (e.g. many volunteers behind one NAT)")
     guard.add_argument("--trusted-proxy-header", metavar="HEADER",
@@ -170,7 +174,9 @@ def open_session(args: argparse.Namespace, paths: RelayPaths):  # type: ignore[n
                            verify_fraction=args.verify_fraction, verify_atol=args.verify_atol,
                            verify_rtol=args.verify_rtol if args.verify_rtol is not None
                            else package.task.replay_rtol or DEFAULT_VERIFY_RTOL,
-                           ban_addresses=args.ban_addresses)
+                           ban_addresses=args.ban_addresses, redundancy=args.redundancy)
+    if not 0 <= options.redundancy <= 1:
+        raise ValueError(f"--redundancy must be a share between 0 and 1, got {options.redundancy:g}")
     if options.verify and not package.task.replay_across_engines and not args.force_verify:
         print(f"host replays are off: a {package.task.name} unit trained in a browser and natively can part ways "
               "(float rounding differences grow into different weights), so a replay cannot judge it; the other "

@@ -33,6 +33,14 @@ def decode_result(body: bytes, *, spec: WeightSpec, round_index: int,
         raise Refusal(int(getattr(error, "http_status", 400)), error.code, str(error)) from error
 
 
+def read_result(body: bytes, *, session: Any, fingerprint: str, round_index: int,
+                unit: WorkUnit) -> tuple[wire.WireHeader, np.ndarray, int, float]:
+    """The checks of 1-3 above: the header, the weights, the relay's example count and the update norm."""
+    header, vector = decode_result(body, spec=session.spec, round_index=round_index, fingerprint=fingerprint)
+    return header, vector, relay_count(session.task, unit, int(header.num_examples)), update_norm(vector,
+                                                                                                 session.weights)
+
+
 def relay_count(task: Task, unit: WorkUnit, claimed: int) -> int:
     """The example count the merge uses for this result (see the module docstring, 2)."""
     if claimed <= 0:
@@ -85,4 +93,7 @@ def describe_defenses(options: Any, aggregate: str, aggregate_config: Mapping[st
         guards.append("results are re-trained on the host and compared (every peer's first, "
                       f"{options.verify_fraction:.0%} of the rest, and outliers); a peer whose result differs is "
                       "banned")
+    if getattr(options, "redundancy", 0.0) > 0:
+        guards.append(f"{options.redundancy:.0%} of units are trained by two different peers and compared; the "
+                      "one whose result is wrong is banned")
     return {"guards": guards, "not_covered": list(NOT_COVERED)}

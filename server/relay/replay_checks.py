@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from server.relay.sqlite_store import Store, StoredResult
-from server.relay.verify import ReplayQueue, Verifier
+from server.relay.verify import DISPUTE, ReplayQueue, Verifier
 
 if TYPE_CHECKING:
     from server.session.package import Package
@@ -70,12 +70,18 @@ class ReplayChecks:
             if self.replays is not None else None
         if self.replays is None or reason is None:
             return
-        assignment = {a.slot: a for a in self.session.assignments()}[stored.slot]
+        self._queue_replay(stored.slot, {stored.peer_id: vector}, reason, ("outlier" if outlier else "result",
+                                                                           stored.slot, stored.peer_id))
+
+    def _queue_replay(self, slot: int, results: dict[str, np.ndarray], reason: str, key: Any) -> None:
+        """Replay ``slot`` of the open round once and judge ``results`` (peer -> weights) against it."""
+        assert self.replays is not None
+        assignment = {a.slot: a for a in self.session.assignments()}[slot]
         unit = self.package.chunk_bytes(assignment.unit_index) if self.session.task.kind == "data" else None
         future = self.replays.verifier.submit(
             job=self._assignment_json(assignment, time.time()), weights_message=self.weights_message(),
-            unit_message=unit, result=vector, peer_id=stored.peer_id, reason=reason)
-        self.replays.queue(stored.round, stored.slot if not outlier else -1 - stored.slot, future)
+            unit_message=unit, results=results, reason=reason)
+        self.replays.queue(self.session.round, key, future)
         self.store.count("replays_queued")
         try:
             loop = asyncio.get_running_loop()
@@ -91,11 +97,19 @@ class ReplayChecks:
 
     def apply_verdicts(self) -> None:
         """Count the finished replays; a failed one bans its peer. Runs on the event loop as each one ends."""
-        for verdict in self.replays.finished() if self.replays is not None else []:
+        verdicts = self.replays.finished() if self.replays is not None else []
+        for verdict in verdicts:
             self.store.count("results_verified" if verdict.ok else "verification_failed")
             if not verdict.ok:
                 self.ban(verdict.peer_id, f"a result of round {verdict.round + 1} differs from the host's replay "
                          f"by {verdict.relative_deviation:.3g} of its update (tolerance {self.options.verify_rtol:g})")
+        self.settle_disputes([v for v in verdicts if v.reason == DISPUTE])
+
+    def settle_disputes(self, verdicts: list[Any]) -> None:
+        raise NotImplementedError
+
+    def promote_settled_copy(self, round_index: int, slot: int) -> None:
+        raise NotImplementedError
 
     def ban(self, peer_id: str, reason: str) -> None:
         """Ban for the session: token revoked, address refused at join, the open round's results dropped and
@@ -107,6 +121,7 @@ class ReplayChecks:
         for slot in self.store.remove_results_of(peer_id, round_index):
             self._decoded.pop((round_index, slot), None)
             self.store.count("results_dropped_by_ban")
+            self.promote_settled_copy(round_index, slot)
         self.work_changed()
 
     def unban(self, peer_id: str) -> bool:

@@ -28,7 +28,7 @@ CREATE TABLE IF NOT EXISTS peers (
 );
 CREATE TABLE IF NOT EXISTS leases (
     round INTEGER NOT NULL, slot INTEGER NOT NULL, unit_index INTEGER NOT NULL, peer_id TEXT NOT NULL,
-    issued REAL NOT NULL, deadline REAL NOT NULL, PRIMARY KEY (round, slot)
+    issued REAL NOT NULL, deadline REAL NOT NULL, copy INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (round, slot, copy)
 );
 CREATE TABLE IF NOT EXISTS results (
     round INTEGER NOT NULL, slot INTEGER NOT NULL, unit_index INTEGER NOT NULL, peer_id TEXT NOT NULL,
@@ -36,6 +36,10 @@ CREATE TABLE IF NOT EXISTS results (
     PRIMARY KEY (round, slot)
 );
 CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS copies (
+    round INTEGER NOT NULL, slot INTEGER NOT NULL, peer_id TEXT NOT NULL, message BLOB NOT NULL,
+    received REAL NOT NULL, outcome TEXT NOT NULL, PRIMARY KEY (round, slot, peer_id)
+);
 CREATE TABLE IF NOT EXISTS bans (
     peer_id TEXT PRIMARY KEY, address TEXT NOT NULL, reason TEXT NOT NULL, time REAL NOT NULL
 );
@@ -54,6 +58,7 @@ class Lease:
     peer_id: str
     issued: float
     deadline: float
+    copy: int = 0  # 0: the unit's own lease; 1: a second copy (redundancy, a backup)
 
 
 @dataclass(frozen=True)
@@ -65,6 +70,7 @@ class StoredResult:
     num_examples: int
     metrics: dict[str, Any]
     message: bytes
+    engine: str = ""  # what the result says it trained on (header meta; not stored apart from the message)
 
 
 class Store:
@@ -89,6 +95,9 @@ class Store:
             columns = {row[1] for row in self._db.execute("PRAGMA table_info(peers)")}
             if "address" not in columns:  # a file from before peers had addresses
                 self._db.execute("ALTER TABLE peers ADD COLUMN address TEXT NOT NULL DEFAULT ''")
+            if "copy" not in {row[1] for row in self._db.execute("PRAGMA table_info(leases)")}:
+                # a file from before second copies: leases are handed out again after a restart anyway
+                self._db.executescript("DROP TABLE leases;" + SCHEMA)
 
     @property
     def closed(self) -> bool:
@@ -152,38 +161,56 @@ class Store:
         return int(self._run("SELECT COUNT(*) FROM peers")[0][0])
 
     # -- leases ---------------------------------------------------------------------------------
-    def leases(self, round_index: int) -> dict[int, Lease]:
-        rows = self._run("SELECT round, slot, unit_index, peer_id, issued, deadline FROM leases WHERE round = ?",
-                         (round_index,))
+    def leases(self, round_index: int, copy: int = 0) -> dict[int, Lease]:
+        """The leases of ``round_index`` by slot: the units' own (``copy`` 0) or their second copies (1)."""
+        rows = self._run("SELECT round, slot, unit_index, peer_id, issued, deadline, copy FROM leases "
+                         "WHERE round = ? AND copy = ?", (round_index, copy))
         return {row[1]: Lease(*row) for row in rows}
 
-    def grant(self, round_index: int, slot: int, unit_index: int, peer_id: str, seconds: float) -> Lease:
+    def grant(self, round_index: int, slot: int, unit_index: int, peer_id: str, seconds: float,
+              copy: int = 0) -> Lease:
         now = time.time()
-        self._run("INSERT OR REPLACE INTO leases VALUES (?, ?, ?, ?, ?, ?)",
-                  (round_index, slot, unit_index, peer_id, now, now + seconds))
-        return Lease(round_index, slot, unit_index, peer_id, now, now + seconds)
+        self._run("INSERT OR REPLACE INTO leases VALUES (?, ?, ?, ?, ?, ?, ?)",
+                  (round_index, slot, unit_index, peer_id, now, now + seconds, copy))
+        return Lease(round_index, slot, unit_index, peer_id, now, now + seconds, copy)
 
-    def release(self, round_index: int, slot: int) -> None:
-        """Drop the lease on a slot (its result was refused): the next peer to ask may take it."""
-        self._run("DELETE FROM leases WHERE round = ? AND slot = ?", (round_index, slot))
+    def release(self, round_index: int, slot: int, peer_id: str | None = None) -> None:
+        """Drop the leases on a slot (its result was refused), or only ``peer_id``'s: the next peer to ask may
+        take it."""
+        if peer_id is None:
+            self._run("DELETE FROM leases WHERE round = ? AND slot = ?", (round_index, slot))
+        else:
+            self._run("DELETE FROM leases WHERE round = ? AND slot = ? AND peer_id = ?", (round_index, slot, peer_id))
+
+    def swap_copies(self, round_index: int, slot: int) -> None:
+        """The second copy's lease becomes the unit's own and the other way round (its result came first)."""
+        with self._lock:
+            for source, target in ((0, 2), (1, 0), (2, 1)):
+                self.db.execute("UPDATE leases SET copy = ? WHERE round = ? AND slot = ? AND copy = ?",
+                                (target, round_index, slot, source))
 
     def release_live_leases(self) -> int:
         """After a restart nobody holds anything: every unfinished unit is handed out again."""
         with self._lock:
-            cursor = self.db.execute("DELETE FROM leases WHERE NOT EXISTS (SELECT 1 FROM results r "
+            cursor = self.db.execute("DELETE FROM leases WHERE copy > 0 OR NOT EXISTS (SELECT 1 FROM results r "
                                       "WHERE r.round = leases.round AND r.slot = leases.slot)")
             return cursor.rowcount
 
     # -- results --------------------------------------------------------------------------------
-    def add_result(self, result: StoredResult) -> None:
+    def add_result(self, result: StoredResult, *, count_unit: bool = True) -> None:
         self._run("INSERT INTO results VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                   (result.round, result.slot, result.unit_index, result.peer_id, result.num_examples,
                    json.dumps(result.metrics), result.message, time.time()))
-        self._run("UPDATE peers SET units_done = units_done + 1 WHERE id = ?", (result.peer_id,))
+        if count_unit:  # (a promoted copy was counted when it came in)
+            self._run("UPDATE peers SET units_done = units_done + 1 WHERE id = ?", (result.peer_id,))
 
     def result_slots(self, round_index: int) -> set[int]:
         """The slots of ``round_index`` that have a result, without reading the messages."""
         return {row[0] for row in self._run("SELECT slot FROM results WHERE round = ?", (round_index,))}
+
+    def result_peer(self, round_index: int, slot: int) -> str | None:
+        rows = self._run("SELECT peer_id FROM results WHERE round = ? AND slot = ?", (round_index, slot))
+        return str(rows[0][0]) if rows else None
 
     def results(self, round_index: int) -> dict[int, StoredResult]:
         rows = self._run("SELECT round, slot, unit_index, peer_id, num_examples, metrics, message FROM results "
@@ -195,6 +222,33 @@ class Store:
         rows = self._run("SELECT round, slot, unit_index, peer_id, num_examples, metrics, message FROM results "
                          "ORDER BY round, slot")
         return [StoredResult(r[0], r[1], r[2], r[3], r[4], json.loads(r[5]), bytes(r[6])) for r in rows]
+
+    def remove_result(self, round_index: int, slot: int) -> None:
+        self._run("DELETE FROM results WHERE round = ? AND slot = ?", (round_index, slot))
+
+    # -- second copies of a unit (redundancy): compared with the merged result, never merged themselves --
+    def add_copy(self, round_index: int, slot: int, peer_id: str, message: bytes, outcome: str) -> None:
+        self._run("INSERT OR REPLACE INTO copies VALUES (?, ?, ?, ?, ?, ?)",
+                  (round_index, slot, peer_id, message, time.time(), outcome))
+        self._run("UPDATE peers SET units_done = units_done + 1 WHERE id = ?", (peer_id,))
+
+    def set_copy_outcome(self, round_index: int, slot: int, peer_id: str, outcome: str) -> None:
+        self._run("UPDATE copies SET outcome = ? WHERE round = ? AND slot = ? AND peer_id = ?",
+                  (outcome, round_index, slot, peer_id))
+
+    def copies(self, round_index: int) -> dict[tuple[int, str], str]:
+        """(slot, peer) -> outcome of the round's second copies, without their messages."""
+        return {(r[0], r[1]): r[2] for r in self._run("SELECT slot, peer_id, outcome FROM copies WHERE round = ?",
+                                                       (round_index,))}
+
+    def copy_message(self, round_index: int, slot: int, peer_id: str) -> bytes | None:
+        rows = self._run("SELECT message FROM copies WHERE round = ? AND slot = ? AND peer_id = ?",
+                         (round_index, slot, peer_id))
+        return bytes(rows[0][0]) if rows else None
+
+    def peer_address(self, peer_id: str) -> str:
+        rows = self._run("SELECT address FROM peers WHERE id = ?", (peer_id,))
+        return str(rows[0][0]) if rows else ""
 
     # -- bans -----------------------------------------------------------------------------------
     def ban(self, peer_id: str, reason: str) -> str:

@@ -18,7 +18,8 @@ import numpy as np
 from runtime import wire
 from runtime.tasks import UnitResult
 from server.relay.admission import JoinLimiter
-from server.relay.checks import check_update_norm, decode_result, describe_defenses, relay_count, update_norm
+from server.relay.checks import check_update_norm, describe_defenses, read_result
+from server.relay.copies import UnitCopies
 from server.relay.refusal import Refusal
 from server.relay.replay_checks import ReplayChecks
 from server.relay.sqlite_store import Store, StoredResult
@@ -59,10 +60,11 @@ class RelayOptions:
     verify_rtol: float = DEFAULT_VERIFY_RTOL
     verify_atol: float = DEFAULT_VERIFY_ATOL
     ban_addresses: bool = True  # a banned peer's client address may not join again
+    redundancy: float = 0.0  # share of units trained by a second peer and compared (server.relay.copies)
 
 
 @dataclass
-class Relay(ReplayChecks):
+class Relay(UnitCopies, ReplayChecks):
     session: Session
     package: Package
     store: Store
@@ -93,6 +95,8 @@ class Relay(ReplayChecks):
         released = self.store.release_live_leases()
         if released:
             self.store.count("leases_released_on_start", released)
+        if not self.session.done:
+            self.settle_after_restart()
 
     # -- state the page and the CLI see ---------------------------------------------------------
     @property
@@ -255,6 +259,12 @@ class Relay(ReplayChecks):
             return {"wait": self.options.retry_seconds, "reason": "paused" if self.paused else "merging the round"}
         results, leases = self.store.result_slots(session.round), self.store.leases(session.round)
         now = time.time()
+        mine = [(s, lease) for s, lease in self.store.leases(session.round, 1).items()
+                if lease.peer_id == peer_id and lease.deadline >= now]
+        if mine:  # this peer trains a second copy (server.relay.copies)
+            copy = self.next_copy(peer_id)
+            if copy is not None:
+                return copy
         started = bool(results) or bool(leases)
         connected = len(self.store.active_peers(self.options.peer_timeout))
         if not started and connected < self.min_peers:
@@ -275,6 +285,10 @@ class Relay(ReplayChecks):
                 continue
             open_slots.append((assignment, lease))
         if not open_slots:
+            copy = self.next_copy(peer_id)
+            if copy is not None:
+                self.changed()
+                return copy
             return {"wait": self.options.retry_seconds,
                     "reason": f"round {session.round + 1}: waiting for other peers' units"}
         assignment, expired = open_slots[0]
@@ -289,7 +303,7 @@ class Relay(ReplayChecks):
         """Whether ``peer_id`` holds a live lease on ``unit_index`` in the current round."""
         now = time.time()
         return any(lease.peer_id == peer_id and lease.unit_index == unit_index and lease.deadline >= now
-                   for lease in self.store.leases(self.session.round).values())
+                   for copy in (0, 1) for lease in self.store.leases(self.session.round, copy).values())
 
     def _assignment_json(self, assignment: Any, deadline: float) -> dict[str, Any]:
         unit = self.session.work_unit(assignment)
@@ -310,9 +324,16 @@ class Relay(ReplayChecks):
     def accept_result(self, peer_id: str, round_index: int, slot: int, body: bytes) -> StoredResult:
         """Check and store a result, keeping its decoded weights for the merge (saves reading them back).
 
-        A result refused for what it holds (not for its lease) frees its slot at once for another peer."""
+        A result refused for what it holds (not for its lease) frees its slot at once for another peer. A
+        result of a slot that has its merged result already is a second copy: compared, never merged."""
+        assignment, second = self._leased_assignment(peer_id, round_index, slot)
+        if second:
+            return self.accept_copy(peer_id, round_index, slot, assignment, body)
         stored, vector, norm = self.check_result(peer_id, round_index, slot, body)
         self.store.add_result(stored)
+        second_copy = self.store.leases(round_index, 1).get(slot)
+        if second_copy is not None and second_copy.peer_id == peer_id:  # came first: the other is the copy now
+            self.store.swap_copies(round_index, slot)
         self._decoded[(round_index, slot)] = (dataclasses.replace(stored, message=b""), vector)
         self._accepted_norms.setdefault(round_index, []).append(norm)
         self.verify(stored, vector)
@@ -322,13 +343,11 @@ class Relay(ReplayChecks):
                      body: bytes) -> tuple[StoredResult, np.ndarray, float]:
         """The result as it would be stored (with the relay's example count), its decoded weights and its
         update norm; a ``Refusal`` names what is wrong (``server.relay.checks``)."""
-        assignment = self._leased_assignment(peer_id, round_index, slot)
+        assignment, _ = self._leased_assignment(peer_id, round_index, slot)
         session = self.session
         try:
-            header, vector = decode_result(body, spec=session.spec, round_index=round_index,
-                                           fingerprint=self.package.fingerprint)
-            count = relay_count(session.task, session.work_unit(assignment), int(header.num_examples))
-            norm = update_norm(vector, session.weights)
+            header, vector, count, norm = read_result(body, session=session, fingerprint=self.package.fingerprint,
+                                                      round_index=round_index, unit=session.work_unit(assignment))
             check_update_norm(norm, self._accepted_norms.get(round_index, []),
                               max_norm=self.options.max_update_norm, outlier_factor=self.options.outlier_factor,
                               min_results=self.options.outlier_min_results)
@@ -341,23 +360,28 @@ class Relay(ReplayChecks):
                             wire.decode(body)[1], outlier=True)
             raise
         return StoredResult(round_index, slot, assignment.unit_index, peer_id, count, dict(header.metrics),
-                            body), vector, norm
+                            body, str(header.meta.get("engine", ""))), vector, norm
 
-    def _leased_assignment(self, peer_id: str, round_index: int, slot: int) -> Any:
+    def _leased_assignment(self, peer_id: str, round_index: int, slot: int) -> tuple[Any, bool]:
+        """The slot's assignment, and whether this result is a second copy (the slot has its merged result)."""
         session = self.session
         if session.done or round_index != session.round:
             raise Refusal(409, "stale_round", f"round {round_index} is not the current round ({session.round})")
         by_slot = {a.slot: a for a in session.assignments()}
         if slot not in by_slot:
             raise Refusal(404, "unknown_slot", f"round {round_index} has no slot {slot}")
-        if slot in self.store.result_slots(round_index):
+        leases = [lease for copy in (0, 1) if (lease := self.store.leases(round_index, copy).get(slot))
+                  is not None and lease.peer_id == peer_id]
+        author = self.store.result_peer(round_index, slot)
+        has_result = author is not None
+        if has_result and (not leases or author == peer_id or (slot, peer_id) in self.store.copies(round_index)):
             raise Refusal(409, "duplicate", f"slot {slot} of round {round_index} already has a result")
-        lease = self.store.leases(round_index).get(slot)
-        if lease is None or lease.peer_id != peer_id:
+        if not leases:
             raise Refusal(403, "not_leased", f"slot {slot} of round {round_index} is not leased to this peer")
-        if lease.deadline < time.time():
-            raise Refusal(409, "late", f"the lease on slot {slot} expired {time.time() - lease.deadline:.1f} s ago")
-        return by_slot[slot]
+        deadline = max(lease.deadline for lease in leases)
+        if deadline < time.time():
+            raise Refusal(409, "late", f"the lease on slot {slot} expired {time.time() - deadline:.1f} s ago")
+        return by_slot[slot], has_result
 
     def _free_slot(self, peer_id: str, round_index: int, slot: int) -> None:
         """After a refused result: release the lease, never hand this slot to that peer again this round."""
@@ -387,8 +411,12 @@ class Relay(ReplayChecks):
         results = [(by_slot[slot], UnitResult(vector, result.num_examples, result.metrics))
                    for slot, (result, vector) in sorted(kept.items())]
         costs = self.replays.costs(round_index) if self.replays is not None else None
-        extra = {"verification": {**costs, "waited_seconds": self._replay_wait}} if costs is not None else None
-        return session.complete_round(results, extra=extra)
+        extra: dict[str, Any] = {"verification": {**costs, "waited_seconds": self._replay_wait}} if costs else {}
+        self._waiting_copies(count_waived=True)
+        redundancy = self.redundancy_summary(round_index)
+        if redundancy is not None:
+            extra["redundancy"] = redundancy
+        return session.complete_round(results, extra=extra or None)
 
     def samples_blocking(self, weights: np.ndarray) -> list[dict[str, Any]]:
         """The page's samples for ``weights`` (generating text can cost several validations)."""
@@ -396,7 +424,8 @@ class Relay(ReplayChecks):
 
     def round_full(self) -> bool:
         session = self.session
-        return not session.done and len(self.store.result_slots(session.round)) >= len(session.assignments())
+        return not session.done and len(self.store.result_slots(session.round)) >= len(session.assignments()) \
+            and not self.copies_outstanding()
 
     def schedule_merge(self) -> None:
         """Run ``maybe_complete_round`` in the background, holding a reference until it is done."""

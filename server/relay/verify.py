@@ -36,6 +36,7 @@ from runtime.peer import Peer
 DEFAULT_VERIFY_RTOL = 1e-2
 DEFAULT_VERIFY_ATOL = 1e-6
 DEFAULT_VERIFY_FRACTION = 0.1
+DISPUTE = "two copies of the unit disagree"  # the reason of a replay that decides between two copies
 
 
 @dataclass(frozen=True)
@@ -65,11 +66,12 @@ def matches(result: np.ndarray, replay: np.ndarray, global_weights: np.ndarray, 
     return off <= rtol * scale + atol, off / scale if scale > 0 else (0.0 if off == 0 else float("inf"))
 
 
-def sampled(seed: int, round_index: int, slot: int, fraction: float) -> bool:
-    """A seeded coin per (round, slot): the same session draws the same share, and a peer cannot tell which."""
+def sampled(seed: int, round_index: int, slot: int, fraction: float, purpose: str = "verify") -> bool:
+    """A seeded coin per (round, slot): the same session draws the same share, and a peer cannot tell which.
+    ``purpose`` keeps the coins of replays and of second copies (redundancy) apart."""
     if fraction >= 1:
         return True
-    digest = hashlib.sha256(f"verify:{seed}:{round_index}:{slot}".encode()).digest()
+    digest = hashlib.sha256(f"{purpose}:{seed}:{round_index}:{slot}".encode()).digest()
     return int.from_bytes(digest[:8], "little") / 2**64 < fraction
 
 
@@ -83,11 +85,12 @@ class Verifier:
         self._peer: Peer | None = None  # built in the worker thread, used only there
 
     def submit(self, *, job: dict[str, Any], weights_message: bytes, unit_message: bytes | None,
-               result: np.ndarray, peer_id: str, reason: str) -> Future[Verdict]:
-        return self._pool.submit(self._replay, job, weights_message, unit_message, result, peer_id, reason)
+               results: dict[str, np.ndarray], reason: str) -> Future[list[Verdict]]:
+        """Replay ``job`` once and judge each peer's result of it (two when a unit's copies disagree)."""
+        return self._pool.submit(self._replay, job, weights_message, unit_message, results, reason)
 
-    def _replay(self, job: dict[str, Any], weights_message: bytes, unit_message: bytes | None, result: np.ndarray,
-                peer_id: str, reason: str) -> Verdict:
+    def _replay(self, job: dict[str, Any], weights_message: bytes, unit_message: bytes | None,
+                results: dict[str, np.ndarray], reason: str) -> list[Verdict]:
         started = time.perf_counter()
         if self._peer is None:
             self._peer = Peer(self.task_info)
@@ -96,9 +99,13 @@ class Verifier:
             peer.set_weights(weights_message)
         assert peer.weights is not None
         _, replay = wire.decode(peer.train(json.dumps(job), unit_message))
-        ok, relative = matches(result, replay, peer.weights, rtol=self.rtol, atol=self.atol)
-        return Verdict(int(job["round"]), int(job["slot"]), peer_id, ok, relative, time.perf_counter() - started,
-                       reason)
+        seconds = time.perf_counter() - started
+        verdicts = []
+        for peer_id, result in results.items():
+            ok, relative = matches(result, replay, peer.weights, rtol=self.rtol, atol=self.atol)
+            verdicts.append(Verdict(int(job["round"]), int(job["slot"]), peer_id, ok, relative, seconds, reason))
+            seconds = 0.0  # one replay, counted once
+        return verdicts
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -109,7 +116,7 @@ class ReplayQueue:
 
     def __init__(self, verifier: Verifier, *, fraction: float, seed: int) -> None:
         self.verifier, self.fraction, self.seed = verifier, fraction, seed
-        self.pending: dict[tuple[int, int], Future[Verdict]] = {}
+        self.pending: dict[tuple[int, Any], Future[list[Verdict]]] = {}  # (round, which result(s))
         self.checked_peers: set[str] = set()  # peers with a result that passed a replay
         self.first_queued: set[str] = set()  # peers whose first result is (or was) queued
         self.seconds: dict[int, float] = {}  # replay seconds per round (the history's costs)
@@ -124,8 +131,8 @@ class ReplayQueue:
             return "first result of the peer"
         return "sampled" if self.fraction > 0 and sampled(self.seed, round_index, slot, self.fraction) else None
 
-    def queue(self, round_index: int, slot: int, future: Future[Verdict]) -> None:
-        self.pending[(round_index, slot)] = future
+    def queue(self, round_index: int, key: Any, future: Future[list[Verdict]]) -> None:
+        self.pending[(round_index, key)] = future
 
     async def wait(self, round_index: int) -> None:
         """Until the replays queued for ``round_index`` are done (their verdicts stay for ``finished``)."""
@@ -135,15 +142,16 @@ class ReplayQueue:
     def finished(self) -> list[Verdict]:
         """The verdicts that are in, taken off the queue."""
         done = [key for key, future in self.pending.items() if future.done()]
-        return [self._take(key) for key in done]
+        return [verdict for key in done for verdict in self._take(key)]
 
-    def _take(self, key: tuple[int, int]) -> Verdict:
-        verdict = self.pending.pop(key).result()
-        self.seconds[verdict.round] = self.seconds.get(verdict.round, 0.0) + verdict.seconds
-        self.counts[verdict.round] = self.counts.get(verdict.round, 0) + 1
-        if verdict.ok:
-            self.checked_peers.add(verdict.peer_id)
-        return verdict
+    def _take(self, key: tuple[int, Any]) -> list[Verdict]:
+        verdicts = self.pending.pop(key).result()
+        for verdict in verdicts:
+            self.seconds[verdict.round] = self.seconds.get(verdict.round, 0.0) + verdict.seconds
+            self.counts[verdict.round] = self.counts.get(verdict.round, 0) + 1
+            if verdict.ok:
+                self.checked_peers.add(verdict.peer_id)
+        return verdicts
 
     def costs(self, round_index: int) -> dict[str, float | int]:
         return {"results": self.counts.pop(round_index, 0), "replay_seconds": self.seconds.pop(round_index, 0.0)}

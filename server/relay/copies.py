@@ -1,0 +1,265 @@
+"""Second copies of a unit (``serve --redundancy F``): a mixin of ``Relay``.
+
+A seeded share ``F`` of each round's slots is trained twice, by two different peers (different ids and, unless
+``--no-ban-addresses`` says addresses do not tell people apart, different client addresses). Whichever result
+passes the checks first is the one merged; the other is compared with it and never merged:
+
+- both from Pyodide on the same engine (the result header's ``meta.engine``): they must be identical, bit for
+  bit (the same code on the same float kernels gives the same bytes);
+- from different engines: within the replay tolerance, ``|a - b| <= rtol * |b - global| + atol``, where the
+  task's training is reproducible across engines (``Task.replay_across_engines``); otherwise they are not
+  comparable and the pair counts as unchecked.
+
+Copies that disagree go to the host: one replay judges both (``server.relay.verify``), the one that differs
+is banned, and when that was the merged one the other takes its place. Without host replays (verification off)
+nobody can tell which one lied: both results are dropped and the unit goes to a third peer. This lets a
+session check far more units than the host could replay on a big model, at the price of training a share of
+units twice. A round merges once each chosen slot has its comparison, unless no eligible peer is connected
+(the copy is then waived, and counted). After a restart an undecided dispute is trained again.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from runtime import wire
+from server.relay.checks import check_update_norm, read_result, relay_count
+from server.relay.refusal import Refusal
+from server.relay.sqlite_store import Store, StoredResult
+from server.relay.verify import DISPUTE, ReplayQueue, matches, sampled
+
+if TYPE_CHECKING:
+    from server.session.package import Package
+    from server.session.session import Session
+
+# Outcomes of a compared copy that need no more copies of the slot: "lied" is a copy whose replay failed
+# while the merged result passed (a replay checked the slot); "banned" (both failed) and "unresolved" (no
+# replays) leave the slot to be trained again, and its new result needs a new copy.
+SETTLED = ("identical", "agreed", "not_comparable", "upheld", "replaced", "lied")
+
+
+def engine_of(message: bytes) -> str:
+    """The engine a result message says it was trained on (``runtime.peer``: e.g. ``pyodide-numpy``)."""
+    return str(wire.decode(message)[0].meta.get("engine", ""))
+
+
+class UnitCopies:
+    """Needs from the relay: ``session``, ``package``, ``store``, ``options``, ``replays``, ``_decoded``,
+    ``_refused_on_slot``, ``_assignment_json``, ``_queue_replay``, ``ban`` and ``work_changed``."""
+
+    session: Session
+    package: Package
+    store: Store
+    options: Any
+    replays: ReplayQueue | None
+    _decoded: dict[tuple[int, int], tuple[StoredResult, np.ndarray]]
+    _refused_on_slot: dict[tuple[int, int], set[str]]
+
+    if TYPE_CHECKING:  # provided by Relay and ReplayChecks (stubs here would shadow them in the MRO)
+        def _assignment_json(self, assignment: Any, deadline: float) -> dict[str, Any]: ...
+
+        def _queue_replay(self, slot: int, results: dict[str, np.ndarray], reason: str, key: Any) -> None: ...
+
+        def ban(self, peer_id: str, reason: str) -> None: ...
+
+        def work_changed(self) -> None: ...
+
+    # -- which slots get a second copy, and who may train it ------------------------------------------
+    def redundant(self, round_index: int, slot: int) -> bool:
+        fraction = float(getattr(self.options, "redundancy", 0.0))
+        return fraction > 0 and sampled(self.session.config.seed, round_index, slot, fraction, "redundancy")
+
+    def _needs_copy(self, round_index: int, slot: int, copies: dict[tuple[int, str], str]) -> bool:
+        """A chosen slot whose copies have not settled (a dispute waits for its replay: not needed again)."""
+        if not self.redundant(round_index, slot):
+            return False
+        outcomes = [outcome for (s, _), outcome in copies.items() if s == slot]
+        return not any(outcome in SETTLED or outcome == "disputed" for outcome in outcomes)
+
+    def _trainers(self, round_index: int, slot: int) -> set[str]:
+        """Peers that trained or hold ``slot`` in this round (either copy, the merged result, a compared one)."""
+        peers = {lease.peer_id for copy in (0, 1) for s, lease in self.store.leases(round_index, copy).items()
+                 if s == slot}
+        peers |= {result.peer_id for s, result in self._results_of(round_index).items() if s == slot}
+        return peers | {peer for (s, peer) in self.store.copies(round_index) if s == slot}
+
+    def _results_of(self, round_index: int) -> dict[int, StoredResult]:
+        kept = {s: stored for (r, s), (stored, _) in self._decoded.items() if r == round_index}
+        missing = self.store.result_slots(round_index) - set(kept)
+        if missing:
+            kept.update({s: r for s, r in self.store.results(round_index).items() if s in missing})
+        return kept
+
+    def _eligible(self, peer_id: str, round_index: int, slot: int) -> bool:
+        if peer_id in self._refused_on_slot.get((round_index, slot), ()) or self.store.ban_reason(peer_id):
+            return False
+        trainers = self._trainers(round_index, slot)
+        if peer_id in trainers:
+            return False
+        if self.options.ban_addresses:  # addresses tell people apart: the copy comes from somewhere else
+            address = self.store.peer_address(peer_id)
+            return address not in {self.store.peer_address(p) for p in trainers}
+        return True
+
+    def next_copy(self, peer_id: str) -> dict[str, Any] | None:
+        """A second copy for an idle peer (every unit of the round is out), or None."""
+        round_index, now = self.session.round, time.time()
+        copies, leases = self.store.copies(round_index), self.store.leases(round_index, 1)
+        for assignment in self.session.assignments():
+            lease = leases.get(assignment.slot)
+            if lease is not None and lease.deadline >= now:
+                if lease.peer_id == peer_id and (assignment.slot, peer_id) not in copies:
+                    return self._assignment_json(assignment, lease.deadline)
+                continue
+            if self._needs_copy(round_index, assignment.slot, copies) and \
+                    self._eligible(peer_id, round_index, assignment.slot):
+                granted = self.store.grant(round_index, assignment.slot, assignment.unit_index, peer_id,
+                                           self.options.lease_seconds, copy=1)
+                self.store.count("copies_handed_out")
+                return self._assignment_json(assignment, granted.deadline)
+        return None
+
+    def copies_outstanding(self) -> bool:
+        """Whether a chosen slot still waits for its second copy: one is out, or an eligible peer is here to
+        take it. With nobody eligible connected the copy is waived (``waive_copies`` counts it at the merge)."""
+        return bool(self._waiting_copies(count_waived=False))
+
+    def _waiting_copies(self, *, count_waived: bool) -> list[int]:
+        round_index, now = self.session.round, time.time()
+        copies, leases = self.store.copies(round_index), self.store.leases(round_index, 1)
+        active = self.store.active_peers(self.options.peer_timeout)
+        waiting = []
+        for assignment in self.session.assignments():
+            slot = assignment.slot
+            if not self._needs_copy(round_index, slot, copies):
+                continue
+            lease = leases.get(slot)
+            if (lease is not None and lease.deadline >= now and (slot, lease.peer_id) not in copies) or \
+                    any(self._eligible(peer, round_index, slot) for peer in active):
+                waiting.append(slot)
+            elif count_waived:
+                self.store.count("copies_waived")
+        return waiting
+
+    # -- a second result of a unit ----------------------------------------------------------------------
+    def accept_copy(self, peer_id: str, round_index: int, slot: int, assignment: Any, body: bytes) -> StoredResult:
+        """Check a result of a slot that already has its merged result, and compare the two."""
+        session = self.session
+        try:
+            header, vector, count, norm = read_result(body, session=session, fingerprint=self.package.fingerprint,
+                                                      round_index=round_index, unit=session.work_unit(assignment))
+            check_update_norm(norm, [], max_norm=self.options.max_update_norm, outlier_factor=0, min_results=1)
+        except Refusal as refusal:
+            self.store.release(round_index, slot, peer_id)
+            self._refused_on_slot.setdefault((round_index, slot), set()).add(peer_id)
+            if refusal.code == "num_examples_claim":
+                self.ban(peer_id, f"claimed more examples than its unit holds ({refusal.message})")
+            raise
+        merged, merged_vector = self._merged(round_index, slot)
+        outcome = self._compare(str(header.meta.get("engine", "")), vector, merged, merged_vector)
+        self.store.add_copy(round_index, slot, peer_id, body, outcome)
+        self.store.release(round_index, slot, peer_id)
+        self.store.count(f"copies_{outcome}")
+        if outcome == "disputed":
+            self._dispute(round_index, slot, {merged.peer_id: merged_vector, peer_id: vector})
+        return StoredResult(round_index, slot, assignment.unit_index, peer_id, count, dict(header.metrics), b"")
+
+    def _merged(self, round_index: int, slot: int) -> tuple[StoredResult, np.ndarray]:
+        kept = self._decoded.get((round_index, slot))
+        if kept is not None and kept[0].engine:
+            return kept
+        stored = self.store.results(round_index)[slot]
+        header, vector = wire.decode(stored.message, expect_spec=self.session.spec)
+        return StoredResult(stored.round, stored.slot, stored.unit_index, stored.peer_id, stored.num_examples,
+                            stored.metrics, b"", str(header.meta.get("engine", ""))), vector
+
+    def _compare(self, engine: str, vector: np.ndarray, merged: StoredResult, merged_vector: np.ndarray) -> str:
+        if engine and engine == merged.engine:
+            return "identical" if np.array_equal(vector, merged_vector) else "disputed"
+        if not self.session.task.replay_across_engines:
+            return "not_comparable"
+        ok, _ = matches(vector, merged_vector, self.session.weights, rtol=self.options.verify_rtol,
+                        atol=self.options.verify_atol)
+        return "agreed" if ok else "disputed"
+
+    def _dispute(self, round_index: int, slot: int, results: dict[str, np.ndarray]) -> None:
+        """Two copies disagree: a host replay decides, or, without replays, both go and a third peer trains it."""
+        if self.replays is not None:
+            self._queue_replay(slot, results, DISPUTE, ("dispute", slot))
+            return
+        self._retrain(round_index, slot, "unresolved")
+        self.store.count("disputes_unresolved")
+
+    def _retrain(self, round_index: int, slot: int, outcome: str) -> None:
+        """Drop the slot's merged result and its copies' standing; neither peer is handed the slot again."""
+        trainers = self._trainers(round_index, slot)
+        for (s, peer), current in self.store.copies(round_index).items():
+            if s == slot and current == "disputed":
+                self.store.set_copy_outcome(round_index, slot, peer, outcome)
+        self.store.remove_result(round_index, slot)
+        self._decoded.pop((round_index, slot), None)
+        self.store.release(round_index, slot)
+        self._refused_on_slot.setdefault((round_index, slot), set()).update(trainers)
+        self.work_changed()
+
+    def settle_disputes(self, verdicts: list[Any]) -> None:
+        """After a dispute's replay (``apply_verdicts`` has banned whoever failed it, which drops a banned
+        peer's merged result): the merged result stays, the copy that passed takes its place, or, when both
+        failed, a third peer trains the unit."""
+        round_index = self.session.round
+        by_slot: dict[int, dict[str, bool]] = {}
+        for verdict in verdicts:
+            if verdict.round == round_index:
+                by_slot.setdefault(verdict.slot, {})[verdict.peer_id] = verdict.ok
+        for slot, passed in by_slot.items():
+            disputed = [peer for (s, peer), o in self.store.copies(round_index).items() if s == slot
+                        and o == "disputed" and peer in passed]
+            for peer in disputed:
+                if slot not in self.store.result_slots(round_index) and passed[peer]:
+                    self._promote(round_index, slot, peer)
+                else:
+                    self.store.set_copy_outcome(round_index, slot, peer, "upheld" if passed[peer] else "lied")
+            if slot not in self.store.result_slots(round_index):
+                self._retrain(round_index, slot, "banned")
+        if by_slot:
+            self.work_changed()
+
+    def promote_settled_copy(self, round_index: int, slot: int) -> None:
+        """The merged result of ``slot`` was dropped (its peer banned): a copy that matched it and comes from
+        a peer in good standing is the same training, so it takes the place (else the slot is handed out)."""
+        for (s, peer), outcome in self.store.copies(round_index).items():
+            if s == slot and outcome in ("identical", "agreed") and not self.store.ban_reason(peer):
+                self._promote(round_index, slot, peer)
+                return
+
+    def _promote(self, round_index: int, slot: int, peer_id: str) -> None:
+        """The copy of ``peer_id`` becomes the slot's merged result (the merged one's peer was banned)."""
+        message = self.store.copy_message(round_index, slot, peer_id)
+        assert message is not None
+        assignment = {a.slot: a for a in self.session.assignments()}[slot]
+        header, vector = wire.decode(message, expect_spec=self.session.spec)
+        count = relay_count(self.session.task, self.session.work_unit(assignment), int(header.num_examples))
+        stored = StoredResult(round_index, slot, assignment.unit_index, peer_id, count, dict(header.metrics),
+                              message, str(header.meta.get("engine", "")))
+        self.store.add_result(stored, count_unit=False)
+        self._decoded[(round_index, slot)] = (StoredResult(round_index, slot, stored.unit_index, peer_id, count,
+                                                           stored.metrics, b"", stored.engine), vector)
+        self.store.set_copy_outcome(round_index, slot, peer_id, "replaced")
+        self.store.count("copies_promoted")
+
+    def settle_after_restart(self) -> None:
+        """A dispute whose replay was lost with the process: train the unit again (neither result merged)."""
+        round_index = self.session.round
+        for (slot, _), outcome in self.store.copies(round_index).items():
+            if outcome == "disputed":
+                self._retrain(round_index, slot, "retrained_after_restart")
+
+    def redundancy_summary(self, round_index: int) -> dict[str, int] | None:
+        """The history's ``redundancy`` entry of a round: copies compared, by outcome, and waived copies."""
+        if not getattr(self.options, "redundancy", 0.0):
+            return None
+        outcomes = list(self.store.copies(round_index).values())
+        return {"compared": len(outcomes), **{o: outcomes.count(o) for o in sorted(set(outcomes))}}

@@ -1,0 +1,67 @@
+"""Two Chromium pages train every unit twice (``serve --redundancy 1``): Pyodide on the same engine gives the
+same bytes, so every compared copy is identical, nothing is arbitrated, nobody is banned, and exactly one
+result per unit is merged."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import start_relay
+from playwright.sync_api import Browser, Page
+from test_session_browsers import (
+    ARITH_SETTINGS,
+    BOOT_SECONDS,
+    admin,
+    close_pages,
+    recorded_results,
+    stop,
+    task_args,
+    wait_for_status,
+)
+
+from runtime import wire
+from server.browser.peers import join_url
+from server.relay.sqlite_store import Store
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+
+def test_two_honest_pyodide_copies_are_identical(browser: Browser, tmp_path: Path) -> None:
+    session_dir = tmp_path / "session"
+    relay, url = start_relay(*task_args("arith", {**ARITH_SETTINGS, "chunks": 4}, "-k", "2", "--passes", "1",
+                                        "--redundancy", "1", "--no-ban-addresses",  # both pages are 127.0.0.1
+                                        "--session-dir", str(session_dir)), log_name="relay-redundancy.log")
+    pages: list[Page] = []
+    try:
+        admin(url, "pause")
+        for _ in range(2):
+            page = browser.new_context().new_page()
+            page.goto(join_url(url))
+            pages.append(page)
+        wait_for_status(url, lambda s: s["peers"]["joined"] >= 2, timeout_s=BOOT_SECONDS + 60,
+                        what="two pages to join", pages=pages, relay=relay)
+        admin(url, "resume")
+        final = wait_for_status(url, lambda s: s["done"], timeout_s=300, what="the session to finish",
+                                pages=pages, relay=relay)
+    finally:
+        close_pages(pages)
+        stop(relay)
+
+    counters, rounds = final["counters"], final["num_rounds"]
+    seen = f"counters {counters}, history {[e.get('redundancy') for e in final['history']]}"
+    assert counters["copies_identical"] == counters["copies_handed_out"] == 2 * rounds, seen
+    assert "copies_disputed" not in counters and counters.get("peers_banned", 0) == 0, seen
+    assert all(entry["redundancy"] == {"compared": 2, "identical": 2} for entry in final["history"]), seen
+    merged = recorded_results(session_dir)
+    assert len(merged) == 2 * rounds, seen  # one result per unit, never both copies
+    assert {wire.decode(r.message)[0].meta["engine"] for r in merged} == {"pyodide-numpy"}
+    store = Store(session_dir / "relay.sqlite3")
+    try:
+        for round_index in range(rounds):
+            copies = store.copies(round_index)
+            authors = {r.slot: r.peer_id for r in merged if r.round == round_index}
+            assert sorted(slot for slot, _ in copies) == sorted(authors), seen
+            assert all(peer != authors[slot] for slot, peer in copies), seen  # the other page trained the copy
+    finally:
+        store.close()

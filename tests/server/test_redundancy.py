@@ -1,0 +1,175 @@
+"""Second copies of a unit (``serve --redundancy F``): two honest copies are identical and nothing is arbitrated;
+a lying copy, or a lying merged result, is caught by the host's replay that decides; without replays both go
+and a third peer trains the unit; one result per unit is merged, never both."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from relay_fixtures import HttpPeer, build_small_package, make_relay, reference_run, serving, session_status
+from test_verify import wait_until
+
+from runtime import wire
+from server.relay.sqlite_store import Store
+from server.relay.state import Relay
+from server.session.package import Package
+from server.session.session import Session
+
+
+@pytest.fixture(scope="module")
+def package(tmp_path_factory: pytest.TempPathFactory) -> Package:
+    return build_small_package(tmp_path_factory.mktemp("package"))
+
+
+def flipped(peer: HttpPeer, job: dict, relay: Relay) -> bytes:
+    header, trained = wire.decode(peer.train(job))
+    g = relay.session.weights
+    return wire.encode((g - 2 * (trained - g)).astype(np.float32), header)
+
+
+def work_until_done(client, peers: list[HttpPeer], limit: int = 200) -> None:  # type: ignore[no-untyped-def]
+    for _ in range(limit):
+        if session_status(client)["done"]:
+            return
+        for peer in peers:
+            job = peer.work()
+            if "slot" in job:
+                response = peer.train_and_upload(job)
+                assert response.status_code == 200, (response.json(), job, peer.peer_id)
+    raise AssertionError(f"the session did not finish: {session_status(client)}")
+
+
+def test_two_honest_copies_are_identical_and_nothing_is_arbitrated(package: Package, tmp_path: Path) -> None:
+    relay = make_relay(package, tmp_path / "s", k=2, passes=2, redundancy=1.0, verify_fraction=0.0,
+                       ban_addresses=False)
+    with serving(relay) as client:
+        peers = [HttpPeer(client), HttpPeer(client)]
+        work_until_done(client, peers)
+        counters = session_status(client)["counters"]
+    relay.open()  # (the app's lifespan closed the store)
+    rounds = relay.session.num_rounds
+    assert counters["copies_identical"] == counters["copies_handed_out"] == 2 * rounds, counters
+    assert "copies_disputed" not in counters and counters.get("peers_banned", 0) == 0
+    assert all(entry["redundancy"] == {"compared": 2, "identical": 2} for entry in relay.session.history)
+    # exactly one result per unit merged: the final weights are those of every unit trained once in-process
+    np.testing.assert_array_equal(relay.session.weights, reference_run(package, relay.session.config))
+    copies = relay.store.copies(0)
+    merged = relay.store.results(0)
+    assert {slot for slot, _ in copies} == set(merged)  # each slot: one merged result and one compared copy
+    assert all(peer != merged[slot].peer_id for slot, peer in copies)  # ... from the other peer
+    assert {wire.decode(r.message)[0].meta["engine"] for r in merged.values()} == {"native-numpy"}
+
+
+def test_a_copy_goes_to_another_address_when_addresses_tell_people_apart(package: Package, tmp_path: Path) -> None:
+    """With address bans on (the default) two peers behind one address never train both copies: the copy is
+    waived when nobody from elsewhere is connected, and the round still merges."""
+    relay = make_relay(package, tmp_path / "s", k=2, passes=1, redundancy=1.0, verify_fraction=0.0)
+    with serving(relay) as client:
+        peers = [HttpPeer(client), HttpPeer(client)]  # both from the test client's one address
+        work_until_done(client, peers)
+        counters = session_status(client)["counters"]
+    assert "copies_handed_out" not in counters and counters["copies_waived"] == 2 * relay.session.num_rounds, counters
+
+
+def test_a_lying_copy_is_caught_by_the_replay_that_decides(package: Package, tmp_path: Path) -> None:
+    relay = make_relay(package, tmp_path / "s", k=1, passes=1, redundancy=1.0, verify_fraction=0.0,
+                       ban_addresses=False)
+    with serving(relay) as client:
+        honest, liar, helper = HttpPeer(client), HttpPeer(client), HttpPeer(client)
+        job = honest.assignment()
+        assert honest.train_and_upload(job).status_code == 200
+        wait_until(client, lambda s: s["counters"].get("results_verified", 0) == 1)  # its first result: replayed
+        copy = liar.assignment()
+        assert copy["slot"] == job["slot"]
+        # the liar's first result is replayed anyway (its own first) and the dispute's replay judges it too
+        assert liar.upload(copy["round"], copy["slot"], flipped(liar, copy, relay)).status_code == 200
+        wait_until(client, lambda s: s["round"] >= 1 and not s["merging"])
+        assert [r.peer_id for r in relay.store.all_results()] == [honest.peer_id]
+        work_until_done(client, [honest, helper])
+        status = session_status(client)
+    relay.open()
+    counters = status["counters"]
+    assert counters["copies_disputed"] == 1 and counters["peers_banned"] == 1, counters
+    assert relay.store.ban_reason(liar.peer_id) and not relay.store.ban_reason(honest.peer_id)
+    assert relay.session.history[0]["redundancy"] == {"compared": 1, "lied": 1}
+    np.testing.assert_array_equal(relay.session.weights, reference_run(package, relay.session.config))
+
+
+def test_a_lying_merged_result_is_replaced_by_the_honest_copy(package: Package, tmp_path: Path) -> None:
+    """A patient liar: honest in round 0 (its first result passes its replay), then its round-1 result is merged
+    first and only the honest copy disagrees; the replay that decides bans it and the copy takes its place."""
+    relay = make_relay(package, tmp_path / "s", k=1, passes=1, redundancy=1.0, verify_fraction=0.0,
+                       ban_addresses=False)
+    with serving(relay) as client:
+        liar, honest = HttpPeer(client), HttpPeer(client)
+        for round_index in (0, 1):
+            job, copy = liar.assignment(), honest.assignment()
+            assert (job["round"], copy["slot"]) == (round_index, job["slot"])
+            body = liar.train(job) if round_index == 0 else flipped(liar, job, relay)
+            assert liar.upload(job["round"], job["slot"], body).status_code == 200
+            assert honest.train_and_upload(copy).status_code == 200
+            if round_index == 0:
+                wait_until(client, lambda s: s["round"] >= 1 and not s["merging"])
+        status = wait_until(client, lambda s: s["round"] >= 2 and not s["merging"])
+        assert [r.peer_id for r in relay.store.results(1).values()] == [honest.peer_id]  # one result, the honest
+        assert relay.session.history[1]["redundancy"] == {"compared": 1, "replaced": 1}
+        helper = HttpPeer(client)
+        work_until_done(client, [honest, helper])
+    relay.open()
+    assert status["counters"]["peers_banned"] == 1 and relay.store.ban_reason(liar.peer_id)
+    assert status["counters"]["copies_promoted"] == 1 and status["counters"]["copies_disputed"] == 1
+    np.testing.assert_array_equal(relay.session.weights, reference_run(package, relay.session.config))
+
+
+def test_without_replays_a_dispute_sends_the_unit_to_a_third_peer(package: Package, tmp_path: Path) -> None:
+    relay = make_relay(package, tmp_path / "s", k=1, passes=1, redundancy=1.0, verify=False,
+                       ban_addresses=False)
+    with serving(relay) as client:
+        first, liar, third = HttpPeer(client), HttpPeer(client), HttpPeer(client)
+        job = first.assignment()
+        assert first.train_and_upload(job).status_code == 200
+        copy = liar.assignment()
+        assert liar.upload(copy["round"], copy["slot"], flipped(liar, copy, relay)).status_code == 200
+        counters = session_status(client)["counters"]
+        assert counters["copies_disputed"] == counters["disputes_unresolved"] == 1
+        assert "slot" not in first.work() and "slot" not in liar.work()  # neither gets the unit again
+        again = third.assignment()
+        assert again["slot"] == job["slot"]
+        fourth = HttpPeer(client)  # connected before the new result comes in: it trains that result's copy
+        assert third.train_and_upload(again).status_code == 200
+        assert fourth.train_and_upload(fourth.assignment()).status_code == 200
+        wait_until(client, lambda s: s["round"] >= 1 and not s["merging"])
+        assert [r.peer_id for r in relay.store.all_results()] == [third.peer_id]
+        assert relay.session.history[0]["redundancy"] == {"compared": 2, "identical": 1, "unresolved": 1}
+        work_until_done(client, [third, fourth])
+        status = session_status(client)
+    relay.open()
+    assert status["counters"].get("peers_banned", 0) == 0
+    np.testing.assert_array_equal(relay.session.weights, reference_run(package, relay.session.config))
+
+
+def test_a_dispute_lost_in_a_restart_is_trained_again(package: Package, tmp_path: Path) -> None:
+    relay = make_relay(package, tmp_path / "s", k=1, passes=1, redundancy=1.0, verify=False,
+                       ban_addresses=False)
+    with serving(relay) as client:
+        first, second = HttpPeer(client), HttpPeer(client)
+        job = first.assignment()
+        assert first.train_and_upload(job).status_code == 200
+        copy = second.assignment()
+        relay.store.add_copy(copy["round"], copy["slot"], second.peer_id, flipped(second, copy, relay), "disputed")
+    restarted = Relay(session=Session.restore(tmp_path / "s", package), package=package,
+                      store=Store(tmp_path / "s" / "relay.sqlite3"), options=relay.options)
+    try:
+        assert restarted.store.result_slots(0) == set()  # neither result stands
+        assert restarted.store.copies(0) == {(job["slot"], second.peer_id): "retrained_after_restart"}
+    finally:
+        restarted.close()
+
+
+def test_redundancy_out_of_range_is_refused_by_serve(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from server.cli import main
+
+    assert main(["serve", "--port", "0", "--redundancy", "1.5", "--session-dir", str(tmp_path / "s")]) == 2
+    assert "--redundancy must be a share between 0 and 1" in capsys.readouterr().err
