@@ -12,12 +12,13 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from server.relay.sqlite_store import Store, StoredResult
-from server.relay.verify import DISPUTE, ReplayQueue, Verifier
+from server.relay.verify import DISPUTE, Replay, ReplayQueue, Verifier
 
 if TYPE_CHECKING:
     from server.session.package import Package
@@ -76,18 +77,35 @@ class ReplayChecks:
     def _queue_replay(self, slot: int, results: dict[str, np.ndarray], reason: str, key: Any) -> None:
         """Replay ``slot`` of the open round once and judge ``results`` (peer -> weights) against it."""
         assert self.replays is not None
-        assignment = {a.slot: a for a in self.session.assignments()}[slot]
-        unit = self.package.chunk_bytes(assignment.unit_index) if self.session.task.kind == "data" else None
-        future = self.replays.verifier.submit(
-            job=self._assignment_json(assignment, time.time()), weights_message=self.weights_message(),
-            unit_message=unit, results=results, reason=reason)
-        self.replays.queue(self.session.round, key, future)
+        round_index = self.session.round
+        prepared = self.replays.prepared_replay(round_index, slot)
+        if prepared is None:
+            prepared = self._start_replay(slot), True
+        job = {"round": round_index, "slot": slot}
+        future = self.replays.verifier.judge(prepared[0], job=job, results=results, reason=reason,
+                                             count_seconds=prepared[1])
+        self.replays.queue(round_index, key, future)
         self.store.count("replays_queued")
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # called outside the app (a test): verdicts apply at the merge
             return
         future.add_done_callback(lambda _: call_soon(loop, self.apply_verdicts))
+
+    def _start_replay(self, slot: int) -> Future[Replay]:
+        assert self.replays is not None
+        assignment = {a.slot: a for a in self.session.assignments()}[slot]
+        unit = self.package.chunk_bytes(assignment.unit_index) if self.session.task.kind == "data" else None
+        return self.replays.verifier.replay(job=self._assignment_json(assignment, time.time()),
+                                            weights_message=self.weights_message(), unit_message=unit)
+
+    def prepare_replay(self, peer_id: str, slot: int) -> None:
+        """At hand-out: start replaying a slot whose result will be checked, so the check costs only a
+        comparison when the result comes (a replay needs the job, not the result)."""
+        if self.replays is not None and self.replays.will_check(peer_id, self.session.round, slot) and \
+                (self.session.round, slot) not in self.replays.prepared:
+            self.replays.prepare(self.session.round, slot, self._start_replay(slot))
+            self.store.count("replays_started_at_hand_out")
 
     async def wait_for_replays(self, round_index: int) -> None:
         """Until every replay queued for ``round_index`` has its verdict (a round merges only after them)."""

@@ -296,6 +296,7 @@ class Relay(UnitCopies, ReplayChecks):
             self.store.count("leases_expired")
         lease = self.store.grant(session.round, assignment.slot, assignment.unit_index, peer_id,
                                  self.options.lease_seconds)
+        self.prepare_replay(peer_id, assignment.slot)
         self.changed()
         return self._assignment_json(assignment, lease.deadline)
 
@@ -393,6 +394,8 @@ class Relay(UnitCopies, ReplayChecks):
     def _forget_rounds_before(self, round_index: int) -> None:
         self._accepted_norms = {r: v for r, v in self._accepted_norms.items() if r >= round_index}
         self._refused_on_slot = {k: v for k, v in self._refused_on_slot.items() if k[0] >= round_index}
+        if self.replays is not None:
+            self.replays.forget_before(round_index)
 
     def complete_round_blocking(self) -> dict[str, Any]:
         """Merge the stored results of the current round (runs in a worker thread).

@@ -13,7 +13,8 @@ update (a free-rider) all differ from the replay by a large fraction of the upda
 replayed: every peer's first result, a seeded random share (``fraction``), and every result a check or the
 aggregator flags as an outlier. Replays run in one worker thread with their own task object (the merge's
 validation uses the session's), so verification overlaps the round; a round merges only after its pending
-replays finished. Host replay does not depend on who the peers are, so many identities do not help a cheat.
+replays finished. A replay needs only the job, so the relay starts the replay of a unit it will check when it
+hands the unit out (the peer's first, or the sampled share: both known then); the check is a comparison. Host replay does not depend on who the peers are, so many identities do not help a cheat.
 """
 
 from __future__ import annotations
@@ -75,8 +76,20 @@ def sampled(seed: int, round_index: int, slot: int, fraction: float, purpose: st
     return int.from_bytes(digest[:8], "little") / 2**64 < fraction
 
 
+@dataclass(frozen=True)
+class Replay:
+    """A unit trained on the host: its weights, the global weights it started from, and the seconds it took."""
+
+    weights: np.ndarray
+    global_weights: np.ndarray
+    seconds: float
+
+
 class Verifier:
-    """Replays results in one worker thread with its own ``Peer`` (the browser's code path)."""
+    """Replays units in one worker thread with its own ``Peer`` (the browser's code path).
+
+    A replay needs only the job, never the result, so the relay starts the replay of a unit it will check
+    when it hands the unit out (``replay``), and the check (``judge``) is a comparison when the result comes."""
 
     def __init__(self, task_info: dict[str, Any], *, rtol: float, atol: float) -> None:
         self.task_info = task_info
@@ -84,13 +97,39 @@ class Verifier:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="replay")
         self._peer: Peer | None = None  # built in the worker thread, used only there
 
+    def replay(self, *, job: dict[str, Any], weights_message: bytes, unit_message: bytes | None) -> Future[Replay]:
+        return self._pool.submit(self._train, job, weights_message, unit_message)
+
+    def judge(self, replay: Future[Replay], *, job: dict[str, Any], results: dict[str, np.ndarray],
+              reason: str, count_seconds: bool = True) -> Future[list[Verdict]]:
+        """Each peer's result of ``job`` against ``replay`` once it is done (two when a unit's copies disagree);
+        ``count_seconds``: this judgement carries the replay's cost (the first judgement of a replay)."""
+        verdicts: Future[list[Verdict]] = Future()
+
+        def compare(done: Future[Replay]) -> None:
+            try:
+                replayed = done.result()
+                seconds = replayed.seconds if count_seconds else 0.0
+                found = []
+                for peer_id, result in results.items():
+                    ok, relative = matches(result, replayed.weights, replayed.global_weights, rtol=self.rtol,
+                                           atol=self.atol)
+                    found.append(Verdict(int(job["round"]), int(job["slot"]), peer_id, ok, relative, seconds, reason))
+                    seconds = 0.0  # one replay, counted once
+                verdicts.set_result(found)
+            except BaseException as error:  # (cancelled when the relay closes)
+                verdicts.set_exception(error)
+
+        replay.add_done_callback(compare)
+        return verdicts
+
     def submit(self, *, job: dict[str, Any], weights_message: bytes, unit_message: bytes | None,
                results: dict[str, np.ndarray], reason: str) -> Future[list[Verdict]]:
-        """Replay ``job`` once and judge each peer's result of it (two when a unit's copies disagree)."""
-        return self._pool.submit(self._replay, job, weights_message, unit_message, results, reason)
+        """Replay ``job`` now and judge ``results`` against it."""
+        return self.judge(self.replay(job=job, weights_message=weights_message, unit_message=unit_message),
+                          job=job, results=results, reason=reason)
 
-    def _replay(self, job: dict[str, Any], weights_message: bytes, unit_message: bytes | None,
-                results: dict[str, np.ndarray], reason: str) -> list[Verdict]:
+    def _train(self, job: dict[str, Any], weights_message: bytes, unit_message: bytes | None) -> Replay:
         started = time.perf_counter()
         if self._peer is None:
             self._peer = Peer(self.task_info)
@@ -99,13 +138,7 @@ class Verifier:
             peer.set_weights(weights_message)
         assert peer.weights is not None
         _, replay = wire.decode(peer.train(json.dumps(job), unit_message))
-        seconds = time.perf_counter() - started
-        verdicts = []
-        for peer_id, result in results.items():
-            ok, relative = matches(result, replay, peer.weights, rtol=self.rtol, atol=self.atol)
-            verdicts.append(Verdict(int(job["round"]), int(job["slot"]), peer_id, ok, relative, seconds, reason))
-            seconds = 0.0  # one replay, counted once
-        return verdicts
+        return Replay(replay, peer.weights, time.perf_counter() - started)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -117,6 +150,8 @@ class ReplayQueue:
     def __init__(self, verifier: Verifier, *, fraction: float, seed: int) -> None:
         self.verifier, self.fraction, self.seed = verifier, fraction, seed
         self.pending: dict[tuple[int, Any], Future[list[Verdict]]] = {}  # (round, which result(s))
+        # (round, slot) -> a replay started when the slot was handed out, and whether a judgement counted it
+        self.prepared: dict[tuple[int, int], tuple[Future[Replay], list[bool]]] = {}
         self.checked_peers: set[str] = set()  # peers with a result that passed a replay
         self.first_queued: set[str] = set()  # peers whose first result is (or was) queued
         self.seconds: dict[int, float] = {}  # replay seconds per round (the history's costs)
@@ -130,6 +165,28 @@ class ReplayQueue:
             self.first_queued.add(peer_id)
             return "first result of the peer"
         return "sampled" if self.fraction > 0 and sampled(self.seed, round_index, slot, self.fraction) else None
+
+    def will_check(self, peer_id: str, round_index: int, slot: int) -> bool:
+        """At hand-out: whether this slot's result will be replayed (the peer's first, or the sampled share)."""
+        return peer_id not in self.first_queued or (self.fraction > 0 and
+                                                     sampled(self.seed, round_index, slot, self.fraction))
+
+    def prepare(self, round_index: int, slot: int, replay: Future[Replay]) -> None:
+        self.prepared.setdefault((round_index, slot), (replay, [False]))
+
+    def prepared_replay(self, round_index: int, slot: int) -> tuple[Future[Replay], bool] | None:
+        """The replay started for this slot at hand-out, and whether this is its first judgement (which counts
+        its seconds); None when none was started."""
+        entry = self.prepared.get((round_index, slot))
+        if entry is None:
+            return None
+        first = not entry[1][0]
+        entry[1][0] = True
+        return entry[0], first
+
+    def forget_before(self, round_index: int) -> None:
+        for key in [key for key in self.prepared if key[0] < round_index]:
+            self.prepared.pop(key)[0].cancel()
 
     def queue(self, round_index: int, key: Any, future: Future[list[Verdict]]) -> None:
         self.pending[(round_index, key)] = future

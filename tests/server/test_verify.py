@@ -173,3 +173,27 @@ def test_a_task_that_cannot_be_replayed_is_found_at_set_up_and_verification_refu
     assert main(args) == 2
     error = capsys.readouterr().err
     assert "not replayable" in error and "--no-verify" in error
+
+
+def test_a_checked_units_replay_starts_when_it_is_handed_out(package: Package, tmp_path: Path) -> None:
+    """A replay needs the job, not the result: the replay of a peer's first unit runs while the peer trains,
+    and the check of its result is then only a comparison."""
+    import time
+
+    relay = make_relay(package, tmp_path / "s", k=2, passes=1, verify_fraction=0.0, ban_addresses=False,
+                       min_peers=1)
+    with serving(relay) as client:
+        peer = HttpPeer(client)
+        job = peer.assignment()
+        assert session_status(client)["counters"]["replays_started_at_hand_out"] == 1
+        assert relay.replays is not None
+        replay, _ = relay.replays.prepared[(0, job["slot"])]
+        replay.result(timeout=30)  # done before the result exists
+        started = time.perf_counter()
+        assert peer.train_and_upload(job).status_code == 200
+        status = wait_until(client, lambda s: s["counters"].get("results_verified", 0) == 1)
+        assert time.perf_counter() - started < 5
+        assert status["counters"]["replays_queued"] == 1  # the verdict came from the replay started at hand-out
+        second = HttpPeer(client)  # its first unit is prepared too; a second unit of the first peer is not
+        assert second.train_and_upload(second.assignment()).status_code == 200
+        assert session_status(client)["counters"]["replays_started_at_hand_out"] == 2
