@@ -9,6 +9,7 @@ A Tensor keeps the dtype of its data: float32 for training, float64 (see `defaul
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -20,39 +21,45 @@ BackwardFn = Callable[[Array], None]
 Shape = tuple[int, ...]
 
 
-class _AutogradState:
+class _AutogradState(threading.local):
+    """Per thread (the relay replays units in one thread while another validates under ``no_grad``); the class
+    attributes are each thread's starting values."""
+
     grad_enabled = True
     default_dtype: np.dtype = np.dtype(np.float32)
+
+
+_STATE = _AutogradState()
 
 
 @contextlib.contextmanager
 def no_grad() -> Iterator[None]:
     """Within this block ops record no graph (inference, evaluation, generation)."""
-    previous = _AutogradState.grad_enabled
-    _AutogradState.grad_enabled = False
+    previous = _STATE.grad_enabled
+    _STATE.grad_enabled = False
     try:
         yield
     finally:
-        _AutogradState.grad_enabled = previous
+        _STATE.grad_enabled = previous
 
 
 def is_grad_enabled() -> bool:
-    return _AutogradState.grad_enabled
+    return _STATE.grad_enabled
 
 
 @contextlib.contextmanager
 def default_dtype(dtype: Any) -> Iterator[None]:
     """Within this block new floating tensors and parameters use `dtype` (e.g. np.float64 for gradient checks)."""
-    previous = _AutogradState.default_dtype
-    _AutogradState.default_dtype = np.dtype(dtype)
+    previous = _STATE.default_dtype
+    _STATE.default_dtype = np.dtype(dtype)
     try:
         yield
     finally:
-        _AutogradState.default_dtype = previous
+        _STATE.default_dtype = previous
 
 
 def get_default_dtype() -> np.dtype:
-    return _AutogradState.default_dtype
+    return _STATE.default_dtype
 
 
 # The ops behind Tensor's operators and methods, by name. `runtime.autograd.ops` (which builds on this module, so
@@ -225,7 +232,7 @@ def as_tensor(value: Any, like: Tensor) -> Tensor:
 def make_result(data: Array, parents: tuple[Tensor, ...], backward: BackwardFn) -> Tensor:
     """The output node of an op: records `backward` only when grad mode is on and some parent needs a grad."""
     out = Tensor(data)
-    if _AutogradState.grad_enabled and any(parent.requires_grad for parent in parents):
+    if _STATE.grad_enabled and any(parent.requires_grad for parent in parents):
         out.requires_grad = True
         out._parents = parents
         out._backward = backward

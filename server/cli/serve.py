@@ -19,6 +19,7 @@ from server.cli.options import add_aggregate_options, add_task_options, merge_na
 from server.paths import REPO_ROOT
 from server.relay.app import RelayPaths, create_app
 from server.relay.state import (
+    DEFAULT_BACKUP_AFTER,
     DEFAULT_JOIN_BURST,
     DEFAULT_JOIN_RATE,
     DEFAULT_MAX_PEERS_PER_ADDRESS,
@@ -81,6 +82,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="share of units also trained by a second, different peer and compared with the first "
                        "result (identical from one engine; a disagreement is decided by a host replay, or the "
                        "unit goes to a third peer); never both merged (default 0: off)")
+    parser.add_argument("--backup-after", type=float, default=DEFAULT_BACKUP_AFTER, metavar="F",
+                        help="once every unit of a round is out, an idle peer races the unit in flight longest "
+                        "when it has been out F times the session's median unit time (default "
+                        f"{DEFAULT_BACKUP_AFTER:g}; 0: at once); the first result is merged, the other compared")
+    parser.add_argument("--no-backups", action="store_true", help="never hand out backups of slow units")
     guard.add_argument("--no-ban-addresses", dest="ban_addresses", action="store_false",
                        help="a banned peer's client address may still join (e.g. many volunteers behind one NAT)")
     guard.add_argument("--trusted-proxy-header", metavar="HEADER",
@@ -174,7 +180,8 @@ def open_session(args: argparse.Namespace, paths: RelayPaths):  # type: ignore[n
                            verify_fraction=args.verify_fraction, verify_atol=args.verify_atol,
                            verify_rtol=args.verify_rtol if args.verify_rtol is not None
                            else package.task.replay_rtol or DEFAULT_VERIFY_RTOL,
-                           ban_addresses=args.ban_addresses, redundancy=args.redundancy)
+                           ban_addresses=args.ban_addresses, redundancy=args.redundancy,
+                           backup_after=None if args.no_backups else args.backup_after)
     if not 0 <= options.redundancy <= 1:
         raise ValueError(f"--redundancy must be a share between 0 and 1, got {options.redundancy:g}")
     if options.verify and not package.task.replay_across_engines and not args.force_verify:

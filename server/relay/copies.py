@@ -1,5 +1,13 @@
-"""Second copies of a unit (``serve --redundancy F``): a mixin of ``Relay``.
+"""Second copies of a unit: a mixin of ``Relay``. Two kinds: redundancy (``serve --redundancy F``), which
+checks results, and backups (``serve --backup-after F``), which race stragglers.
 
+Backups (MapReduce's speculative execution): once every unit of the round is handed out, an idle peer gets a
+copy of the unit in flight longest, when it has been out for ``F`` times the session's median unit time
+(default 1; 0: at once), never the peer holding it. The first result that passes the checks is merged; the
+other, when it comes before the merge, is compared like a redundancy copy (a free check) and never merged. A
+round never waits for a backup.
+
+Redundancy:
 A seeded share ``F`` of each round's slots is trained twice, by two different peers (different ids and, unless
 ``--no-ban-addresses`` says addresses do not tell people apart, different client addresses). Whichever result
 passes the checks first is the one merged; the other is compared with it and never merged:
@@ -20,7 +28,9 @@ units twice. A round merges once each chosen slot has its comparison, unless no 
 
 from __future__ import annotations
 
+import statistics
 import time
+from collections import deque
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -57,6 +67,8 @@ class UnitCopies:
     replays: ReplayQueue | None
     _decoded: dict[tuple[int, int], tuple[StoredResult, np.ndarray]]
     _refused_on_slot: dict[tuple[int, int], set[str]]
+    _unit_seconds: deque[float]  # hand-out to result of the session's last merged units (the backups' yardstick)
+    _backups: dict[int, dict[str, list[int]]]  # round -> units that got a backup, and those whose backup won
 
     if TYPE_CHECKING:  # provided by Relay and ReplayChecks (stubs here would shadow them in the MRO)
         def _assignment_json(self, assignment: Any, deadline: float) -> dict[str, Any]: ...
@@ -105,22 +117,71 @@ class UnitCopies:
         return True
 
     def next_copy(self, peer_id: str) -> dict[str, Any] | None:
-        """A second copy for an idle peer (every unit of the round is out), or None."""
+        """A second copy for an idle peer (every unit of the round is out): a chosen slot's copy
+        (redundancy), else a backup of the unit in flight longest, or None."""
         round_index, now = self.session.round, time.time()
         copies, leases = self.store.copies(round_index), self.store.leases(round_index, 1)
         for assignment in self.session.assignments():
             lease = leases.get(assignment.slot)
             if lease is not None and lease.deadline >= now:
                 if lease.peer_id == peer_id and (assignment.slot, peer_id) not in copies:
-                    return self._assignment_json(assignment, lease.deadline)
+                    return self._copy_json(assignment, lease.deadline)
                 continue
             if self._needs_copy(round_index, assignment.slot, copies) and \
                     self._eligible(peer_id, round_index, assignment.slot):
                 granted = self.store.grant(round_index, assignment.slot, assignment.unit_index, peer_id,
                                            self.options.lease_seconds, copy=1)
                 self.store.count("copies_handed_out")
-                return self._assignment_json(assignment, granted.deadline)
-        return None
+                return self._copy_json(assignment, granted.deadline)
+        return self._next_backup(peer_id, leases, now)
+
+    def _copy_json(self, assignment: Any, deadline: float) -> dict[str, Any]:
+        kind = "redundancy" if self.redundant(assignment.round, assignment.slot) else "backup"
+        return {**self._assignment_json(assignment, deadline), "copy": kind}
+
+    # -- backups: an idle peer races the unit in flight longest (speculative execution) ----------------
+    def backup_after_seconds(self) -> float | None:
+        """How long a unit must have been in flight before it gets a backup: ``backup_after`` times the median
+        time a unit of this session took (hand-out to result); None: no backups (off, or no unit back yet)."""
+        factor = getattr(self.options, "backup_after", None)
+        if factor is None or factor < 0:
+            return None
+        if factor == 0:
+            return 0.0
+        return factor * statistics.median(self._unit_seconds) if self._unit_seconds else None
+
+    def _next_backup(self, peer_id: str, copy_leases: dict[int, Any], now: float) -> dict[str, Any] | None:
+        after = self.backup_after_seconds()
+        if after is None:
+            return None
+        round_index = self.session.round
+        done = self.store.result_slots(round_index)
+        refused = self._refused_on_slot
+        candidates = [lease for slot, lease in self.store.leases(round_index).items()
+                      if slot not in done and lease.deadline >= now and lease.peer_id != peer_id
+                      and now - lease.issued >= after and peer_id not in refused.get((round_index, slot), ())
+                      and (slot not in copy_leases or copy_leases[slot].deadline < now)]
+        if not candidates:
+            return None
+        oldest = min(candidates, key=lambda lease: lease.issued)
+        assignment = {a.slot: a for a in self.session.assignments()}[oldest.slot]
+        granted = self.store.grant(round_index, oldest.slot, oldest.unit_index, peer_id, self.options.lease_seconds,
+                                   copy=1)
+        self.store.count("backups_handed_out")
+        self._backups.setdefault(round_index, {"units": [], "won": []})["units"].append(oldest.unit_index)
+        return self._copy_json(assignment, granted.deadline)
+
+    def record_unit_time(self, round_index: int, slot: int, lease: Any, *, backup_won: bool) -> None:
+        """A merged result came: how long its unit took (the backups' yardstick), and whether a backup won."""
+        self._unit_seconds.append(max(0.0, time.time() - lease.issued))
+        if backup_won:
+            self.store.count("backups_won")
+            unit = {a.slot: a for a in self.session.assignments()}[slot].unit_index
+            self._backups.setdefault(round_index, {"units": [], "won": []})["won"].append(unit)
+
+    def backups_summary(self, round_index: int) -> dict[str, list[int]] | None:
+        """The history's ``backups`` entry: the units that got a backup, and those whose backup was merged."""
+        return self._backups.pop(round_index, None)
 
     def copies_outstanding(self) -> bool:
         """Whether a chosen slot still waits for its second copy: one is out, or an eligible peer is here to

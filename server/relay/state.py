@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,8 @@ DEFAULT_OUTLIER_FACTOR = 3.0
 DEFAULT_JOIN_RATE = 2.0
 DEFAULT_JOIN_BURST = 20
 DEFAULT_MAX_PEERS_PER_ADDRESS = 32
+DEFAULT_BACKUP_AFTER = 1.0  # a unit out for longer than the session's median unit time gets a backup
+UNIT_TIMES_KEPT = 50  # merged units whose hand-out-to-result time sets the backups' yardstick
 HISTORY_LENGTH = 200  # rounds of history in the status (the page's chart); the full history is exported
 RESULT_ENVELOPE_BYTES = 16  # a result body may exceed its payload and header by the wire's length fields
 
@@ -61,6 +64,7 @@ class RelayOptions:
     verify_atol: float = DEFAULT_VERIFY_ATOL
     ban_addresses: bool = True  # a banned peer's client address may not join again
     redundancy: float = 0.0  # share of units trained by a second peer and compared (server.relay.copies)
+    backup_after: float | None = DEFAULT_BACKUP_AFTER  # backups after F x the median unit time (None: off)
 
 
 @dataclass
@@ -88,6 +92,8 @@ class Relay(UnitCopies, ReplayChecks):
     joins: JoinLimiter = field(init=False)
     replays: ReplayQueue | None = None  # None: verification is off
     _replay_wait: float = 0.0  # how long the last merge waited for its round's replays (its added time)
+    _unit_seconds: deque[float] = field(default_factory=lambda: deque(maxlen=UNIT_TIMES_KEPT))
+    _backups: dict[int, dict[str, list[int]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.joins = JoinLimiter(self.options.join_rate, self.options.join_burst)
@@ -332,9 +338,14 @@ class Relay(UnitCopies, ReplayChecks):
             return self.accept_copy(peer_id, round_index, slot, assignment, body)
         stored, vector, norm = self.check_result(peer_id, round_index, slot, body)
         self.store.add_result(stored)
-        second_copy = self.store.leases(round_index, 1).get(slot)
-        if second_copy is not None and second_copy.peer_id == peer_id:  # came first: the other is the copy now
+        own, second_copy = self.store.leases(round_index).get(slot), self.store.leases(round_index, 1).get(slot)
+        came_first = second_copy is not None and second_copy.peer_id == peer_id
+        if came_first:  # the copy's result came first: the other one is the copy now
             self.store.swap_copies(round_index, slot)
+        lease = second_copy if came_first else own
+        if lease is not None:
+            self.record_unit_time(round_index, slot, lease, backup_won=came_first and not self.redundant(
+                round_index, slot))
         self._decoded[(round_index, slot)] = (dataclasses.replace(stored, message=b""), vector)
         self._accepted_norms.setdefault(round_index, []).append(norm)
         self.verify(stored, vector)
@@ -416,9 +427,11 @@ class Relay(UnitCopies, ReplayChecks):
         costs = self.replays.costs(round_index) if self.replays is not None else None
         extra: dict[str, Any] = {"verification": {**costs, "waited_seconds": self._replay_wait}} if costs else {}
         self._waiting_copies(count_waived=True)
-        redundancy = self.redundancy_summary(round_index)
+        redundancy, backups = self.redundancy_summary(round_index), self.backups_summary(round_index)
         if redundancy is not None:
             extra["redundancy"] = redundancy
+        if backups is not None:
+            extra["backups"] = backups
         return session.complete_round(results, extra=extra or None)
 
     def samples_blocking(self, weights: np.ndarray) -> list[dict[str, Any]]:

@@ -14,7 +14,8 @@ replayed: every peer's first result, a seeded random share (``fraction``), and e
 aggregator flags as an outlier. Replays run in one worker thread with their own task object (the merge's
 validation uses the session's), so verification overlaps the round; a round merges only after its pending
 replays finished. A replay needs only the job, so the relay starts the replay of a unit it will check when it
-hands the unit out (the peer's first, or the sampled share: both known then); the check is a comparison. Host replay does not depend on who the peers are, so many identities do not help a cheat.
+hands the unit out (the peer's first, or the sampled share: both known then); the check is a comparison.
+Host replay does not depend on who the peers are, so many identities do not help a cheat.
 """
 
 from __future__ import annotations

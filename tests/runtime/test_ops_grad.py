@@ -292,3 +292,26 @@ def test_no_grad_records_nothing_and_a_freed_graph_refuses_a_second_backward() -
         loss.backward()
     with pytest.raises(RuntimeError, match="scalar"):
         (x * 2.0).backward()
+
+
+def test_no_grad_is_per_thread() -> None:
+    """The relay validates under no_grad in one thread while it replays (trains) a unit in another."""
+    import threading
+
+    from runtime.autograd import is_grad_enabled, no_grad
+
+    inside, seen_elsewhere = threading.Event(), []
+    release = threading.Event()
+
+    def evaluate() -> None:
+        with no_grad():
+            inside.set()
+            release.wait(10)
+
+    worker = threading.Thread(target=evaluate)
+    worker.start()
+    assert inside.wait(10)
+    seen_elsewhere.append(is_grad_enabled())
+    release.set()
+    worker.join(10)
+    assert seen_elsewhere == [True] and is_grad_enabled()

@@ -1,0 +1,95 @@
+"""Backup units (``serve --backup-after F``): once every unit of a round is out, an idle peer races the unit in
+flight longest; the first result is merged, the slow original is compared (a free check) and never merged, a
+lying backup is caught, and a round never waits for a backup."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from relay_fixtures import HttpPeer, build_small_package, make_relay, reference_run, serving, session_status
+from test_redundancy import flipped, work_until_done
+from test_verify import wait_until
+
+from server.relay.state import DEFAULT_BACKUP_AFTER
+from server.session.package import Package
+
+
+@pytest.fixture(scope="module")
+def package(tmp_path_factory: pytest.TempPathFactory) -> Package:
+    return build_small_package(tmp_path_factory.mktemp("package"), examples=1536, chunks=6)
+
+
+def test_a_backup_races_and_wins_and_the_slow_original_is_compared_not_merged(package: Package,
+                                                                               tmp_path: Path) -> None:
+    relay = make_relay(package, tmp_path / "s", k=3, passes=1, backup_after=0.0, ban_addresses=False)
+    with serving(relay) as client:
+        fast, slow, other, idle = (HttpPeer(client) for _ in range(4))
+        jobs = {peer.peer_id: peer.assignment() for peer in (fast, slow, other)}
+        assert fast.train_and_upload(jobs[fast.peer_id]).status_code == 200
+        backup = idle.assignment()  # every unit is out: the one in flight longest is the slow peer's
+        assert (backup["slot"], backup["copy"]) == (jobs[slow.peer_id]["slot"], "backup")
+        assert idle.train_and_upload(backup).status_code == 200  # the backup wins the race
+        assert slow.train_and_upload(jobs[slow.peer_id]).status_code == 200  # compared, not merged
+        assert other.train_and_upload(jobs[other.peer_id]).status_code == 200
+        wait_until(client, lambda s: s["round"] >= 1 and not s["merging"])
+        merged = relay.store.results(0)
+        assert merged[backup["slot"]].peer_id == idle.peer_id and len(merged) == 3
+        assert relay.store.copies(0) == {(backup["slot"], slow.peer_id): "identical"}
+        assert relay.session.history[0]["backups"] == {"units": [backup["unit_index"]],
+                                                       "won": [backup["unit_index"]]}
+        assert relay.session.history[0]["participants"] == 3  # one result per unit
+        work_until_done(client, [fast, slow, other, idle])
+        counters = session_status(client)["counters"]
+    assert counters["backups_won"] >= 1 and counters.get("peers_banned", 0) == 0, counters
+    np.testing.assert_array_equal(relay.session.weights, reference_run(package, relay.session.config))
+
+
+def test_a_lying_backup_is_caught_by_the_comparison(package: Package, tmp_path: Path) -> None:
+    relay = make_relay(package, tmp_path / "s", k=3, passes=1, backup_after=0.0, verify_fraction=0.0,
+                       ban_addresses=False)
+    with serving(relay) as client:
+        first, slow, other, liar = (HttpPeer(client) for _ in range(4))
+        assert relay.replays is not None
+        relay.replays.first_queued.add(liar.peer_id)  # (a liar whose first result was honest, long ago)
+        job, slow_job, other_job = first.assignment(), slow.assignment(), other.assignment()
+        assert first.train_and_upload(job).status_code == 200
+        backup = liar.assignment()
+        assert backup["slot"] == slow_job["slot"] and backup["copy"] == "backup"
+        assert liar.upload(backup["round"], backup["slot"], flipped(liar, backup, relay)).status_code == 200
+        # the lie was merged first; the original disagrees with it, a replay decides, the original takes its place
+        assert slow.train_and_upload(slow_job).status_code == 200
+        assert other.train_and_upload(other_job).status_code == 200
+        status = wait_until(client, lambda s: s["round"] >= 1 and not s["merging"])
+        assert relay.store.ban_reason(liar.peer_id) and not relay.store.ban_reason(slow.peer_id)
+        assert relay.store.results(0)[slow_job["slot"]].peer_id == slow.peer_id
+        assert status["counters"]["copies_disputed"] == 1 and status["counters"]["copies_promoted"] == 1
+        work_until_done(client, [first, slow, other])
+    np.testing.assert_array_equal(relay.session.weights, reference_run(package, relay.session.config))
+
+
+def test_no_backup_before_a_unit_is_slower_than_the_median(package: Package, tmp_path: Path) -> None:
+    relay = make_relay(package, tmp_path / "s", k=2, passes=1, ban_addresses=False,
+                       backup_after=DEFAULT_BACKUP_AFTER)  # serve's default: 1x the median unit time
+    with serving(relay) as client:
+        first, slow, idle = HttpPeer(client), HttpPeer(client), HttpPeer(client)
+        job, _ = first.assignment(), slow.assignment()
+        assert "slot" not in idle.work()  # no unit back yet: no yardstick, no backup
+        started = time.time()
+        assert first.train_and_upload(job).status_code == 200
+        took = time.time() - started
+        median = relay.backup_after_seconds()
+        assert median is not None and median >= took * 0.5
+        time.sleep(max(0.0, median - (time.time() - started)) + 0.05)  # the slow unit is out longer than that
+        assert idle.work()["copy"] == "backup"
+
+
+def test_backups_can_be_turned_off(package: Package, tmp_path: Path) -> None:
+    relay = make_relay(package, tmp_path / "s", k=2, passes=1, backup_after=None, ban_addresses=False)
+    with serving(relay) as client:
+        first, _slow, idle = HttpPeer(client), HttpPeer(client), HttpPeer(client)
+        _slow.assignment()
+        assert first.train_and_upload(first.assignment()).status_code == 200
+        assert "slot" not in idle.work()
