@@ -126,7 +126,10 @@ class Relay(UnitCopies, ReplayChecks):
                       "addresses": self.store.addresses(self.options.peer_timeout)},
             "round_progress": {"slots": len(slots), "done": len(results),
                                "leased": sum(1 for s, lease in leases.items() if s not in results
-                                             and lease.deadline >= now)},
+                                             and lease.deadline >= now),
+                               "copies": sum(1 for lease in (self.store.leases(session.round, 1).values()
+                                                             if not session.done else ())
+                                             if lease.deadline >= now)},
             "history": session.history[-HISTORY_LENGTH:],
             "initial_metrics": session.initial_metrics,
             "samples": self.latest_samples,

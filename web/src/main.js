@@ -83,7 +83,12 @@ function showSession(session) {
   $("session-status").textContent = session.done ? `finished: ${session.stopped || "all rounds done"}`
     : session.paused ? "paused by the host" : session.merging ? "merging and validating the round"
     : waiting > 0 && session.round_progress.done === 0 ? `waiting for ${waiting} more peer${waiting > 1 ? "s" : ""}`
-    : `training: ${session.round_progress.done}/${session.round_progress.slots} units back`;
+    : `training: ${session.round_progress.done}/${session.round_progress.slots} units back`
+      + (session.round_progress.copies ? `, ${session.round_progress.copies} backup or second cop${session.round_progress.copies > 1 ? "ies" : "y"} out` : "");
+  const last = session.history[session.history.length - 1];
+  $("backups").textContent = last && last.backups
+    ? `round ${last.round + 1}: units ${last.backups.units.join(", ")} got a backup; ${last.backups.won.length ? `the backup of ${last.backups.won.join(", ")} came first` : "the originals came first"}`
+    : "none in the last round";
   const refused = Object.entries(session.counters).filter(([k]) => k.startsWith("refused."));
   $("refusals").textContent = refused.length ? refused.map(([k, v]) => `${k.slice(8)}: ${v}`).join(", ") : "0";
   const defenses = session.defenses || { guards: [], not_covered: [] };
@@ -155,7 +160,11 @@ const handlers = {
     $("device").textContent = message.description;
   },
   waiting(message) { setActivity(message.reason, "waiting"); },
-  training(message) { setActivity(`training unit ${message.job.unit_index} of round ${message.job.round + 1}`, "training"); },
+  training(message) {
+    const what = { backup: "a backup of a slow peer's unit", redundancy: "a second copy (compared with another peer's) of unit" };
+    const copy = what[message.job.copy] ? `${what[message.job.copy]} ` : "unit ";
+    setActivity(`training ${copy}${message.job.unit_index} of round ${message.job.round + 1}`, "training");
+  },
   uploaded(message) {
     peer.unitsDone += 1;
     peer.lastMetrics = message.metrics;
