@@ -87,6 +87,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "when it has been out F times the session's median unit time (default "
                         f"{DEFAULT_BACKUP_AFTER:g}; 0: at once); the first result is merged, the other compared")
     parser.add_argument("--no-backups", action="store_true", help="never hand out backups of slow units")
+    parser.add_argument("--round-deadline", type=float, default=None, metavar="S",
+                        help="a round merges S seconds after its first unit is handed out with what it has (at "
+                        "least --min-results); the units not back open the next round (default: no deadline)")
+    parser.add_argument("--min-results", type=int, default=None, metavar="M",
+                        help="results a round needs to merge at its deadline (default: half its units)")
     guard.add_argument("--no-ban-addresses", dest="ban_addresses", action="store_false",
                        help="a banned peer's client address may still join (e.g. many volunteers behind one NAT)")
     guard.add_argument("--trusted-proxy-header", metavar="HEADER",
@@ -181,7 +186,12 @@ def open_session(args: argparse.Namespace, paths: RelayPaths):  # type: ignore[n
                            verify_rtol=args.verify_rtol if args.verify_rtol is not None
                            else package.task.replay_rtol or DEFAULT_VERIFY_RTOL,
                            ban_addresses=args.ban_addresses, redundancy=args.redundancy,
-                           backup_after=None if args.no_backups else args.backup_after)
+                           backup_after=None if args.no_backups else args.backup_after,
+                           round_deadline=args.round_deadline, min_results=args.min_results)
+    if options.round_deadline is not None and not options.round_deadline > 0:
+        raise ValueError(f"--round-deadline must be a number of seconds above 0, got {options.round_deadline:g}")
+    if options.min_results is not None and options.min_results < 1:
+        raise ValueError(f"--min-results must be 1 or more, got {options.min_results}")
     if not 0 <= options.redundancy <= 1:
         raise ValueError(f"--redundancy must be a share between 0 and 1, got {options.redundancy:g}")
     if options.verify and not package.task.replay_across_engines and not args.force_verify:

@@ -152,7 +152,7 @@ async def work(request: Request) -> Response:
     deadline = time.monotonic() + min(hold, relay.max_hold_seconds)
     while True:
         peer_id = peer_of(request)  # each pass marks the peer as seen: a held peer stays connected
-        if not relay.merging and relay.round_full():  # restarted after a round's last result, before its merge
+        if not relay.merging and relay.round_ready():  # a restart after the last result; a passed deadline
             relay.schedule_merge()
         job = relay.next_assignment(peer_id)
         remaining = deadline - time.monotonic()

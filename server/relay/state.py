@@ -21,6 +21,7 @@ from runtime.tasks import UnitResult
 from server.relay.admission import JoinLimiter
 from server.relay.checks import check_update_norm, describe_defenses, read_result
 from server.relay.copies import UnitCopies
+from server.relay.pacing import RoundPacing
 from server.relay.refusal import Refusal
 from server.relay.replay_checks import ReplayChecks
 from server.relay.sqlite_store import Store, StoredResult
@@ -65,10 +66,12 @@ class RelayOptions:
     ban_addresses: bool = True  # a banned peer's client address may not join again
     redundancy: float = 0.0  # share of units trained by a second peer and compared (server.relay.copies)
     backup_after: float | None = DEFAULT_BACKUP_AFTER  # backups after F x the median unit time (None: off)
+    round_deadline: float | None = None  # seconds after its first hand-out a round merges what it has
+    min_results: int | None = None  # results a round needs at its deadline (default: half its units)
 
 
 @dataclass
-class Relay(UnitCopies, ReplayChecks):
+class Relay(UnitCopies, RoundPacing, ReplayChecks):
     session: Session
     package: Package
     store: Store
@@ -305,6 +308,8 @@ class Relay(UnitCopies, ReplayChecks):
             self.store.count("leases_expired")
         lease = self.store.grant(session.round, assignment.slot, assignment.unit_index, peer_id,
                                  self.options.lease_seconds)
+        if not started:
+            self.watch_deadline()
         self.prepare_replay(peer_id, assignment.slot)
         self.changed()
         return self._assignment_json(assignment, lease.deadline)
@@ -321,7 +326,9 @@ class Relay(UnitCopies, ReplayChecks):
                 "progress": unit.progress,
                 "lease_deadline": deadline, "lease_seconds": max(0.0, deadline - time.time()),
                 "weights_round": self.session.round, "num_rounds": self.session.num_rounds,
-                "fingerprint": self.package.fingerprint}
+                "fingerprint": self.package.fingerprint,
+                **({"carried_from": carried} if (carried := self.session.carried_from(assignment)) is not None
+                   else {})}
 
     def weights_message(self) -> bytes:
         if self._weights_cache is None or self._weights_cache[0] != self.session.round:
@@ -389,6 +396,9 @@ class Relay(UnitCopies, ReplayChecks):
                   is not None and lease.peer_id == peer_id]
         author = self.store.result_peer(round_index, slot)
         has_result = author is not None
+        if self.merging and not has_result:
+            raise Refusal(409, "past_deadline", f"round {round_index + 1} passed its deadline and is merging without "
+                          f"slot {slot}; the unit is trained again in the next round")
         if has_result and (not leases or author == peer_id or (slot, peer_id) in self.store.copies(round_index)):
             raise Refusal(409, "duplicate", f"slot {slot} of round {round_index} already has a result")
         if not leases:
@@ -430,12 +440,15 @@ class Relay(UnitCopies, ReplayChecks):
         costs = self.replays.costs(round_index) if self.replays is not None else None
         extra: dict[str, Any] = {"verification": {**costs, "waited_seconds": self._replay_wait}} if costs else {}
         self._waiting_copies(count_waived=True)
+        deadline = self.deadline_summary()
+        if deadline is not None:
+            extra["deadline"] = deadline
         redundancy, backups = self.redundancy_summary(round_index), self.backups_summary(round_index)
         if redundancy is not None:
             extra["redundancy"] = redundancy
         if backups is not None:
             extra["backups"] = backups
-        return session.complete_round(results, extra=extra or None)
+        return session.complete_round(results, extra=extra or None, carry_missing=True)
 
     def samples_blocking(self, weights: np.ndarray) -> list[dict[str, Any]]:
         """The page's samples for ``weights`` (generating text can cost several validations)."""
@@ -455,12 +468,12 @@ class Relay(UnitCopies, ReplayChecks):
     async def maybe_complete_round(self) -> None:
         async with self._merge_lock:
             session = self.session
-            if not self.round_full():
+            if not self.round_ready():
                 return
             waited = time.perf_counter()
             await self.wait_for_replays(session.round)
             self._replay_wait = time.perf_counter() - waited
-            if not self.round_full():  # a replay banned a peer: its slots are out again
+            if not self.round_ready():  # a replay banned a peer: its slots are out again
                 return
             self.merging = True
             self.changed()

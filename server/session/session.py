@@ -30,7 +30,7 @@ import numpy as np
 
 from runtime.aggregate import Aggregator, make_aggregator
 from runtime.merge import MergeMethod, Result, make_merge
-from runtime.planner import Assignment, RoundPlan, check_merge_guard
+from runtime.planner import Assignment, RoundPlan, check_merge_guard, unit_seed
 from runtime.tasks import Task, TaskData, UnitResult, WorkUnit
 from runtime.tasks.base import check_unit_result
 from server.session import checkpoint_files as checkpoint
@@ -78,6 +78,11 @@ class Session:
         self.best_round: int | None = None  # None: the initial weights
         self.stopped: str | None = None  # why the session ended early
         self._assignments: tuple[int, tuple[Assignment, ...]] | None = None  # the last round asked for
+        # Round deadlines (the relay's --round-deadline): units a round merged without are carried into the
+        # next one, so each unit is still trained once per pass. ``consumed``: entries of the plan's schedule
+        # handed to rounds so far; ``carried``: (pass, unit, round it was first planned in) for the next round.
+        self.consumed = 0
+        self.carried: list[tuple[int, int, int]] = []
 
     # -- starting and resuming ------------------------------------------------------------------
     @classmethod
@@ -125,6 +130,8 @@ class Session:
         session.merge.load_state_dict(merge_state)
         session.aggregator.load_state_dict(aggregate_state)
         session.round = int(state["round"])
+        session.consumed = int(state.get("consumed", session.round * config_k(session)))
+        session.carried = [(int(p), int(u), int(r)) for p, u, r in state.get("carried", [])]
         session.initial_metrics = state["initial_metrics"]
         session.best_metric = state["best_metric"]
         session.best_round = state["best_round"]
@@ -137,8 +144,17 @@ class Session:
     # -- the plan -------------------------------------------------------------------------------
     @property
     def num_rounds(self) -> int:
+        """The plan's rounds, plus what carried units added (a round shortened by a deadline moves the rest)."""
         cap = self.config.max_rounds
-        return self.plan.num_rounds if cap is None else min(cap, self.plan.num_rounds)
+        k = self.plan.participants_per_round
+        remaining = len(self.plan.schedule) - self.consumed + len(self.carried)
+        planned = self.round + -(-remaining // k) if self.consumed or self.carried else self.plan.num_rounds
+        return planned if cap is None else min(cap, planned)
+
+    @property
+    def _on_plan(self) -> bool:
+        """No round has carried a unit: every round is the plan's slice of k."""
+        return not self.carried and self.consumed == self.round * self.plan.participants_per_round
 
     @property
     def done(self) -> bool:
@@ -154,8 +170,42 @@ class Session:
         The relay asks for them on every request; they are drawn (a seed per unit) once per round."""
         index = self.round if round_index is None else round_index
         if self._assignments is None or self._assignments[0] != index:
-            self._assignments = (index, tuple(self.plan.units_for_round(index)))
+            if self._on_plan or index != self.round:
+                if not self._on_plan:
+                    raise SessionError(f"round {index} is not the current round ({self.round}) and units were "
+                                       "carried: its assignments are in the history")
+                self._assignments = (index, tuple(self.plan.units_for_round(index)))
+            else:
+                self._assignments = (index, tuple(self._carried_round()))
         return list(self._assignments[1])
+
+    def _new_entries(self) -> list[tuple[int, int]]:
+        """The schedule's entries the current round takes after its carried units: up to k in all, stopping
+        before a unit the round already holds (a carried unit met again in the next pass)."""
+        k = self.plan.participants_per_round
+        held = {unit for _, unit, _ in self.carried}
+        entries: list[tuple[int, int]] = []
+        for pass_index, unit in self.plan.schedule[self.consumed:]:
+            if len(self.carried) + len(entries) >= k or unit in held:
+                break
+            entries.append((pass_index, unit))
+            held.add(unit)
+        return entries
+
+    def _carried_round(self) -> list[Assignment]:
+        seed = self.plan.seed
+        units = [(p, u) for p, u, _ in self.carried] + self._new_entries()
+        return [Assignment(self.round, slot, p, u, unit_seed(seed, p, u)) for slot, (p, u) in enumerate(units)]
+
+    def _first_planned(self, assignment: Assignment) -> int:
+        carried = self.carried_from(assignment)
+        return assignment.round if carried is None else carried
+
+    def carried_from(self, assignment: Assignment) -> int | None:
+        """The round a carried unit was first planned in (None: a unit of this round's own)."""
+        if assignment.round != self.round or assignment.slot >= len(self.carried):
+            return None
+        return self.carried[assignment.slot][2]
 
     def work_unit(self, assignment: Assignment) -> WorkUnit:
         """What ``task.train_unit`` needs for ``assignment`` (the chunk, or the episode budget, and the seed)."""
@@ -164,11 +214,14 @@ class Session:
 
     # -- completing a round ---------------------------------------------------------------------
     def complete_round(self, results: Sequence[tuple[Assignment, UnitResult]], *,
-                       train_seconds: float | None = None, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                       train_seconds: float | None = None, extra: Mapping[str, Any] | None = None,
+                       carry_missing: bool = False) -> dict[str, Any]:
         """Merge the round's results, validate, watch for divergence, record and checkpoint; return the entry.
 
         ``results`` may miss some assignments (the entry lists them) but not all; their order does not
-        matter: they are merged in slot order, so the relay reproduces the simulator bit for bit.
+        matter: they are merged in slot order, so the relay reproduces the simulator bit for bit. With
+        ``carry_missing`` (a round deadline) the missing units open the next round, which takes that many
+        fewer new units: each unit is still trained once per pass, and the session grows by what was carried.
         """
         if self.done:
             raise SessionError(f"the session is over ({self.stopped or f'all {self.num_rounds} rounds done'})")
@@ -204,6 +257,9 @@ class Session:
 
         planned = self.assignments()
         done_slots = {a.slot for a, _ in ordered}
+        carry = [(a.pass_index, a.unit_index, self._first_planned(a)) for a in planned
+                 if a.slot not in done_slots] if carry_missing else []
+        carried_in = [{"unit": u, "from_round": r} for _, u, r in self.carried]
         unit_metrics = [r.metrics for _, r in ordered]
         entry: dict[str, Any] = {
             "round": self.round,
@@ -213,6 +269,8 @@ class Session:
             "units": [a.unit_index for a, _ in ordered],
             "outliers": outliers,  # units the aggregator set aside or distrusted
             "missing": [a.unit_index for a in planned if a.slot not in done_slots],
+            **({"carried": [u for _, u, _ in carry]} if carry else {}),  # moved into the next round
+            **({"carried_in": carried_in} if carried_in else {}),  # units this round took from earlier ones
             "examples": int(sum(int(r.num_examples) for _, r in ordered)),
             "train": _mean_metrics(unit_metrics),
             "best": {"metric": self.best_metric, "round": self.best_round},
@@ -223,7 +281,10 @@ class Session:
         }
         entry = checkpoint.json_safe(entry)
         self.history.append(entry)
+        self.consumed += len(planned) - len(self.carried)
+        self.carried = carry
         self.round += 1
+        self._assignments = None
         if self.directory is not None:
             self._save(new_entries=[entry], best_changed=best_changed)
         return entry
@@ -268,6 +329,8 @@ class Session:
             "best_round": self.best_round,
             "stopped": self.stopped,
             "history_length": len(self.history),
+            "consumed": self.consumed,
+            "carried": [list(c) for c in self.carried],
             "merge": self.merge.name,
             "merge_config": self.merge.to_config(),
             "aggregate": self.aggregator.name,
@@ -317,6 +380,10 @@ class Session:
 
 
 AGGREGATE_PREFIX = "aggregate."  # the aggregator's state shares the checkpoint's merge_state file
+
+
+def config_k(session: Session) -> int:
+    return session.plan.participants_per_round
 
 
 def split_server_state(state: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

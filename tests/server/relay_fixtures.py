@@ -152,7 +152,7 @@ def replay(package: Package, config: SessionConfig, results: list[StoredResult])
         for stored in by_round[round_index]:
             _, vector = wire.decode(stored.message, expect_spec=session.spec)
             pairs.append((by_slot[stored.slot], UnitResult(vector, stored.num_examples, stored.metrics)))
-        session.complete_round(pairs)
+        session.complete_round(pairs, carry_missing=True)  # (as the relay: a unit missed by a deadline moves on)
     return session
 
 

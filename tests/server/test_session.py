@@ -252,3 +252,43 @@ def test_restore_refuses_another_package(tmp_path: Path, text_package: Package) 
         Session.restore(tmp_path, other)
     with pytest.raises(checkpoint.CheckpointError, match="no session"):
         Session.restore(tmp_path / "nowhere")
+
+
+def test_carried_units_keep_every_unit_once_per_pass_and_survive_a_restart(tmp_path: Path) -> None:
+    """A round deadline merges what it has; the rest opens the next round (``carry_missing``): each unit is
+    still trained exactly once per pass, no round holds a unit twice, and the round count grows."""
+    package = toy_package(7)
+    config = SessionConfig(merge="fedavg", participants=3, passes=3, seed=5)
+    session = Session.create(package, config, directory=tmp_path)
+    planned_rounds = session.num_rounds
+    assert planned_rounds == 7
+    trained: list[tuple[int, int]] = []  # (pass, unit) of every merged result
+    carried_total = 0
+    while not session.done:
+        planned = session.assignments()
+        assert len({a.unit_index for a in planned}) == len(planned)  # never one unit twice in a round
+        keep = planned if session.round % 2 else planned[1:] or planned  # odd rounds complete, even ones miss one
+        if session.round == 3:  # a restart in the middle, with a unit carried
+            session = Session.restore(tmp_path, package)
+            assert session.carried and session.assignments() == planned
+        results = [(a, session.task.train_unit(session.weights, session.work_unit(a))) for a in keep]
+        entry = session.complete_round(results, carry_missing=True)
+        trained += [(a.pass_index, a.unit_index) for a in keep]
+        carried_total += len(entry.get("carried", []))
+        if entry.get("carried") and not session.done:  # the next round opens with them, saying where from
+            opening = session.assignments()[: len(entry["carried"])]
+            assert [a.unit_index for a in opening] == entry["carried"]
+            assert all((session.carried_from(a) or 0) <= entry["round"] for a in opening)
+    assert sorted(trained) == sorted((p, u) for p in range(3) for u in range(7))  # once per pass, none lost
+    assert carried_total > 0 and session.round > planned_rounds  # the plan grew by what was carried
+    moved = [(e["round"], c["unit"], c["from_round"]) for e in session.history for c in e.get("carried_in", [])]
+    assert moved and all(r > from_round for r, _, from_round in moved)
+
+
+def test_without_carrying_a_missing_unit_is_dropped_as_before(tmp_path: Path) -> None:
+    package = toy_package(6)
+    session = Session.create(package, SessionConfig(merge="fedavg", participants=2, passes=1, seed=3))
+    first = session.assignments()
+    entry = session.complete_round([(first[0], session.task.train_unit(session.weights, session.work_unit(first[0])))])
+    assert entry["missing"] == [first[1].unit_index] and "carried" not in entry
+    assert session.assignments() == session.plan.units_for_round(1) and session.num_rounds == 3

@@ -163,7 +163,8 @@ const handlers = {
   training(message) {
     const what = { backup: "a backup of a slow peer's unit", redundancy: "a second copy (compared with another peer's) of unit" };
     const copy = what[message.job.copy] ? `${what[message.job.copy]} ` : "unit ";
-    setActivity(`training ${copy}${message.job.unit_index} of round ${message.job.round + 1}`, "training");
+    const carried = message.job.carried_from !== undefined ? ` (carried from round ${message.job.carried_from + 1}, where the deadline passed without it)` : "";
+    setActivity(`training ${copy}${message.job.unit_index} of round ${message.job.round + 1}${carried}`, "training");
   },
   uploaded(message) {
     peer.unitsDone += 1;
