@@ -29,7 +29,6 @@ units twice. A round merges once each chosen slot has its comparison, unless no 
 from __future__ import annotations
 
 import statistics
-import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
@@ -119,7 +118,7 @@ class UnitCopies:
     def next_copy(self, peer_id: str) -> dict[str, Any] | None:
         """A second copy for an idle peer (every unit of the round is out): a chosen slot's copy
         (redundancy), else a backup of the unit in flight longest, or None."""
-        round_index, now = self.session.round, time.time()
+        round_index, now = self.session.round, self.store.clock()
         copies, leases = self.store.copies(round_index), self.store.leases(round_index, 1)
         for assignment in self.session.assignments():
             lease = leases.get(assignment.slot)
@@ -173,7 +172,7 @@ class UnitCopies:
 
     def record_unit_time(self, round_index: int, slot: int, lease: Any, *, backup_won: bool) -> None:
         """A merged result came: how long its unit took (the backups' yardstick), and whether a backup won."""
-        self._unit_seconds.append(max(0.0, time.time() - lease.issued))
+        self._unit_seconds.append(max(0.0, self.store.clock() - lease.issued))
         if backup_won:
             self.store.count("backups_won")
             unit = {a.slot: a for a in self.session.assignments()}[slot].unit_index
@@ -189,7 +188,7 @@ class UnitCopies:
         return bool(self._waiting_copies(count_waived=False))
 
     def _waiting_copies(self, *, count_waived: bool) -> list[int]:
-        round_index, now = self.session.round, time.time()
+        round_index, now = self.session.round, self.store.clock()
         copies, leases = self.store.copies(round_index), self.store.leases(round_index, 1)
         active = self.store.active_peers(self.options.peer_timeout)
         waiting = []

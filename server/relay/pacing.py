@@ -11,7 +11,6 @@ next round, from the new weights. The history says which units moved (``carried`
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import TYPE_CHECKING, Any
 
 from server.relay.sqlite_store import Store
@@ -49,7 +48,7 @@ class RoundPacing:
         if deadline is None or self.session.done:
             return False
         opened = self.round_opened_at()
-        return opened is not None and time.time() - opened >= deadline and \
+        return opened is not None and self.store.clock() - opened >= deadline and \
             len(self.store.result_slots(self.session.round)) >= self.min_results
 
     def round_ready(self) -> bool:
@@ -73,5 +72,5 @@ class RoundPacing:
         if getattr(self.options, "round_deadline", None) is None or self.round_full():
             return None
         opened = self.round_opened_at()
-        return {"seconds": self.options.round_deadline, "open_seconds": time.time() - opened if opened else None,
+        return {"seconds": self.options.round_deadline, "open_seconds": self.store.clock() - opened if opened else None,
                 "results": len(self.store.result_slots(self.session.round)), "min_results": self.min_results}

@@ -10,7 +10,6 @@ so their slots are handed out again.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
@@ -96,7 +95,7 @@ class ReplayChecks:
         assert self.replays is not None
         assignment = {a.slot: a for a in self.session.assignments()}[slot]
         unit = self.package.chunk_bytes(assignment.unit_index) if self.session.task.kind == "data" else None
-        return self.replays.verifier.replay(job=self._assignment_json(assignment, time.time()),
+        return self.replays.verifier.replay(job=self._assignment_json(assignment, self.store.clock()),
                                             weights_message=self.weights_message(), unit_message=unit)
 
     def prepare_replay(self, peer_id: str, slot: int) -> None:

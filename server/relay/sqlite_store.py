@@ -15,6 +15,7 @@ import secrets
 import sqlite3
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -76,8 +77,9 @@ class StoredResult:
 class Store:
     """Thread-safe access to the relay's SQLite file (the merge runs in a worker thread)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, clock: Callable[[], float] = time.time) -> None:
         self.path = Path(path)
+        self.clock = clock  # what "now" is for leases, results and peers (a simulator runs a virtual one)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._db: sqlite3.Connection | None = None
@@ -122,19 +124,19 @@ class Store:
     # -- peers ----------------------------------------------------------------------------------
     def add_peer(self, agent: str = "", address: str = "") -> tuple[str, str]:
         peer_id, token = "p-" + secrets.token_hex(4), secrets.token_urlsafe(24)
-        now = time.time()
+        now = self.clock()
         self._run("INSERT INTO peers (id, token_hash, joined, last_seen, agent, address) VALUES (?, ?, ?, ?, ?, ?)",
                   (peer_id, hash_token(token), now, now, agent[:200], address[:100]))
         return peer_id, token
 
     def live_peers_at(self, address: str, within_seconds: float) -> int:
         """Peers from ``address`` seen within ``within_seconds`` (the cap on live peers per address)."""
-        since = time.time() - within_seconds
+        since = self.clock() - within_seconds
         return int(self._run("SELECT COUNT(*) FROM peers WHERE address = ? AND last_seen >= ?", (address, since))[0][0])
 
     def addresses(self, within_seconds: float) -> int:
         """How many distinct client addresses have a peer seen within ``within_seconds``."""
-        since = time.time() - within_seconds
+        since = self.clock() - within_seconds
         return int(self._run("SELECT COUNT(DISTINCT address) FROM peers WHERE last_seen >= ?", (since,))[0][0])
 
     def authenticate(self, peer_id: str, token: str) -> bool:
@@ -145,14 +147,14 @@ class Store:
         rows = self._run("SELECT token_hash, last_seen FROM peers WHERE id = ?", (peer_id,))
         expected = rows[0][0] if rows else hash_token(secrets.token_hex(8))
         ok = hmac.compare_digest(expected, hash_token(token)) and bool(rows)
-        now = time.time()
+        now = self.clock()
         if ok and not now - float(rows[0][1]) < LAST_SEEN_RESOLUTION:
             self._run("UPDATE peers SET last_seen = ? WHERE id = ?", (now, peer_id))
         return ok
 
     def active_peers(self, within_seconds: float) -> list[str]:
         """Peers seen recently or holding a live lease (a peer deep in a unit does not poll)."""
-        now = time.time()
+        now = self.clock()
         rows = self._run("SELECT id FROM peers WHERE last_seen >= ? UNION "
                          "SELECT peer_id FROM leases WHERE deadline >= ?", (now - within_seconds, now))
         return sorted(r[0] for r in rows)
@@ -169,7 +171,7 @@ class Store:
 
     def grant(self, round_index: int, slot: int, unit_index: int, peer_id: str, seconds: float,
               copy: int = 0) -> Lease:
-        now = time.time()
+        now = self.clock()
         self._run("INSERT OR REPLACE INTO leases VALUES (?, ?, ?, ?, ?, ?, ?)",
                   (round_index, slot, unit_index, peer_id, now, now + seconds, copy))
         return Lease(round_index, slot, unit_index, peer_id, now, now + seconds, copy)
@@ -200,7 +202,7 @@ class Store:
     def add_result(self, result: StoredResult, *, count_unit: bool = True) -> None:
         self._run("INSERT INTO results VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                   (result.round, result.slot, result.unit_index, result.peer_id, result.num_examples,
-                   json.dumps(result.metrics), result.message, time.time()))
+                   json.dumps(result.metrics), result.message, self.clock()))
         if count_unit:  # (a promoted copy was counted when it came in)
             self._run("UPDATE peers SET units_done = units_done + 1 WHERE id = ?", (result.peer_id,))
 
@@ -229,7 +231,7 @@ class Store:
     # -- second copies of a unit (redundancy): compared with the merged result, never merged themselves --
     def add_copy(self, round_index: int, slot: int, peer_id: str, message: bytes, outcome: str) -> None:
         self._run("INSERT OR REPLACE INTO copies VALUES (?, ?, ?, ?, ?, ?)",
-                  (round_index, slot, peer_id, message, time.time(), outcome))
+                  (round_index, slot, peer_id, message, self.clock(), outcome))
         self._run("UPDATE peers SET units_done = units_done + 1 WHERE id = ?", (peer_id,))
 
     def set_copy_outcome(self, round_index: int, slot: int, peer_id: str, outcome: str) -> None:
@@ -255,7 +257,7 @@ class Store:
         """Ban ``peer_id`` (and, through it, its address); returns the address."""
         rows = self._run("SELECT address FROM peers WHERE id = ?", (peer_id,))
         address = rows[0][0] if rows else ""
-        self._run("INSERT OR REPLACE INTO bans VALUES (?, ?, ?, ?)", (peer_id, address, reason[:500], time.time()))
+        self._run("INSERT OR REPLACE INTO bans VALUES (?, ?, ?, ?)", (peer_id, address, reason[:500], self.clock()))
         return str(address)
 
     def unban(self, peer_id: str) -> bool:

@@ -118,7 +118,7 @@ class Relay(UnitCopies, RoundPacing, ReplayChecks):
         slots = [] if session.done else session.assignments()
         results = self.store.result_slots(session.round) if not session.done else set()
         leases = self.store.leases(session.round) if not session.done else {}
-        now = time.time()
+        now = self.store.clock()
         return {
             **session.describe(),
             "task": session.task.describe(),
@@ -270,7 +270,7 @@ class Relay(UnitCopies, RoundPacing, ReplayChecks):
         if self.paused or self.merging:
             return {"wait": self.options.retry_seconds, "reason": "paused" if self.paused else "merging the round"}
         results, leases = self.store.result_slots(session.round), self.store.leases(session.round)
-        now = time.time()
+        now = self.store.clock()
         mine = [(s, lease) for s, lease in self.store.leases(session.round, 1).items()
                 if lease.peer_id == peer_id and lease.deadline >= now]
         if mine:  # this peer trains a second copy (server.relay.copies)
@@ -316,7 +316,7 @@ class Relay(UnitCopies, RoundPacing, ReplayChecks):
 
     def holds_unit(self, peer_id: str, unit_index: int) -> bool:
         """Whether ``peer_id`` holds a live lease on ``unit_index`` in the current round."""
-        now = time.time()
+        now = self.store.clock()
         return any(lease.peer_id == peer_id and lease.unit_index == unit_index and lease.deadline >= now
                    for copy in (0, 1) for lease in self.store.leases(self.session.round, copy).values())
 
@@ -324,7 +324,7 @@ class Relay(UnitCopies, RoundPacing, ReplayChecks):
         unit = self.session.work_unit(assignment)
         return {**assignment.to_json(), "kind": self.session.task.kind, "episodes": unit.episodes,
                 "progress": unit.progress,
-                "lease_deadline": deadline, "lease_seconds": max(0.0, deadline - time.time()),
+                "lease_deadline": deadline, "lease_seconds": max(0.0, deadline - self.store.clock()),
                 "weights_round": self.session.round, "num_rounds": self.session.num_rounds,
                 "fingerprint": self.package.fingerprint,
                 **({"carried_from": carried} if (carried := self.session.carried_from(assignment)) is not None
@@ -404,8 +404,8 @@ class Relay(UnitCopies, RoundPacing, ReplayChecks):
         if not leases:
             raise Refusal(403, "not_leased", f"slot {slot} of round {round_index} is not leased to this peer")
         deadline = max(lease.deadline for lease in leases)
-        if deadline < time.time():
-            raise Refusal(409, "late", f"the lease on slot {slot} expired {time.time() - deadline:.1f} s ago")
+        if deadline < self.store.clock():
+            raise Refusal(409, "late", f"the lease on slot {slot} expired {self.store.clock() - deadline:.1f} s ago")
         return by_slot[slot], has_result
 
     def _free_slot(self, peer_id: str, round_index: int, slot: int) -> None:
