@@ -5,8 +5,6 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-import pytest
-
 from server.relay import sqlite_store as store_module
 from server.relay.sqlite_store import Store
 
@@ -16,12 +14,10 @@ def last_seen(path: Path, peer_id: str) -> float:
         return float(db.execute("SELECT last_seen FROM peers WHERE id = ?", (peer_id,)).fetchone()[0])
 
 
-def test_tokens_are_checked_and_last_seen_is_written_at_most_once_per_resolution(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_tokens_are_checked_and_last_seen_is_written_at_most_once_per_resolution(tmp_path: Path) -> None:
     clock = [1000.0]
-    monkeypatch.setattr(store_module.time, "time", lambda: clock[0])
     path = tmp_path / "relay.sqlite3"
-    store = Store(path)
+    store = Store(path, clock=lambda: clock[0])
     try:
         peer_id, token = store.add_peer("test")
         assert store.authenticate(peer_id, token)
