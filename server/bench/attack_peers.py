@@ -21,6 +21,10 @@ The uploads (g: the round's global weights, w: the attacker's honestly trained w
 * ``sybil``: one client address joins ``sybil_joins`` extra times beside the k honest peers; the joins the
   relay admits ask for work like everyone (each pass over the peers goes in a shuffled order: who asks first
   gets the slot) and upload ``flip``. The refused joins are counted by code.
+
+After a session, ``drive`` reads the relay's ``GET /api/admin/peers`` (with the run's admin token) and keeps,
+per peer it ran, its role, ``banned``, ``ban_reason`` and ``banned_at``, and the round in which the peer itself
+was first refused with 401/403 (``Observed.peers``), for the bench's verification columns.
 """
 
 from __future__ import annotations
@@ -215,6 +219,7 @@ class RunSpec:
     honest_first: int = 0  # an attacker's first N uploads are its honest results (past a check of first results)
     sybil_joins: int = 10
     timeout_s: float = 600.0
+    admin_token: str | None = None  # read the relay's peer listing (bans) after the session
     hold_s: float = 15.0
     request_timeout_s: float = 120.0
 
@@ -230,6 +235,8 @@ class Observed:
     reused: int = 0
     stalled: bool = False  # the run hit its time or request budget before the session was done
     seconds: dict[str, float] = field(default_factory=dict)  # the peers' time by step: ask, hold, fetch, train...
+    session_seconds: float = 0.0  # the first request for work -> the relay's "done" (joins and start-up excluded)
+    peers: list[dict[str, Any]] = field(default_factory=list)  # per peer run: role, ban (see ``peer_listing``)
 
     def spent(self, step: str, since: float) -> float:
         """Add the time since ``since`` to ``step``; returns now."""
@@ -259,6 +266,14 @@ class BenchPeer:
         self.digest = ""
         self.round: int | None = None
         self.active = True
+        self.refused_round: int | None = None  # the round it last knew of when first refused as banned (or 401)
+
+    def refused(self, refusal: RelayRefusal) -> None:
+        """A 401/403 ends the peer; ``banned`` (or a revoked token, 401) is noted with the round it knew of."""
+        if refusal.status in (401, 403):
+            self.active = False
+        if (refusal.code == "banned" or refusal.status == 401) and self.refused_round is None:
+            self.refused_round = self.round if self.round is not None else 0
 
     def close(self) -> None:
         self.http.close()
@@ -321,8 +336,17 @@ def drive(spec: RunSpec, trainers: dict[str, Trainer], workers: int = 1) -> tupl
             trainers[info["fingerprint"]] = Trainer(info, workers)
         trainer = trainers[info["fingerprint"]]
         trained, reused = trainer.trained, trainer.reused
+        clock = time.perf_counter()
         rounds_of_work(spec, everyone, trainer, observed, rng, deadline)
+        observed.session_seconds = time.perf_counter() - clock
         observed.trained, observed.reused = trainer.trained - trained, trainer.reused - reused
+        if spec.admin_token:
+            response = observer.http.get("/api/admin/peers", headers={"Authorization": f"Bearer {spec.admin_token}"})
+            try:
+                listing = response.json().get("peers", []) if response.status_code == 200 else []
+            except ValueError:  # not JSON: a relay without the listing; the ban columns stay empty
+                listing = []
+            observed.peers = peer_listing(everyone, listing)
         return observer.status(), observed
     finally:
         for peer in peers + sybils:
@@ -330,13 +354,27 @@ def drive(spec: RunSpec, trainers: dict[str, Trainer], workers: int = 1) -> tupl
         observer.http.close()
 
 
+def peer_listing(peers: Sequence[BenchPeer], listing: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per peer that joined: its role, the relay's word on its ban (``GET /api/admin/peers``: ``banned``,
+    ``ban_reason``, ``banned_at``; None where the listing lacks the peer) and ``refused_round``."""
+    by_id = {str(entry.get("peer_id")): entry for entry in listing}
+    out = []
+    for peer in peers:
+        if peer.relay.credentials is None:
+            continue  # its join was refused
+        entry = by_id.get(peer.relay.credentials.peer_id, {})
+        out.append({"role": peer.role, "peer_id": peer.relay.credentials.peer_id,
+                    "banned": entry.get("banned") if entry else None, "ban_reason": entry.get("ban_reason"),
+                    "banned_at": entry.get("banned_at"), "refused_round": peer.refused_round})
+    return out
+
+
 def ask(peer: BenchPeer, observed: Observed, hold: float | None = None) -> dict[str, Any]:
     try:
         return peer.relay.work(hold)
     except RelayRefusal as refusal:
         observed.uploads[f"{peer.role} work_refused.{refusal.code}"] += 1
-        if refusal.status in (401, 403):
-            peer.active = False
+        peer.refused(refusal)
         return {"wait": 0.0}
 
 
@@ -395,7 +433,7 @@ def rounds_of_work(spec: RunSpec, everyone: list[BenchPeer], trainer: Trainer, o
                 unit = peer.relay.unit(job["unit_index"]) if job.get("kind", "data") == "data" else None
             except RelayRefusal as refusal:  # banned meanwhile (a replay of an earlier result), or the lease lost
                 observed.uploads[f"{peer.role} fetch_refused.{refusal.code}"] += 1
-                peer.active = peer.active and refusal.status not in (401, 403)
+                peer.refused(refusal)
                 continue
             fetched.append((peer, job, unit))
         clock = observed.spent("fetch", clock)
@@ -419,7 +457,8 @@ def rounds_of_work(spec: RunSpec, everyone: list[BenchPeer], trainer: Trainer, o
                 observed.uploads[f"{peer.role} accepted"] += 1
             except RelayRefusal as refusal:
                 observed.uploads[f"{peer.role} refused.{refusal.code}"] += 1
-                peer.active = peer.active and refusal.code != "banned"
+                if refusal.code == "banned":
+                    peer.refused(refusal)
             last_upload, last_round = time.perf_counter(), max(last_round, job["round"])
         observed.spent("upload", clock)
     observed.stalled = True

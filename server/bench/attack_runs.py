@@ -1,4 +1,13 @@
-"""One run of ``peertrain bench attacks``: what the relay offers, its command line, the run and its record."""
+"""One run of ``peertrain bench attacks``: what the relay offers, its command line, the run and its record.
+
+The verification columns of a record (``verification_columns``) come from the relay's own word: its peer
+listing (``GET /api/admin/peers``: ``banned``, ``banned_at``) matched to the roles the bench gave its peers, and
+the history's round end times (each entry's ``time``, on the relay's clock like ``banned_at``). A ban's round is
+the round open when the ban was written (``ban_round``): the first history entry that ended after it, or the
+round after the last one. That is robust where a peer's own observation is not: a banned peer learns of its ban
+only at its next request, which may come a round later, or never when the session ends first (the peers'
+observation is kept beside it, ``refused_round``, as a cross-check).
+"""
 
 from __future__ import annotations
 
@@ -98,11 +107,26 @@ class RunRecord:
     error: str | None = None
     vs_honest: float | None = None
     vs_mean: float | None = None
+    verify: float | None = None  # host replay share asked for (--verify-fraction; 0: --no-verify); None: the relay's
+    attackers_banned: int | None = None  # from the relay's peer listing; None where it could not be read
+    ban_rounds: list[int | None] = field(default_factory=list)  # per attacker, the round it was banned in (sorted)
+    observed_ban_rounds: list[int | None] = field(default_factory=list)  # the same as the attackers saw it (401/403)
+    honest_banned: int | None = None  # must be 0
+    honest_ban_reasons: list[str] = field(default_factory=list)
+    replay_wait_s: float | None = None  # history verification.waited_seconds, mean over rounds (None: no replays)
+    replays: int | None = None  # history verification.results, summed
+    wall_round_s: float | None = None  # the session's wall time (first ask -> done) per round
+    vs_no_verify: float | None = None  # wall_round_s / that of the same run at share 0
 
     @property
-    def key(self) -> tuple[str, str, str]:
-        """Whose honest run anchors this one: the same task, aggregator and checks."""
-        return self.task, self.aggregator, self.checks
+    def key(self) -> tuple[str, str, str, float | None]:
+        """Whose honest run anchors this one: the same task, aggregator, checks and replay share."""
+        return self.task, self.aggregator, self.checks, self.verify
+
+    @property
+    def variant(self) -> tuple[Any, ...]:
+        """The same run at another replay share (whose share-0 run anchors ``vs_no_verify``)."""
+        return self.task, self.aggregator, self.checks, self.attack, self.attackers, self.honest_first
 
     def accepted(self) -> int:
         """The attackers' uploads the relay accepted (for sybil: the admitted sybil joins')."""
@@ -110,10 +134,12 @@ class RunRecord:
 
 
 def serve_args(package: Path, session_dir: Path, k: int, passes: int, aggregator: str, features: RelayFeatures,
-               *, checks: str = "on", configs: dict[str, str] | None = None,
+               *, checks: str = "on", configs: dict[str, str] | None = None, verify: float | None = None,
                extra: list[str] | None = None) -> list[str]:
     """``peertrain serve`` for one run. --min-peers 1: a peer the relay bans must not hold up the next rounds
-    (every peer joins before any asks for work, so the first round still goes to all of them)."""
+    (every peer joins before any asks for work, so the first round still goes to all of them). ``verify``: the
+    share of results the host replays (``--verify-fraction``); 0 is ``--no-verify`` (no replay at all, not even
+    of first results); None leaves the relay's default."""
     args = ["--package", str(package), "--session-dir", str(session_dir), "--fresh", "-k", str(k),
             "--passes", str(passes), "--admin-token", ADMIN, "--lease-seconds", str(LEASE_SECONDS),
             "--peer-timeout", "600", "--min-peers", "1"]
@@ -125,6 +151,8 @@ def serve_args(package: Path, session_dir: Path, k: int, passes: int, aggregator
         args += ["--trusted-proxy-header", PROXY_HEADER]
     if checks == "off":
         args += [word for flag, words in CHECKS_OFF if flag in features.flags for word in words]
+    if verify is not None and checks != "off":
+        args += ["--no-verify"] if verify <= 0 else ["--verify-fraction", f"{verify:g}"]
     return args + list(extra or [])
 
 
@@ -173,3 +201,37 @@ def fill(record: RunRecord, status: dict[str, Any], observed: Observed) -> None:
     record.relay_aggregator_config = dict(status.get("aggregate_config") or {})
     if record.attack == "sybil":
         record.attackers = observed.joins.get("sybil admitted", 0)
+    verification_columns(record, observed.peers, history)
+    record.wall_round_s = observed.session_seconds / record.rounds if record.rounds else None
+
+
+def ban_round(banned_at: float, history: list[dict[str, Any]]) -> int:
+    """The round open at ``banned_at``: that of the first history entry that ended (``time``) after it; past
+    the last entry, the round after it (0 with no history)."""
+    for entry in history:
+        if float(entry.get("time", float("inf"))) >= banned_at:
+            return int(entry["round"])
+    return int(history[-1]["round"]) + 1 if history else 0
+
+
+def verification_columns(record: RunRecord, peers: list[dict[str, Any]], history: list[dict[str, Any]]) -> None:
+    """Attackers banned and the round of each ban, honest peers banned (with why), and the replays' cost from
+    the history (``verification``: results, waited_seconds), from the relay's peer listing (``peers``, as
+    ``attack_peers.peer_listing`` gives it: role, banned, banned_at, ban_reason, refused_round). Without a
+    listing (an older relay, no admin token) the ban columns stay None."""
+    checks = [e["verification"] for e in history if isinstance(e.get("verification"), dict)]
+    record.replay_wait_s = mean_of([float(v["waited_seconds"]) for v in checks if "waited_seconds" in v])
+    record.replays = sum(int(v.get("results", 0)) for v in checks) if checks else None
+    listed = [p for p in peers if p.get("banned") is not None]
+    if not listed:
+        return
+    attackers = [p for p in listed if p["role"] != "honest"]
+    honest = [p for p in listed if p["role"] == "honest"]
+    record.attackers_banned = sum(1 for p in attackers if p["banned"])
+    rounds = [ban_round(float(p["banned_at"]), history) if p["banned"] and p.get("banned_at") is not None
+              else None for p in attackers]
+    record.ban_rounds = sorted(rounds, key=lambda r: (r is None, r or 0))
+    seen = [p.get("refused_round") for p in attackers]
+    record.observed_ban_rounds = sorted(seen, key=lambda r: (r is None, r or 0))
+    record.honest_banned = sum(1 for p in honest if p["banned"])
+    record.honest_ban_reasons = [str(p.get("ban_reason")) for p in honest if p["banned"]]

@@ -15,6 +15,14 @@ the next round's first assignment: checks, replays it waits for, merge, validati
 answers (accuracy, compared in points), bytetext's the validation loss (compared as a ratio). One progress
 line per run, a Markdown table per section, JSON in ``--out``.
 
+The verification section crosses host replay shares (``--verify-shares``, default 0,0.1,0.25,1: the relay's
+``--verify-fraction``; 0 is ``--no-verify``, no replay at all, not even of first results) and reports, per run:
+the attackers caught (banned by the relay / attackers, from ``GET /api/admin/peers``), the round each attacker
+was banned in (counted from 0: the round open at its ``banned_at``, against the history's round end times; see
+``attack_runs.ban_round``), the honest peers banned (must be 0: a WARNING line says otherwise), the time a merge
+waited for its round's replays (history ``verification.waited_seconds``, mean per round) and the session's wall
+time per round, also as a ratio to the same run at share 0.
+
 The grid (k = 10) is in sections (``FULL``); runs shared by sections (the honest ones) run once, and
 ``default`` is left out of a section that runs the aggregator it names with the same settings:
 
@@ -24,17 +32,24 @@ The grid (k = 10) is in sections (``FULL``); runs shared by sections (the honest
    flip, free_rider, scaled and little_is_enough at 20% and 40%;
 3. arith, the aggregators alone (``--outlier-factor 0 --no-verify``): mean, median, trimmed_mean, krum,
    multikrum, centered_clipping and default, each with its honest run, the same four attacks at 30%;
-4. bytetext, the relay as shipped: mean and default, all six attacks at 30%.
+4. bytetext, the relay as shipped: mean and default, all six attacks at 30%;
+5. verification: arith, the default aggregator, attackers honest on their first upload (so only sampled
+   replays, and the replays of outliers, can catch them): an honest run, flip, free_rider, scaled and
+   little_is_enough at 30%, each at every replay share.
 
-(noise_claim is left out of 2 and 3: its claim is refused, and its peer banned, by a check without a switch.)
+(noise_claim is left out of 2, 3 and 5: its claim is refused, and its peer banned, by a check without a switch.)
 
 Tasks: arith (chars, operands 0-19, 4000 problems in 20 chunks, 3 local epochs, lr 0.01, 4 passes = 8
 rounds; honest FedAvg ends near 70% exact answers), bytetext (bytelm-2.3mb, 20 chunks, 3 steps of 8 windows
 per unit, 3 passes = 6 rounds). little_is_enough uses z = 1 (``--lie-z paper``: Baruch et al.'s z_max for n
 and f, which is 0 for one attacker in ten). Any of ``--tasks --aggregators --attacks --fractions
 --relay-checks --honest-first`` replaces the grid by one section per task crossing what they name (what they
-leave out: every task, aggregator and attack, fractions 0.1-0.4). ``--quick`` (CI): arith, k = 3, 2 passes
-(14 rounds), one attacker in three, flip, noise_claim and free_rider, mean and default: 8 runs.
+leave out: every task, aggregator and attack, fractions 0.1-0.4), and with ``--verify-shares`` also the replay
+shares. ``--sections`` (names: shipped, honest-first, alone, bytetext, verification) runs those sections of the
+grid alone; then those options replace what the sections name instead (e.g. ``--sections verification --attacks
+flip,scaled --verify-shares 0,0.25,1``). ``--quick`` (CI): arith, k = 3, 2 passes (14 rounds), one attacker
+in three, flip, noise_claim and free_rider, mean and default: 8 runs; and one verification run, free_rider
+honest on its first upload at replay share 1 (the sampled replay of its second result must ban it).
 
 Training runs in ``--jobs`` processes (default 2) with one BLAS thread each, as do the relays started here
 (OPENBLAS_NUM_THREADS=1): two BLAS threads per process were 2-7x slower on these small models. A budget
@@ -58,12 +73,15 @@ from typing import Any
 
 from server.bench.attack_peers import ATTACKS, BLAS_THREADS, UPLOAD_ATTACKS, RunSpec, Trainer
 from server.bench.attack_report import compare, print_progress, tables
-from server.bench.attack_runs import RelayFeatures, RunRecord, one_run, relay_features, serve_args
+from server.bench.attack_runs import ADMIN, RelayFeatures, RunRecord, one_run, relay_features, serve_args
 from server.session.package import Package, build_package
 
-TIMINGS = "not measured yet"
+TIMINGS = ("the full grid before the verification section: 88 runs in 1,765 s, two at a time (2026-12-01); the "
+           "verification section alone (--sections verification): 20 runs in 588 s, so the whole grid needs "
+           "--budget-s 2400 or so")
 AGGREGATORS = ("mean", "median", "trimmed_mean", "krum", "multikrum", "centered_clipping", "default")
 FRACTIONS = (0.1, 0.2, 0.3, 0.4)
+VERIFY_SHARES = (0.0, 0.1, 0.25, 1.0)
 MAX_FAILURES_IN_A_ROW = 3  # a relay that will not start stops the bench instead of failing every run
 
 
@@ -99,27 +117,53 @@ class Section:
     fractions: tuple[float, ...]
     checks: str = "on"  # "off": the relay's switchable result checks off (attack_runs.CHECKS_OFF)
     honest_first: int = 0  # attackers upload their first N results honestly
+    name: str = ""  # what --sections calls it
+    verify_shares: tuple[float, ...] | None = None  # host replay shares crossed (0: --no-verify); None: the relay's
+    anchors: bool = True  # with the honest runs (a verification section: one per share)
 
 
 SHIPPED, PATIENT = "the relay as shipped", "the relay as shipped; attackers honest on their first upload"
 ALONE = "the aggregators alone: outlier check and host replays off"
+VERIFYING = "host replays at each share; attackers honest on their first upload"
 # noise_claim's claim is refused by a check without a switch (and its peer banned), whatever comes first or after
 MOVING = tuple(a for a in UPLOAD_ATTACKS if a != "noise_claim")
 FULL_K = 10
 FULL = (
-    Section(SHIPPED, "arith", ("mean", "default"), ATTACKS, (0.3,)),
-    Section(PATIENT, "arith", ("mean", "default"), MOVING, (0.2, 0.4), honest_first=1),
-    Section(ALONE, "arith", AGGREGATORS, MOVING, (0.3,), checks="off"),
-    Section(SHIPPED, "bytetext", ("mean", "default"), ATTACKS, (0.3,)),
+    Section(SHIPPED, "arith", ("mean", "default"), ATTACKS, (0.3,), name="shipped"),
+    Section(PATIENT, "arith", ("mean", "default"), MOVING, (0.2, 0.4), honest_first=1, name="honest-first"),
+    Section(ALONE, "arith", AGGREGATORS, MOVING, (0.3,), checks="off", name="alone"),
+    Section(SHIPPED, "bytetext", ("mean", "default"), ATTACKS, (0.3,), name="bytetext"),
+    Section(VERIFYING, "arith", ("default",), MOVING, (0.3,), honest_first=1, name="verification",
+            verify_shares=VERIFY_SHARES),
 )
 QUICK_K = 3
-QUICK = (Section(SHIPPED, "arith", ("mean", "default"), ("flip", "noise_claim", "free_rider"), (0.34,)),)
+QUICK = (Section(SHIPPED, "arith", ("mean", "default"), ("flip", "noise_claim", "free_rider"), (0.34,),
+                 name="shipped"),
+         Section(VERIFYING, "arith", ("default",), ("free_rider",), (0.34,), honest_first=1, name="verification",
+                 verify_shares=(1.0,), anchors=False))
+SECTION_NAMES = tuple(s.name for s in FULL)
+
+
+def shares(text: str) -> list[float]:
+    """``0,0.1,1`` -> [0.0, 0.1, 1.0], each in [0, 1]."""
+    values = [float(part) for part in text.split(",") if part.strip()]
+    if not values or any(not 0.0 <= v <= 1.0 for v in values):
+        raise argparse.ArgumentTypeError(f"replay shares are numbers from 0 to 1, not {text!r}")
+    return values
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     names = lambda text: [part.strip() for part in text.split(",") if part.strip()]  # noqa: E731
     parser.add_argument("--quick", action="store_true", help="the CI grid: arith, k=3, one attacker in three, "
-                        "flip/noise_claim/free_rider, mean and the default aggregator")
+                        "flip/noise_claim/free_rider, mean and the default aggregator; and free_rider honest on "
+                        "its first upload at replay share 1")
+    parser.add_argument("--sections", type=names, help="run only these sections of the grid (comma list of "
+                        f"{', '.join(SECTION_NAMES)}); --tasks --aggregators --attacks --fractions --relay-checks "
+                        "--honest-first --verify-shares then replace what they name in them")
+    parser.add_argument("--verify-shares", type=shares,
+                        help="host replay shares the verification section crosses (the relay's --verify-fraction; "
+                        f"0: --no-verify, no replay at all; default {','.join(f'{v:g}' for v in VERIFY_SHARES)}); "
+                        "with the options that replace the grid, its sections cross them too")
     parser.add_argument("--tasks", type=names, help=f"comma list of {', '.join(TASKS)}")
     parser.add_argument("-k", type=int, help=f"peers per round (default {FULL_K}; --quick {QUICK_K})")
     parser.add_argument("--fractions", type=lambda t: [float(x) for x in names(t)],
@@ -153,12 +197,17 @@ CUSTOM = ("tasks", "fractions", "attacks", "aggregators", "relay_checks", "hones
 
 
 def sections_of(args: argparse.Namespace) -> tuple[list[Section], int]:
-    """The sections to run and k: FULL or QUICK, or one section per task crossing what the options name
-    (options left out take the grid's widest choice: every task, aggregator and attack, FRACTIONS)."""
+    """The sections to run and k: FULL or QUICK (those ``--sections`` names, with what the options name in
+    place of theirs), or one section per task crossing what the options name (options left out take the
+    grid's widest choice: every task, aggregator and attack, FRACTIONS; replay shares only where named)."""
     base, k = (QUICK, QUICK_K) if args.quick else (FULL, FULL_K)
     k = args.k or k
+    verify_shares = getattr(args, "verify_shares", None)
+    if getattr(args, "sections", None):
+        return [narrowed(s, args) for s in picked(base, args.sections) if not args.tasks or s.task in args.tasks], k
     if all(getattr(args, name) is None for name in CUSTOM):
-        return list(base), k
+        return [dataclasses.replace(s, verify_shares=tuple(verify_shares)) if verify_shares and s.verify_shares
+                else s for s in base], k
     tasks = args.tasks or sorted({s.task for s in base})
     attacks = args.attacks or sorted({a for s in base for a in s.attacks}, key=ATTACKS.index)
     unknown = [a for a in attacks if a not in ATTACKS] + [t for t in tasks if t not in TASKS]
@@ -169,8 +218,37 @@ def sections_of(args: argparse.Namespace) -> tuple[list[Section], int]:
     checks, honest_first = args.relay_checks or "on", args.honest_first or 0
     title = (SHIPPED if checks == "on" else ALONE) + (f"; attackers honest on their first {honest_first} uploads"
                                                       if honest_first else "")
+    if verify_shares and checks == "on":
+        title += "; host replays at each share"
     return [Section(title, task, tuple(aggregators), tuple(attacks), tuple(f for f in fractions if f > 0), checks,
-                    honest_first) for task in tasks], k
+                    honest_first, verify_shares=tuple(verify_shares) if verify_shares and checks == "on" else None)
+            for task in tasks], k
+
+
+def picked(base: tuple[Section, ...], wanted: list[str]) -> list[Section]:
+    unknown = [name for name in wanted if name not in {s.name for s in base}]
+    if unknown:
+        raise SystemExit(f"peertrain bench attacks: no section {', '.join(unknown)} in this grid (it has "
+                         f"{', '.join(s.name for s in base)})")
+    return [s for s in base if s.name in wanted]
+
+
+def narrowed(section: Section, args: argparse.Namespace) -> Section:
+    """``section`` with what the options name in place of its own."""
+    unknown = [a for a in args.attacks or () if a not in ATTACKS]
+    if unknown:
+        raise SystemExit(f"peertrain bench attacks: unknown attack {', '.join(unknown)}")
+    changes: dict[str, Any] = {}
+    for option, name in (("aggregators", "aggregators"), ("attacks", "attacks"), ("fractions", "fractions")):
+        if getattr(args, option) is not None:
+            changes[name] = tuple(getattr(args, option))
+    if args.relay_checks is not None:
+        changes["checks"] = args.relay_checks
+    if args.honest_first is not None:
+        changes["honest_first"] = args.honest_first
+    if args.verify_shares and section.verify_shares is not None:
+        changes["verify_shares"] = tuple(args.verify_shares)
+    return dataclasses.replace(section, **changes)
 
 
 @dataclass(frozen=True)
@@ -182,34 +260,51 @@ class Planned:
     fraction: float
     attackers: int
     honest_first: int
+    verify: float | None = None  # host replay share (0: --no-verify); None: the relay's default
 
     @property
     def key(self) -> tuple[Any, ...]:
         """Runs with the same key are the same run (whichever fraction asked for that many attackers)."""
-        return self.task, self.aggregator, self.checks, self.attack, self.attackers, self.honest_first
+        return self.task, self.aggregator, self.checks, self.attack, self.attackers, self.honest_first, self.verify
 
 
 def planned_runs(section: Section, k: int) -> list[Planned]:
     """Mean's honest run first (every comparison's anchor), then per aggregator its honest run, every attack
-    at every fraction (round(f k) attackers, each count once), sybil once."""
-    def plan(aggregator: str, attack: str = "none", fraction: float = 0.0, attackers: int = 0) -> Planned:
+    at every fraction (round(f k) attackers, each count once), sybil once. A section that crosses replay
+    shares: per aggregator, the honest run (where ``anchors``) and each attack, each at every share in turn
+    (so that a budget that runs out leaves whole attacks, each with its share-0 anchor)."""
+    def plan(aggregator: str, attack: str = "none", fraction: float = 0.0, attackers: int = 0,
+             verify: float | None = None) -> Planned:
         first = section.honest_first if attack in UPLOAD_ATTACKS or attack == "sybil" else 0
-        return Planned(section.task, aggregator, section.checks, attack, fraction, attackers, first)
+        return Planned(section.task, aggregator, section.checks, attack, fraction, attackers, first, verify)
 
+    if section.verify_shares is not None:
+        crossed = []
+        for aggregator in section.aggregators:
+            for planned in ([plan(aggregator)] if section.anchors else []) + attacked(section, k, plan, aggregator):
+                crossed += [dataclasses.replace(planned, verify=share) for share in section.verify_shares]
+        return crossed
     runs = [plan("mean")]
     for aggregator in section.aggregators:
         if aggregator != "mean":
             runs.append(plan(aggregator))
-        for attack in section.attacks:
-            if attack == "sybil":
-                runs.append(plan(aggregator, attack))
-                continue
-            counts: set[int] = set()
-            for fraction in section.fractions:
-                attackers = round(fraction * k)
-                if 0 < attackers <= k and attackers not in counts:
-                    counts.add(attackers)
-                    runs.append(plan(aggregator, attack, fraction, attackers))
+        runs += attacked(section, k, plan, aggregator)
+    return runs
+
+
+def attacked(section: Section, k: int, plan: Any, aggregator: str) -> list[Planned]:
+    """Every attack of ``section`` at every fraction (round(f k) attackers, each count once), sybil once."""
+    runs = []
+    for attack in section.attacks:
+        if attack == "sybil":
+            runs.append(plan(aggregator, attack))
+            continue
+        counts: set[int] = set()
+        for fraction in section.fractions:
+            attackers = round(fraction * k)
+            if 0 < attackers <= k and attackers not in counts:
+                counts.add(attackers)
+                runs.append(plan(aggregator, attack, fraction, attackers))
     return runs
 
 
@@ -281,12 +376,14 @@ def run(args: argparse.Namespace) -> int:
                     continue
                 record = RunRecord(section=section.title, task=section.task, aggregator=planned.aggregator,
                                    checks=section.checks, attack=planned.attack, fraction=planned.fraction,
-                                   attackers=planned.attackers, metric=grid.metric, honest_first=planned.honest_first)
+                                   attackers=planned.attackers, metric=grid.metric, honest_first=planned.honest_first,
+                                   verify=planned.verify)
                 spec = RunSpec(url="", attack=None if planned.attack == "none" else planned.attack,
                                attackers=planned.attackers, k=k, seed=args.seed, z=z, sybil_joins=args.sybil_joins,
-                               timeout_s=args.run_timeout, honest_first=planned.honest_first)
+                               timeout_s=args.run_timeout, honest_first=planned.honest_first, admin_token=ADMIN)
                 arguments = serve_args(packages[section.task].path, work / "session", k, passes, planned.aggregator,
-                                       features, checks=section.checks, configs=configs, extra=args.serve_arg)
+                                       features, checks=section.checks, configs=configs, verify=planned.verify,
+                                       extra=args.serve_arg)
                 one_run(record, spec, arguments, work, trainers.setdefault(section.task, {}), args.jobs)
                 done[planned.key] = record
                 rows.append(record)
@@ -310,6 +407,10 @@ def run(args: argparse.Namespace) -> int:
     print(text)
     if skipped:
         print(f"budget of {args.budget_s:.0f} s spent: {len(skipped)} runs not run: {'; '.join(skipped)}")
+    banned = sum(r.honest_banned or 0 for r in records)
+    if banned:
+        print(f"WARNING: {banned} honest peer(s) banned over {sum(1 for r in records if r.honest_banned)} runs "
+              "(see the WARNING lines above): host replays judged an honest result a cheat", flush=True)
     print(f"{len(records)} runs in {total:.0f} s")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     index = {id(r): i for i, r in enumerate(records)}

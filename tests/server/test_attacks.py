@@ -1,6 +1,11 @@
 """``peertrain bench attacks``: the attackers' maths with numbers checkable by hand, the bench's grid and report,
 native peers (honest and attacking) driving a real relay over HTTP, and (slow) the quick bench end to end.
 
+The verification columns (attackers caught, the round of each ban, honest peers banned, the replays' cost) are
+computed from a synthetic peer listing and history and checked by hand; the quick bench's verification run
+(free_rider honest on its first upload, every result replayed) must have its attacker banned in round 1 and
+no honest peer banned.
+
 The last test holds the relay's defaults to account: with one attacker in three on arith, the relay as shipped
 (its default aggregator and checks) ends within 10 points of its honest run under each of the five upload
 attacks, while ``mean`` (plain FedAvg) with the relay's switchable checks off does not under flip and
@@ -9,6 +14,7 @@ noise_claim (unless a check without a switch refused those uploads).
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import subprocess
@@ -34,12 +40,44 @@ from server.bench.attack_peers import (
     little_is_enough,
     noise,
     paper_z,
+    peer_listing,
     poisoned,
     scaled,
 )
-from server.bench.attack_report import COLUMNS, relative, shown
-from server.bench.attack_runs import RelayFeatures, default_aggregate, relay_features, serve_args
-from server.bench.attacks import FULL, FULL_K, QUICK, Section, planned_runs, supported
+from server.bench.attack_report import (
+    COLUMNS,
+    VERIFY_COLUMNS,
+    ban_rounds_cell,
+    caught_cell,
+    compare,
+    relative,
+    shown,
+    tables,
+    verify_row,
+    warning,
+)
+from server.bench.attack_runs import (
+    RelayFeatures,
+    RunRecord,
+    ban_round,
+    default_aggregate,
+    relay_features,
+    serve_args,
+    verification_columns,
+)
+from server.bench.attacks import (
+    FULL,
+    FULL_K,
+    QUICK,
+    QUICK_K,
+    TASKS,
+    VERIFY_SHARES,
+    Section,
+    add_arguments,
+    planned_runs,
+    sections_of,
+    supported,
+)
 from server.browser.launcher import relay_process
 
 G = np.array([1.0, 2.0, -1.0, 0.5], dtype=np.float32)
@@ -126,10 +164,128 @@ def test_the_full_grid_shares_its_honest_runs() -> None:
     assert "default" not in sections[2].aggregators and "default" in sections[0].aggregators
     distinct = {p.key for section in sections for p in planned_runs(section, FULL_K)}
     # shipped arith: 2 honest + 2 x 6 attacks; patient: 2 x 4 x 2 (its honest runs are the shipped ones);
-    # aggregators alone: 6 honest + 6 x 4; shipped bytetext: 2 + 2 x 6
-    assert len(distinct) == 14 + 16 + 30 + 14
+    # aggregators alone: 6 honest + 6 x 4; shipped bytetext: 2 + 2 x 6; verification: (1 honest + 4) x 4 shares
+    assert len(distinct) == 14 + 16 + 30 + 14 + 20
     assert supported(list(FULL), features, {"centered_clipping": '{"radius": 1}'}) == list(FULL)
     assert all(p.attackers == 1 for p in planned_runs(QUICK[0], 3) if p.attack != "none")
+
+
+def test_the_verification_section_crosses_every_share_attack_by_attack() -> None:
+    verification = next(s for s in FULL if s.name == "verification")
+    runs = [(p.aggregator, p.attack, p.attackers, p.honest_first, p.verify) for p in planned_runs(verification, 10)]
+    shares = list(VERIFY_SHARES)
+    assert shares == [0.0, 0.1, 0.25, 1.0]
+    assert runs == [("default", attack, 0 if attack == "none" else 3, 0 if attack == "none" else 1, share)
+                    for attack in ("none", "flip", "free_rider", "scaled", "little_is_enough") for share in shares]
+    quick = [(p.attack, p.attackers, p.honest_first, p.verify) for s in QUICK if s.verify_shares
+             for p in planned_runs(s, QUICK_K)]
+    assert quick == [("free_rider", 1, 1, 1.0)]  # one run: no honest anchor, no share 0
+
+
+def options(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_sections_and_verify_shares_pick_and_narrow_the_grid() -> None:
+    sections, k = sections_of(options("--sections", "verification", "--attacks", "flip,scaled",
+                                      "--verify-shares", "0,0.25,1"))
+    assert k == FULL_K and [s.name for s in sections] == ["verification"]
+    runs = [(p.attack, p.verify) for p in planned_runs(sections[0], k)]
+    assert runs == [(a, v) for a in ("none", "flip", "scaled") for v in (0.0, 0.25, 1.0)]
+    assert all(p.honest_first == (p.attack != "none") for p in planned_runs(sections[0], k))
+    full, _ = sections_of(options("--verify-shares", "0,1"))  # the whole grid; only the verification section crosses
+    assert [s.verify_shares for s in full] == [None] * 4 + [(0.0, 1.0)]
+    custom, _ = sections_of(options("--tasks", "arith", "--attacks", "flip", "--aggregators", "mean",
+                                    "--verify-shares", "0,1"))
+    assert [(p.attack, p.verify) for p in planned_runs(custom[0], 10)][:4] == [("none", 0.0), ("none", 1.0),
+                                                                                ("flip", 0.0), ("flip", 1.0)]
+    assert [s.name for s in sections_of(options("--quick"))[0]] == ["shipped", "verification"]
+    with pytest.raises(SystemExit):
+        sections_of(options("--sections", "nonsense"))
+    with pytest.raises(SystemExit):
+        options("--verify-shares", "0,2")
+
+
+def test_serve_args_turn_a_share_into_verify_fraction_or_no_verify() -> None:
+    features = RelayFeatures(frozenset({"--no-verify", "--outlier-factor"}), None)
+    base = len(serve_args(Path("p"), Path("s"), 3, 1, "default", features))
+    tail = lambda verify, checks="on": serve_args(Path("p"), Path("s"), 3, 1, "default", features,  # noqa: E731
+                                                  checks=checks, verify=verify)[base:]
+    assert tail(None) == [] and tail(0.0) == ["--no-verify"] and tail(0.25) == ["--verify-fraction", "0.25"]
+    assert tail(1.0) == ["--verify-fraction", "1"]
+    assert tail(0.5, "off") == ["--outlier-factor", "0", "--no-verify"]  # checks off: no replays whatever the share
+
+
+# A session of 4 rounds that ended at t = 100, 110, 120, 130 (the history's ``time``, the relay's clock).
+HISTORY = [{"round": r, "time": 100.0 + 10 * r, "verification": {"results": 10 - r, "replay_seconds": 1.0,
+                                                                  "waited_seconds": 0.1 * (r + 1)}}
+           for r in range(4)]
+
+
+def listed(role: str, banned_at: float | None, refused_round: int | None = None) -> dict:
+    return {"role": role, "peer_id": f"{role}-{banned_at}", "banned": banned_at is not None,
+            "ban_reason": "a result of round 2 differs from the host's replay" if banned_at else None,
+            "banned_at": banned_at, "refused_round": refused_round}
+
+
+def test_a_ban_falls_in_the_round_open_at_its_time() -> None:
+    assert [ban_round(t, HISTORY) for t in (5.0, 100.0, 100.5, 115.0, 130.0, 131.0)] == [0, 0, 1, 2, 3, 4]
+    assert ban_round(7.0, []) == 0
+
+
+def test_verification_columns_from_a_peer_listing_and_history() -> None:
+    peers = [listed("honest", None), listed("flip", 115.0, 3), listed("flip", 105.0, 1), listed("flip", None),
+             listed("flip", 140.0, None), listed("honest", None)]
+    record = RunRecord(section="t", task="arith", aggregator="default", checks="on", attack="flip", fraction=0.3,
+                       attackers=4, metric="accuracy", honest_first=1, verify=0.25, rounds=4, num_rounds=4,
+                       value=0.7)
+    verification_columns(record, peers, HISTORY)
+    assert record.attackers_banned == 3 and record.ban_rounds == [1, 2, 4, None]  # 140 s: after the last round
+    assert record.observed_ban_rounds == [1, 3, None, None]  # a peer learns of its ban at its next request
+    assert record.honest_banned == 0 and warning(record) is None
+    assert record.replays == 10 + 9 + 8 + 7 and record.replay_wait_s == pytest.approx(0.25)  # mean of 0.1..0.4
+    assert caught_cell(record) == "3/4" and ban_rounds_cell(record) == "1, 2, 4, never"
+
+    record.wall_round_s = 3.0
+    anchor = RunRecord(section="t", task="arith", aggregator="default", checks="on", attack="flip", fraction=0.3,
+                       attackers=4, metric="accuracy", honest_first=1, verify=0.0, wall_round_s=2.0, value=0.5)
+    verification_columns(anchor, [listed("honest", None)] * 6 + [listed("flip", None)] * 4, [])
+    assert anchor.attackers_banned == 0 and anchor.ban_rounds == [None] * 4 and anchor.replays is None
+    honest = RunRecord(section="t", task="arith", aggregator="default", checks="on", attack="none", fraction=0.0,
+                       attackers=0, metric="accuracy", verify=0.25, value=0.75)
+    verification_columns(honest, [listed("honest", None), listed("honest", 121.0)], HISTORY)
+    assert honest.honest_banned == 1 and honest.attackers_banned == 0
+    compare([anchor, record, honest], TASKS)
+    assert record.vs_no_verify == pytest.approx(1.5) and anchor.vs_no_verify == pytest.approx(1.0)
+    assert record.vs_honest == pytest.approx(-5.0)  # against the honest run at the same share
+    assert "WARNING: 1 HONEST PEER(S) BANNED" in (warning(honest) or "")
+
+    cells = [cell.strip() for cell in verify_row(record, True).strip().strip("|").split("|")]
+    assert len(cells) == len(VERIFY_COLUMNS)
+    row = dict(zip(VERIFY_COLUMNS, cells, strict=True))
+    assert (row["replay share"], row["attackers caught"], row["round of each ban"], row["honest banned"]) == \
+        ("0.25", "3/4", "1, 2, 4, never", "0")
+    assert (row["replay wait s/round"], row["wall s/round"], row["wall vs share 0"]) == ("0.25", "3.00", "1.50x")
+    section = Section("t", "arith", ("default",), ("flip",), (0.3,), verify_shares=(0.0, 0.25))
+    text = tables([(section, [anchor, record, honest])], TASKS, RelayFeatures(frozenset({"--aggregate"}), None))
+    assert text.count("WARNING: 1 HONEST PEER(S) BANNED") == 1 and "| 1 **WARNING** |" in text
+
+
+def test_peer_listing_matches_the_relay_listing_to_the_bench_roles() -> None:
+    peer = lambda role, pid, seen=None: SimpleNamespace(  # noqa: E731
+        role=role, refused_round=seen, relay=SimpleNamespace(credentials=SimpleNamespace(peer_id=pid) if pid else None))
+    listing = [{"peer_id": "a", "banned": False, "ban_reason": None, "banned_at": None},
+               {"peer_id": "b", "banned": True, "ban_reason": "replay", "banned_at": 12.5}]
+    out = peer_listing([peer("honest", "a"), peer("flip", "b", 3), peer("flip", None), peer("honest", "c")],
+                       listing)
+    assert out == [{"role": "honest", "peer_id": "a", "banned": False, "ban_reason": None, "banned_at": None,
+                    "refused_round": None},
+                   {"role": "flip", "peer_id": "b", "banned": True, "ban_reason": "replay", "banned_at": 12.5,
+                    "refused_round": 3},
+                   {"role": "honest", "peer_id": "c", "banned": None, "ban_reason": None, "banned_at": None,
+                    "refused_round": None}]  # not in the listing: unknown, left out of the counts
 
 
 HELP = """usage: peertrain serve [-h] [--aggregate {mean,median}]
@@ -213,17 +369,30 @@ def table_rows(text: str) -> list[list[str]]:
 def test_quick_bench_prints_a_table_per_task_and_writes_json(tmp_path: Path) -> None:
     result = bench(tmp_path / "attacks.json")
     runs = result["runs"]
-    assert len(runs) == len(planned_runs(QUICK[0], result["k"])) == 8 and len(result["sections"]) == 1
+    assert len(runs) == sum(len(planned_runs(s, result["k"])) for s in QUICK) == 9 and len(result["sections"]) == 2
     assert all(r["error"] is None and r["rounds"] == r["num_rounds"] > 0 for r in runs), runs
-    # one progress line per run, then the table: header, separator, one row per run
+    # one progress line per run, then a table per section: header, separator, one row per run
     progress = [line for line in result["stdout"].splitlines() if re.match(r"arith +\S+ +\S+ +\d\.\d\d \(", line)]
     assert len(progress) == len(runs)
-    rows = table_rows(result["tables"])
+    shipped, verifying = ([runs[i] for i in section["runs"]] for section in result["sections"])
+    first, second = result["tables"].split("### ")[1:]
+    rows = table_rows(first)
     assert rows[0][0] == "aggregator" and len(rows[0]) == len(COLUMNS)
-    assert len(rows) == 2 + len(runs) and all(len(row) == len(COLUMNS) for row in rows)
+    assert len(rows) == 2 + len(shipped) and all(len(row) == len(COLUMNS) for row in rows)
     honest_mean = next(r for r in runs if r["aggregator"] == "mean" and r["attack"] == "none")
     assert honest_mean["vs_mean"] == 0.0 and honest_mean["value"] > 0.5  # the anchor learnt
-    assert all(r["vs_honest"] is not None and r["vs_mean"] is not None for r in runs)
+    assert all(r["vs_honest"] is not None and r["vs_mean"] is not None for r in shipped)
+    assert all(r["honest_banned"] == 0 for r in runs), [(r["attack"], r["honest_ban_reasons"]) for r in runs]
+    assert "WARNING" not in result["stdout"]
+    # the verification run: free_rider honest on its first upload (round 0), every result replayed: the replay of
+    # its second result (round 1) bans it there
+    rows = table_rows(second)
+    assert rows[0][0] == "replay share" and len(rows) == 3 and all(len(row) == len(VERIFY_COLUMNS) for row in rows)
+    (run,) = verifying
+    assert (run["attack"], run["verify"], run["honest_first"], run["attackers"]) == ("free_rider", 1.0, 1, 1)
+    assert run["attackers_banned"] == 1 and run["ban_rounds"] == [1] and run["honest_banned"] == 0, run
+    assert run["replays"] and run["replay_wait_s"] is not None and run["wall_round_s"] > 0
+    assert dict(zip(VERIFY_COLUMNS, rows[2], strict=True))["attackers caught"] == "1/1"
     assert result["tables"] in result["stdout"]
 
 
