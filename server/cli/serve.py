@@ -87,6 +87,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "when it has been out F times the session's median unit time (default "
                         f"{DEFAULT_BACKUP_AFTER:g}; 0: at once); the first result is merged, the other compared")
     parser.add_argument("--no-backups", action="store_true", help="never hand out backups of slow units")
+    parser.add_argument("--mode", choices=("sync", "async"), default="sync",
+                        help="sync: rounds of k units (default); async: buffered asynchronous merging (FedBuff), "
+                        "peers never wait for a round and every --buffer results are merged")
+    parser.add_argument("--buffer", type=int, default=None, metavar="K",
+                        help="async: results per merge (default: -k)")
+    parser.add_argument("--staleness-exponent", type=float, default=0.5, metavar="A",
+                        help="async: a result s versions behind is weighted (1 + s) ** -A (default 0.5)")
+    parser.add_argument("--max-staleness", type=int, default=20, metavar="S",
+                        help="async: a result more than S versions behind is refused (409 too_stale; default 20)")
+    parser.add_argument("--validate-every", type=int, default=1, metavar="N",
+                        help="async: validate (and plot) every N merges (default 1)")
     parser.add_argument("--round-deadline", type=float, default=None, metavar="S",
                         help="a round merges S seconds after its first unit is handed out with what it has (at "
                         "least --min-results); the units not back open the next round (default: no deadline)")
@@ -169,8 +180,11 @@ def open_session(args: argparse.Namespace, paths: RelayPaths):  # type: ignore[n
     else:
         config = SessionConfig(merge=args.merge, merge_config=json.loads(args.merge_config),
                                aggregate=args.aggregate, aggregate_config=args.aggregate_config,
-                               participants=args.participants, passes=args.passes, seed=args.seed,
-                               force=args.force, on_divergence=args.on_divergence)
+                               participants=args.buffer if args.mode == "async" and args.buffer
+                               else args.participants, passes=args.passes, seed=args.seed,
+                               force=args.force, on_divergence=args.on_divergence, mode=args.mode,
+                               staleness_exponent=args.staleness_exponent, max_staleness=args.max_staleness,
+                               validate_every=args.validate_every)
         session = Session.create(package, config, directory=session_dir)
         print(f"new session in {session_dir}: {session.num_rounds} rounds of {args.participants} units")
     admin_token = args.admin_token or secrets.token_urlsafe(18)
@@ -194,6 +208,13 @@ def open_session(args: argparse.Namespace, paths: RelayPaths):  # type: ignore[n
         raise ValueError(f"--min-results must be 1 or more, got {options.min_results}")
     if not 0 <= options.redundancy <= 1:
         raise ValueError(f"--redundancy must be a share between 0 and 1, got {options.redundancy:g}")
+    if session.config.mode == "async":
+        if options.redundancy or options.round_deadline is not None:
+            raise ValueError("--redundancy and --round-deadline belong to synchronous rounds; not with --mode async")
+        if options.verify:
+            print("async mode: host replays, second copies and backups are synchronous-round features and are off; "
+                  "the result checks (counts, update norms) and the aggregator remain")
+            options.verify = False
     if options.verify and not package.task.replay_across_engines and not args.force_verify:
         print(f"host replays are off: a {package.task.name} unit trained in a browser and natively can part ways "
               "(float rounding differences grow into different weights), so a replay cannot judge it; the other "

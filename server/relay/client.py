@@ -72,8 +72,9 @@ def work_call(hold: float | str | None = None) -> Call:
     return Call("POST", "/api/work" if hold is None else f"/api/work?hold={hold}")
 
 
-def weights_call() -> Call:
-    return Call("GET", "/api/weights", parse=content)
+def weights_call(version: int | None = None) -> Call:
+    """The current weights, or (``version``) the version a job names (async mode keeps recent ones)."""
+    return Call("GET", "/api/weights" if version is None else f"/api/weights?round={version}", parse=content)
 
 
 def unit_call(index: int) -> Call:
@@ -126,8 +127,8 @@ class RelayClient:
     def work(self, hold: float | str | None = None) -> dict[str, Any]:
         return dict(self.call(work_call(hold)))
 
-    def weights(self) -> bytes:
-        return bytes(self.call(weights_call()))
+    def weights(self, version: int | None = None) -> bytes:
+        return bytes(self.call(weights_call(version)))
 
     def unit(self, index: int) -> bytes:
         return bytes(self.call(unit_call(index)))

@@ -10,7 +10,7 @@ JSON unless noted; weights, chunks and results are binary wire messages (``runti
     POST /api/work[?hold=S]        (peer) -> an assignment with a lease deadline, or {"wait": s, "reason"};
                                    with hold, a "wait" answer is held up to S s (at most MAX_HOLD_SECONDS and
                                    half the peer timeout) and work is answered the moment it exists
-    GET  /api/weights              (peer) the global weights of the current round
+    GET  /api/weights[?round=V]              (peer) the global weights of the current round
     GET  /api/unit/{index}         (peer, holding a lease on it) the unit's data chunk
     POST /api/result?round=&slot=  (peer) a result message; refused with 4xx and a reason, counted
     POST /api/admin/{pause,resume,stop}, GET /api/admin/export/{model,history}   (admin token)
@@ -162,8 +162,22 @@ async def work(request: Request) -> Response:
 
 
 async def weights(request: Request) -> Response:
+    """The current weights, or with ``?round=V`` that version (a job's ``weights_round``): the current one, or in
+    async mode one of the kept recent versions; another is refused (``409 stale_round``)."""
     peer_of(request)
-    return Response(relay_of(request).weights_message(), media_type="application/octet-stream")
+    relay = relay_of(request)
+    asked = request.query_params.get("round")
+    if asked is None:
+        return Response(relay.weights_message(), media_type="application/octet-stream")
+    try:
+        version = int(asked)
+    except ValueError as error:
+        raise Refusal(400, "bad_query", "round= must be an integer") from error
+    message = relay.weights_message() if version == relay.session.round else relay.weights_of_version(version) \
+        if relay.async_mode else None
+    if message is None:
+        raise Refusal(409, "stale_round", f"weights of round {version} are not kept (current: {relay.session.round})")
+    return Response(message, media_type="application/octet-stream")
 
 
 async def unit(request: Request) -> Response:

@@ -31,6 +31,8 @@ class RoundPacing:
 
         def schedule_merge(self) -> None: ...
 
+        def async_ready(self) -> bool: ...
+
     @property
     def min_results(self) -> int:
         """Results a round needs to merge at its deadline."""
@@ -54,6 +56,8 @@ class RoundPacing:
     def round_ready(self) -> bool:
         """Whether the round may merge now: every unit is back (and checked), or its deadline passed with
         enough results."""
+        if getattr(self, "async_mode", False):
+            return self.async_ready()
         return self.round_full() or self.deadline_reached()
 
     def watch_deadline(self) -> None:

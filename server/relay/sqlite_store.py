@@ -41,6 +41,11 @@ CREATE TABLE IF NOT EXISTS copies (
     round INTEGER NOT NULL, slot INTEGER NOT NULL, peer_id TEXT NOT NULL, message BLOB NOT NULL,
     received REAL NOT NULL, outcome TEXT NOT NULL, PRIMARY KEY (round, slot, peer_id)
 );
+CREATE TABLE IF NOT EXISTS arrivals (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, entry INTEGER NOT NULL UNIQUE, unit_index INTEGER NOT NULL,
+    peer_id TEXT NOT NULL, version INTEGER NOT NULL, num_examples INTEGER NOT NULL, metrics TEXT NOT NULL,
+    message BLOB NOT NULL, update_vector BLOB NOT NULL, received REAL NOT NULL, merge INTEGER
+);
 CREATE TABLE IF NOT EXISTS bans (
     peer_id TEXT PRIMARY KEY, address TEXT NOT NULL, reason TEXT NOT NULL, time REAL NOT NULL
 );
@@ -251,6 +256,42 @@ class Store:
     def peer_address(self, peer_id: str) -> str:
         rows = self._run("SELECT address FROM peers WHERE id = ?", (peer_id,))
         return str(rows[0][0]) if rows else ""
+
+    # -- asynchronous mode (server.relay.buffered): results in arrival order, merged K at a time ------
+    def add_arrival(self, *, entry: int, unit_index: int, peer_id: str, version: int, num_examples: int,
+                    metrics: dict[str, Any], message: bytes, update: bytes) -> int:
+        with self._lock:
+            cursor = self.db.execute(
+                "INSERT INTO arrivals (entry, unit_index, peer_id, version, num_examples, metrics, message, "
+                "update_vector, received, merge) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, NULL)",
+                (entry, unit_index, peer_id, version, num_examples, json.dumps(metrics), message, update,
+                 self.clock()))
+            self.db.execute("UPDATE peers SET units_done = units_done + 1 WHERE id = ?", (peer_id,))
+            return int(cursor.lastrowid or 0)
+
+    def arrived_entries(self) -> set[int]:
+        return {int(r[0]) for r in self._run("SELECT entry FROM arrivals")}
+
+    def buffered(self) -> list[tuple[int, int, int, int, int, dict[str, Any], bytes]]:
+        """The results not merged yet, in arrival order: (seq, entry, unit, version, examples, metrics, update)."""
+        rows = self._run("SELECT seq, entry, unit_index, version, num_examples, metrics, update_vector FROM arrivals "
+                         "WHERE merge IS NULL ORDER BY seq")
+        return [(r[0], r[1], r[2], r[3], r[4], json.loads(r[5]), bytes(r[6])) for r in rows]
+
+    def mark_merged(self, seqs: list[int], merge: int) -> None:
+        with self._lock:
+            self.db.executemany("UPDATE arrivals SET merge = ? WHERE seq = ?", [(merge, seq) for seq in seqs])
+
+    def unmerge_from(self, merge: int) -> int:
+        """After a restart: results marked for merges the checkpoint does not hold go back to the buffer."""
+        with self._lock:
+            return self.db.execute("UPDATE arrivals SET merge = NULL WHERE merge >= ?", (merge,)).rowcount
+
+    def arrivals(self) -> list[tuple[int, int, int, int, int, int, dict[str, Any], bytes]]:
+        """Every merged result: (seq, entry, unit, version, merge, examples, metrics, message), arrival order."""
+        rows = self._run("SELECT seq, entry, unit_index, version, merge, num_examples, metrics, message FROM "
+                         "arrivals WHERE merge IS NOT NULL ORDER BY seq")
+        return [(r[0], r[1], r[2], r[3], r[4], r[5], json.loads(r[6]), bytes(r[7])) for r in rows]
 
     # -- bans -----------------------------------------------------------------------------------
     def ban(self, peer_id: str, reason: str) -> str:

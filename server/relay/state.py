@@ -11,14 +11,15 @@ import dataclasses
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from runtime import wire
 from runtime.tasks import UnitResult
+from server.relay.admin import SessionAdmin
 from server.relay.admission import JoinLimiter
+from server.relay.buffered import ASYNC_ROUND, BufferedMerges
 from server.relay.checks import check_update_norm, describe_defenses, read_result
 from server.relay.copies import UnitCopies
 from server.relay.pacing import RoundPacing
@@ -26,8 +27,6 @@ from server.relay.refusal import Refusal
 from server.relay.replay_checks import ReplayChecks
 from server.relay.sqlite_store import Store, StoredResult
 from server.relay.verify import DEFAULT_VERIFY_ATOL, DEFAULT_VERIFY_FRACTION, DEFAULT_VERIFY_RTOL, ReplayQueue
-from server.session.archive import archive_session
-from server.session.config import config_from_request
 from server.session.package import Package
 from server.session.session import Session
 
@@ -71,7 +70,7 @@ class RelayOptions:
 
 
 @dataclass
-class Relay(UnitCopies, RoundPacing, ReplayChecks):
+class Relay(UnitCopies, RoundPacing, BufferedMerges, SessionAdmin, ReplayChecks):
     session: Session
     package: Package
     store: Store
@@ -104,8 +103,9 @@ class Relay(UnitCopies, RoundPacing, ReplayChecks):
         released = self.store.release_live_leases()
         if released:
             self.store.count("leases_released_on_start", released)
-        if not self.session.done:
+        if not self.session.done and not self.async_mode:
             self.settle_after_restart()
+        self.start_async()
 
     # -- state the page and the CLI see ---------------------------------------------------------
     @property
@@ -132,7 +132,9 @@ class Relay(UnitCopies, RoundPacing, ReplayChecks):
                                              and lease.deadline >= now),
                                "copies": sum(1 for lease in (self.store.leases(session.round, 1).values()
                                                              if not session.done else ())
-                                             if lease.deadline >= now)},
+                                             if lease.deadline >= now)} if not self.async_mode
+            else self.async_progress(),
+            "mode": session.config.mode,
             "history": session.history[-HISTORY_LENGTH:],
             "initial_metrics": session.initial_metrics,
             "samples": self.latest_samples,
@@ -153,49 +155,9 @@ class Relay(UnitCopies, RoundPacing, ReplayChecks):
         self.latest_samples, self.samples_round = [], None
         self._weights_cache = None  # (the caller announces the change: this may run in a worker thread)
         self._decoded = {}
+        self.__dict__.pop("_async", None)
         self._start_replays()
-
-    async def replace_session(self, request: Any) -> Path:
-        """A new session on the same package from a session request (``POST /api/admin/session``): the
-        current config with the request's fields replaced. Everything is checked (merge guard and
-        hyperparameters included, by building the session in memory) before anything on disk changes, so a
-        refused request leaves the running session as it was. Then the old session's files move to
-        ``archive/NNN/`` and the new one starts in the same folder; its peers must join again (their
-        tokens lived in the old SQLite file). Returns the archive folder."""
-        try:
-            config = config_from_request(request, self.session.config)
-            if not self.session.done and not request.get("replace"):
-                raise Refusal(409, "session_running", "the current session is still running; stop it first or "
-                              'send "replace": true')
-            Session(self.package, config)  # the dry build: raises on a refused merge or bad settings
-        except (TypeError, ValueError) as error:  # SessionError, MergeGuardRefused, bad hyperparameters
-            raise Refusal(422, "bad_session", str(error)) from error
-        directory = self.session.directory
-        if directory is None:
-            raise Refusal(409, "no_session_folder", "this relay's session has no folder; it cannot be replaced")
-        async with self._merge_lock:
-            archived = await asyncio.to_thread(self._replace_blocking, config, directory)
-        self.work_changed()
-        return archived
-
-    def _replace_blocking(self, config: Any, directory: Path) -> Path:
-        self.store.close()
-        archived = archive_session(directory)
-        self.start_session(Session.create(self.package, config, directory=directory),
-                           Store(directory / "relay.sqlite3"))
-        return archived
-
-    def admin_action(self, action: str) -> None:
-        """``pause``, ``resume`` or ``stop`` (ends the session, recorded so a restart does not resume it)."""
-        if action == "pause":
-            self.paused = True
-        elif action == "resume":
-            self.paused = False
-        elif action == "stop":
-            self.session.stop("stopped by the admin")
-        else:
-            raise Refusal(404, "unknown_action", f"no admin action {action!r}")
-        self.work_changed()
+        self.start_async()
 
     def open(self) -> None:
         """(Re)open the store: the app's lifespan calls this on start-up, ``close`` on shutdown."""
@@ -267,6 +229,8 @@ class Relay(UnitCopies, RoundPacing, ReplayChecks):
         session = self.session
         if session.done:
             return {"done": True, "reason": session.stopped or "the session is complete"}
+        if self.async_mode and not self.paused:  # peers never wait for a round (server.relay.buffered)
+            return self.next_async(peer_id, self._assignment_json)
         if self.paused or self.merging:
             return {"wait": self.options.retry_seconds, "reason": "paused" if self.paused else "merging the round"}
         results, leases = self.store.result_slots(session.round), self.store.leases(session.round)
@@ -317,15 +281,16 @@ class Relay(UnitCopies, RoundPacing, ReplayChecks):
     def holds_unit(self, peer_id: str, unit_index: int) -> bool:
         """Whether ``peer_id`` holds a live lease on ``unit_index`` in the current round."""
         now = self.store.clock()
+        rounds = (ASYNC_ROUND,) if self.async_mode else (self.session.round,)
         return any(lease.peer_id == peer_id and lease.unit_index == unit_index and lease.deadline >= now
-                   for copy in (0, 1) for lease in self.store.leases(self.session.round, copy).values())
+                   for r in rounds for copy in (0, 1) for lease in self.store.leases(r, copy).values())
 
     def _assignment_json(self, assignment: Any, deadline: float) -> dict[str, Any]:
         unit = self.session.work_unit(assignment)
         return {**assignment.to_json(), "kind": self.session.task.kind, "episodes": unit.episodes,
                 "progress": unit.progress,
                 "lease_deadline": deadline, "lease_seconds": max(0.0, deadline - self.store.clock()),
-                "weights_round": self.session.round, "num_rounds": self.session.num_rounds,
+                "weights_round": assignment.round, "num_rounds": self.session.num_rounds,
                 "fingerprint": self.package.fingerprint,
                 **({"carried_from": carried} if (carried := self.session.carried_from(assignment)) is not None
                    else {})}
@@ -343,6 +308,8 @@ class Relay(UnitCopies, RoundPacing, ReplayChecks):
 
         A result refused for what it holds (not for its lease) frees its slot at once for another peer. A
         result of a slot that has its merged result already is a second copy: compared, never merged."""
+        if self.async_mode:
+            return self.accept_async(peer_id, round_index, slot, body)
         assignment, second = self._leased_assignment(peer_id, round_index, slot)
         if second:
             return self.accept_copy(peer_id, round_index, slot, assignment, body)
@@ -478,13 +445,16 @@ class Relay(UnitCopies, RoundPacing, ReplayChecks):
             self.merging = True
             self.changed()
             try:
-                await asyncio.to_thread(self.complete_round_blocking)
+                await asyncio.to_thread(self.complete_buffer_blocking if self.async_mode
+                                        else self.complete_round_blocking)
             finally:
                 self._forget_rounds_before(self.session.round)
                 self.merging = False
                 self.work_changed()
             # After the next round is open: peers train meanwhile; the lock keeps the next merge behind it.
             rounds, weights = session.round, session.weights
+            if self.async_mode and not session.history[-1]["metrics"]:
+                return  # (samples follow the validations)
             for _ in range(HANDOUT_TURNS):  # let the woken held requests take their units before the samples'
                 await asyncio.sleep(0)      # thread starts competing with this loop for the GIL
             self.latest_samples = await asyncio.to_thread(self.samples_blocking, weights)

@@ -39,6 +39,12 @@ class SessionConfig:
     divergence_factor: float = 3.0  # lower-is-better metric above factor * best counts as divergence
     label: str = ""  # how tables and plots name this session (default: the merge name)
     keep_checkpoints: int = 2  # round folders kept on disk besides best/
+    # Buffered asynchronous merging (server.session.buffered): "async" merges every k results, each weighted
+    # (1 + s) ** -staleness_exponent for its staleness s; validation every validate_every merges.
+    mode: str = "sync"
+    staleness_exponent: float = 0.5
+    max_staleness: int = 20
+    validate_every: int = 1
 
     def __post_init__(self) -> None:
         if self.on_divergence not in DIVERGENCE_ACTIONS:
@@ -47,6 +53,10 @@ class SessionConfig:
             raise SessionError(f"divergence_factor must be > 1, got {self.divergence_factor!r}")
         if self.max_rounds is not None and self.max_rounds < 1:
             raise SessionError(f"max_rounds must be at least 1 (or None), got {self.max_rounds!r}")
+        if self.mode not in ("sync", "async"):
+            raise SessionError(f"mode must be sync or async, got {self.mode!r}")
+        if not self.staleness_exponent >= 0 or self.max_staleness < 0 or self.validate_every < 1:
+            raise SessionError("staleness_exponent must be >= 0, max_staleness >= 0 and validate_every >= 1")
         object.__setattr__(self, "merge_config", dict(self.merge_config))
         if self.aggregate_config is None:
             defaults = DEFAULT_AGGREGATE_CONFIG if self.aggregate == DEFAULT_AGGREGATE else {}
@@ -74,7 +84,8 @@ class SessionConfig:
 
 # What ``POST /api/admin/session`` may change; the package (task, data) stays the relay's.
 SETTABLE = ("merge", "merge_config", "aggregate", "aggregate_config", "participants", "passes", "seed", "max_rounds",
-            "force", "on_divergence", "divergence_factor")
+            "force", "on_divergence", "divergence_factor", "mode", "staleness_exponent", "max_staleness",
+            "validate_every")
 
 
 def config_from_request(body: Any, current: SessionConfig) -> SessionConfig:

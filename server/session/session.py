@@ -226,18 +226,52 @@ class Session:
         if self.done:
             raise SessionError(f"the session is over ({self.stopped or f'all {self.num_rounds} rounds done'})")
         ordered = self._checked_results(results)
+        planned = self.assignments()
+        done_slots = {a.slot for a, _ in ordered}
+        carry = [(a.pass_index, a.unit_index, self._first_planned(a)) for a in planned
+                 if a.slot not in done_slots] if carry_missing else []
+        carried_in = [{"unit": u, "from_round": r} for _, u, r in self.carried]
+        entry, best_changed = self._merge_and_record(
+            [r for _, r in ordered], [a.unit_index for a, _ in ordered], validate=True, fields={
+                "missing": [a.unit_index for a in planned if a.slot not in done_slots],
+                **({"carried": [u for _, u, _ in carry]} if carry else {}),  # moved into the next round
+                **({"carried_in": carried_in} if carried_in else {}),  # units this round took from earlier ones
+            }, train_seconds=train_seconds, extra=extra)
+        self.consumed += len(planned) - len(self.carried)
+        self.carried = carry
+        return self._advance(entry, best_changed)
+
+    def complete_buffer(self, results: Sequence[tuple[int, UnitResult]], *, validate: bool,
+                        extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Buffered asynchronous mode: merge K results (unit index, result already weighted for staleness: see
+        ``server.session.buffered``) into the next weights version through the same aggregator and server
+        optimizer as a round; validate only when ``validate`` (every few merges)."""
+        if self.done:
+            raise SessionError(f"the session is over ({self.stopped or 'all merges done'})")
+        if not results:
+            raise SessionError(f"merge {self.round} got no results; a merge needs at least one")
+        for _, result in results:
+            check_unit_result(self.task, result, self.spec)
+        entry, best_changed = self._merge_and_record([r for _, r in results], [u for u, _ in results],
+                                                     validate=validate, fields={"version": self.round + 1},
+                                                     train_seconds=None, extra=extra)
+        return self._advance(entry, best_changed)
+
+    def _merge_and_record(self, results: list[UnitResult], units: list[int], *, validate: bool,
+                          fields: Mapping[str, Any], train_seconds: float | None,
+                          extra: Mapping[str, Any] | None) -> tuple[dict[str, Any], bool]:
+        """Merge, validate (or not), watch for divergence; the history entry and whether the best changed."""
         started = time.perf_counter()
-        merged = self.merge.merge(self.weights, [Result(r.weights, int(r.num_examples)) for _, r in ordered],
+        merged = self.merge.merge(self.weights, [Result(r.weights, int(r.num_examples)) for r in results],
                                   spec=self.spec, aggregator=self.aggregator)
-        outliers = [ordered[i][0].unit_index for i in self.aggregator.last_outliers]
+        outliers = [units[i] for i in self.aggregator.last_outliers]
         merged_at = time.perf_counter()
-        metrics = self.task.validate(merged, self.data.validation)
+        metrics = self.task.validate(merged, self.data.validation) if validate else {}
         validated_at = time.perf_counter()
 
-        value = float(metrics[self.metric])
         events: list[dict[str, Any]] = []
         best_changed = False
-        divergence = self._divergence(value)
+        divergence = self._divergence(float(metrics[self.metric])) if validate else None
         if divergence is not None:
             event: dict[str, Any] = {"type": "divergence", "reason": divergence, "action": self.config.on_divergence}
             if self.config.on_divergence == "rollback":
@@ -251,38 +285,30 @@ class Session:
             events.append(event)
         else:
             self.weights = merged
-            if self._better(value, self.best_metric):
-                self.best_metric, self.best_round, self.best_weights = value, self.round, merged.copy()
+            if validate and self._better(float(metrics[self.metric]), self.best_metric):
+                self.best_metric, self.best_round, self.best_weights = float(metrics[self.metric]), self.round, \
+                    merged.copy()
                 best_changed = True
-
-        planned = self.assignments()
-        done_slots = {a.slot for a, _ in ordered}
-        carry = [(a.pass_index, a.unit_index, self._first_planned(a)) for a in planned
-                 if a.slot not in done_slots] if carry_missing else []
-        carried_in = [{"unit": u, "from_round": r} for _, u, r in self.carried]
-        unit_metrics = [r.metrics for _, r in ordered]
         entry: dict[str, Any] = {
             "round": self.round,
             "merge": self.config.name,
-            "metrics": checkpoint.json_safe(metrics),
-            "participants": len(ordered),
-            "units": [a.unit_index for a, _ in ordered],
+            "metrics": checkpoint.json_safe(metrics),  # empty: not validated after this merge
+            "participants": len(results),
+            "units": units,
             "outliers": outliers,  # units the aggregator set aside or distrusted
-            "missing": [a.unit_index for a in planned if a.slot not in done_slots],
-            **({"carried": [u for _, u, _ in carry]} if carry else {}),  # moved into the next round
-            **({"carried_in": carried_in} if carried_in else {}),  # units this round took from earlier ones
-            "examples": int(sum(int(r.num_examples) for _, r in ordered)),
-            "train": _mean_metrics(unit_metrics),
+            **fields,
+            "examples": int(sum(int(r.num_examples) for r in results)),
+            "train": _mean_metrics([r.metrics for r in results]),
             "best": {"metric": self.best_metric, "round": self.best_round},
             "seconds": {"train": train_seconds, "merge": merged_at - started, "validate": validated_at - merged_at},
             "events": events,
             "time": time.time(),
             **(extra or {}),  # what the relay adds (the round's host replays)
         }
-        entry = checkpoint.json_safe(entry)
+        return checkpoint.json_safe(entry), best_changed
+
+    def _advance(self, entry: dict[str, Any], best_changed: bool) -> dict[str, Any]:
         self.history.append(entry)
-        self.consumed += len(planned) - len(self.carried)
-        self.carried = carry
         self.round += 1
         self._assignments = None
         if self.directory is not None:

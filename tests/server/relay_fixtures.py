@@ -100,7 +100,7 @@ class HttpPeer(RelayClient):
     def train(self, job: dict[str, Any]) -> bytes:
         """Fetch the round's weights and the unit's chunk, train natively, return the result message."""
         if self.peer.weights_round != job["round"]:
-            self.peer.set_weights(self.weights())
+            self.peer.set_weights(self.weights(job["round"]))
         return self.peer.train(job, self.unit(job["unit_index"]))
 
     def upload(self, round_index: int | str, slot: int | str, body: bytes,

@@ -84,11 +84,11 @@ def free_port() -> int:
 class Relayd:
     """``peertrain serve`` in a subprocess on a fixed port, so restarts keep the peers' URL."""
 
-    def __init__(self, session_dir: Path, port: int, log: Path) -> None:
+    def __init__(self, session_dir: Path, port: int, log: Path, *more: str) -> None:
         self.command = [sys.executable, "-m", "server.cli", "serve", "--port", str(port),
                         "--task", "majority_task:MajorityTask", "--session-dir", str(session_dir),
                         "-k", "2", "--passes", "2", "--admin-token", ADMIN, "--lease-seconds", "5",
-                        "--no-backups"]  # (the test counts the leases a restart releases: one unit in flight)
+                        "--no-backups", *more]  # (the test counts the leases a restart releases)
         for key, value in SMALL_SETTINGS.items():
             self.command += ["--set", f"{key}={value}"]
         self.env = os.environ | {"PYTHONPATH": str(EXAMPLE.parent)}
@@ -190,7 +190,7 @@ class PeerThread(threading.Thread):
                     time.sleep(min(float(job["wait"]), 0.1))
                     continue
                 if peer.weights_round != job["round"]:
-                    peer.set_weights(self.call("GET", "/api/weights").content)
+                    peer.set_weights(self.call("GET", f"/api/weights?round={job['round']}").content)
                 unit = self.call("GET", f"/api/unit/{job['unit_index']}")
                 if unit.status_code != 200:
                     continue

@@ -50,11 +50,13 @@ function fmt(value) {
 
 function drawChart(session) {
   const metric = session.metric;
+  // Async mode validates every few merges: the chart has a point per validation, at its merge.
+  const validated = session.history.filter((entry) => (entry.metrics || {})[metric] !== undefined);
   const points = [session.initial_metrics ? session.initial_metrics[metric] : null,
-    ...session.history.map((entry) => (entry.metrics || {})[metric])];
+    ...validated.map((entry) => entry.metrics[metric])];
   $("metric-name").textContent = metric;
   if (typeof Chart === "undefined") return;
-  const labels = points.map((_, i) => i);
+  const labels = [0, ...validated.map((entry) => entry.round + 1)];
   if (!chart) {
     chart = new Chart($("chart"), {
       type: "line",
@@ -86,6 +88,9 @@ function showSession(session) {
     : `training: ${session.round_progress.done}/${session.round_progress.slots} units back`
       + (session.round_progress.copies ? `, ${session.round_progress.copies} backup or second cop${session.round_progress.copies > 1 ? "ies" : "y"} out` : "");
   const last = session.history[session.history.length - 1];
+  $("async").textContent = session.mode !== "async" ? "off (rounds wait for their units)"
+    : `weights version ${session.round}; ${session.round_progress.done} of ${session.round_progress.slots} results in the buffer; `
+      + (last && last.staleness ? `last merge: results ${last.staleness.join(", ")} versions stale` : "no merge yet");
   $("backups").textContent = last && last.backups
     ? `round ${last.round + 1}: units ${last.backups.units.join(", ")} got a backup; ${last.backups.won.length ? `the backup of ${last.backups.won.join(", ")} came first` : "the originals came first"}`
     : "none in the last round";

@@ -130,7 +130,7 @@ async function trainLoop(joinCode, device) {
       if (job.done) { report("finished", { reason: job.reason }); return; }
       if (job.wait !== undefined) { report("waiting", { reason: job.reason }); await sleep(job.wait * 1000); continue; }
       if (weightsRound !== job.weights_round) {
-        weightsRound = prepared.peer.set_weights(await api("/api/weights", { binary: true }));
+        weightsRound = prepared.peer.set_weights(await api(`/api/weights?round=${job.weights_round}`, { binary: true }));
       }
       const unit = job.kind === "data" ? await api(`/api/unit/${job.unit_index}`, { binary: true }) : null;
       report("training", { job });

@@ -1,0 +1,224 @@
+"""Buffered asynchronous mode (``serve --mode async --buffer K``): peers never wait for a round, every K results
+are merged with staleness weights ``(1 + s) ** -a`` (checked by hand), the recorded arrivals replay to the same
+weights, and a SIGKILL mid-session loses nothing."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from relay_fixtures import HttpPeer, build_small_package, make_relay, serving, session_status
+from safetensors.numpy import load as load_safetensors
+from test_redundancy import work_until_done
+from test_relay_resume import ADMIN, PeerThread, Relayd, UploadGate, free_port, retrying, retrying_fails
+
+from runtime import wire
+from server.relay.app import RelayPaths
+from server.relay.sqlite_store import Store
+from server.session import checkpoint_files as checkpoint
+from server.session.buffered import Arrival, effective_weights, replay, staleness_weight, update_from
+from server.session.package import Package
+from server.session.session import Session, SessionConfig
+
+ASYNC = {"mode": "async", "aggregate": "mean"}  # the plain weighted mean, to check merges by hand
+
+
+@pytest.fixture(scope="module")
+def package(tmp_path_factory: pytest.TempPathFactory) -> Package:
+    return build_small_package(tmp_path_factory.mktemp("package"), examples=1536, chunks=6)
+
+
+def test_staleness_weights_by_hand() -> None:
+    assert staleness_weight(0, 0.5) == 1.0 and staleness_weight(3, 0.5) == 0.5 and staleness_weight(1, 1.0) == 0.5
+    assert staleness_weight(4, 0.0) == 1.0
+    current, update = np.array([1.0, 2.0], np.float32), np.array([4.0, -8.0], np.float32)
+    np.testing.assert_array_equal(effective_weights(current, update, 3, 0.5), [3.0, -2.0])
+    np.testing.assert_array_equal(update_from(np.array([5.0, 1.0], np.float32), np.array([1.0, 3.0], np.float32)),
+                                  [4.0, -2.0])
+    with pytest.raises(ValueError):
+        staleness_weight(-1, 0.5)
+
+
+def recorded(store: Store) -> list[Arrival]:
+    return [Arrival(seq, entry, unit, version, merge, examples, metrics, wire.decode(message)[1])
+            for seq, entry, unit, version, merge, examples, metrics, message in store.arrivals()]
+
+
+def test_merges_weigh_staleness_as_specified(package: Package, tmp_path: Path) -> None:
+    relay = make_relay(package, tmp_path / "s", k=2, passes=1, config=ASYNC, ban_addresses=False)
+    with serving(relay) as client:
+        a, b, c = HttpPeer(client), HttpPeer(client), HttpPeer(client)
+        jobs = {p.peer_id: p.assignment() for p in (a, b, c)}  # nobody waits: three units out at version 0
+        assert [j["round"] for j in jobs.values()] == [0, 0, 0] and len({j["slot"] for j in jobs.values()}) == 3
+        w0 = relay.session.weights.astype(np.float64)
+        bodies = {p.peer_id: p.train(jobs[p.peer_id]) for p in (a, b, c)}
+        for peer in (a, b):
+            assert peer.upload(0, jobs[peer.peer_id]["slot"], bodies[peer.peer_id]).status_code == 200
+        status = wait_until_version(client, 1)
+        result = {p: wire.decode(m) for p, m in bodies.items()}
+        # the relay's example counts (a data unit counts what its chunk holds, never the peer's claim)
+        n = {p: count_of(relay, jobs[p]) for p in result}
+
+        def by_hand(base: np.ndarray, parts: list[tuple[str, np.ndarray, float]]) -> np.ndarray:
+            total = sum(n[p] for p, _, _ in parts)
+            return base + sum(n[p] * weight * delta for p, delta, weight in parts) / total
+
+        w1 = by_hand(w0, [(p, result[p][1].astype(np.float64) - w0, 1.0) for p in (a.peer_id, b.peer_id)])
+        np.testing.assert_allclose(relay.session.weights, w1, rtol=1e-5, atol=1e-6)
+        assert status["history"][0]["staleness"] == [0, 0]
+        # c's result started from version 0 and is merged into version 2: one version stale
+        job_a = a.assignment()
+        assert job_a["round"] == 1
+        body_a = a.train(job_a)
+        assert c.upload(0, jobs[c.peer_id]["slot"], bodies[c.peer_id]).status_code == 200
+        assert a.upload(1, job_a["slot"], body_a).status_code == 200
+        status = wait_until_version(client, 2)
+        n[a.peer_id] = count_of(relay, job_a)
+        w1_stored = status_weights(relay, 1)
+        w2 = by_hand(w1_stored, [(c.peer_id, result[c.peer_id][1].astype(np.float64) - w0, 2 ** -0.5),
+                                 (a.peer_id, wire.decode(body_a)[1].astype(np.float64) - w1_stored, 1.0)])
+        np.testing.assert_allclose(relay.session.weights, w2, rtol=1e-5, atol=1e-6)
+        assert status["history"][1]["staleness"] == [1, 0] and status["history"][1]["started_from"] == [0, 1]
+        work_until_done(client, [a, b, c])
+        assert session_status(client)["done"]
+    relay.open()
+    arrivals = recorded(relay.store)
+    assert sorted(x.entry for x in arrivals) == list(range(len(relay.session.plan.schedule)))  # each unit once
+    fresh = Session.create(package, relay.session.config)
+    replayed = replay(fresh, arrivals, exponent=0.5, validate_every=1)
+    np.testing.assert_array_equal(replayed.weights, relay.session.weights)  # the recorded arrivals, bit for bit
+
+
+def count_of(relay, job: dict) -> int:  # type: ignore[no-untyped-def]
+    from server.session.buffered import entry_assignment
+
+    assignment = entry_assignment(relay.session.plan.schedule, relay.session.plan.seed, job["slot"], job["round"])
+    return int(relay.session.task.unit_examples(relay.session.work_unit(assignment)))
+
+
+def wait_until_version(client, version: int, timeout: float = 20.0) -> dict:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while True:
+        status = session_status(client)
+        if status["round"] >= version and not status["merging"]:
+            return status
+        assert time.monotonic() < deadline, status
+        time.sleep(0.02)
+
+
+def status_weights(relay, version: int) -> np.ndarray:  # type: ignore[no-untyped-def]
+    return relay._async_state()["versions"][version].astype(np.float64)
+
+
+def test_a_result_too_many_versions_behind_is_refused(package: Package, tmp_path: Path) -> None:
+    relay = make_relay(package, tmp_path / "s", k=1, passes=2, config={**ASYNC, "max_staleness": 1},
+                       ban_addresses=False)
+    with serving(relay) as client:
+        slow, fast = HttpPeer(client), HttpPeer(client)
+        old = slow.assignment()
+        old_body = slow.train(old)
+        for _ in range(2):  # two merges while the slow peer trains
+            assert fast.train_and_upload(fast.assignment()).status_code == 200
+            wait_until_version(client, session_status(client)["round"])
+        wait_until_version(client, 2)
+        refused = slow.upload(old["round"], old["slot"], old_body)
+        assert (refused.status_code, refused.json()["error"]) == (409, "too_stale")
+
+
+@pytest.mark.skipif(bool(RelayPaths().missing()), reason="set-up has not built web/node_modules and wheels/")
+def test_sigkill_mid_async_resumes_with_nothing_lost_and_replays_exactly(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    from relay_fixtures import EXAMPLE
+
+    monkeypatch.syspath_prepend(str(EXAMPLE.parent))
+    session_dir, log = tmp_path / "session", tmp_path / "serve.log"
+    relayd = Relayd(session_dir, free_port(), log, "--mode", "async", "--buffer", "2", "--aggregate", "mean")
+    deadline = time.monotonic() + 150
+    gate = UploadGate(limit=5)  # two merges and one result in the buffer, then hold the next upload
+    peers = [PeerThread(relayd.url, gate, deadline) for _ in range(3)]
+    observer = httpx.Client(base_url=relayd.url, timeout=30)
+    try:
+        relayd.start()
+        for peer in peers:
+            peer.start()
+        gate.wait_for_held(timeout=90)
+        before = retrying(observer, "GET", "/api/session", deadline).json()
+        assert before["mode"] == "async" and before["round"] == 2 and before["round_progress"]["done"] == 1, before
+        relayd.kill()
+        assert retrying_fails(observer)
+        relayd.start()
+        after = retrying(observer, "GET", "/api/session", deadline).json()
+        assert after["round"] == 2 and after["round_progress"]["done"] == 1, after  # the buffered result stayed
+        gate.open()
+        for peer in peers:
+            peer.join(timeout=max(1.0, deadline - time.monotonic()))
+        for peer in peers:
+            assert peer.error is None, f"{peer.error!r}\n{log.read_text()}"
+        final_status = retrying(observer, "GET", "/api/session", deadline).json()
+        model = observer.get("/api/admin/export/model", headers={"Authorization": f"Bearer {ADMIN}"})
+        assert model.status_code == 200, model.text
+        final = load_safetensors(model.content)["weights"]
+    finally:
+        gate.open()
+        observer.close()
+        relayd.stop()
+    assert final_status["done"] and final_status["round"] == final_status["num_rounds"]
+    package = Package.load(session_dir / "package")
+    config = SessionConfig.from_json(checkpoint.read_session_config(session_dir)["config"])
+    store = Store(session_dir / "relay.sqlite3")
+    try:
+        arrivals = recorded(store)
+    finally:
+        store.close()
+    assert sorted(a.entry for a in arrivals) == list(range(len(package_schedule(package, config))))  # none lost
+    replayed = replay(Session.create(package, config), arrivals, exponent=config.staleness_exponent,
+                      validate_every=config.validate_every)
+    np.testing.assert_array_equal(replayed.weights, final)
+
+
+def package_schedule(package: Package, config: SessionConfig) -> tuple:
+    return Session(package, config).plan.schedule
+
+
+def test_results_marked_for_a_merge_the_checkpoint_lacks_go_back_to_the_buffer(package: Package,
+                                                                               tmp_path: Path) -> None:
+    """A merge marks its results in SQLite before it writes its checkpoint; killed in between, the restart puts
+    them back in the buffer (nothing lost, nothing merged twice)."""
+    from server.relay.state import Relay
+
+    relay = make_relay(package, tmp_path / "s", k=2, passes=1, config=ASYNC, ban_addresses=False)
+    with serving(relay) as client:
+        peers = [HttpPeer(client), HttpPeer(client)]
+        jobs = [peer.assignment() for peer in peers]
+        bodies = [peer.train(job) for peer, job in zip(peers, jobs, strict=True)]
+        relay.accept_result(peers[0].peer_id, 0, jobs[0]["slot"], bodies[0])  # in SQLite, no merge yet
+    relay.open()
+    seqs = [row[0] for row in relay.store.buffered()]
+    relay.store.mark_merged(seqs, 0)  # the merge's first step ... and then the process died
+    relay.store.close()
+    restarted = Relay(session=Session.restore(tmp_path / "s", package), package=package,
+                      store=Store(tmp_path / "s" / "relay.sqlite3"), options=relay.options)
+    try:
+        assert restarted.session.round == 0 and [row[0] for row in restarted.store.buffered()] == seqs
+        assert restarted.store.counters()["arrivals_returned_to_buffer_on_start"] == 1
+    finally:
+        restarted.close()
+
+
+def test_validation_every_few_merges(package: Package) -> None:
+    from server.session.buffered import validates
+
+    session = Session.create(package, SessionConfig(participants=2, passes=1, mode="async", validate_every=2))
+    assert [validates(m, 2, session.num_rounds) for m in range(session.num_rounds)] == [False, True, True]
+    schedule = session.plan.schedule
+    for merge in range(session.num_rounds):
+        units = [u for _, u in schedule[2 * merge: 2 * merge + 2]]
+        results = [(u, package.task.train_unit(session.weights, package.task.work_unit(package.data, u, 0)))
+                   for u in units]
+        session.complete_buffer(results, validate=validates(merge, 2, session.num_rounds))
+    series = session.metric_series()
+    assert series[1] is None and series[2] is not None and series[3] is not None and session.done
+    assert [entry["version"] for entry in session.history] == [1, 2, 3]
