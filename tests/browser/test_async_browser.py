@@ -1,0 +1,64 @@
+"""Three Chromium pages in buffered asynchronous mode (``serve --mode async --buffer 2``): nobody waits for a
+round, every unit is trained once, merges record their staleness, and the recorded arrivals replay to the
+relay's weights bit for bit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import start_relay
+from playwright.sync_api import Browser, Page
+from test_session_browsers import ARITH_SETTINGS, BOOT_SECONDS, admin, close_pages, stop, task_args, wait_for_status
+
+from runtime import wire
+from server.browser.peers import join_url
+from server.relay.sqlite_store import Store
+from server.session import checkpoint_files as checkpoint
+from server.session.buffered import Arrival, replay
+from server.session.package import Package
+from server.session.session import Session, SessionConfig
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+
+def test_three_pages_train_asynchronously(browser: Browser, tmp_path: Path) -> None:
+    session_dir = tmp_path / "session"
+    relay, url = start_relay(*task_args("arith", ARITH_SETTINGS, "-k", "3", "--passes", "2", "--mode", "async",
+                                        "--buffer", "2", "--session-dir", str(session_dir)),
+                             log_name="relay-async.log")
+    pages: list[Page] = []
+    try:
+        admin(url, "pause")
+        for _ in range(3):
+            page = browser.new_context().new_page()
+            page.goto(join_url(url))
+            pages.append(page)
+        wait_for_status(url, lambda s: s["peers"]["joined"] >= 3, timeout_s=BOOT_SECONDS + 60,
+                        what="three pages to join", pages=pages, relay=relay)
+        admin(url, "resume")
+        final = wait_for_status(url, lambda s: s["done"], timeout_s=300, what="the session to finish",
+                                pages=pages, relay=relay)
+        shown = pages[0].locator("#async").text_content() or ""
+    finally:
+        close_pages(pages)
+        stop(relay)
+
+    assert final["mode"] == "async" and final["round"] == final["num_rounds"], final
+    assert "weights version" in shown, shown
+    history = final["history"]
+    assert all(len(entry["staleness"]) == entry["participants"] for entry in history)
+    package = Package.load(session_dir / "package")
+    config = SessionConfig.from_json(checkpoint.read_session_config(session_dir)["config"])
+    store = Store(session_dir / "relay.sqlite3")
+    try:
+        arrivals = [Arrival(seq, entry, unit, version, merge, examples, metrics, wire.decode(message)[1])
+                    for seq, entry, unit, version, merge, examples, metrics, message in store.arrivals()]
+    finally:
+        store.close()
+    fresh = Session.create(package, config)
+    assert sorted(a.entry for a in arrivals) == list(range(len(fresh.plan.schedule)))  # every unit once
+    replayed = replay(fresh, arrivals, exponent=config.staleness_exponent, validate_every=config.validate_every)
+    stored = checkpoint.read_latest(session_dir).weights
+    np.testing.assert_array_equal(replayed.weights, stored)
