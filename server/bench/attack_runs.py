@@ -142,7 +142,8 @@ def serve_args(package: Path, session_dir: Path, k: int, passes: int, aggregator
     of first results); None leaves the relay's default."""
     args = ["--package", str(package), "--session-dir", str(session_dir), "--fresh", "-k", str(k),
             "--passes", str(passes), "--admin-token", ADMIN, "--lease-seconds", str(LEASE_SECONDS),
-            "--peer-timeout", "600", "--min-peers", "1"]
+            "--peer-timeout", "600", "--min-peers", "1",
+            "--no-backups"]  # each peer trains its own unit of a round (backups race stragglers: not measured here)
     if aggregator != "default":
         args += ["--aggregate", aggregator]
         if configs and aggregator in configs:
