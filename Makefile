@@ -37,14 +37,16 @@ $(STAMPS)/npm: web/package.json web/package-lock.json
 wheels/pyodide-lock.json: $(STAMPS)/venv $(STAMPS)/npm $(RUNTIME_SOURCES) server/build/wheels.py server/build/assets.py
 	$(PY) -m server.build.wheels
 
-# PyTorch is a test oracle and benchmark anchor only; its CPU build exists for Python 3.11 here.
+# PyTorch (and transformers, which loads `peertrain export --format hf`) is a test oracle and benchmark anchor
+# only; its CPU build exists for Python 3.11 here.
 # When it cannot be installed, the parity tests skip and say why.
-torch-env: $(STAMPS)/torch
-$(STAMPS)/torch:
+torch-env: $(STAMPS)/torch-transformers
+$(STAMPS)/torch-transformers:
 	@mkdir -p $(STAMPS)
 	@python311=$$(scripts/find-python 3.11) && \
 	  { [ -x $(TORCH_VENV)/bin/python ] || $$python311 -m venv $(TORCH_VENV); } && \
-	  $(TORCH_VENV)/bin/python -m pip install --quiet torch==2.13.0 numpy && touch $@ \
+	  $(TORCH_VENV)/bin/python -m pip install --quiet torch==2.13.0 numpy transformers==4.57.1 safetensors \
+	  && touch $@ \
 	  || echo "warning: no PyTorch 3.11 environment; the PyTorch parity tests will be skipped"
 
 lint: $(STAMPS)/venv $(STAMPS)/npm

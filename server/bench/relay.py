@@ -110,7 +110,8 @@ def serve_arguments(package: Path, session_dir: Path, k: int, passes: int,
                                                               "--force-verify"]  # native peers only here
     # --no-backups: each simulated peer trains one unit a round and asks for the next at once; a backup of a
     # unit of the round being merged would be stale by the time it is fetched
-    return [*verify, "--no-backups", "--package", str(package), "--session-dir", str(session_dir), "--fresh", "-k", str(k),
+    return [*verify, "--no-backups", "--package", str(package), "--session-dir", str(session_dir), "--fresh",
+            "-k", str(k),
             "--passes", str(passes), "--admin-token", ADMIN, "--lease-seconds", "3600", "--peer-timeout", "3600",
             # every simulated peer joins from loopback at once: no admission limit per address here
             "--join-rate", "0", "--max-peers-per-address", "0"]

@@ -13,7 +13,7 @@ JSON unless noted; weights, chunks and results are binary wire messages (``runti
     GET  /api/weights[?round=V]              (peer) the global weights of the current round
     GET  /api/unit/{index}         (peer, holding a lease on it) the unit's data chunk
     POST /api/result?round=&slot=  (peer) a result message; refused with 4xx and a reason, counted
-    POST /api/admin/{pause,resume,stop}, GET /api/admin/export/{model,history}   (admin token)
+    POST /api/admin/{pause,resume,stop}, GET /api/admin/export/{model[?round=best],history}   (admin token)
     POST /api/admin/session        (admin token) a new session on the same package (``Relay.replace_session``)
     GET  /api/admin/peers          (admin token) every peer, its address, units and ban
     POST /api/admin/unban          (admin token) {"peer_id"}: lift a ban
@@ -240,13 +240,18 @@ async def export(request: Request) -> Response:
     require_admin(request)
     relay = relay_of(request)
     what = request.path_params["what"]
-    if what == "model":
-        from safetensors.numpy import save
+    if what == "model":  # named tensors, with what a loader needs in the metadata (server.session.export)
+        from server.session.export import model_metadata, safetensors_bytes
 
-        session = relay.session
-        blob = save({"weights": session.weights}, metadata={"spec": json.dumps(session.spec.to_json()),
-                                                           "round": str(session.round)})
-        return Response(blob, media_type="application/octet-stream",
+        session, which = relay.session, request.query_params.get("round", "latest")
+        if which not in ("latest", "best"):
+            raise Refusal(400, "bad_query", "round= must be latest or best")
+        weights = session.weights if which == "latest" else session.best_weights
+        rounds = session.round if which == "latest" else (session.best_round or -1) + 1
+        metadata = model_metadata(spec=session.spec, task_info=relay.package.task_description(),
+                                  model_config=session.task.model_config(), round_index=rounds,
+                                  fingerprint=relay.package.fingerprint)
+        return Response(safetensors_bytes(weights, metadata), media_type="application/octet-stream",
                         headers={"Content-Disposition": 'attachment; filename="model.safetensors"'})
     if what == "history":
         text = io.StringIO()

@@ -6,7 +6,8 @@ Layout of a session directory::
 
     session.json                   the session's config (plan, merge, divergence watch) and package
     history.jsonl                  one JSON object per completed round
-    rounds/000004/weights.safetensors      global weights after 4 rounds: tensor ``weights``, spec in metadata
+    rounds/000004/weights.safetensors      global weights after 4 rounds: one tensor per parameter under the
+                                           model's names, spec in metadata (before: one flat ``weights``)
     rounds/000004/merge_state.safetensors  the merge method's arrays (FedAvgM's momentum, FedAdam's m and v)
     rounds/000004/state.json               the merge method's scalars and the session's counters
     best/...                       the same three files for the best round so far
@@ -35,6 +36,7 @@ from safetensors.numpy import load_file, save_file
 
 from runtime.merge import StateDict, join_state, split_state
 from runtime.weights import WeightSpec
+from server.session.export import ExportError, flat_vector, named_tensors
 
 SESSION_FILE = "session.json"
 HISTORY_FILE = "history.jsonl"
@@ -44,6 +46,7 @@ BEST_DIR = "best"
 WEIGHTS_FILE = "weights.safetensors"
 MERGE_STATE_FILE = "merge_state.safetensors"
 STATE_FILE = "state.json"
+FLAT_TENSOR = "weights"  # the one tensor of a checkpoint written before named tensors (or without a spec)
 
 
 class CheckpointError(ValueError):
@@ -96,9 +99,12 @@ def write_point(folder: Path, checkpoint: Checkpoint, *, fingerprint: str) -> No
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     metadata = {"fingerprint": fingerprint, "round": str(checkpoint.state.get("round", ""))}
-    if checkpoint.spec is not None:
+    if checkpoint.spec is not None:  # one tensor per parameter, under the model's own names
         metadata["spec"] = json.dumps(checkpoint.spec.to_json())
-    save_file({"weights": np.ascontiguousarray(checkpoint.weights)}, str(folder / WEIGHTS_FILE), metadata=metadata)
+        tensors = named_tensors(checkpoint.spec, checkpoint.weights)
+    else:
+        tensors = {FLAT_TENSOR: np.ascontiguousarray(checkpoint.weights)}
+    save_file(tensors, str(folder / WEIGHTS_FILE), metadata=metadata)
     arrays, scalars = split_state(checkpoint.merge_state)
     save_file({k: np.ascontiguousarray(v) for k, v in arrays.items()}, str(folder / MERGE_STATE_FILE))
     state = {**checkpoint.state, "merge_scalars": scalars}
@@ -109,10 +115,19 @@ def read_point(folder: Path) -> Checkpoint:
     for name in (WEIGHTS_FILE, MERGE_STATE_FILE, STATE_FILE):
         if not (folder / name).is_file():
             raise CheckpointError(f"checkpoint {folder} is incomplete: {name} is missing")
-    weights = load_file(str(folder / WEIGHTS_FILE))["weights"]
+    tensors = load_file(str(folder / WEIGHTS_FILE))
     with safe_open(str(folder / WEIGHTS_FILE), framework="np") as handle:
         metadata = handle.metadata() or {}
     spec = WeightSpec.from_json(json.loads(metadata["spec"])) if "spec" in metadata else None
+    if FLAT_TENSOR in tensors:  # a checkpoint written before named tensors: one flat vector (still loads)
+        weights = tensors[FLAT_TENSOR]
+    elif spec is None:
+        raise CheckpointError(f"checkpoint {folder} has named tensors but no spec in its metadata")
+    else:
+        try:
+            weights = flat_vector(spec, tensors)
+        except ExportError as error:
+            raise CheckpointError(f"checkpoint {folder}: {error}") from error
     state = json.loads((folder / STATE_FILE).read_text())
     scalars = state.pop("merge_scalars", {})
     merge_state = join_state(load_file(str(folder / MERGE_STATE_FILE)), scalars)

@@ -11,7 +11,6 @@ import httpx
 import numpy as np
 import pytest
 from relay_fixtures import HttpPeer, build_small_package, make_relay, serving, session_status
-from safetensors.numpy import load as load_safetensors
 from test_redundancy import work_until_done
 from test_relay_resume import ADMIN, PeerThread, Relayd, UploadGate, free_port, retrying, retrying_fails
 
@@ -20,6 +19,7 @@ from server.relay.app import RelayPaths
 from server.relay.sqlite_store import Store
 from server.session import checkpoint_files as checkpoint
 from server.session.buffered import Arrival, effective_weights, replay, staleness_weight, update_from
+from server.session.export import exported_weights
 from server.session.package import Package
 from server.session.session import Session, SessionConfig
 
@@ -160,7 +160,7 @@ def test_sigkill_mid_async_resumes_with_nothing_lost_and_replays_exactly(tmp_pat
         final_status = retrying(observer, "GET", "/api/session", deadline).json()
         model = observer.get("/api/admin/export/model", headers={"Authorization": f"Bearer {ADMIN}"})
         assert model.status_code == 200, model.text
-        final = load_safetensors(model.content)["weights"]
+        final = exported_weights(model.content)
     finally:
         gate.open()
         observer.close()

@@ -31,11 +31,11 @@ from relay_fixtures import (
     sha256,
     wait_for_round,
 )
-from safetensors.numpy import load as load_safetensors
 from starlette.testclient import TestClient
 
 from runtime import wire
 from server.relay.state import Relay
+from server.session.export import exported_weights
 from server.session.package import Package
 
 
@@ -333,7 +333,7 @@ def test_admin_actions_need_the_admin_token(package: Package, tmp_path: Path) ->
 
         model = client.get("/api/admin/export/model", headers=admin)
         assert model.status_code == 200
-        assert np.array_equal(load_safetensors(model.content)["weights"], relay.session.weights)
+        assert np.array_equal(exported_weights(model.content), relay.session.weights)
         history = client.get("/api/admin/export/history", headers=admin).text.splitlines()
         assert [json.loads(line)["round"] for line in history] == list(range(relay.session.round)) == [0]
         assert_refused(client.get("/api/admin/export/nothing", headers=admin), 404, "unknown_export", "nothing")

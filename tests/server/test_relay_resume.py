@@ -36,13 +36,13 @@ from relay_fixtures import (
     serving,
     wait_for_round,
 )
-from safetensors.numpy import load as load_safetensors
 
 from runtime.peer import Peer
 from server.relay.app import RelayPaths
 from server.relay.sqlite_store import Store
 from server.relay.state import Relay
 from server.session import checkpoint_files as checkpoint
+from server.session.export import exported_weights
 from server.session.package import Package
 from server.session.session import Session, SessionConfig
 
@@ -239,7 +239,7 @@ def test_relay_killed_mid_round_resumes_and_matches_an_uninterrupted_run(tmp_pat
         status = retrying(observer, "GET", "/api/session", deadline).json()
         assert status["done"] and status["round"] == 4 and len(status["history"]) == 4
         model = observer.get("/api/admin/export/model", headers={"Authorization": f"Bearer {ADMIN}"})
-        final = load_safetensors(model.content)["weights"]
+        final = exported_weights(model.content)
     finally:
         gate.open()
         observer.close()
