@@ -10,6 +10,7 @@ Python source of its own; what it holds between calls is the ``WorkerPeer`` that
     WorkerPeer.choose_device    (async) cpu | webgpu | auto -> the choice as JSON
     WorkerPeer.set_weights      the round's weights message -> its round
     WorkerPeer.train            one job -> (result message, metrics as JSON)
+    WorkerPeer.respond          global weights + a visitor's prompt -> the task's answer as JSON
 
 The same calls run natively (``tests/runtime/test_worker_entry.py``), so a unit trained through this
 module in a browser is the unit a native peer trains.
@@ -96,6 +97,23 @@ class WorkerPeer:
         else:
             result = self.peer.train(job, unit)
         return bytes(result), self.peer.last_metrics_json
+
+
+    def respond(self, weights_message: object, prompt: str) -> str:
+        """The page's "Try the model": the task's answer to ``prompt`` from the given global weights (not the
+        ones this peer trains from, which it leaves alone), as JSON with the weights' ``round``, or
+        ``{"error": ...}`` when the task refuses the prompt."""
+        from runtime import wire
+        from runtime.peer import as_bytes
+        from runtime.tasks.base import TaskError
+
+        header, weights = wire.decode(as_bytes(weights_message), expect_spec=self.peer.spec,
+                                      expect_fingerprint=self.peer.fingerprint)
+        try:
+            answer = self.peer.task.respond(weights, str(prompt))
+        except TaskError as error:
+            return json.dumps({"error": str(error), "round": header.round})
+        return json.dumps({**answer, "round": header.round})
 
 
 def build_peer(task_info: str | dict[str, Any]) -> WorkerPeer:

@@ -138,6 +138,8 @@ class ArithTask(Task):
     name = "arith"
     kind = "data"
     metric = "val_loss"
+    plot_metric = "accuracy"  # exact answers: what matters for arithmetic
+    respond_hint = "37+48="
     Settings = ArithTaskSettings
     settings: ArithTaskSettings
 
@@ -289,6 +291,25 @@ class ArithTask(Task):
         truth = validation[f"{prefix}_answers"]
         answers = self.answers(model, validation, prefix)
         return np.array([a == str(int(t)) for a, t in zip(answers, truth, strict=True)], dtype=bool)
+
+    def respond(self, weights: np.ndarray, prompt: str) -> dict[str, Any]:
+        """The greedy answer to a problem such as ``37+48=`` (up to the end marker)."""
+        tokenizer = self.require_tokenizer()
+        text = prompt.strip()
+        if not text:
+            raise TaskError("type a problem such as 37+48=")
+        text = text if text.endswith("=") else text + "="
+        try:
+            ids = tokenizer.encode(text)
+        except TokenizerError as error:
+            raise TaskError(f"the model's vocabulary cannot write {text!r}: {error}") from error
+        model = self.load(weights)
+        room = model.config.context - len(ids)
+        if room < 1:
+            raise TaskError(f"the problem is longer than the model's context ({model.config.context} tokens)")
+        generated = greedy_continuations(model, np.array([ids]), np.array([len(ids)]), min(room, 8),
+                                         stop_token=tokenizer.eos_id)
+        return {"text": text + parse_answer(tokenizer, generated[0]), "prompt": text}
 
     def samples(self, weights: np.ndarray, validation: Mapping[str, np.ndarray], count: int = 6) -> list[Sample]:
         """Lines like ``1+1=2 ok`` and ``1+6=10 wrong, want 7`` for the sample problems 1+1, 1+2, ..."""

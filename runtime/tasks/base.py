@@ -98,6 +98,7 @@ class Task:
     kind: ClassVar[TaskKind] = "data"
     metric: ClassVar[str] = "val_loss"  # the validation metric plotted and watched for divergence
     higher_is_better: ClassVar[bool] = False
+    plot_metric: ClassVar[str | None] = None  # what the page's chart shows first (default: ``metric``)
     # The relay checks results by training units again: |result - replay| <= replay_rtol * |replay - global|.
     # None: the relay's default (calibrated on the built-in tasks); a task whose training amplifies float
     # rounding differences between a browser and native CPython more than those may declare its own.
@@ -161,6 +162,14 @@ class Task:
 
     def samples(self, weights: np.ndarray, validation: Mapping[str, np.ndarray], count: int = 6) -> list[Sample]:
         return []
+
+    # The page's "Try the model": what a visitor's prompt gets from ``weights`` (runs in the browser's worker).
+    respond_hint: ClassVar[str] = ""  # what to type, shown in the box (empty: the task answers no prompts)
+
+    def respond(self, weights: np.ndarray, prompt: str) -> dict[str, Any]:
+        """The model's answer to ``prompt`` as JSON: ``{"text": ...}`` for text, ``{"frames": [...]}`` for an
+        episode the page draws. Default: this task does not answer prompts."""
+        raise TaskError(f"task {self.name!r} does not answer prompts (it defines no respond)")
 
     def episodes_per_unit(self) -> int:
         """Experience tasks: the episode budget of one work unit (see ``work_unit``). Default 1; override it."""
@@ -238,7 +247,9 @@ class Task:
             "name": self.name,
             "kind": self.kind,
             "metric": self.metric,
+            "plot_metric": self.plot_metric or self.metric,
             "higher_is_better": self.higher_is_better,
+            "respond_hint": self.respond_hint,
             "crosses_boundary": self.crosses_boundary(),
             "settings": self.settings_json(),
         }

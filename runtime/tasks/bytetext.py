@@ -47,6 +47,7 @@ class ByteTextTask(Task):
     name = "bytetext"
     kind = "data"
     metric = "val_loss"
+    respond_hint = "The "
     Settings = ByteTextSettings
     settings: ByteTextSettings
     # Adam divides each gradient by its running magnitude, so on coordinates whose gradients are nearly zero
@@ -109,6 +110,15 @@ class ByteTextTask(Task):
                                              self.settings.validation_windows)
         loss = mean_loss(model, inputs, targets)
         return {"val_loss": loss, "bits_per_byte": bits_per_token(loss)}
+
+    def respond(self, weights: np.ndarray, prompt: str) -> dict[str, Any]:
+        """The text continued greedily by ``sample_tokens`` bytes (the prompt is cut to the model's context)."""
+        model = self.load(weights)
+        data = list(prompt.encode()) or list(b" ")
+        data = data[-(model.config.context - 1):]
+        room = min(self.settings.sample_tokens, model.config.context - len(data))
+        generated = np.asarray(model.generate(np.array([data], dtype=np.int64), room, temperature=0.0))[0]
+        return {"text": bytes(int(t) for t in generated).decode("utf-8", errors="replace"), "prompt": prompt}
 
     def samples(self, weights: np.ndarray, validation: Mapping[str, np.ndarray], count: int = 3) -> list[Sample]:
         model = self.load(weights)

@@ -335,6 +335,26 @@ class CartPoleTask(Task):
         return {"greedy_return": float(returns.mean()), "eval_min": float(returns.min()),
                 "eval_max": float(returns.max())}
 
+    respond_hint = "an episode seed, e.g. 7"
+
+    def respond(self, weights: np.ndarray, prompt: str) -> dict[str, Any]:
+        """One greedy episode from the reset seed in ``prompt``: its frames (cart position, pole angle)."""
+        try:
+            seed = int(prompt.strip() or "0")
+        except ValueError as error:
+            raise TaskError(f"type an episode seed (a whole number), not {prompt!r}") from error
+        layers = policy_layers(self.policy(weights))
+        env = CartPoleBatch(1, self.settings.max_episode_steps)
+        obs = env.reset([seed])
+        frames = [[float(obs[0, 0]), float(obs[0, 2])]]
+        done = False
+        while not done:
+            logits = policy_logits(layers, obs)
+            obs, _, terminated, truncated = env.step((logits[:, 1] > logits[:, 0]).astype(np.int64))
+            frames.append([float(obs[0, 0]), float(obs[0, 2])])
+            done = bool(terminated[0] or truncated[0])
+        return {"frames": frames, "text": f"episode seed {seed}: return {len(frames) - 1}", "prompt": prompt}
+
     def samples(self, weights: np.ndarray, validation: Mapping[str, np.ndarray], count: int = 6) -> list[Sample]:
         seeds = self._reset_seeds(validation)[:count]
         returns = greedy_returns(policy_layers(self.policy(weights)), seeds, self.settings.max_episode_steps)

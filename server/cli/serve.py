@@ -40,7 +40,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_task_options(parser)
     parser.add_argument("--package", type=Path, help="a package built with `peertrain package` (else built here)")
     parser.add_argument("--session-dir", type=Path, help="where checkpoints and the SQLite file live "
-                        "(default runs/session-<task>); an existing session there is resumed")
+                        "(default: runs/session-<task> under $PEERTRAIN_HOME, else under the working directory); "
+                        "an existing session there is resumed")
+    parser.add_argument("--public-model", action="store_true",
+                        help="anyone may download the model (GET /api/model, the page's Download link); "
+                        "default: only with the admin token")
     parser.add_argument("--fresh", action="store_true", help="discard an existing session in --session-dir")
     parser.add_argument("--merge", default="fedavg", choices=merge_names(), help="the merge method (default fedavg)")
     parser.add_argument("--merge-config", default="{}", help='merge hyperparameters as JSON, e.g. {"eta": 0.01}')
@@ -152,6 +156,11 @@ def build_task_wheel(package_manifest: dict, paths: RelayPaths) -> str | None:
     return dist
 
 
+def runs_home() -> Path:
+    """Where sessions live by default: ``runs/`` under ``$PEERTRAIN_HOME``, else under the working directory."""
+    return Path(os.environ.get("PEERTRAIN_HOME") or Path.cwd()) / "runs"
+
+
 def open_session(args: argparse.Namespace, paths: RelayPaths):  # type: ignore[no-untyped-def]
     from server.relay.sqlite_store import Store
     from server.relay.state import Relay, RelayOptions
@@ -159,7 +168,7 @@ def open_session(args: argparse.Namespace, paths: RelayPaths):  # type: ignore[n
     from server.session.package import Package, build_package
     from server.session.session import Session
 
-    session_dir = args.session_dir or REPO_ROOT / "runs" / f"session-{Path(args.task).stem}"
+    session_dir = args.session_dir or runs_home() / f"session-{Path(args.task).stem}"
     if args.fresh:
         shutil.rmtree(session_dir, ignore_errors=True)
     session_dir.mkdir(parents=True, exist_ok=True)
@@ -201,7 +210,8 @@ def open_session(args: argparse.Namespace, paths: RelayPaths):  # type: ignore[n
                            else package.task.replay_rtol or DEFAULT_VERIFY_RTOL,
                            ban_addresses=args.ban_addresses, redundancy=args.redundancy,
                            backup_after=None if args.no_backups else args.backup_after,
-                           round_deadline=args.round_deadline, min_results=args.min_results)
+                           round_deadline=args.round_deadline, min_results=args.min_results,
+                           public_model=args.public_model)
     if options.round_deadline is not None and not options.round_deadline > 0:
         raise ValueError(f"--round-deadline must be a number of seconds above 0, got {options.round_deadline:g}")
     if options.min_results is not None and options.min_results < 1:

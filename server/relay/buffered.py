@@ -56,6 +56,8 @@ class BufferedMerges:
 
         def work_changed(self) -> None: ...
 
+        def note_unit(self, peer_id: str, seconds: float, engine: str) -> None: ...
+
     @property
     def async_mode(self) -> bool:
         return self.session.config.mode == "async"
@@ -149,6 +151,7 @@ class BufferedMerges:
             self.work_changed()
             raise
         state["norms"] = (state["norms"] + [norm])[-NORMS_KEPT:]
+        self.note_unit(peer_id, now - lease.issued, str(header.meta.get("engine", "")))
         self.store.add_arrival(entry=entry, unit_index=assignment.unit_index, peer_id=peer_id, version=version,
                                num_examples=count, metrics=dict(header.metrics), message=body,
                                update=update.tobytes())

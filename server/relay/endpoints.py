@@ -13,6 +13,7 @@ JSON unless noted; weights, chunks and results are binary wire messages (``runti
     GET  /api/weights[?round=V]              (peer) the global weights of the current round
     GET  /api/unit/{index}         (peer, holding a lease on it) the unit's data chunk
     POST /api/result?round=&slot=  (peer) a result message; refused with 4xx and a reason, counted
+    GET  /api/model[?round=best]             (anyone with serve --public-model, else admin) the model
     POST /api/admin/{pause,resume,stop}, GET /api/admin/export/{model[?round=best],history}   (admin token)
     POST /api/admin/session        (admin token) a new session on the same package (``Relay.replace_session``)
     GET  /api/admin/peers          (admin token) every peer, its address, units and ban
@@ -197,7 +198,11 @@ async def result(request: Request) -> Response:
         round_index, slot = int(request.query_params["round"]), int(request.query_params["slot"])
     except (KeyError, ValueError) as error:
         raise Refusal(400, "bad_query", "POST /api/result needs integer round= and slot=") from error
-    relay.accept_result(peer_id, round_index, slot, body)
+    try:
+        relay.accept_result(peer_id, round_index, slot, body)
+    except Refusal:
+        relay.note_refusal(peer_id)  # (the page's participants table)
+        raise
     relay.store.count("results_accepted")
     relay.changed()
     relay.schedule_merge()
@@ -236,23 +241,37 @@ async def create_session(request: Request) -> Response:
     return JSONResponse({"ok": True, "archived": str(archived), "session": relay.session.describe()})
 
 
+def model_response(request: Request) -> Response:
+    """The model as named-tensor safetensors, with what a loader needs in the metadata (server.session.export)."""
+    from server.session.export import model_metadata, safetensors_bytes
+
+    relay = relay_of(request)
+    session, which = relay.session, request.query_params.get("round", "latest")
+    if which not in ("latest", "best"):
+        raise Refusal(400, "bad_query", "round= must be latest or best")
+    weights = session.weights if which == "latest" else session.best_weights
+    rounds = session.round if which == "latest" else (session.best_round or -1) + 1
+    metadata = model_metadata(spec=session.spec, task_info=relay.package.task_description(),
+                              model_config=session.task.model_config(), round_index=rounds,
+                              fingerprint=relay.package.fingerprint)
+    name = f"{session.task.name}-round{rounds}.safetensors"
+    return Response(safetensors_bytes(weights, metadata), media_type="application/octet-stream",
+                    headers={"Content-Disposition": f'attachment; filename="{name}"'})
+
+
+async def model(request: Request) -> Response:
+    """The page's Download link: anyone's with ``serve --public-model``, else the admin's."""
+    if not relay_of(request).options.public_model:
+        require_admin(request)
+    return model_response(request)
+
+
 async def export(request: Request) -> Response:
     require_admin(request)
     relay = relay_of(request)
     what = request.path_params["what"]
-    if what == "model":  # named tensors, with what a loader needs in the metadata (server.session.export)
-        from server.session.export import model_metadata, safetensors_bytes
-
-        session, which = relay.session, request.query_params.get("round", "latest")
-        if which not in ("latest", "best"):
-            raise Refusal(400, "bad_query", "round= must be latest or best")
-        weights = session.weights if which == "latest" else session.best_weights
-        rounds = session.round if which == "latest" else (session.best_round or -1) + 1
-        metadata = model_metadata(spec=session.spec, task_info=relay.package.task_description(),
-                                  model_config=session.task.model_config(), round_index=rounds,
-                                  fingerprint=relay.package.fingerprint)
-        return Response(safetensors_bytes(weights, metadata), media_type="application/octet-stream",
-                        headers={"Content-Disposition": 'attachment; filename="model.safetensors"'})
+    if what == "model":
+        return model_response(request)
     if what == "history":
         text = io.StringIO()
         for entry in relay.session.history:
@@ -270,6 +289,7 @@ API = Mount("/api", routes=[
     Route("/weights", weights),
     Route("/unit/{index:int}", unit),
     Route("/result", result, methods=["POST"]),
+    Route("/model", model),
     Route("/admin/export/{what}", export),
     Route("/admin/session", create_session, methods=["POST"]),
     Route("/admin/peers", admin_peers),

@@ -23,6 +23,7 @@ from server.relay.buffered import ASYNC_ROUND, BufferedMerges
 from server.relay.checks import check_update_norm, describe_defenses, read_result
 from server.relay.copies import UnitCopies
 from server.relay.pacing import RoundPacing
+from server.relay.people import Participants
 from server.relay.refusal import Refusal
 from server.relay.replay_checks import ReplayChecks
 from server.relay.sqlite_store import Store, StoredResult
@@ -65,12 +66,13 @@ class RelayOptions:
     ban_addresses: bool = True  # a banned peer's client address may not join again
     redundancy: float = 0.0  # share of units trained by a second peer and compared (server.relay.copies)
     backup_after: float | None = DEFAULT_BACKUP_AFTER  # backups after F x the median unit time (None: off)
+    public_model: bool = False  # GET /api/model (the page's Download link) without the admin token
     round_deadline: float | None = None  # seconds after its first hand-out a round merges what it has
     min_results: int | None = None  # results a round needs at its deadline (default: half its units)
 
 
 @dataclass
-class Relay(UnitCopies, RoundPacing, BufferedMerges, SessionAdmin, ReplayChecks):
+class Relay(UnitCopies, RoundPacing, BufferedMerges, SessionAdmin, Participants, ReplayChecks):
     session: Session
     package: Package
     store: Store
@@ -141,6 +143,8 @@ class Relay(UnitCopies, RoundPacing, BufferedMerges, SessionAdmin, ReplayChecks)
             "samples_round": self.samples_round,
             "counters": self.store.counters(),
             "defenses": self.defenses(),
+            "participants": self.participants(),
+            "public_model": self.options.public_model,
             "version": self.version,
         }
 
@@ -323,6 +327,7 @@ class Relay(UnitCopies, RoundPacing, BufferedMerges, SessionAdmin, ReplayChecks)
         if lease is not None:
             self.record_unit_time(round_index, slot, lease, backup_won=came_first and not self.redundant(
                 round_index, slot))
+            self.note_unit(peer_id, self.store.clock() - lease.issued, stored.engine)
         self._decoded[(round_index, slot)] = (dataclasses.replace(stored, message=b""), vector)
         self._accepted_norms.setdefault(round_index, []).append(norm)
         self.verify(stored, vector)

@@ -203,3 +203,36 @@ def test_the_device_chooser_knows_no_task() -> None:
             imported.update(alias.name for alias in node.names)
     assert not {name for name in imported if name.startswith(("runtime.tasks", "runtime.models"))}
     assert "MLPPolicy" not in source and "cartpole" not in source.lower()
+
+
+def test_respond_answers_prompts_for_the_page() -> None:
+    """The page's "Try the model": arithmetic answers a problem, CartPole plays an episode, a task without the
+    hook refuses with a message."""
+    from runtime.tasks.base import TaskError
+    from runtime.tasks.cartpole import CartPoleTask
+
+    cartpole = CartPoleTask({})
+    answer = cartpole.respond(cartpole.initial_weights(0), "7")
+    assert len(answer["frames"]) >= 2 and answer["text"].startswith("episode seed 7: return ")
+    assert int(answer["text"].rsplit(" ", 1)[1]) == len(answer["frames"]) - 1
+    with pytest.raises(TaskError, match="episode seed"):
+        cartpole.respond(cartpole.initial_weights(0), "seven")
+    assert cartpole.describe()["respond_hint"] and cartpole.describe()["plot_metric"] == "greedy_return"
+
+    class Quiet(CartPoleTask):
+        respond = Task.respond  # the default: no answers
+
+    with pytest.raises(TaskError, match="does not answer prompts"):
+        Quiet({}).respond(cartpole.initial_weights(0), "1")
+
+
+def test_arith_respond_writes_the_models_greedy_answer() -> None:
+    from runtime.tasks.arith import ArithTask
+
+    task = ArithTask({"tokenizer": "char", "n_layer": 1, "n_embd": 32})
+    task.attach({})
+    task.tokenizer = task.make_tokenizer([], None)
+    weights = task.initial_weights(0)
+    answer = task.respond(weights, "37+48")
+    assert answer["prompt"] == "37+48=" and answer["text"].startswith("37+48=")
+    assert task.describe()["plot_metric"] == "accuracy"

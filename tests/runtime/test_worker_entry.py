@@ -92,7 +92,7 @@ def test_one_job_from_task_json_and_messages(package: Package) -> None:
 
     header, vector = wire.decode(result, expect_spec=package.spec, expect_round=0,
                                  expect_fingerprint=package.fingerprint)
-    assert header.meta == {"slot": assignment.slot, "unit_index": assignment.unit_index}
+    assert header.meta == {"slot": assignment.slot, "unit_index": assignment.unit_index, "engine": "native-numpy"}
     native = package.task.train_unit(session.weights, unit)
     assert np.array_equal(vector, native.weights)
     assert header.num_examples == native.num_examples

@@ -48,27 +48,91 @@ function fmt(value) {
   return typeof value === "number" ? (Math.abs(value) >= 100 ? value.toFixed(0) : value.toPrecision(4)) : "–";
 }
 
+// The metrics the chart can show: every validation metric the session has reported.
+function metricNames(session) {
+  const names = new Set(Object.keys(session.initial_metrics || {}));
+  for (const entry of session.history) for (const key of Object.keys(entry.metrics || {})) names.add(key);
+  return [...names];
+}
+
+function chosenMetric(session) {
+  const select = $("metric-select");
+  const names = metricNames(session);
+  if (select.options.length !== names.length) {
+    const keep = select.value || session.task.plot_metric || session.metric;
+    select.replaceChildren(...names.map((name) => new Option(name, name)));
+    select.value = names.includes(keep) ? keep : session.metric;
+  }
+  return select.value || session.metric;
+}
+
 function drawChart(session) {
-  const metric = session.metric;
+  const metric = chosenMetric(session);
   // Async mode validates every few merges: the chart has a point per validation, at its merge.
   const validated = session.history.filter((entry) => (entry.metrics || {})[metric] !== undefined);
   const points = [session.initial_metrics ? session.initial_metrics[metric] : null,
     ...validated.map((entry) => entry.metrics[metric])];
-  $("metric-name").textContent = metric;
-  if (typeof Chart === "undefined") return;
+  const local = [null, ...validated.map((entry) => (entry.train || {}).train_loss ?? (entry.train || {}).mean_return ?? null)];
+  const best = session.best && session.best.round !== null && session.best.round !== undefined ? session.best.round + 1 : 0;
   const labels = [0, ...validated.map((entry) => entry.round + 1)];
+  // The initial point and the best round are drawn larger.
+  const radius = labels.map((label) => (label === 0 || (label === best && metric === session.metric) ? 6 : 2));
+  $("metric-name").textContent = metric;
+  peer.chartMetric = metric;
+  peer.chartPoints = points.length;
+  if (typeof Chart === "undefined") return;
+  const datasets = [
+    { label: metric, data: points, borderColor: "#2f6fdf", tension: 0.1, pointRadius: radius, yAxisID: "y" },
+    { label: "local training loss (mean of the units)", data: local, borderColor: "#d9822b", borderDash: [4, 3],
+      tension: 0.1, pointRadius: 1, yAxisID: "y1" },
+  ];
   if (!chart) {
     chart = new Chart($("chart"), {
       type: "line",
-      data: { labels, datasets: [{ label: metric, data: points, borderColor: "#2f6fdf", tension: 0.1 }] },
-      options: { animation: false, responsive: true, scales: { x: { title: { display: true, text: "round" } } } },
+      data: { labels, datasets },
+      options: { animation: false, responsive: true, scales: { x: { title: { display: true, text: "round" } },
+        y: { position: "left" }, y1: { position: "right", grid: { drawOnChartArea: false } } } },
     });
   } else {
     chart.data.labels = labels;
-    chart.data.datasets[0].data = points;
+    chart.data.datasets = datasets;
     chart.update();
   }
-  peer.chartPoints = points.length;
+}
+
+function showTiming(session) {
+  const times = session.history.map((entry) => entry.time).filter((t) => typeof t === "number");
+  if (times.length < 2) { $("timing").textContent = "Round timing: after two rounds"; return; }
+  const gaps = times.slice(1).map((t, i) => t - times[i]).sort((a, b) => a - b);
+  const median = gaps[Math.floor(gaps.length / 2)];
+  const left = Math.max(0, session.num_rounds - session.round);
+  $("timing").textContent = session.done ? `Round timing: ${median.toFixed(1)} s per round (median)`
+    : `Round timing: ${median.toFixed(1)} s per round (median); about ${Math.ceil((median * left) / 60)} min left for ${left} round${left === 1 ? "" : "s"}`;
+}
+
+function ago(seconds) {
+  return seconds < 90 ? `${seconds.toFixed(0)} s ago` : `${(seconds / 60).toFixed(0)} min ago`;
+}
+
+function showParticipants(session) {
+  const rows = (session.participants || []).map((p) => {
+    const tr = document.createElement("tr");
+    tr.dataset.peer = p.peer;
+    for (const value of [p.peer, p.device || "–", String(p.units_done),
+      p.median_unit_seconds === null ? "–" : `${p.median_unit_seconds.toFixed(1)} s`, ago(p.last_seen_seconds),
+      String(p.refusals), p.banned ? "banned" : "no"]) {
+      const td = document.createElement("td");
+      td.textContent = value;
+      tr.append(td);
+    }
+    return tr;
+  });
+  $("participants").tBodies[0].replaceChildren(...rows);
+}
+
+function showDownload(session) {
+  $("download-public").hidden = !session.public_model;
+  $("download-form").hidden = Boolean(session.public_model);
 }
 
 function showSession(session) {
@@ -110,6 +174,12 @@ function showSession(session) {
     return li;
   }));
   drawChart(session);
+  showTiming(session);
+  showParticipants(session);
+  showDownload(session);
+  const hint = session.task.respond_hint;
+  $("try-section").hidden = !hint;
+  if (hint && !$("try-prompt").placeholder) { $("try-prompt").placeholder = hint; $("try-prompt").value = hint; }
   $("join").disabled = session.done || peer.joined || peer.state !== "ready";
 }
 
@@ -119,6 +189,76 @@ function follow() {
     const events = new EventSource("/api/events");
     events.onmessage = (event) => showSession(JSON.parse(event.data));
   });
+}
+
+// "Try the model": the worker answers with the current global weights (between its units).
+peer.ask = (prompt) => new Promise((resolve, reject) => {
+  const id = peer.nextId++;
+  peer.pending.set(id, { resolve, reject, respond: true });
+  peer.worker.postMessage({ type: "respond", id, prompt });
+});
+
+function drawEpisode(frames) {
+  const canvas = $("try-canvas");
+  canvas.hidden = false;
+  const context = canvas.getContext("2d");
+  let index = 0;
+  const draw = () => {
+    const [x, theta] = frames[Math.min(index, frames.length - 1)];
+    context.clearRect(0, 0, canvas.width, canvas.height);
+    const cx = canvas.width / 2 + (x / 2.4) * (canvas.width / 2 - 20);
+    context.fillStyle = "#444";
+    context.fillRect(0, canvas.height - 20, canvas.width, 2);
+    context.fillRect(cx - 20, canvas.height - 34, 40, 14);
+    context.strokeStyle = "#d9822b";
+    context.lineWidth = 5;
+    context.beginPath();
+    context.moveTo(cx, canvas.height - 34);
+    context.lineTo(cx + 70 * Math.sin(theta), canvas.height - 34 - 70 * Math.cos(theta));
+    context.stroke();
+    index += 1;
+    if (index < frames.length) requestAnimationFrame(draw);
+  };
+  draw();
+}
+
+async function tryModel(event) {
+  event.preventDefault();
+  const prompt = $("try-prompt").value;
+  $("try-answer").textContent = "asking the model (it answers between units)…";
+  try {
+    const answer = await peer.ask(prompt);
+    peer.lastAnswer = answer;
+    $("try-answer").textContent = answer.error ? `refused: ${answer.error}` : `${answer.text} (weights of round ${answer.round})`;
+    if (answer.frames) drawEpisode(answer.frames);
+  } catch (error) {
+    $("try-answer").textContent = String(error.message || error);
+  }
+}
+
+let adminToken = null; // typed into the page, kept in memory only
+
+async function download(event) {
+  event.preventDefault();
+  adminToken = $("admin-token").value || adminToken;
+  $("admin-token").value = "";
+  $("download-status").textContent = "downloading…";
+  const response = await fetch("/api/model", { headers: adminToken ? { Authorization: `Bearer ${adminToken}` } : {} });
+  if (!response.ok) {
+    let detail = {};
+    try { detail = await response.json(); } catch { /* not JSON */ }
+    $("download-status").textContent = `refused: ${detail.message || response.status}`;
+    peer.downloaded = { ok: false, status: response.status };
+    return;
+  }
+  const blob = await response.blob();
+  const link = document.createElement("a");
+  link.href = URL.createObjectURL(blob);
+  link.download = "model.safetensors";
+  link.click();
+  URL.revokeObjectURL(link.href);
+  peer.downloaded = { ok: true, bytes: blob.size };
+  $("download-status").textContent = `downloaded ${(blob.size / 1e6).toFixed(2)} MB`;
 }
 
 function join() {
@@ -151,6 +291,11 @@ const handlers = {
     $("error").hidden = false;
     $("error").textContent = message.message;
     setState("failed");
+  },
+  response(message) {
+    const waiting = peer.pending.get(message.id);
+    peer.pending.delete(message.id);
+    if (waiting) waiting.resolve(message);
   },
   result(message) {
     const waiting = peer.pending.get(message.id);
@@ -200,4 +345,7 @@ peer.worker.onmessage = (event) => {
 peer.worker.onerror = (event) => handlers.failed({ message: `worker error: ${event.message || "the worker script did not load"}` });
 peer.worker.postMessage({ type: "boot", blas: params.get("blas") || "", test: params.get("test") === "1" });
 $("join").addEventListener("click", join);
+$("try-form").addEventListener("submit", tryModel);
+$("download-form").addEventListener("submit", download);
+$("metric-select").addEventListener("change", () => { if (peer.session) drawChart(peer.session); });
 follow();

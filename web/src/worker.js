@@ -111,8 +111,11 @@ async function trainUnit(prepared, job, unit) {
 // Train until the session is done: ask for work, fetch weights and the unit, train in Python, upload.
 // Network trouble is retried with back-off; a refused result is reported and the peer moves on; a refused
 // token means joining again (and, for a new session, fetching its task and weights again).
+let current = null; // the prepared task of the session being trained ("Try the model" answers with it)
+
 async function trainLoop(joinCode, device) {
   let prepared = await prepare(null, device);
+  current = prepared;
   await join(joinCode, prepared);
   let weightsRound = null;
   let failures = 0;
@@ -120,6 +123,7 @@ async function trainLoop(joinCode, device) {
     try {
       if (!credentials) {
         prepared = await prepare(prepared, device);
+        current = prepared;
         await join(joinCode, prepared);
         weightsRound = null; // a new session's round 0 is not the old session's round 0
       }
@@ -174,6 +178,18 @@ const handlers = {
       await trainLoop(message.joinCode, message.device);
     } catch (error) {
       report("failed", { message: describe(error) });
+    }
+  },
+  // "Try the model": the task answers a visitor's prompt from the current global weights. It runs between
+  // units (a unit is one Python call), and the weights it uses are fetched for it: training is left alone.
+  async respond(message) {
+    try {
+      await booted;
+      if (!current || !credentials) throw new Error("join the session first: the model comes with it");
+      const weights = await api("/api/weights", { binary: true });
+      report("response", { id: message.id, ...JSON.parse(current.peer.respond(weights, String(message.prompt || ""))) });
+    } catch (error) {
+      report("response", { id: message.id, error: describe(error) });
     }
   },
   // Test and benchmark hook: run Python source in the worker and return its (string) result.

@@ -1,0 +1,127 @@
+"""The page as a host and a volunteer see it: the metric selector switches series, the participants table lists
+the three headless peers with their unit counts, "Try the model" answers an arithmetic prompt as the host's
+model does for the same weights, the model downloads with the admin token (and without it only under
+``--public-model``), and screenshots of the finished page, wide and phone-sized, are kept as artifacts."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from conftest import start_relay
+from playwright.sync_api import Browser, Page
+from test_session_browsers import (
+    ADMIN_TOKEN,
+    ARITH_SETTINGS,
+    BOOT_SECONDS,
+    admin,
+    close_pages,
+    stop,
+    task_args,
+    wait_for_status,
+)
+
+from server.browser.peers import join_url
+from server.session import checkpoint_files as checkpoint
+from server.session.export import exported_weights
+from server.session.package import Package
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+
+def wait_js(page: Page, expression: str, timeout_s: float) -> None:
+    """Poll ``expression`` in the page (its CSP forbids the string evaluation wait_for_function uses)."""
+    deadline = time.monotonic() + timeout_s
+    while not page.evaluate(expression):
+        assert time.monotonic() < deadline, f"{expression} did not hold in {timeout_s} s"
+        time.sleep(0.1)
+
+
+def test_the_page_shows_people_metrics_and_answers(browser: Browser, tmp_path: Path, artifacts_dir: Path) -> None:
+    session_dir = tmp_path / "session"
+    relay, url = start_relay(*task_args("arith", ARITH_SETTINGS, "-k", "3", "--passes", "1", "--no-backups",
+                                        "--session-dir", str(session_dir)), log_name="relay-page.log")
+    pages: list[Page] = []
+    try:
+        admin(url, "pause")
+        for _ in range(3):
+            page = browser.new_context().new_page()
+            page.goto(join_url(url))
+            pages.append(page)
+        wait_for_status(url, lambda s: s["peers"]["joined"] >= 3, timeout_s=BOOT_SECONDS + 60,
+                        what="three pages to join", pages=pages, relay=relay)
+        admin(url, "resume")
+        final = wait_for_status(url, lambda s: s["done"], timeout_s=300, what="the session to finish",
+                                pages=pages, relay=relay)
+        page = pages[0]
+        wait_js(page, "document.querySelectorAll('#participants tbody tr').length >= 3", 20)
+        table = page.eval_on_selector_all("#participants tbody tr",
+                                          "rows => rows.map(r => [...r.cells].map(c => c.textContent))")
+        listing = httpx.get(url + "api/admin/peers", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+                            timeout=10).json()["peers"]
+        # the metric selector: exact answers first, then the loss
+        assert page.evaluate("window.peertrain.chartMetric") == "accuracy"
+        options = page.eval_on_selector_all("#metric-select option", "o => o.map(x => x.value)")
+        page.select_option("#metric-select", "val_loss")
+        wait_js(page, "window.peertrain.chartMetric === 'val_loss'", 5)
+        assert page.locator("#metric-name").text_content() == "val_loss"
+        # Try the model, with the final weights
+        page.fill("#try-prompt", "3+4=")
+        page.click("#try-button")
+        wait_js(page, "window.peertrain.lastAnswer !== undefined", 120)
+        answer = page.evaluate("window.peertrain.lastAnswer")
+        # Download: refused without the token, the file with it
+        page.fill("#admin-token", "wrong")
+        page.click("#download-form button")
+        wait_js(page, "window.peertrain.downloaded !== undefined", 20)
+        refused = page.evaluate("window.peertrain.downloaded")
+        page.evaluate("window.peertrain.downloaded = undefined")
+        page.fill("#admin-token", ADMIN_TOKEN)
+        with page.expect_download() as downloading:
+            page.click("#download-form button")
+        downloaded = downloading.value.path().read_bytes()
+        assert page.locator("#admin-token").input_value() == ""  # not left in the field
+        unauthenticated = httpx.get(url + "api/model", timeout=10)
+        page.screenshot(path=str(artifacts_dir / "page-finished.png"), full_page=True)
+        page.set_viewport_size({"width": 390, "height": 844})
+        page.screenshot(path=str(artifacts_dir / "page-phone.png"), full_page=True)
+        phone_overflow = page.evaluate("document.documentElement.scrollWidth > window.innerWidth + 1")
+    finally:
+        close_pages(pages)
+        stop(relay)
+
+    assert {"accuracy", "val_loss"} <= set(options)
+    by_id = {p["peer_id"][:8]: p for p in listing}
+    assert len(table) == 3 and {row[0] for row in table} == set(by_id)
+    for row in table:
+        assert int(row[2]) == by_id[row[0]]["units_done"] and row[1] == "CPU (Pyodide)" and row[6] == "no"
+    assert sum(int(row[2]) for row in table) == 3 * final["num_rounds"]
+    package = Package.load(session_dir / "package")
+    host = package.task.respond(checkpoint.read_latest(session_dir).weights, "3+4=")
+    assert answer["round"] == final["round"] and answer["text"] == host["text"], (answer, host)
+    assert refused == {"ok": False, "status": 401}
+    assert downloaded[:8] and len(downloaded) > 1000
+    assert unauthenticated.status_code == 401 and unauthenticated.json()["error"] == "unauthorized"
+    assert not phone_overflow
+
+
+def test_public_model_downloads_without_a_token(browser: Browser, tmp_path: Path) -> None:
+    relay, url = start_relay(*task_args("arith", ARITH_SETTINGS, "-k", "3", "--passes", "1", "--public-model",
+                                        "--session-dir", str(tmp_path / "session")), log_name="relay-public.log")
+    page = browser.new_context().new_page()
+    try:
+        page.goto(url)
+        page.wait_for_selector("#download-public:not([hidden])", timeout=30000)
+        with page.expect_download() as downloading:
+            page.click("#download-link")
+        blob = downloading.value.path().read_bytes()
+        assert page.locator("#download-form").is_hidden()
+        response = httpx.get(url + "api/model", timeout=10)
+    finally:
+        page.context.close()
+        stop(relay)
+    # (safetensors writes its metadata in no fixed order: compare the weights, not the bytes)
+    assert response.status_code == 200 and np.array_equal(exported_weights(response.content), exported_weights(blob))
