@@ -115,6 +115,8 @@ async def task_info(request: Request) -> Response:
 
 async def events(request: Request) -> Response:
     relay = relay_of(request)
+    if request.method == "HEAD":  # the headers only: a stream that never ends has no body to leave out
+        return Response(media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
     async def stream() -> AsyncIterator[str]:
         last = -1

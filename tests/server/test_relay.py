@@ -414,3 +414,19 @@ def test_hold_is_capped_by_the_peer_timeout_and_checked(package: Package, tmp_pa
         for bad in ("soon", "-1", "inf", "nan"):
             assert_refused(client.post(f"/api/work?hold={bad}", headers=alone.headers), 400, "bad_query", "hold=")
         assert session_status(client)["peers"]["connected"] == 1
+
+
+def test_head_of_the_event_stream_answers_at_once(package: Package, tmp_path: Path) -> None:
+    """HEAD /api/events gets the stream's headers and no body (it used to hold the connection open forever)."""
+    import threading
+
+    relay = make_relay(package, tmp_path / "session", k=2, passes=1)
+    with serving(relay) as client:
+        answers: list[int] = []
+        asking = threading.Thread(target=lambda: answers.append(client.head("/api/events").status_code),
+                                  daemon=True)
+        asking.start()
+        asking.join(timeout=5)
+        assert answers == [200]
+        response = client.head("/api/events")
+        assert response.headers["content-type"].startswith("text/event-stream") and response.content == b""
