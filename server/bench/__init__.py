@@ -21,6 +21,7 @@ BENCHES: dict[str, tuple[str, ...]] = {
     "webgpu": ("server.bench.webgpu",),
     "attacks": ("server.bench.attacks",),
     "replay": ("server.bench.replay",),
+    "stragglers": ("server.bench.stragglers",),
 }
 
 

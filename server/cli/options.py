@@ -71,7 +71,8 @@ def single_threaded_blas() -> None:
             os.environ.setdefault(name, "1")
 
 
-IN_PROCESS_TRAINING = (("simulate",), ("bench", "merges"))  # command words whose runs train unit after unit
+# command words whose runs train unit after unit
+IN_PROCESS_TRAINING = (("simulate",), ("bench", "merges"), ("bench", "stragglers"))
 
 
 def trains_in_process(argv: Sequence[str]) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 from server.cli.options import add_aggregate_options, add_task_options, merge_names, parse_sets
 
@@ -40,6 +41,42 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a loss above this many times the best so far counts as divergence (default 3)")
     parser.add_argument("--out", type=Path, default=Path("runs/simulate"), help="output folder")
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    add_straggler_arguments(parser)
+
+
+def add_straggler_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--peer-speeds`` and what goes with it: the relay's own decisions on a virtual clock
+    (``server.session.stragglers``)."""
+    group = parser.add_argument_group(
+        "slow peers on a virtual clock (with --peer-speeds: a real relay in-process, its backups, deadlines and "
+        "leases on virtual time; units are trained for real)")
+    group.add_argument("--peer-speeds", metavar="PROFILE",
+                       help="equal; one-slow[:F] (the first peer F times slower, default 4); lognormal[:S] (slowness "
+                       "factors exp(N(0, S)), seeded, default 0.5); dropout[:P] (a share P of the peers, at least one, "
+                       "vanish once mid-unit and come back --away-seconds later, default 0.2)")
+    group.add_argument("--peers", type=int, help="simulated peers (default k)")
+    group.add_argument("--unit-seconds", type=float, default=10.0,
+                       help="virtual seconds a unit takes on a peer of speed 1 (default 10)")
+    group.add_argument("--backup-after", type=float, metavar="F",
+                       help="backups once a unit is out F times the median unit time (default 1, as serve; 0: at once)")
+    group.add_argument("--no-backups", action="store_true", help="no backups (serve --no-backups)")
+    group.add_argument("--round-deadline", type=float, metavar="S",
+                       help="a round merges what it has S virtual seconds after its first hand-out (default: none)")
+    group.add_argument("--min-results", type=int, metavar="M",
+                       help="results a round needs at its deadline (default: half its units, rounded up)")
+    group.add_argument("--mode", choices=("sync", "async"), default="sync",
+                       help="sync: rounds of k units (default); async: the relay's buffered asynchronous mode (serve "
+                       "--mode async): peers never wait, every --buffer results merge")
+    group.add_argument("--buffer", type=int, metavar="K", help="async: results per merge (default: -k)")
+    group.add_argument("--lease-seconds", type=float, default=120.0,
+                       help="virtual seconds a peer has for a unit (default 120, as serve)")
+    group.add_argument("--hold-seconds", type=float, metavar="S",
+                       help="a waiting peer asks again after S virtual seconds unless the relay's work changes, as a "
+                       "browser's held request (15 s by default in serve); default: the relay's retry, 1 s")
+    group.add_argument("--away-seconds", type=float,
+                       help="dropout: virtual seconds a vanished peer stays away (default: one lease; inf: never back)")
+    group.add_argument("--target", type=float, metavar="METRIC",
+                       help="also report the virtual time of the first validation at or past this metric")
 
 
 MERGE_OPTIONS = ("server_learning_rate", "server_momentum", "nesterov", "eta", "beta_1", "beta_2", "tau",
@@ -59,6 +96,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"peertrain simulate: {error}", file=sys.stderr)
         return 2
 
+    misplaced = [option for option, given in STRAGGLER_OPTIONS.items() if given(args)]
+    if args.peer_speeds is None and misplaced:
+        return fail(ValueError(f"{', '.join(misplaced)} only apply with --peer-speeds"))
+    try:
+        settings = straggler_settings(args) if args.peer_speeds is not None else None
+    except ValueError as error:
+        return fail(error)
     try:
         common = {name: getattr(args, name) for name in MERGE_OPTIONS if getattr(args, name, None) is not None}
         choices = with_common_settings(parse_merge_choices(args.merge), common)
@@ -67,6 +111,8 @@ def run(args: argparse.Namespace) -> int:
         else:
             package = build_package(args.task, parse_sets(args.sets), Path(args.out) / "package", seed=args.seed)
         participants = args.participants or min(5, package.data.num_units)
+        if settings is not None:
+            return run_stragglers(args, settings, package, choices, participants)
         comparison = compare(package, choices, out=args.out, participants=participants, passes=args.passes,
                              seed=args.seed, max_rounds=args.rounds, force=args.force,
                              on_divergence=args.on_divergence, divergence_factor=args.divergence_factor,
@@ -76,4 +122,101 @@ def run(args: argparse.Namespace) -> int:
     stopped = [s for s in comparison.sessions if s.stopped]
     for session in stopped:
         print(f"{session.config.name}: stopped: {session.stopped}", file=sys.stderr)
+    return 0
+
+
+STRAGGLER_OPTIONS = {
+    "--peers": lambda a: a.peers is not None, "--unit-seconds": lambda a: a.unit_seconds != 10.0,
+    "--backup-after": lambda a: a.backup_after is not None, "--no-backups": lambda a: a.no_backups,
+    "--round-deadline": lambda a: a.round_deadline is not None, "--min-results": lambda a: a.min_results is not None,
+    "--lease-seconds": lambda a: a.lease_seconds != 120.0, "--hold-seconds": lambda a: a.hold_seconds is not None,
+    "--away-seconds": lambda a: a.away_seconds is not None,
+    "--target": lambda a: a.target is not None, "--mode": lambda a: a.mode != "sync",
+    "--buffer": lambda a: a.buffer is not None,
+}
+
+
+def straggler_settings(args: argparse.Namespace) -> Any:
+    """The ``StragglerSettings`` the options ask for; a ValueError names a bad one."""
+    from server.relay.state import DEFAULT_BACKUP_AFTER
+    from server.session.stragglers import StragglerSettings, parse_profile
+
+    checks = [(args.peers is None or args.peers >= 1, "--peers must be 1 or more"),
+              (args.unit_seconds > 0, "--unit-seconds must be above 0"),
+              (args.backup_after is None or args.backup_after >= 0, "--backup-after must be 0 or more"),
+              (not (args.no_backups and args.backup_after is not None), "--backup-after and --no-backups conflict"),
+              (args.round_deadline is None or args.round_deadline > 0, "--round-deadline must be above 0"),
+              (args.min_results is None or args.min_results >= 1, "--min-results must be 1 or more"),
+              (args.lease_seconds > 0, "--lease-seconds must be above 0"),
+              (args.away_seconds is None or args.away_seconds >= 0, "--away-seconds must be 0 or more"),
+              (args.hold_seconds is None or args.hold_seconds > 0, "--hold-seconds must be above 0"),
+              (args.buffer is None or (args.buffer >= 1 and args.mode == "async"), "--buffer is 1 or more, with "
+               "--mode async"),
+              (args.mode == "sync" or args.round_deadline is None, "--round-deadline belongs to sync rounds")]
+    for ok, message in checks:
+        if not ok:
+            raise ValueError(message)
+    backup_after = None if args.no_backups else (DEFAULT_BACKUP_AFTER if args.backup_after is None
+                                                 else args.backup_after)
+    return StragglerSettings(profile=parse_profile(args.peer_speeds), peers=args.peers, unit_seconds=args.unit_seconds,
+                             backup_after=backup_after, round_deadline=args.round_deadline,
+                             min_results=args.min_results, lease_seconds=args.lease_seconds,
+                             hold_seconds=args.hold_seconds, away_seconds=args.away_seconds, seed=args.seed)
+
+
+def run_stragglers(args: argparse.Namespace, settings: Any, package: Any, choices: list[Any], participants: int) -> int:
+    """``simulate --peer-speeds``: one session per merge choice through the relay on a virtual clock; a line per
+    round, then the virtual times. Checkpoints, history and the relay's SQLite file go in ``--out``/NAME/."""
+    import json
+
+    from server.session.session import SessionConfig
+    from server.session.stragglers import TrainingMemo, simulate_stragglers
+
+    memo = TrainingMemo()
+    asynchronous = args.mode == "async"
+    if asynchronous:
+        participants = args.buffer or participants  # (as serve: the buffer is k)
+    word = "merge" if asynchronous else "round"
+
+    def progress(entry: dict[str, Any], at: float, simulation: Any) -> None:
+        if not args.progress:
+            return
+        session = simulation.relay.session
+        value = entry["metrics"].get(session.metric)
+        shown = f"{value:.4g}" if isinstance(value, int | float) else "not validated"
+        extras = [f"carried {len(entry['carried'])}" if entry.get("carried") else "",
+                  f"backups won {len(entry['backups']['won'])}/{len(entry['backups']['units'])}"
+                  if entry.get("backups") else ""]
+        print(f"{word} {entry['round'] + 1}/{session.num_rounds} at {at:.1f} virtual s: {session.metric} {shown} "
+              f"({entry['participants']} results{''.join(', ' + e for e in extras if e)})", flush=True)
+
+    for choice in choices:
+        config = SessionConfig(merge=choice.name, merge_config=dict(choice.config), participants=participants,
+                               mode=args.mode, passes=args.passes, seed=args.seed, max_rounds=args.rounds,
+                               force=args.force, on_divergence=args.on_divergence,
+                               divergence_factor=args.divergence_factor, label=choice.label, aggregate=args.aggregate,
+                               aggregate_config=args.aggregate_config)
+        folder = Path(args.out) / choice.slug
+        run = simulate_stragglers(package, config, settings, folder, session_dir=folder, memo=memo, on_round=progress)
+        backups = "off" if settings.backup_after is None or asynchronous else \
+            f"after {settings.backup_after:g}x the median unit"
+        deadline = f", deadline {settings.round_deadline:g} s" if settings.round_deadline else ""
+        speeds = ", ".join(f"x{f:.3g}" for f in run.factors)
+        print(f"{choice.label}: {run.profile} ({len(run.factors)} peers at {speeds}"
+              f"{', vanishing: ' + ', '.join(map(str, run.dropouts)) if run.dropouts else ''}), "
+              f"{'async, buffer' if asynchronous else 'k'}={participants}, "
+              f"units of {settings.unit_seconds:g} s, backups {backups}{deadline}")
+        refused = ", ".join(f"{code} {n}" for code, n in run.refused.items()) or "none"
+        print(f"  {run.rounds} {word}s (planned {run.planned_rounds}) in {run.virtual_seconds:.1f} virtual s "
+              f"({run.real_seconds:.1f} s real){'' if run.done else '; STALLED before the end'}; backups "
+              f"{run.backups_handed_out} handed out, {run.backups_won} won; {run.units_carried} units carried; "
+              f"{run.units_done} units done for {run.units_merged} merged; refused: {refused}")
+        final = run.final_metric
+        line = f"  final {run.metric} {final:.4g}" if final is not None else f"  final {run.metric} -"
+        if args.target is not None:
+            reached = run.time_to(args.target)
+            line += f"; {args.target:g} reached at {reached:.1f} virtual s" if reached is not None else \
+                f"; {args.target:g} never reached"
+        print(line)
+        (folder / "stragglers.json").write_text(json.dumps(run.summary(), indent=1) + "\n")
     return 0

@@ -149,6 +149,18 @@ class UnitCopies:
             return 0.0
         return factor * statistics.median(self._unit_seconds) if self._unit_seconds else None
 
+    def next_backup_in(self) -> float | None:
+        """Seconds until a unit in flight crosses the backup threshold (a held request wakes then), or None."""
+        after = self.backup_after_seconds()
+        if after is None or self.session.done or self.session.config.mode == "async":
+            return None
+        round_index, now = self.session.round, self.store.clock()
+        done, copy_leases = self.store.result_slots(round_index), self.store.leases(round_index, 1)
+        waits = [lease.issued + after - now for slot, lease in self.store.leases(round_index).items()
+                 if slot not in done and lease.deadline >= now
+                 and (slot not in copy_leases or copy_leases[slot].deadline < now)]
+        return max(0.05, min(waits)) if waits else None
+
     def _next_backup(self, peer_id: str, copy_leases: dict[int, Any], now: float) -> dict[str, Any] | None:
         after = self.backup_after_seconds()
         if after is None:

@@ -161,7 +161,8 @@ async def work(request: Request) -> Response:
         remaining = deadline - time.monotonic()
         if "wait" not in job or remaining <= 0:
             return JSONResponse(job | {"wait": 0.0} if hold and "wait" in job else job)
-        await relay.hold_for_work(remaining)
+        backup_in = relay.next_backup_in()  # a unit about to get a backup: wake then, not at the hold's end
+        await relay.hold_for_work(remaining if backup_in is None else min(remaining, backup_in))
 
 
 async def weights(request: Request) -> Response:

@@ -93,3 +93,19 @@ def test_backups_can_be_turned_off(package: Package, tmp_path: Path) -> None:
         _slow.assignment()
         assert first.train_and_upload(first.assignment()).status_code == 200
         assert "slot" not in idle.work()
+
+
+def test_a_held_request_wakes_when_a_unit_crosses_the_backup_threshold(package: Package, tmp_path: Path) -> None:
+    """A browser holds its work request up to 15 s; a unit becoming slow enough for a backup wakes it then."""
+    relay = make_relay(package, tmp_path / "s", k=2, passes=1, ban_addresses=False,
+                       backup_after=DEFAULT_BACKUP_AFTER)
+    with serving(relay) as client:
+        first, slow, idle = HttpPeer(client), HttpPeer(client), HttpPeer(client)
+        job, _ = first.assignment(), slow.assignment()
+        assert first.train_and_upload(job).status_code == 200
+        threshold = relay.backup_after_seconds()
+        assert threshold is not None and threshold < 5
+        asked = time.monotonic()
+        answer = idle.work(hold=15)
+        assert answer.get("copy") == "backup", answer
+        assert time.monotonic() - asked < threshold + 3  # woken by the threshold, not by the end of the hold
