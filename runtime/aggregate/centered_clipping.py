@@ -6,7 +6,8 @@ here everything is an update in weight space:
 
     x_i = w_i - global          result i's update                           (n,)
     v_0 = the previous round's aggregated update (zero in the first round, i.e. the global weights)
-    v  <- v + mean_i(clip_tau(x_i - v)),   clip_tau(z) = z * min(1, tau / ||z||),   L times
+    v  <- v + sum_i p_i clip_tau(x_i - v),   clip_tau(z) = z * min(1, tau / ||z||),   L times
+    (p_i = n_i / sum n: example shares; equal counts give the paper's mean)
     average = global + v_L
 
 so with FedAvg the round's step is v_L, and v_L is the next round's starting point (the "history").
@@ -45,16 +46,17 @@ def default_radius(updates: np.ndarray, center: np.ndarray) -> float:
 
 
 def centered_clip(
-    updates: np.ndarray, center: np.ndarray, radius: float, iterations: int
+    updates: np.ndarray, center: np.ndarray, radius: float, iterations: int, weights: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """updates: (k, n) float64, center v_0: (n,), radius tau >= 0, L >= 1 -> (v_L (n,), clipped (k,) bool).
 
     repeat L times:
         z_i = x_i - v                                   (k, n)
         s_i = min(1, tau / ||z_i||), 1 where z_i = 0    (k,)
-        v   = v + sum_i(s_i * z_i) / k                  (n,)
+        v   = v + sum_i(p_i * s_i * z_i)                (n,)   p_i = n_i / sum(n): the example shares
     clipped: ||z_i|| > tau in the last iteration
     """
+    share = np.full(updates.shape[0], 1.0 / updates.shape[0]) if weights is None else weights / weights.sum()
     v = center
     clipped = np.zeros(updates.shape[0], dtype=bool)
     for _ in range(iterations):
@@ -63,7 +65,7 @@ def centered_clip(
         clipped = norms > radius
         scale = np.ones_like(norms)
         scale[clipped] = radius / norms[clipped]
-        v = v + (scale[:, None] * z).sum(axis=0) / updates.shape[0]
+        v = v + ((share * scale)[:, None] * z).sum(axis=0)
     return v, clipped
 
 
@@ -72,7 +74,11 @@ class CenteredClipping(Aggregator):
     """Centered clipping (Karimireddy et al. 2021) on updates. Defaults: radius None (see below), iterations 1.
 
     ``radius`` (tau) in weight units; ``None`` picks it per round: twice the median distance of the
-    round's updates from the starting point v_0. ``iterations`` is L. Unweighted, as in the paper.
+    round's updates from the starting point v_0. ``iterations`` is L. The mean step weighs each result by its
+    example count (the relay's count, never a peer's claim), so with honest results nothing is clipped and the
+    aggregate is FedAvg's weighted mean; with equal counts it is the paper's unweighted mean. (Unweighted, a
+    round's one small unit, e.g. the corpus's short last chunk, weighed as much as a full one and could throw
+    the model off.)
     ``last_outliers``: the results clipped in the last iteration (further than tau from v); ``last_radius``:
     the tau the last call used.
     State: ``center`` (float64, the last aggregated update v_L), absent before the first call. It is the
@@ -102,7 +108,9 @@ class CenteredClipping(Aggregator):
             )
         updates = stacked(vectors) - global_weights
         radius = default_radius(updates, center) if self.radius is None else self.radius
-        v, clipped = centered_clip(updates, center, radius, self.iterations)
+        weights = np.asarray(counts, dtype=np.float64)
+        v, clipped = centered_clip(updates, center, radius, self.iterations,
+                                   weights if weights.sum() > 0 else None)
         self.center, self.last_radius = v, radius
         return global_weights + v, tuple(int(i) for i in np.flatnonzero(clipped))
 

@@ -457,3 +457,14 @@ def test_stateless_aggregators_keep_no_state(name: str) -> None:
 def test_either_package_imports_first(first: str) -> None:
     """runtime.merge uses runtime.aggregate, which must never need runtime.merge (a fresh interpreter each)."""
     subprocess.run([sys.executable, "-c", f"import {first}"], check=True)
+
+
+def test_centered_clipping_weighs_results_by_their_examples() -> None:
+    """Two results, 1 and 3 examples, none clipped (tau = twice their median distance): the weighted mean, by
+    hand (1*1 + 3*5) / 4 = 4 and (1*2 + 3*6) / 4 = 5, as FedAvg's; a small unit no longer weighs like a full one."""
+    from runtime.aggregate import CenteredClipping
+
+    clipping = CenteredClipping()
+    averaged = clipping.aggregate(f32(0, 0), results_of((1, 2), (5, 6), counts=[1, 3]))
+    np.testing.assert_allclose(averaged, f32(4, 5), rtol=1e-6)
+    assert clipping.last_outliers == ()
