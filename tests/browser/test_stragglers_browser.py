@@ -143,8 +143,10 @@ def test_a_slowed_page_and_backups_in_real_time(browser: Browser, tmp_path: Path
     assert "only supported for pages, not workers" in without["worker_throttle"], without
     # The signals slow the page's worker (how much depends on what else the two cores run: the others' units
     # slow down as well when they share them); every unit is merged once whoever trained it.
+    # Without backups the slowed page's own units are merged, so its unit time is measured there; with backups
+    # the race may leave it none (its units merged from the backups).
+    assert without["slow_unit"] is not None and without["slow_unit"] > 1.3 * without["fast_unit"], without
     for figures in (without, default, at_once):
-        assert figures["slow_unit"] is not None and figures["slow_unit"] > 1.3 * figures["fast_unit"], figures
         assert figures["merged"] == 12, figures
     print(f"session wall time over no backups: serve's backups {default['wall'] / without['wall']:.2f}, "
           f"backups at once {at_once['wall'] / without['wall']:.2f}")
