@@ -10,10 +10,9 @@ import numpy as np
 import pytest
 from conftest import start_relay
 from playwright.sync_api import Browser, Page
-from test_session_browsers import ARITH_SETTINGS, BOOT_SECONDS, admin, close_pages, stop, task_args, wait_for_status
+from test_session_browsers import ARITH_SETTINGS, close_pages, stop, task_args, train_to_the_end
 
 from runtime import wire
-from server.browser.peers import join_url
 from server.relay.sqlite_store import Store
 from server.session import checkpoint_files as checkpoint
 from server.session.buffered import Arrival, replay
@@ -30,16 +29,7 @@ def test_three_pages_train_asynchronously(browser: Browser, tmp_path: Path) -> N
                              log_name="relay-async.log")
     pages: list[Page] = []
     try:
-        admin(url, "pause")
-        for _ in range(3):
-            page = browser.new_context().new_page()
-            page.goto(join_url(url))
-            pages.append(page)
-        wait_for_status(url, lambda s: s["peers"]["joined"] >= 3, timeout_s=BOOT_SECONDS + 60,
-                        what="three pages to join", pages=pages, relay=relay)
-        admin(url, "resume")
-        final = wait_for_status(url, lambda s: s["done"], timeout_s=300, what="the session to finish",
-                                pages=pages, relay=relay)
+        final = train_to_the_end(browser, url, 3, relay, pages)
         shown = pages[0].locator("#async").text_content() or ""
     finally:
         close_pages(pages)

@@ -16,15 +16,12 @@ from playwright.sync_api import Browser, Page
 from test_session_browsers import (
     ADMIN_TOKEN,
     ARITH_SETTINGS,
-    BOOT_SECONDS,
-    admin,
     close_pages,
     stop,
     task_args,
-    wait_for_status,
+    train_to_the_end,
 )
 
-from server.browser.peers import join_url
 from server.session import checkpoint_files as checkpoint
 from server.session.export import exported_weights
 from server.session.package import Package
@@ -46,16 +43,7 @@ def test_the_page_shows_people_metrics_and_answers(browser: Browser, tmp_path: P
                                         "--session-dir", str(session_dir)), log_name="relay-page.log")
     pages: list[Page] = []
     try:
-        admin(url, "pause")
-        for _ in range(3):
-            page = browser.new_context().new_page()
-            page.goto(join_url(url))
-            pages.append(page)
-        wait_for_status(url, lambda s: s["peers"]["joined"] >= 3, timeout_s=BOOT_SECONDS + 60,
-                        what="three pages to join", pages=pages, relay=relay)
-        admin(url, "resume")
-        final = wait_for_status(url, lambda s: s["done"], timeout_s=300, what="the session to finish",
-                                pages=pages, relay=relay)
+        final = train_to_the_end(browser, url, 3, relay, pages)
         page = pages[0]
         wait_js(page, "document.querySelectorAll('#participants tbody tr').length >= 3", 20)
         table = page.eval_on_selector_all("#participants tbody tr",

@@ -11,17 +11,14 @@ from conftest import start_relay
 from playwright.sync_api import Browser, Page
 from test_session_browsers import (
     ARITH_SETTINGS,
-    BOOT_SECONDS,
-    admin,
     close_pages,
     recorded_results,
     stop,
     task_args,
-    wait_for_status,
+    train_to_the_end,
 )
 
 from runtime import wire
-from server.browser.peers import join_url
 from server.relay.sqlite_store import Store
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -34,16 +31,7 @@ def test_two_honest_pyodide_copies_are_identical(browser: Browser, tmp_path: Pat
                                         "--session-dir", str(session_dir)), log_name="relay-redundancy.log")
     pages: list[Page] = []
     try:
-        admin(url, "pause")
-        for _ in range(2):
-            page = browser.new_context().new_page()
-            page.goto(join_url(url))
-            pages.append(page)
-        wait_for_status(url, lambda s: s["peers"]["joined"] >= 2, timeout_s=BOOT_SECONDS + 60,
-                        what="two pages to join", pages=pages, relay=relay)
-        admin(url, "resume")
-        final = wait_for_status(url, lambda s: s["done"], timeout_s=300, what="the session to finish",
-                                pages=pages, relay=relay)
+        final = train_to_the_end(browser, url, 2, relay, pages)
     finally:
         close_pages(pages)
         stop(relay)

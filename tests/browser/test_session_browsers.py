@@ -95,6 +95,22 @@ def open_peers(browser: Browser, url: str, count: int) -> list[Page]:
     return pages
 
 
+def train_to_the_end(browser: Browser, url: str, count: int, relay: subprocess.Popen, pages: list[Page],
+                     timeout_s: float = 300) -> dict[str, Any]:
+    """Open ``count`` pages (each its own context) on a paused relay, resume once all joined, and return the
+    finished session's status. ``pages`` (the caller's list, closed by the caller) receives them."""
+    admin(url, "pause")
+    for _ in range(count):
+        page = browser.new_context().new_page()
+        page.goto(join_url(url))
+        pages.append(page)
+    wait_for_status(url, lambda s: s["peers"]["joined"] >= count, timeout_s=BOOT_SECONDS + 60,
+                    what=f"{count} pages to join", pages=pages, relay=relay)
+    admin(url, "resume")
+    return wait_for_status(url, lambda s: s["done"], timeout_s=timeout_s, what="the session to finish",
+                           pages=pages, relay=relay)
+
+
 def close_pages(pages: Sequence[Page]) -> None:
     for page in pages:
         page.context.close()
