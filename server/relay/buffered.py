@@ -161,7 +161,7 @@ class BufferedMerges:
         """K results wait, or the last ones of the session do."""
         if self.session.done:
             return False
-        waiting = len(self.store.buffered())
+        waiting = self.store.buffered_count()  # (on every poll: a count, not the updates)
         everything_back = len(self.store.arrived_entries()) >= len(self.session.plan.schedule)
         return waiting >= self.session.plan.participants_per_round or (everything_back and waiting > 0)
 
@@ -186,7 +186,7 @@ class BufferedMerges:
     def async_progress(self) -> dict[str, int]:
         """The status's ``round_progress`` in async mode: results waiting in the buffer out of K."""
         now = self.store.clock()
-        return {"slots": self.session.plan.participants_per_round, "done": len(self.store.buffered()),
+        return {"slots": self.session.plan.participants_per_round, "done": self.store.buffered_count(),
                 "leased": sum(1 for lease in self.store.leases(ASYNC_ROUND).values() if lease.deadline >= now),
                 "copies": 0, "arrived": len(self.store.arrived_entries()), "units": len(self.session.plan.schedule)}
 

@@ -94,15 +94,10 @@ class UnitCopies:
         """Peers that trained or hold ``slot`` in this round (either copy, the merged result, a compared one)."""
         peers = {lease.peer_id for copy in (0, 1) for s, lease in self.store.leases(round_index, copy).items()
                  if s == slot}
-        peers |= {result.peer_id for s, result in self._results_of(round_index).items() if s == slot}
+        author = self.store.result_peer(round_index, slot)  # (one row, no message: this runs on every poll)
+        if author is not None:
+            peers.add(author)
         return peers | {peer for (s, peer) in self.store.copies(round_index) if s == slot}
-
-    def _results_of(self, round_index: int) -> dict[int, StoredResult]:
-        kept = {s: stored for (r, s), (stored, _) in self._decoded.items() if r == round_index}
-        missing = self.store.result_slots(round_index) - set(kept)
-        if missing:
-            kept.update({s: r for s, r in self.store.results(round_index).items() if s in missing})
-        return kept
 
     def _eligible(self, peer_id: str, round_index: int, slot: int) -> bool:
         if peer_id in self._refused_on_slot.get((round_index, slot), ()) or self.store.ban_reason(peer_id):

@@ -278,6 +278,9 @@ class Store:
                          "WHERE merge IS NULL ORDER BY seq")
         return [(r[0], r[1], r[2], r[3], r[4], json.loads(r[5]), bytes(r[6])) for r in rows]
 
+    def buffered_count(self) -> int:
+        return int(self._run("SELECT COUNT(*) FROM arrivals WHERE merge IS NULL")[0][0])
+
     def mark_merged(self, seqs: list[int], merge: int) -> None:
         with self._lock:
             self.db.executemany("UPDATE arrivals SET merge = ? WHERE seq = ?", [(merge, seq) for seq in seqs])
