@@ -28,6 +28,7 @@ units twice. A round merges once each chosen slot has its comparison, unless no 
 
 from __future__ import annotations
 
+import logging
 import statistics
 from collections import deque
 from typing import TYPE_CHECKING, Any
@@ -39,6 +40,8 @@ from server.relay.checks import check_update_norm, read_result, relay_count
 from server.relay.refusal import Refusal
 from server.relay.sqlite_store import Store, StoredResult
 from server.relay.verify import DISPUTE, ReplayQueue, matches, sampled
+
+LOG = logging.getLogger("peertrain.relay")
 
 if TYPE_CHECKING:
     from server.session.package import Package
@@ -231,6 +234,8 @@ class UnitCopies:
         self.store.release(round_index, slot, peer_id)
         self.store.count(f"copies_{outcome}")
         if outcome == "disputed":
+            LOG.warning("copies of round %d slot %d disagree: merged from %s (%s), copy from %s (%s)", round_index,
+                        slot, merged.peer_id, merged.engine, peer_id, header.meta.get("engine", ""))
             self._dispute(round_index, slot, {merged.peer_id: merged_vector, peer_id: vector})
         return StoredResult(round_index, slot, assignment.unit_index, peer_id, count, dict(header.metrics), b"")
 

@@ -10,6 +10,7 @@ so their slots are handed out again.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
@@ -18,6 +19,8 @@ import numpy as np
 
 from server.relay.sqlite_store import Store, StoredResult
 from server.relay.verify import DISPUTE, Replay, ReplayQueue, Verifier
+
+LOG = logging.getLogger("peertrain.relay")
 
 if TYPE_CHECKING:
     from server.session.package import Package
@@ -117,6 +120,9 @@ class ReplayChecks:
         verdicts = self.replays.finished() if self.replays is not None else []
         for verdict in verdicts:
             self.store.count("results_verified" if verdict.ok else "verification_failed")
+            LOG.log(logging.INFO if verdict.ok else logging.WARNING, "replay of round %d slot %d (%s): peer %s %s, "
+                    "deviation %.3g of the update", verdict.round, verdict.slot, verdict.reason, verdict.peer_id,
+                    "passed" if verdict.ok else "FAILED", verdict.relative_deviation)
             if not verdict.ok:
                 self.ban(verdict.peer_id, f"a result of round {verdict.round + 1} differs from the host's replay "
                          f"by {verdict.relative_deviation:.3g} of its update (tolerance {self.options.verify_rtol:g})")

@@ -40,6 +40,9 @@ def test_a_subtly_poisoning_page_is_banned_after_its_first_checked_result(browse
     session_dir = tmp_path / "session"
     relay, url = start_relay(*task_args("arith", ARITH_SETTINGS, "-k", "3", "--passes", "2", "--min-peers", "1",
                                         "--no-ban-addresses",  # all three pages come from 127.0.0.1
+                                        # The intercepted page is the slow one: a backup would race it and turn
+                                        # its first check into a copy comparison (tests/server/test_backups.py).
+                                        "--no-backups",
                                         "--session-dir", str(session_dir)), log_name="relay-replay-ban.log")
     poisoner = Poisoner(url, poison=subtle)
     pages: list[Page] = []

@@ -13,6 +13,7 @@ from relay_fixtures import HttpPeer, build_small_package, make_relay, reference_
 from test_redundancy import flipped, work_until_done
 from test_verify import wait_until
 
+from runtime import wire
 from server.relay.state import DEFAULT_BACKUP_AFTER
 from server.session.package import Package
 
@@ -109,3 +110,54 @@ def test_a_held_request_wakes_when_a_unit_crosses_the_backup_threshold(package: 
         answer = idle.work(hold=15)
         assert answer.get("copy") == "backup", answer
         assert time.monotonic() - asked < threshold + 3  # woken by the threshold, not by the end of the hold
+
+
+def test_an_honest_backup_that_won_is_not_banned_when_the_original_lies(package: Package, tmp_path: Path) -> None:
+    """The original holder is slow and lies (1.5x its update); the honest backup's result was merged first.
+    The dispute's replay judges both: only the liar is banned, the backup stays merged."""
+    relay = make_relay(package, tmp_path / "s", k=3, passes=1, backup_after=0.0, verify_fraction=0.0,
+                       ban_addresses=False)
+    with serving(relay) as client:
+        first, liar, other, idle = (HttpPeer(client) for _ in range(4))
+        job, liar_job, other_job = first.assignment(), liar.assignment(), other.assignment()
+        assert first.train_and_upload(job).status_code == 200
+        assert relay.replays is not None
+        relay.replays.first_queued.add(idle.peer_id)  # (its first result was checked long ago)
+        backup = idle.assignment()
+        assert backup["slot"] == liar_job["slot"] and backup["copy"] == "backup"
+        assert idle.train_and_upload(backup).status_code == 200  # the backup wins the race
+        header, trained = wire.decode(liar.train(liar_job))
+        g = relay.session.weights
+        lie = wire.encode((g + 1.5 * (trained - g)).astype(np.float32), header)
+        assert liar.upload(liar_job["round"], liar_job["slot"], lie).status_code == 200  # compared: disputed
+        assert other.train_and_upload(other_job).status_code == 200
+        status = wait_until(client, lambda s: s["round"] >= 1 and not s["merging"])
+        assert relay.store.ban_reason(liar.peer_id) and not relay.store.ban_reason(idle.peer_id), status["counters"]
+        assert relay.store.results(0)[liar_job["slot"]].peer_id == idle.peer_id
+        work_until_done(client, [first, other, idle])
+    np.testing.assert_array_equal(relay.session.weights, reference_run(package, relay.session.config))
+
+
+def test_when_both_copies_of_a_unit_lie_both_are_banned_and_an_honest_peer_trains_it(package: Package,
+                                                                                    tmp_path: Path) -> None:
+    relay = make_relay(package, tmp_path / "s", k=3, passes=1, backup_after=0.0, verify_fraction=0.0,
+                       ban_addresses=False)
+    with serving(relay) as client:
+        first, liar, other, backup_liar = (HttpPeer(client) for _ in range(4))
+        assert relay.replays is not None
+        job, liar_job, other_job = first.assignment(), liar.assignment(), other.assignment()
+        assert first.train_and_upload(job).status_code == 200
+        relay.replays.first_queued.add(backup_liar.peer_id)
+        backup = backup_liar.assignment()
+        assert backup["slot"] == liar_job["slot"] and backup["copy"] == "backup"
+        assert backup_liar.upload(backup["round"], backup["slot"], flipped(backup_liar, backup, relay)).status_code \
+            == 200
+        header, trained = wire.decode(liar.train(liar_job))
+        g = relay.session.weights
+        lie = wire.encode((g + 1.5 * (trained - g)).astype(np.float32), header)
+        assert liar.upload(liar_job["round"], liar_job["slot"], lie).status_code == 200
+        wait_until(client, lambda s: s["counters"].get("peers_banned", 0) >= 2)
+        assert other.train_and_upload(other_job).status_code == 200
+        assert relay.store.ban_reason(liar.peer_id) and relay.store.ban_reason(backup_liar.peer_id)
+        work_until_done(client, [first, other])
+    np.testing.assert_array_equal(relay.session.weights, reference_run(package, relay.session.config))
