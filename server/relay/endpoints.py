@@ -18,10 +18,16 @@ JSON unless noted; weights, chunks and results are binary wire messages (``runti
     POST /api/admin/session        (admin token) a new session on the same package (``Relay.replace_session``)
     GET  /api/admin/peers          (admin token) every peer, its address, units and ban
     POST /api/admin/unban          (admin token) {"peer_id"}: lift a ban
+    GET  /api/openapi.json         this API as an OpenAPI 3.1 document, built from the declarations below
 
 Peers authenticate with ``Authorization: Bearer <peer_id>:<token>``, admins with ``Bearer <admin token>``.
 Every refusal is a ``Refusal``; the app's exception handler (``refusal_response``) counts it and answers
-``{"error": code, "message": ...}`` with its 4xx status.
+``{"error": code, "message": ...}`` with its 4xx status. A path or method no route takes is answered in the same
+shape under ``/api`` (``not_found``, ``method_not_allowed``: ``routing_refusal``).
+
+Each endpoint declares what it takes and answers, every refusal code included (``@operation``,
+``server.relay.openapi``); ``GET /api/openapi.json`` is built from those declarations and ``API``, and
+``tests/server/test_openapi.py`` fails when a ``Refusal`` code raised in ``server/relay`` is not declared.
 """
 
 from __future__ import annotations
@@ -32,17 +38,29 @@ import json
 import time
 from collections.abc import AsyncIterator
 
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
 
+from server.relay import openapi
 from server.relay.admission import client_address
+from server.relay.openapi import JSON, OCTET, Answer, Body, Operation, Param, operation
 from server.relay.refusal import Refusal
 from server.relay.state import MAX_HOLD_SECONDS, Relay
 
 JOIN_BODY_LIMIT = 4096  # bytes: a join body holds at most a join code
 SESSION_BODY_LIMIT = 65536  # bytes: a session request is a small JSON object of settings
 KEEP_ALIVE_SECONDS = 10.0  # an idle event stream sends a comment this often, so proxies keep it open
+MAX_INDEX_DIGITS = 18  # a unit index in a path: int() of a longer digit string is slow or refused (4300 digits)
+
+# Refusals shared by many endpoints, as (status, code) for their declarations.
+PEER_REFUSALS = ((401, "unauthorized"), (403, "banned"))  # ``peer_of``
+ADMIN_REFUSALS = ((401, "unauthorized"),)  # ``require_admin``
+BODY_REFUSALS = ((413, "too_large"), (408, "body_timeout"))  # ``read_body``; serve's BodyLimits (limits.py)
+JSON_REFUSALS = BODY_REFUSALS + ((400, "bad_json"),)  # ``read_json_object``
+NOT_FOUND = ((404, "not_found"),)  # a path param that makes the path match no route (``routing_refusal``)
+ROUTING_CODES = {404: "not_found", 405: "method_not_allowed"}
 
 
 def relay_of(request: Request) -> Relay:
@@ -58,6 +76,19 @@ def refusal_response(request: Request, refusal: Exception) -> Response:
     relay.changed()
     return JSONResponse({"error": refusal.code, "message": refusal.message}, status_code=refusal.status,
                         headers=refusal.headers)
+
+
+def routing_refusal(request: Request, error: Exception) -> Response:
+    """Starlette's own ``HTTPException`` (a path no route matches, a method a route does not take): under
+    ``/api`` a JSON refusal with a code like every other; elsewhere (the page, its assets) plain text as before."""
+    assert isinstance(error, HTTPException)
+    if error.status_code in (204, 304):
+        return Response(status_code=error.status_code, headers=error.headers)
+    if not request.url.path.startswith(API_PREFIX + "/"):
+        return PlainTextResponse(error.detail, status_code=error.status_code, headers=error.headers)
+    code = ROUTING_CODES.get(error.status_code, "http_error")
+    return JSONResponse({"error": code, "message": f"{request.method} {request.url.path}: {error.detail}"},
+                        status_code=error.status_code, headers=error.headers)
 
 
 def peer_of(request: Request) -> str:
@@ -98,21 +129,35 @@ async def read_json_object(request: Request, limit: int, what: str) -> dict:
         payload = json.loads(body) if body.strip() else {}
     except ValueError as error:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise Refusal(400, "bad_json", f"the {what} body is not valid JSON: {error}") from error
+    except RecursionError as error:  # "[[[[..." a few thousand deep: json's parser gives up (it was a 500)
+        raise Refusal(400, "bad_json", f"the {what} body nests too deeply") from error
     if not isinstance(payload, dict):
         raise Refusal(400, "bad_json", f"the {what} body must be a JSON object")
     return payload
 
 
 # -- public -------------------------------------------------------------------------------------
+STATUS_ANSWER = Answer(description="the session: task, plan, round progress, peers, history, counters, defenses")
+
+
+@operation(Operation(summary="what the session trains, its peers, round progress and refusals",
+                     answers=[STATUS_ANSWER]))
 async def session_info(request: Request) -> Response:
     return JSONResponse(relay_of(request).status())
 
 
+@operation(Operation(summary="what a peer needs to build the task, and the relay's limits (`limits`)",
+                     answers=[Answer(description="import name, settings, assets, spec and limits")]))
 async def task_info(request: Request) -> Response:
     relay = relay_of(request)
     return JSONResponse(relay.package.task_description() | {"limits": relay.peer_limits()})
 
 
+@operation(Operation(summary="server-sent events: the session status after every change",
+                     description="A stream that never ends (a comment every 10 s when idle). HEAD answers its "
+                     "headers at once and leaves the connection free for the next request.",
+                     answers=[Answer(description="`data:` lines of the session status",
+                                     content={"text/event-stream": {"type": "string"}})]))
 async def events(request: Request) -> Response:
     relay = relay_of(request)
     if request.method == "HEAD":  # the headers only: a stream that never ends has no body to leave out
@@ -129,7 +174,21 @@ async def events(request: Request) -> Response:
     return StreamingResponse(stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
+@operation(Operation(summary="the API as an OpenAPI document, built from the endpoints' declarations",
+                     answers=[Answer(description="OpenAPI 3.1")]))
+async def openapi_document(request: Request) -> Response:
+    return JSONResponse(openapi.document(API))
+
+
 # -- peers --------------------------------------------------------------------------------------
+@operation(Operation(
+    summary="join the session: a peer id and its token",
+    body=Body(schema={"type": "object", "properties": {"join_code": {"type": "string"}}},
+              description=f"at most {JOIN_BODY_LIMIT} bytes; an empty body is {{}}"),
+    answers=[Answer(description="the peer's credentials (Authorization: Bearer <peer_id>:<token>)",
+                    content={JSON: {"type": "object", "required": ["peer_id", "token"],
+                                    "properties": {"peer_id": {"type": "string"}, "token": {"type": "string"}}}})],
+    refusals=[*JSON_REFUSALS, (403, "join_code"), (403, "banned"), (429, "join_rate"), (429, "too_many_peers")]))
 async def join(request: Request) -> Response:
     relay = relay_of(request)
     payload = await read_json_object(request, JOIN_BODY_LIMIT, "join")
@@ -144,6 +203,13 @@ async def join(request: Request) -> Response:
     return JSONResponse({"peer_id": peer_id, "token": token})
 
 
+@operation(Operation(
+    summary="an assignment with a lease deadline, or {wait, reason}, or {done}", auth="peer",
+    params=[Param(name="hold", schema={"type": "number", "minimum": 0},
+                  description=f"hold a wait answer up to this many seconds (at most {MAX_HOLD_SECONDS:g} and half "
+                  "the peer timeout); work is answered the moment it exists")],
+    answers=[Answer(description="an assignment (round, slot, unit_index, lease deadline), a wait or done")],
+    refusals=[*PEER_REFUSALS, (400, "bad_query")]))
 async def work(request: Request) -> Response:
     relay = relay_of(request)
     try:
@@ -165,6 +231,12 @@ async def work(request: Request) -> Response:
         await relay.hold_for_work(remaining if backup_in is None else min(remaining, backup_in))
 
 
+@operation(Operation(
+    summary="the global weights of the current round (or of ?round=V) as a wire message", auth="peer",
+    params=[Param(name="round", schema={"type": "integer", "minimum": 0},
+                  description="a job's weights_round: the current round, or in async mode a kept recent version")],
+    answers=[Answer(description="a weights message (runtime.wire)", content={OCTET: {}})],
+    refusals=[*PEER_REFUSALS, (400, "bad_query"), (409, "stale_round")]))
 async def weights(request: Request) -> Response:
     """The current weights, or with ``?round=V`` that version (a job's ``weights_round``): the current one, or in
     async mode one of the kept recent versions; another is refused (``409 stale_round``)."""
@@ -184,15 +256,46 @@ async def weights(request: Request) -> Response:
     return Response(message, media_type="application/octet-stream")
 
 
+@operation(Operation(
+    summary="the data chunk of a unit leased to this peer, as an array message", auth="peer",
+    params=[Param(name="index", where="path", schema={"type": "integer", "minimum": 0})],
+    answers=[Answer(description="an array message (runtime.wire)", content={OCTET: {}})],
+    refusals=[*PEER_REFUSALS, *NOT_FOUND, (404, "unknown_unit"), (403, "not_leased")]))
 async def unit(request: Request) -> Response:
     relay = relay_of(request)
     peer_id = peer_of(request)
-    index = int(request.path_params["index"])
+    index = unit_index(request.path_params["index"])
     if not relay.holds_unit(peer_id, index) or relay.session.task.kind != "data":
         raise Refusal(403, "not_leased", f"unit {index} is not leased to this peer")
     return Response(relay.package.chunk_bytes(index), media_type="application/octet-stream")
 
 
+def unit_index(text: str) -> int:
+    """A unit index from the path: ASCII digits only (``int`` also reads "٣" and "1_0", and refuses 4300 digits
+    with a ValueError that Starlette's ``int`` convertor let through as a 500)."""
+    if not (text.isascii() and text.isdigit() and len(text) <= MAX_INDEX_DIGITS):
+        raise Refusal(404, "unknown_unit", f"no unit {text[:40]!r}: a unit index is a non-negative integer")
+    return int(text)
+
+
+RESULT_REFUSALS = (*PEER_REFUSALS, *BODY_REFUSALS, (400, "bad_query"),
+                   # the lease and the round (Relay.accept_result; async: BufferedMerges.accept_async)
+                   (409, "stale_round"), (404, "unknown_slot"), (409, "past_deadline"), (409, "duplicate"),
+                   (403, "not_leased"), (409, "late"), (409, "too_stale"),
+                   # the message itself (server.relay.checks)
+                   *openapi.wire_refusals(), (422, "num_examples"), (422, "num_examples_claim"),
+                   (422, "update_norm"), (422, "update_outlier"))
+
+
+@operation(Operation(
+    summary="upload a result message for (round, slot); refused with 4xx and a reason, counted", auth="peer",
+    params=[Param(name="round", schema={"type": "integer", "minimum": 0}, required=True),
+            Param(name="slot", schema={"type": "integer", "minimum": 0}, required=True)],
+    body=Body(media_type=OCTET, required=True, description="a weights message (runtime.wire) with the result"),
+    answers=[Answer(description="accepted", content={JSON: {
+        "type": "object", "properties": {"accepted": {"type": "boolean"}, "round": {"type": "integer"},
+                                         "slot": {"type": "integer"}}}})],
+    refusals=RESULT_REFUSALS))
 async def result(request: Request) -> Response:
     relay = relay_of(request)
     peer_id = peer_of(request)
@@ -213,6 +316,14 @@ async def result(request: Request) -> Response:
 
 
 # -- admin --------------------------------------------------------------------------------------
+ADMIN_ACTIONS = ("pause", "resume", "stop")
+
+
+@operation(Operation(
+    summary="pause or resume handing out work, or stop the session", auth="admin",
+    params=[Param(name="action", where="path", schema={"type": "string", "enum": list(ADMIN_ACTIONS)})],
+    answers=[Answer(description="the relay's state after the action")],
+    refusals=[*ADMIN_REFUSALS, *NOT_FOUND, (404, "unknown_action")]))
 async def admin_action(request: Request) -> Response:
     require_admin(request)
     relay = relay_of(request)
@@ -220,12 +331,19 @@ async def admin_action(request: Request) -> Response:
     return JSONResponse({"ok": True, "paused": relay.paused, "stopped": relay.session.stopped})
 
 
+@operation(Operation(summary="every peer: address, units, last seen, ban and its reason", auth="admin",
+                     answers=[Answer(description="{peers: [...]}")], refusals=ADMIN_REFUSALS))
 async def admin_peers(request: Request) -> Response:
     """Every peer: address, units, last seen, and its ban with the reason."""
     require_admin(request)
     return JSONResponse({"peers": relay_of(request).store.peers_listing()})
 
 
+@operation(Operation(
+    summary="lift a peer's ban", auth="admin",
+    body=Body(schema={"type": "object", "properties": {"peer_id": {"type": "string"}}}),
+    answers=[Answer(description="unbanned")],
+    refusals=[*ADMIN_REFUSALS, *JSON_REFUSALS, (404, "not_banned")]))
 async def admin_unban(request: Request) -> Response:
     """Lift a ban: ``{"peer_id": ...}``."""
     require_admin(request)
@@ -236,6 +354,26 @@ async def admin_unban(request: Request) -> Response:
     return JSONResponse({"ok": True, "peer_id": peer_id})
 
 
+# The settings ``POST /api/admin/session`` may change (``server.session.config.SETTABLE``), and its own flag.
+SESSION_SETTINGS: dict[str, dict[str, object]] = {
+    "merge": {"type": "string"}, "merge_config": {"type": "object"}, "aggregate": {"type": "string"},
+    "aggregate_config": {"type": ["object", "null"]}, "participants": {"type": "integer", "minimum": 1},
+    "passes": {"type": "integer", "minimum": 1}, "seed": {"type": "integer", "minimum": 0},
+    "max_rounds": {"type": ["integer", "null"], "minimum": 1}, "force": {"type": "boolean"},
+    "on_divergence": {"type": "string", "enum": ["stop", "rollback"]}, "divergence_factor": {"type": "number"},
+    "mode": {"type": "string", "enum": ["sync", "async"]}, "staleness_exponent": {"type": "number", "minimum": 0},
+    "max_staleness": {"type": "integer", "minimum": 0}, "validate_every": {"type": "integer", "minimum": 1},
+    "replace": {"type": "boolean", "description": "replace a session that is still running"},
+}
+
+
+@operation(Operation(
+    summary="a new session on the same package: the current settings with the body's replaced", auth="admin",
+    body=Body(schema={"type": "object", "properties": SESSION_SETTINGS},
+              description=f"a JSON object of settings, at most {SESSION_BODY_LIMIT} bytes"),
+    answers=[Answer(description="the old session's archive folder and the new session")],
+    refusals=[*ADMIN_REFUSALS, *JSON_REFUSALS, (409, "session_running"), (422, "bad_session"),
+              (409, "no_session_folder")]))
 async def create_session(request: Request) -> Response:
     require_admin(request)
     relay = relay_of(request)
@@ -262,6 +400,15 @@ def model_response(request: Request) -> Response:
                     headers={"Content-Disposition": f'attachment; filename="{name}"'})
 
 
+MODEL_ROUND = Param(name="round", schema={"type": "string", "enum": ["latest", "best"]},
+                    description="latest (default) or best: the round with the best validation metric")
+MODEL_ANSWER = Answer(description="the model as named-tensor safetensors", content={OCTET: {}},
+                      headers={"Content-Disposition": "attachment; filename=<task>-round<N>.safetensors"})
+
+
+@operation(Operation(summary="the model (the page's Download link)", auth="model",
+                     description="Anyone's with `serve --public-model`, else the admin's.",
+                     params=[MODEL_ROUND], answers=[MODEL_ANSWER], refusals=[*ADMIN_REFUSALS, (400, "bad_query")]))
 async def model(request: Request) -> Response:
     """The page's Download link: anyone's with ``serve --public-model``, else the admin's."""
     if not relay_of(request).options.public_model:
@@ -269,6 +416,12 @@ async def model(request: Request) -> Response:
     return model_response(request)
 
 
+@operation(Operation(
+    summary="export the model (safetensors) or the full history (JSON lines)", auth="admin",
+    params=[Param(name="what", where="path", schema={"type": "string", "enum": ["model", "history"]}), MODEL_ROUND],
+    answers=[Answer(description="model: safetensors; history: one JSON object per round",
+                    content={OCTET: {}, "application/x-ndjson": {"type": "string"}})],
+    refusals=[*ADMIN_REFUSALS, *NOT_FOUND, (400, "bad_query"), (404, "unknown_export")]))
 async def export(request: Request) -> Response:
     require_admin(request)
     relay = relay_of(request)
@@ -283,14 +436,16 @@ async def export(request: Request) -> Response:
     raise Refusal(404, "unknown_export", f"nothing to export as {what!r}")
 
 
-API = Mount("/api", routes=[
+API_PREFIX = "/api"
+API = Mount(API_PREFIX, routes=[
     Route("/session", session_info),
     Route("/task", task_info),
     Route("/events", events),
+    Route("/openapi.json", openapi_document),
     Route("/join", join, methods=["POST"]),
     Route("/work", work, methods=["POST"]),
     Route("/weights", weights),
-    Route("/unit/{index:int}", unit),
+    Route("/unit/{index}", unit),  # (parsed by ``unit_index``: Starlette's int convertor let huge numbers 500)
     Route("/result", result, methods=["POST"]),
     Route("/model", model),
     Route("/admin/export/{what}", export),
@@ -299,5 +454,5 @@ API = Mount("/api", routes=[
     Route("/admin/unban", admin_unban, methods=["POST"]),
     Route("/admin/{action}", admin_action, methods=["POST"]),
 ])
-EXCEPTION_HANDLERS = {Refusal: refusal_response}
+EXCEPTION_HANDLERS = {Refusal: refusal_response, HTTPException: routing_refusal}
 __all__ = ["API", "EXCEPTION_HANDLERS", "MAX_HOLD_SECONDS"]
