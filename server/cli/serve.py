@@ -22,6 +22,7 @@ from server.relay.state import (
     DEFAULT_BACKUP_AFTER,
     DEFAULT_JOIN_BURST,
     DEFAULT_JOIN_RATE,
+    DEFAULT_KEEP_RESULTS,
     DEFAULT_MAX_PEERS_PER_ADDRESS,
     DEFAULT_OUTLIER_FACTOR,
 )
@@ -45,6 +46,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--public-model", action="store_true",
                         help="anyone may download the model (GET /api/model, the page's Download link); "
                         "default: only with the admin token")
+    parser.add_argument("--keep-results", type=keep_results_value, default=DEFAULT_KEEP_RESULTS, metavar="N",
+                        help="merged rounds whose result messages stay in SQLite, for audits and replays of recent "
+                        f"rounds (default {DEFAULT_KEEP_RESULTS}; 'all' keeps every one); older rounds keep one audit "
+                        "row per result (peer, unit, examples, metrics, sha256, verification), so the disk stays "
+                        "flat. The open round's messages are always kept (its merge, a restart, a dispute need them)")
     parser.add_argument("--fresh", action="store_true", help="discard an existing session in --session-dir")
     parser.add_argument("--merge", default="fedavg", choices=merge_names(), help="the merge method (default fedavg)")
     parser.add_argument("--merge-config", default="{}", help='merge hyperparameters as JSON, e.g. {"eta": 0.01}')
@@ -118,6 +124,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="admin token (env PEERTRAIN_ADMIN_TOKEN); default: a new one, printed once")
     parser.add_argument("--peers", type=int, default=0, help="also start N headless Chromium peers")
     parser.add_argument("--no-session", action="store_true", help="serve the page and assets only")
+
+
+def keep_results_value(text: str) -> int | None:
+    """``--keep-results``: a count of rounds (0 or more), or ``all`` (None: nothing is pruned)."""
+    if text.strip().lower() == "all":
+        return None
+    try:
+        value = int(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"expected a number of rounds or 'all', got {text!r}") from error
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected 0 or more rounds, got {value}")
+    return value
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -211,7 +230,7 @@ def open_session(args: argparse.Namespace, paths: RelayPaths):  # type: ignore[n
                            ban_addresses=args.ban_addresses, redundancy=args.redundancy,
                            backup_after=None if args.no_backups else args.backup_after,
                            round_deadline=args.round_deadline, min_results=args.min_results,
-                           public_model=args.public_model)
+                           public_model=args.public_model, keep_results=args.keep_results)
     if options.round_deadline is not None and not options.round_deadline > 0:
         raise ValueError(f"--round-deadline must be a number of seconds above 0, got {options.round_deadline:g}")
     if options.min_results is not None and options.min_results < 1:

@@ -16,7 +16,7 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from server.paths import REPO_ROOT
-from server.relay import endpoints, static
+from server.relay import endpoints, static, storage
 from server.relay.state import Relay
 
 # Only our own origin; Pyodide compiles WebAssembly, which needs 'wasm-unsafe-eval' (not 'unsafe-eval').
@@ -144,6 +144,6 @@ def create_app(paths: RelayPaths | None = None, relay: Relay | None = None) -> S
                 relay.close()
 
     app = Starlette(routes=routes, middleware=[Middleware(SecurityHeaders)], lifespan=lifespan,
-                    exception_handlers=dict(endpoints.EXCEPTION_HANDLERS))
+                    exception_handlers=dict(endpoints.EXCEPTION_HANDLERS) | storage.EXCEPTION_HANDLERS)
     app.state.relay = relay
     return app

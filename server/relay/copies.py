@@ -233,6 +233,8 @@ class UnitCopies:
         self.store.add_copy(round_index, slot, peer_id, body, outcome)
         self.store.release(round_index, slot, peer_id)
         self.store.count(f"copies_{outcome}")
+        if outcome in ("identical", "agreed"):
+            self.store.set_verification(round_index, slot, merged.peer_id, f"copy {outcome} (from {peer_id})")
         if outcome == "disputed":
             LOG.warning("copies of round %d slot %d disagree: merged from %s (%s), copy from %s (%s)", round_index,
                         slot, merged.peer_id, merged.engine, peer_id, header.meta.get("engine", ""))

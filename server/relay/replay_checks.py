@@ -123,7 +123,10 @@ class ReplayChecks:
             LOG.log(logging.INFO if verdict.ok else logging.WARNING, "replay of round %d slot %d (%s): peer %s %s, "
                     "deviation %.3g of the update", verdict.round, verdict.slot, verdict.reason, verdict.peer_id,
                     "passed" if verdict.ok else "FAILED", verdict.relative_deviation)
-            if not verdict.ok:
+            if verdict.ok:
+                self.store.set_verification(verdict.round, verdict.slot, verdict.peer_id, f"replay passed "
+                                            f"({verdict.reason}, deviation {verdict.relative_deviation:.2g})")
+            else:
                 self.ban(verdict.peer_id, f"a result of round {verdict.round + 1} differs from the host's replay "
                          f"by {verdict.relative_deviation:.3g} of its update (tolerance {self.options.verify_rtol:g})")
         self.settle_disputes([v for v in verdicts if v.reason == DISPUTE])

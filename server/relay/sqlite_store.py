@@ -1,9 +1,15 @@
 """The relay's session state in SQLite (one file beside the checkpoints).
 
 Peers (id, hashed token, last seen), leases (who trains which slot of which round, until when), every
-accepted result (weights included, so a session can be replayed through the simulator's merge and a
-restart loses nothing), and counters of refusals by reason. Checkpoints (weights, merge state,
-history) live on disk beside this file; see ``server.session.checkpoint_files``.
+accepted result (weights included, so a restart loses nothing and a session can be replayed through the
+simulator's merge), and counters of refusals by reason. Checkpoints (weights, merge state, history) live on
+disk beside this file; see ``server.session.checkpoint_files``.
+
+Bounded disk: a result's message is only needed until its round is merged and checkpointed (the merge, a
+restart, a dispute between two copies all read the open round's messages). ``prune_before`` then empties the
+messages of older rounds and keeps what an audit needs per result: peer, unit, slot, example count, metrics,
+the message's sha256 and size, and how it was verified. Freed pages are reused, so the file stops growing;
+the write-ahead log is truncated after each prune.
 """
 
 from __future__ import annotations
@@ -20,6 +26,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+# Columns added since the first files (table -> column -> definition): added to an older file on open.
+ADDED_COLUMNS = {
+    "peers": {"address": "TEXT NOT NULL DEFAULT ''"},
+    "results": {"sha256": "TEXT NOT NULL DEFAULT ''", "size": "INTEGER NOT NULL DEFAULT 0",
+                "verification": "TEXT NOT NULL DEFAULT ''"},
+    "copies": {"sha256": "TEXT NOT NULL DEFAULT ''"},
+    "arrivals": {"sha256": "TEXT NOT NULL DEFAULT ''"},
+}
+WAL_LIMIT_BYTES = 8 << 20  # the write-ahead log is cut back to this after a checkpoint of it
 LAST_SEEN_RESOLUTION = 1.0  # seconds; "connected" is judged over the peer timeout (30 s by default)
 
 SCHEMA = """
@@ -34,17 +49,20 @@ CREATE TABLE IF NOT EXISTS leases (
 CREATE TABLE IF NOT EXISTS results (
     round INTEGER NOT NULL, slot INTEGER NOT NULL, unit_index INTEGER NOT NULL, peer_id TEXT NOT NULL,
     num_examples INTEGER NOT NULL, metrics TEXT NOT NULL, message BLOB NOT NULL, received REAL NOT NULL,
+    sha256 TEXT NOT NULL DEFAULT '', size INTEGER NOT NULL DEFAULT 0, verification TEXT NOT NULL DEFAULT '',
     PRIMARY KEY (round, slot)
 );
 CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS copies (
     round INTEGER NOT NULL, slot INTEGER NOT NULL, peer_id TEXT NOT NULL, message BLOB NOT NULL,
-    received REAL NOT NULL, outcome TEXT NOT NULL, PRIMARY KEY (round, slot, peer_id)
+    received REAL NOT NULL, outcome TEXT NOT NULL, sha256 TEXT NOT NULL DEFAULT '',
+    PRIMARY KEY (round, slot, peer_id)
 );
 CREATE TABLE IF NOT EXISTS arrivals (
     seq INTEGER PRIMARY KEY AUTOINCREMENT, entry INTEGER NOT NULL UNIQUE, unit_index INTEGER NOT NULL,
     peer_id TEXT NOT NULL, version INTEGER NOT NULL, num_examples INTEGER NOT NULL, metrics TEXT NOT NULL,
-    message BLOB NOT NULL, update_vector BLOB NOT NULL, received REAL NOT NULL, merge INTEGER
+    message BLOB NOT NULL, update_vector BLOB NOT NULL, received REAL NOT NULL, merge INTEGER,
+    sha256 TEXT NOT NULL DEFAULT ''
 );
 CREATE TABLE IF NOT EXISTS bans (
     peer_id TEXT PRIMARY KEY, address TEXT NOT NULL, reason TEXT NOT NULL, time REAL NOT NULL
@@ -54,6 +72,10 @@ CREATE TABLE IF NOT EXISTS bans (
 
 def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -98,10 +120,13 @@ class Store:
             self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
+            self._db.execute(f"PRAGMA journal_size_limit={WAL_LIMIT_BYTES}")
             self._db.executescript(SCHEMA)
-            columns = {row[1] for row in self._db.execute("PRAGMA table_info(peers)")}
-            if "address" not in columns:  # a file from before peers had addresses
-                self._db.execute("ALTER TABLE peers ADD COLUMN address TEXT NOT NULL DEFAULT ''")
+            for table, added in ADDED_COLUMNS.items():  # a file from before these columns
+                columns = {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}
+                for name, definition in added.items():
+                    if name not in columns:
+                        self._db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {definition}")
             if "copy" not in {row[1] for row in self._db.execute("PRAGMA table_info(leases)")}:
                 # a file from before second copies: leases are handed out again after a restart anyway
                 self._db.executescript("DROP TABLE leases;" + SCHEMA)
@@ -205,9 +230,11 @@ class Store:
 
     # -- results --------------------------------------------------------------------------------
     def add_result(self, result: StoredResult, *, count_unit: bool = True) -> None:
-        self._run("INSERT INTO results VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        self._run("INSERT INTO results (round, slot, unit_index, peer_id, num_examples, metrics, message, received, "
+                  "sha256, size) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                   (result.round, result.slot, result.unit_index, result.peer_id, result.num_examples,
-                   json.dumps(result.metrics), result.message, self.clock()))
+                   json.dumps(result.metrics), result.message, self.clock(), sha256_hex(result.message),
+                   len(result.message)))
         if count_unit:  # (a promoted copy was counted when it came in)
             self._run("UPDATE peers SET units_done = units_done + 1 WHERE id = ?", (result.peer_id,))
 
@@ -233,10 +260,57 @@ class Store:
     def remove_result(self, round_index: int, slot: int) -> None:
         self._run("DELETE FROM results WHERE round = ? AND slot = ?", (round_index, slot))
 
+    def set_verification(self, round_index: int, slot: int, peer_id: str, outcome: str) -> None:
+        """How the merged result of a slot was checked (a replay, a compared copy), for the audit."""
+        self._run("UPDATE results SET verification = CASE WHEN verification = '' THEN ? ELSE "
+                  "substr(verification || '; ' || ?, 1, 500) END WHERE round = ? AND slot = ? AND peer_id = ?",
+                  (outcome, outcome, round_index, slot, peer_id))
+
+    def audit(self) -> list[dict[str, Any]]:
+        """Every merged result without its message: who, which unit, what it claimed, its sha256 and size, how
+        it was verified, and whether the message is still kept."""
+        rows = self._run("SELECT round, slot, unit_index, peer_id, num_examples, metrics, sha256, size, verification, "
+                         "length(message) > 0, received FROM results ORDER BY round, slot")
+        return [{"round": r[0], "slot": r[1], "unit_index": r[2], "peer_id": r[3], "num_examples": r[4],
+                 "metrics": json.loads(r[5]), "sha256": r[6], "size": r[7], "verification": r[8] or "not checked",
+                 "message_kept": bool(r[9]), "received": r[10]} for r in rows]
+
+    # -- bounded disk: messages of merged rounds are emptied, their audit rows stay ---------------------
+    def prune_before(self, round_index: int) -> int:
+        """Empty the result and copy messages of rounds before ``round_index`` (already merged and
+        checkpointed); returns how many were emptied. The write-ahead log is truncated afterwards."""
+        with self._lock:
+            emptied = self.db.execute("UPDATE results SET message = X'' WHERE round < ? AND length(message) > 0",
+                                      (round_index,)).rowcount
+            emptied += self.db.execute("UPDATE copies SET message = X'' WHERE round < ? AND length(message) > 0",
+                                       (round_index,)).rowcount
+        if emptied:
+            self.truncate_log()
+        return emptied
+
+    def prune_arrivals_before(self, merge: int) -> int:
+        """Asynchronous mode: empty the messages of results merged before merge ``merge``."""
+        with self._lock:
+            emptied = self.db.execute("UPDATE arrivals SET message = X'', update_vector = X'' WHERE merge IS NOT NULL "
+                                      "AND merge < ? AND length(message) > 0", (merge,)).rowcount
+        if emptied:
+            self.truncate_log()
+        return emptied
+
+    def truncate_log(self) -> None:
+        with self._lock:
+            self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+
+    def disk_bytes(self) -> int:
+        """The SQLite file with its write-ahead log and shared-memory index."""
+        return sum(path.stat().st_size for path in (self.path, self.path.with_name(self.path.name + "-wal"),
+                                                    self.path.with_name(self.path.name + "-shm")) if path.exists())
+
     # -- second copies of a unit (redundancy): compared with the merged result, never merged themselves --
     def add_copy(self, round_index: int, slot: int, peer_id: str, message: bytes, outcome: str) -> None:
-        self._run("INSERT OR REPLACE INTO copies VALUES (?, ?, ?, ?, ?, ?)",
-                  (round_index, slot, peer_id, message, self.clock(), outcome))
+        self._run("INSERT OR REPLACE INTO copies (round, slot, peer_id, message, received, outcome, sha256) "
+                  "VALUES (?, ?, ?, ?, ?, ?, ?)", (round_index, slot, peer_id, message, self.clock(), outcome,
+                                                   sha256_hex(message)))
         self._run("UPDATE peers SET units_done = units_done + 1 WHERE id = ?", (peer_id,))
 
     def set_copy_outcome(self, round_index: int, slot: int, peer_id: str, outcome: str) -> None:
@@ -263,9 +337,9 @@ class Store:
         with self._lock:
             cursor = self.db.execute(
                 "INSERT INTO arrivals (entry, unit_index, peer_id, version, num_examples, metrics, message, "
-                "update_vector, received, merge) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, NULL)",
+                "update_vector, received, merge, sha256) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, ?)",
                 (entry, unit_index, peer_id, version, num_examples, json.dumps(metrics), message, update,
-                 self.clock()))
+                 self.clock(), sha256_hex(message)))
             self.db.execute("UPDATE peers SET units_done = units_done + 1 WHERE id = ?", (peer_id,))
             return int(cursor.lastrowid or 0)
 

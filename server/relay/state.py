@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import sqlite3
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -27,6 +29,7 @@ from server.relay.people import Participants
 from server.relay.refusal import Refusal
 from server.relay.replay_checks import ReplayChecks
 from server.relay.sqlite_store import Store, StoredResult
+from server.relay.storage import StorageGuard, is_storage_error
 from server.relay.verify import DEFAULT_VERIFY_ATOL, DEFAULT_VERIFY_FRACTION, DEFAULT_VERIFY_RTOL, ReplayQueue
 from server.session.package import Package
 from server.session.session import Session
@@ -39,9 +42,20 @@ DEFAULT_JOIN_RATE = 2.0
 DEFAULT_JOIN_BURST = 20
 DEFAULT_MAX_PEERS_PER_ADDRESS = 32
 DEFAULT_BACKUP_AFTER = 1.0  # a unit out for longer than the session's median unit time gets a backup
+# Merged rounds whose result messages stay in SQLite (the open round's always do: its merge, a restart and a
+# dispute read them). Older ones keep only their audit rows (sha256, peer, unit, examples, verification).
+DEFAULT_KEEP_RESULTS = 1
 UNIT_TIMES_KEPT = 50  # merged units whose hand-out-to-result time sets the backups' yardstick
 HISTORY_LENGTH = 200  # rounds of history in the status (the page's chart); the full history is exported
 RESULT_ENVELOPE_BYTES = 16  # a result body may exceed its payload and header by the wire's length fields
+
+
+def file_size(path: Path) -> int:
+    """A file's size, 0 for a folder or a file removed meanwhile (a checkpoint being replaced)."""
+    try:
+        return path.stat().st_size if path.is_file() else 0
+    except OSError:
+        return 0
 
 
 @dataclass(kw_only=True)
@@ -69,10 +83,11 @@ class RelayOptions:
     public_model: bool = False  # GET /api/model (the page's Download link) without the admin token
     round_deadline: float | None = None  # seconds after its first hand-out a round merges what it has
     min_results: int | None = None  # results a round needs at its deadline (default: half its units)
+    keep_results: int | None = DEFAULT_KEEP_RESULTS  # merged rounds whose messages are kept (None: all)
 
 
 @dataclass
-class Relay(UnitCopies, RoundPacing, BufferedMerges, SessionAdmin, Participants, ReplayChecks):
+class Relay(UnitCopies, RoundPacing, BufferedMerges, SessionAdmin, Participants, ReplayChecks, StorageGuard):
     session: Session
     package: Package
     store: Store
@@ -98,6 +113,7 @@ class Relay(UnitCopies, RoundPacing, BufferedMerges, SessionAdmin, Participants,
     _replay_wait: float = 0.0  # how long the last merge waited for its round's replays (its added time)
     _unit_seconds: deque[float] = field(default_factory=lambda: deque(maxlen=UNIT_TIMES_KEPT))
     _backups: dict[int, dict[str, list[int]]] = field(default_factory=dict)
+    storage: dict[str, Any] = field(default_factory=dict)  # disk use, measured after each merge
 
     def __post_init__(self) -> None:
         self.joins = JoinLimiter(self.options.join_rate, self.options.join_burst)
@@ -108,6 +124,28 @@ class Relay(UnitCopies, RoundPacing, BufferedMerges, SessionAdmin, Participants,
         if not self.session.done and not self.async_mode:
             self.settle_after_restart()
         self.start_async()
+        self.measure_storage()
+
+    # -- bounded disk ----------------------------------------------------------------------------
+    def prune_results(self) -> int:
+        """After a merge is checkpointed: empty the messages of merged rounds older than ``keep_results``."""
+        keep = self.options.keep_results
+        if keep is None:
+            return 0
+        before = self.session.round - keep
+        pruned = self.store.prune_arrivals_before(before) if self.async_mode else self.store.prune_before(before)
+        if pruned:
+            self.store.count("result_messages_pruned", pruned)
+        return pruned
+
+    def measure_storage(self) -> None:
+        """Disk use for the status: the SQLite file (with its log) and the session folder (checkpoints, history)."""
+        directory = self.session.directory
+        folder = sum(file_size(p) for p in directory.rglob("*")) if directory is not None else 0
+        sqlite = self.store.disk_bytes() if not self.store.closed else 0
+        inside = directory is not None and directory in self.store.path.parents
+        self.storage = {"sqlite_bytes": sqlite, "checkpoint_bytes": max(0, folder - (sqlite if inside else 0)),
+                        "keep_results": self.options.keep_results}
 
     # -- state the page and the CLI see ---------------------------------------------------------
     @property
@@ -145,6 +183,7 @@ class Relay(UnitCopies, RoundPacing, BufferedMerges, SessionAdmin, Participants,
             "defenses": self.defenses(),
             "participants": self.participants(),
             "public_model": self.options.public_model,
+            "storage": self.storage,
             "version": self.version,
         }
 
@@ -162,6 +201,7 @@ class Relay(UnitCopies, RoundPacing, BufferedMerges, SessionAdmin, Participants,
         self.__dict__.pop("_async", None)
         self._start_replays()
         self.start_async()
+        self.measure_storage()
 
     def open(self) -> None:
         """(Re)open the store: the app's lifespan calls this on start-up, ``close`` on shutdown."""
@@ -233,6 +273,7 @@ class Relay(UnitCopies, RoundPacing, BufferedMerges, SessionAdmin, Participants,
         session = self.session
         if session.done:
             return {"done": True, "reason": session.stopped or "the session is complete"}
+        self.refuse_while_full()
         if self.async_mode and not self.paused:  # peers never wait for a round (server.relay.buffered)
             return self.next_async(peer_id, self._assignment_json)
         if self.paused or self.merging:
@@ -422,6 +463,15 @@ class Relay(UnitCopies, RoundPacing, BufferedMerges, SessionAdmin, Participants,
             extra["backups"] = backups
         return session.complete_round(results, extra=extra or None, carry_missing=True)
 
+    def merge_and_prune(self) -> None:
+        """The merge (a worker thread): checkpointed by ``Session``, then older messages pruned, disk measured."""
+        if self.async_mode:
+            self.complete_buffer_blocking()
+        else:
+            self.complete_round_blocking()
+        self.prune_results()
+        self.measure_storage()
+
     def samples_blocking(self, weights: np.ndarray) -> list[dict[str, Any]]:
         """The page's samples for ``weights`` (generating text can cost several validations)."""
         return [{"text": s.text, "ok": s.ok} for s in self.session.task.samples(weights, self.session.data.validation)]
@@ -450,8 +500,12 @@ class Relay(UnitCopies, RoundPacing, BufferedMerges, SessionAdmin, Participants,
             self.merging = True
             self.changed()
             try:
-                await asyncio.to_thread(self.complete_buffer_blocking if self.async_mode
-                                        else self.complete_round_blocking)
+                await asyncio.to_thread(self.merge_and_prune)
+            except (OSError, sqlite3.Error) as error:
+                if not is_storage_error(error):
+                    raise
+                self.merge_failed_on_storage(error)  # back to the last checkpoint; tried again when space returns
+                return
             finally:
                 self._forget_rounds_before(self.session.round)
                 self.merging = False

@@ -152,6 +152,15 @@ def read_history(directory: Path, limit: int | None = None) -> list[dict[str, An
     return [json.loads(line) for line in lines[:limit]]
 
 
+def history_lines(directory: Path) -> int:
+    """How many entries ``history.jsonl`` holds (0 when there is none)."""
+    path = Path(directory) / HISTORY_FILE
+    if not path.is_file():
+        return 0
+    with path.open("rb") as handle:
+        return sum(1 for line in handle if line.strip())
+
+
 def rewrite_history(directory: Path, history: Iterable[Mapping[str, Any]]) -> None:
     lines = "".join(json.dumps(json_safe(entry), sort_keys=True) + "\n" for entry in history)
     write_text_atomic(directory / HISTORY_FILE, lines)
@@ -167,11 +176,14 @@ def save_round(directory: Path, checkpoint: Checkpoint, *, fingerprint: str, new
     directory = Path(directory)
     folder = round_folder(directory, int(checkpoint.state["round"]))
     write_point(folder, checkpoint, fingerprint=fingerprint)
-    if best is not None:
-        staging = directory / (BEST_DIR + ".partial")
+    if best is not None:  # staged in full, then swapped in by renames (a crash between them: see read_best)
+        staging, previous = directory / (BEST_DIR + ".partial"), directory / (BEST_DIR + ".old")
         write_point(staging, best, fingerprint=fingerprint)
-        shutil.rmtree(directory / BEST_DIR, ignore_errors=True)
+        shutil.rmtree(previous, ignore_errors=True)
+        if (directory / BEST_DIR).exists():
+            os.replace(directory / BEST_DIR, previous)
         os.replace(staging, directory / BEST_DIR)
+        shutil.rmtree(previous, ignore_errors=True)
     append_history(directory, new_history)
     write_text_atomic(directory / LATEST_FILE, folder.relative_to(directory).as_posix() + "\n")
     kept = sorted((directory / ROUNDS_DIR).iterdir())
@@ -193,7 +205,9 @@ def read_latest(directory: Path) -> Checkpoint:
 
 
 def read_best(directory: Path) -> Checkpoint:
-    folder = Path(directory) / BEST_DIR
+    folder, previous = Path(directory) / BEST_DIR, Path(directory) / (BEST_DIR + ".old")
+    if not folder.is_dir() and previous.is_dir():  # killed between the two renames of save_round: the previous
+        os.replace(previous, folder)               # best is the one the latest checkpoint knows (latest moves last)
     if not folder.is_dir():
         raise CheckpointError(f"{directory} has no best checkpoint ({BEST_DIR}/ is missing)")
     return read_point(folder)

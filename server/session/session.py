@@ -138,7 +138,10 @@ class Session:
         session.stopped = state["stopped"]
         session.best_weights = np.array(best.weights, dtype=np.float32)
         session.history = checkpoint.read_history(directory, int(state["history_length"]))
-        checkpoint.rewrite_history(directory, session.history)  # drop lines written after the checkpoint
+        try:
+            checkpoint.rewrite_history(directory, session.history)  # drop lines written after the checkpoint
+        except OSError:  # (a full disk: the next checkpoint writes the history whole, see _save)
+            pass
         return session
 
     # -- the plan -------------------------------------------------------------------------------
@@ -378,6 +381,9 @@ class Session:
         current = checkpoint.Checkpoint(self.weights, self.spec, server_state, state)
         best = checkpoint.Checkpoint(self.best_weights, self.spec, server_state, state) if best_changed \
             else None
+        before = self.history[:len(self.history) - len(new_entries)]
+        if checkpoint.history_lines(self.directory) != len(before):  # lines of a checkpoint that failed to finish
+            checkpoint.rewrite_history(self.directory, before)
         checkpoint.save_round(self.directory, current, fingerprint=self.package.fingerprint, new_history=new_entries,
                               best=best, keep=self.config.keep_checkpoints)
 

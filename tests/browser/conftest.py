@@ -31,9 +31,11 @@ def artifacts_dir() -> Path:
 
 
 def start_relay(*extra_args: str, log_name: str = "relay.log") -> tuple[subprocess.Popen, str]:
-    """Start ``peertrain serve --port 0`` logging into tests/artifacts (kept for CI); the process and its URL."""
+    """Start ``peertrain serve --port 0`` logging into tests/artifacts (kept for CI); the process and its URL.
+    Every result message is kept unless the test says otherwise: these tests replay whole sessions natively."""
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    return launch_relay(*extra_args, log_path=ARTIFACTS / log_name)
+    keep = () if "--keep-results" in extra_args or "--no-session" in extra_args else ("--keep-results", "all")
+    return launch_relay(*extra_args, *keep, log_path=ARTIFACTS / log_name)
 
 
 def session_status(url: str) -> dict:

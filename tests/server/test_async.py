@@ -135,7 +135,8 @@ def test_sigkill_mid_async_resumes_with_nothing_lost_and_replays_exactly(tmp_pat
 
     monkeypatch.syspath_prepend(str(EXAMPLE.parent))
     session_dir, log = tmp_path / "session", tmp_path / "serve.log"
-    relayd = Relayd(session_dir, free_port(), log, "--mode", "async", "--buffer", "2", "--aggregate", "mean")
+    relayd = Relayd(session_dir, free_port(), log, "--mode", "async", "--buffer", "2", "--aggregate", "mean",
+                    "--keep-results", "all")  # (the replay of the arrivals reads every message)
     deadline = time.monotonic() + 150
     gate = UploadGate(limit=5)  # two merges and one result in the buffer, then hold the next upload
     peers = [PeerThread(relayd.url, gate, deadline) for _ in range(3)]

@@ -1,0 +1,615 @@
+"""``peertrain bench chaos``: a relay killed with SIGKILL again and again, and a full disk, with peers that retry.
+
+A real ``peertrain serve`` runs the majority example (a unit trains in milliseconds, so a session has many
+rounds to interrupt) on a fixed port; native peers in threads do what the browser's worker does (join, ask for
+work, fetch the weights and the unit, train with ``runtime.peer.Peer``, upload) and retry through every
+refused connection and 5xx. A killer sends SIGKILL at chosen moments, in turn:
+
+* ``upload``: while a peer's result upload is in flight;
+* ``merge``: a random moment between a round's last result and the next round opening (the merge, the
+  validation, the checkpoint);
+* ``checkpoint``: the moment the next round's checkpoint folder appears, before ``latest`` points at it;
+* ``random``: any moment.
+
+After each kill the disk says what was interrupted (a round folder newer than ``latest``: a checkpoint being
+written), the relay is started again on the same folder, and the peers reconnect by themselves. At the end:
+
+* synchronous rounds: the final weights are bit-identical to the same session trained in-process without a
+  relay (every unit trained natively, merged in slot order);
+* asynchronous mode (``--mode async``): the final weights are those of replaying the recorded arrivals through
+  a fresh session (``server.session.buffered.replay``); every result message is kept for that replay;
+* units lost: every unit of the plan merged exactly once per pass (sync: the history's units; async: the
+  arrivals' entries), none twice.
+
+``--full-disk`` runs the session folder on a small tmpfs the bench mounts (root only): after a few rounds a
+filler file takes the free space; the relay must answer 503 ``disk_full`` with a reason, keep its last good
+checkpoint (readable, unchanged), and resume on its own when the filler is removed; the end is again checked
+against the uninterrupted run. The anchor of every figure is the uninterrupted run in the same bench.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+from runtime import wire
+from runtime.peer import Peer
+from server.paths import REPO_ROOT
+from server.session import checkpoint_files as checkpoint
+
+EXAMPLES = REPO_ROOT / "examples"
+ADMIN = "chaos-admin"
+TRIGGERS = ("upload", "merge", "checkpoint", "random")
+HOLD_SECONDS = 2.0  # peers hold their work requests briefly: a killed relay's held requests fail fast
+
+
+@dataclass
+class ChaosConfig:
+    kills: int = 12
+    mode: str = "sync"
+    peers: int = 3
+    k: int = 3
+    passes: int = 6
+    chunks: int = 6
+    examples: int = 1536
+    epochs: int = 2
+    hidden: int = 8192  # the model's width: big enough that writing a checkpoint takes a few milliseconds
+    seed: int = 0
+    timeout_s: float = 600.0
+    full_disk: bool = False
+
+    def serve_arguments(self, session_dir: Path, port: int) -> list[str]:
+        args = ["--port", str(port), "--task", "majority_task:MajorityTask", "--session-dir", str(session_dir),
+                "-k", str(self.k), "--passes", str(self.passes), "--admin-token", ADMIN, "--lease-seconds", "10",
+                "--seed", str(self.seed), "--no-ban-addresses",  # (every peer comes from 127.0.0.1)
+                "--set", f"chunks={self.chunks}", "--set", f"examples={self.examples}",
+                "--set", f"epochs={self.epochs}", "--set", f"hidden={self.hidden}",
+                "--on-divergence", "rollback"]  # (its loss falls to ~1e-4, where noise trips the watch)
+        if self.mode == "async":  # the replay of the arrivals needs every message
+            args += ["--mode", "async", "--buffer", str(self.k), "--keep-results", "all"]
+        return args
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class RelayProcess:
+    """``peertrain serve`` in a child process on a fixed port, so a restart keeps the peers' URL."""
+
+    def __init__(self, arguments: list[str], port: int, log: Path) -> None:
+        self.command = [sys.executable, "-m", "server.cli", "serve", *arguments]
+        self.env = os.environ | {"PYTHONPATH": os.pathsep.join([str(EXAMPLES), str(REPO_ROOT)])}
+        self.url = f"http://127.0.0.1:{port}"
+        self.log = log
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout_s: float = 60) -> float:
+        """Start and wait until the API answers; returns the seconds it took."""
+        started = time.monotonic()
+        with self.log.open("a") as log:
+            self.process = subprocess.Popen(self.command, cwd=REPO_ROOT, env=self.env, stdout=log,
+                                            stderr=subprocess.STDOUT)
+        while time.monotonic() - started < timeout_s:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the relay exited with {self.process.returncode}; see {self.log}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(self.url + "/api/session", timeout=2).status_code == 200:
+                    return time.monotonic() - started
+            time.sleep(0.05)
+        raise TimeoutError(f"the relay did not answer within {timeout_s:.0f} s; see {self.log}")
+
+    def kill(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+class Down(Exception):
+    """The relay does not answer (killed, restarting) or answered 5xx: try again."""
+
+
+@dataclass
+class Uploads:
+    """What the peers are doing, for the killer: uploads in flight, and what came back."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    in_flight: int = 0
+    by_status: Counter[str] = field(default_factory=Counter)
+    service_unavailable: list[str] = field(default_factory=list)  # the reasons of 503 answers
+
+    def note(self, status: str) -> None:
+        with self.lock:
+            self.by_status[status] += 1
+
+
+class RetryingPeer(threading.Thread):
+    """The browser worker's loop, natively, retrying every request while the relay is down or answers 5xx."""
+
+    def __init__(self, url: str, uploads: Uploads, stop: threading.Event, deadline: float) -> None:
+        super().__init__(daemon=True)
+        self.client = httpx.Client(base_url=url, timeout=30)
+        self.uploads, self.stop, self.deadline = uploads, stop, deadline
+        self.headers: dict[str, str] = {}
+        self.error: BaseException | None = None
+        self.rejoins = 0
+
+    def call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            response = self.client.request(method, path, headers=self.headers, **kwargs)
+        except httpx.TransportError as error:
+            raise Down(str(error)) from error
+        if response.status_code >= 500:
+            if response.status_code == 503:
+                with contextlib.suppress(ValueError):
+                    self.uploads.service_unavailable.append(str(response.json().get("error")))
+            raise Down(f"HTTP {response.status_code}")
+        return response
+
+    def run(self) -> None:
+        try:
+            self.loop()
+        except BaseException as error:  # reported by the bench
+            self.error = error
+        finally:
+            self.client.close()
+
+    def loop(self) -> None:
+        peer: Peer | None = None
+        delay = 0.05
+        while not self.stop.is_set() and time.monotonic() < self.deadline:
+            try:
+                if not self.headers:
+                    joined = self.call("POST", "/api/join", json={}).json()
+                    self.headers = {"Authorization": f"Bearer {joined['peer_id']}:{joined['token']}"}
+                if peer is None:
+                    peer = Peer(self.call("GET", "/api/task").json())
+                response = self.call("POST", f"/api/work?hold={HOLD_SECONDS}")
+                if response.status_code == 401:  # (tokens live in SQLite: a restart keeps them)
+                    self.headers, self.rejoins = {}, self.rejoins + 1
+                    continue
+                job = response.json()
+                delay = 0.05
+                if job.get("done"):
+                    return
+                if "wait" in job:
+                    time.sleep(min(float(job["wait"]), 0.2))
+                    continue
+                if peer.weights_round != job["weights_round"]:
+                    weights = self.call("GET", f"/api/weights?round={job['weights_round']}")
+                    if weights.status_code != 200:
+                        continue
+                    peer.set_weights(weights.content)
+                unit = self.call("GET", f"/api/unit/{job['unit_index']}") if job.get("kind") == "data" else None
+                if unit is not None and unit.status_code != 200:
+                    continue
+                body = peer.train(job, unit.content if unit is not None else None)
+                with self.uploads.lock:
+                    self.uploads.in_flight += 1
+                try:
+                    answer = self.call("POST", f"/api/result?round={job['round']}&slot={job['slot']}", content=body)
+                finally:
+                    with self.uploads.lock:
+                        self.uploads.in_flight -= 1
+                self.uploads.note("accepted" if answer.status_code == 200 else
+                                  f"{answer.status_code} {answer.json().get('error', '')}")
+            except Down:
+                time.sleep(delay)
+                delay = min(2 * delay, 0.5)
+
+
+@dataclass
+class Kill:
+    trigger: str
+    interrupted: str  # what the disk and the peers say was going on
+    round: int  # rounds merged when it was killed (the checkpoint's)
+    restart_seconds: float
+
+
+@dataclass
+class ChaosReport:
+    mode: str
+    kills: list[Kill]
+    seconds: float
+    uninterrupted_seconds: float
+    rounds: int
+    units_lost: int
+    units_twice: int
+    final_sha256: str
+    expected_sha256: str
+    uploads: dict[str, int]
+    peer_errors: list[str]
+    disk: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def identical(self) -> bool:
+        return self.final_sha256 == self.expected_sha256
+
+    def ok(self) -> bool:
+        return self.identical and self.units_lost == 0 and self.units_twice == 0 and not self.peer_errors
+
+
+def weights_sha256(weights: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(weights, dtype=np.float32).tobytes()).hexdigest()
+
+
+def disk_state(session_dir: Path) -> tuple[int, int]:
+    """(rounds in the latest checkpoint, the newest round folder on disk; larger: a checkpoint being written)."""
+    try:
+        latest = int(checkpoint.latest_folder(session_dir).name)
+    except (checkpoint.CheckpointError, ValueError, OSError):
+        latest = -1
+    folders = [int(p.name) for p in (session_dir / checkpoint.ROUNDS_DIR).glob("[0-9]*")] \
+        if (session_dir / checkpoint.ROUNDS_DIR).is_dir() else []
+    return latest, max(folders, default=-1)
+
+
+class Killer:
+    """Chooses the moments and kills; classifies each kill by what the disk and the peers show."""
+
+    def __init__(self, relay: RelayProcess, session_dir: Path, uploads: Uploads, seed: int, k: int) -> None:
+        self.relay, self.session_dir, self.uploads = relay, session_dir, uploads
+        self.rng = random.Random(seed)
+        self.k = k
+        self.merge_seconds = 0.05  # the last observed time from a round's last result to the next round
+        self.observer = httpx.Client(base_url=relay.url, timeout=5)
+
+    def status(self) -> dict[str, Any] | None:
+        try:
+            response = self.observer.get("/api/session")
+            return response.json() if response.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            return None
+
+    def wait_for(self, trigger: str, limit_s: float = 20) -> bool:
+        """Until the moment of ``trigger`` (False: the session ended or the moment never came)."""
+        deadline = time.monotonic() + limit_s
+        if trigger == "random":
+            time.sleep(self.rng.uniform(0.1, 1.5))
+            return True
+        if trigger == "upload":
+            while time.monotonic() < deadline:
+                if self.uploads.in_flight > 0:
+                    time.sleep(self.rng.uniform(0, 0.002))
+                    return True
+                time.sleep(0.0005)
+            return False
+        if trigger == "checkpoint":
+            latest, _ = disk_state(self.session_dir)
+            target = checkpoint.round_folder(self.session_dir, latest + 1)
+            while time.monotonic() < deadline:
+                if target.exists():
+                    return True
+                time.sleep(0.0002)
+            return False
+        while time.monotonic() < deadline:  # merge: a round's last result is in
+            status = self.status()
+            if status is None or status["done"]:
+                return False
+            progress = status["round_progress"]
+            if status.get("merging") or (progress["slots"] and progress["done"] >= progress["slots"]):
+                time.sleep(self.rng.uniform(0, self.merge_seconds))
+                return True
+            time.sleep(0.002)
+        return False
+
+    def kill(self, trigger: str) -> Kill:
+        before = self.status()
+        in_flight = self.uploads.in_flight
+        self.relay.kill()
+        latest, newest = disk_state(self.session_dir)
+        if newest > latest:
+            interrupted = "while writing a checkpoint"
+        elif trigger == "merge" and before is not None and (before.get("merging") or before["round"] == latest):
+            interrupted = "during a merge, before its checkpoint"
+        elif in_flight:
+            interrupted = "during an upload"
+        else:
+            interrupted = "between requests"
+        restart = self.relay.start()
+        return Kill(trigger, interrupted, latest, restart)
+
+    def learn_merge_time(self) -> None:
+        """Time one round change from its last result (the window the ``merge`` trigger aims into)."""
+        deadline = time.monotonic() + 10
+        start_round, full_at = None, None
+        while time.monotonic() < deadline:
+            status = self.status()
+            if status is None or status["done"]:
+                return
+            progress = status["round_progress"]
+            if start_round is None and progress["slots"] and progress["done"] >= progress["slots"]:
+                start_round, full_at = status["round"], time.monotonic()
+            elif start_round is not None and full_at is not None and status["round"] > start_round:
+                self.merge_seconds = max(0.01, 1.5 * (time.monotonic() - full_at))
+                return
+            time.sleep(0.002)
+
+
+def expected_weights(session_dir: Path, mode: str) -> np.ndarray:
+    """The anchor: sync, the same session trained in-process without a relay; async, the recorded arrivals
+    replayed through a fresh session."""
+    from server.relay.sqlite_store import Store
+    from server.session.buffered import Arrival, replay
+    from server.session.package import Package
+    from server.session.session import Session, SessionConfig
+
+    package = Package.load(session_dir / "package")
+    config = SessionConfig.from_json(checkpoint.read_session_config(session_dir)["config"])
+    session = Session.create(package, config)
+    if mode == "async":
+        store = Store(session_dir / "relay.sqlite3")
+        try:
+            arrivals = [Arrival(seq, entry, unit, version, merge, examples, metrics, wire.decode(message)[1])
+                        for seq, entry, unit, version, merge, examples, metrics, message in store.arrivals()]
+        finally:
+            store.close()
+        return np.asarray(replay(session, arrivals, exponent=config.staleness_exponent,
+                                 validate_every=config.validate_every).weights)
+    while not session.done:
+        session.complete_round([(a, package.task.train_unit(session.weights, session.work_unit(a)))
+                                for a in session.assignments()])
+    return session.weights
+
+
+def units_lost_and_twice(session_dir: Path, mode: str, history: list[dict[str, Any]]) -> tuple[int, int]:
+    """Units of the plan never merged, and merged more often than the plan says."""
+    from server.relay.sqlite_store import Store
+    from server.session.package import Package
+    from server.session.session import Session, SessionConfig
+
+    package = Package.load(session_dir / "package")
+    config = SessionConfig.from_json(checkpoint.read_session_config(session_dir)["config"])
+    planned = Counter(unit for _, unit in Session.create(package, config).plan.schedule)
+    if mode == "async":
+        store = Store(session_dir / "relay.sqlite3")
+        try:
+            merged = Counter(unit for _, _, unit, _, _, _, _, _ in store.arrivals())
+        finally:
+            store.close()
+    else:
+        merged = Counter(unit for entry in history for unit in entry["units"])
+    lost = sum((planned - merged).values())
+    twice = sum((merged - planned).values())
+    return lost, twice
+
+
+def final_status(url: str) -> tuple[dict[str, Any], np.ndarray]:
+    from server.session.export import exported_weights
+
+    with httpx.Client(base_url=url, timeout=30) as client:
+        status = client.get("/api/session").json()
+        model = client.get("/api/admin/export/model", headers={"Authorization": f"Bearer {ADMIN}"})
+        history = client.get("/api/admin/export/history", headers={"Authorization": f"Bearer {ADMIN}"})
+    status["full_history"] = [json.loads(line) for line in history.text.splitlines() if line.strip()]
+    return status, exported_weights(model.content)
+
+
+def run_session(config: ChaosConfig, work: Path, *, kills: int, log: Any = print,
+                disk: DiskFiller | None = None) -> ChaosReport:
+    """One session with ``kills`` SIGKILLs (0: the uninterrupted anchor) or a full disk; the report."""
+    session_dir = work / "session"
+    work.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    relay = RelayProcess(config.serve_arguments(session_dir, port), port, work / "serve.log")
+    uploads, stop = Uploads(), threading.Event()
+    started = time.monotonic()
+    deadline = started + config.timeout_s
+    relay.start(timeout_s=120)  # (the first start builds the package)
+    peers = [RetryingPeer(relay.url, uploads, stop, deadline) for _ in range(config.peers)]
+    for peer in peers:
+        peer.start()
+    killer = Killer(relay, session_dir, uploads, config.seed, config.k)
+    done: list[Kill] = []
+    disk_figures: dict[str, Any] = {}
+    try:
+        if kills:
+            killer.learn_merge_time()
+        for index in range(kills):
+            trigger = TRIGGERS[index % len(TRIGGERS)]
+            status = killer.status()
+            if status is None or status["done"]:
+                log(f"  the session finished after {len(done)} kills; the rest were not needed")
+                break
+            if not killer.wait_for(trigger):
+                trigger = "random"
+                killer.wait_for(trigger)
+            kill = killer.kill(trigger)
+            done.append(kill)
+            log(f"  kill {len(done)}/{kills} ({kill.trigger}): {kill.interrupted}, checkpoint at round "
+                f"{kill.round}; restarted in {kill.restart_seconds:.2f} s")
+        if disk is not None:
+            disk_figures = disk.run(killer, log)
+        while time.monotonic() < deadline:
+            status = killer.status()
+            if status is not None and status["done"]:
+                break
+            if not any(peer.is_alive() for peer in peers):
+                break
+            time.sleep(0.1)
+        else:
+            raise TimeoutError(f"the session did not finish within {config.timeout_s:.0f} s; see {relay.log}")
+        status, final = final_status(relay.url)
+    finally:
+        stop.set()
+        for peer in peers:
+            peer.join(timeout=10)
+        killer.observer.close()
+        relay.stop()
+    seconds = time.monotonic() - started
+    lost, twice = units_lost_and_twice(session_dir, config.mode, status["full_history"])
+    expected = expected_weights(session_dir, config.mode)
+    return ChaosReport(mode=config.mode, kills=done, seconds=seconds, uninterrupted_seconds=0.0,
+                       rounds=int(status["round"]), units_lost=lost, units_twice=twice,
+                       final_sha256=weights_sha256(final), expected_sha256=weights_sha256(expected),
+                       uploads=dict(uploads.by_status), peer_errors=[repr(p.error) for p in peers if p.error],
+                       disk=disk_figures | ({"503_reasons": dict(Counter(uploads.service_unavailable))}
+                                            if disk is not None else {}))
+
+
+# ---------------------------------------------------------------- a full disk (a small tmpfs)
+
+
+@contextlib.contextmanager
+def small_filesystem(size_mb: int) -> Iterator[Path]:
+    """A tmpfs of ``size_mb`` MB mounted on a temporary folder (needs root); unmounted afterwards."""
+    folder = Path(tempfile.mkdtemp(prefix="peertrain-full-disk-"))
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mb}m", "tmpfs", str(folder)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        folder.rmdir()
+        raise PermissionError(f"cannot mount a tmpfs (needs root): {mounted.stderr.strip()}")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], capture_output=True)
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+
+
+class DiskFiller:
+    """Fills the session's filesystem after ``after_rounds`` rounds, watches the relay refuse with 503 and
+    keep its checkpoint, then frees the space and lets the session finish."""
+
+    def __init__(self, session_dir: Path, *, after_rounds: int = 2, full_seconds: float = 4.0) -> None:
+        self.session_dir, self.after_rounds, self.full_seconds = session_dir, after_rounds, full_seconds
+        self.filler = session_dir.parent / "filler"
+
+    def fill(self) -> None:
+        with self.filler.open("wb") as handle:
+            chunk = b"\0" * (1 << 16)
+            with contextlib.suppress(OSError):
+                while True:
+                    handle.write(chunk)
+                    handle.flush()
+            with contextlib.suppress(OSError):
+                os.fsync(handle.fileno())
+
+    def run(self, killer: Killer, log: Any) -> dict[str, Any]:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            status = killer.status()
+            if status is not None and status["round"] >= self.after_rounds:
+                break
+            time.sleep(0.01)
+        before = checkpoint.read_latest(self.session_dir)
+        before_round = int(before.state["round"])
+        self.fill()
+        log(f"  disk full after round {before_round} ({self.filler.stat().st_size / 1e6:.1f} MB of filler)")
+        time.sleep(self.full_seconds)  # the peers meet the full disk meanwhile (their 503s are counted)
+        status = killer.status() or {}
+        kept = checkpoint.read_latest(self.session_dir)
+        same = int(kept.state["round"]) >= before_round and kept.weights.shape == before.weights.shape
+        log(f"  while full: status says {status.get('storage', {}).get('problem')!r}; the latest checkpoint is "
+            f"round {kept.state['round']} and reads back: {same}")
+        self.filler.unlink()
+        freed = time.monotonic()
+        while time.monotonic() - freed < 60:
+            status = killer.status() or {}
+            if status.get("round", 0) > int(kept.state["round"]) or status.get("done"):
+                break
+            time.sleep(0.05)
+        resumed = time.monotonic() - freed
+        log(f"  space freed: the next round merged {resumed:.2f} s later")
+        return {"full_at_round": before_round, "checkpoint_kept": same,
+                "problem_reported": status.get("storage", {}).get("problem"), "resumed_seconds": resumed}
+
+
+# ---------------------------------------------------------------- the bench
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--kills", type=int, default=12, help="SIGKILLs per session (default 12)")
+    parser.add_argument("--modes", default="sync,async", help="sync, async or both (default sync,async)")
+    parser.add_argument("--peers", type=int, default=3, help="native peers (default 3)")
+    parser.add_argument("-k", type=int, default=3, help="units per round, and the async buffer (default 3)")
+    parser.add_argument("--passes", type=int, default=6, help="passes over the 6 units (default 6: 12 rounds)")
+    parser.add_argument("--seed", type=int, default=0, help="the session's and the killer's seed")
+    parser.add_argument("--no-full-disk", dest="full_disk", action="store_false",
+                        help="skip the full-disk run (it mounts a tmpfs, so it needs root)")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds a session may take (default 600)")
+    parser.add_argument("--out", type=Path, default=Path("runs/bench/chaos.json"), help="figures as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if not set(modes) <= {"sync", "async"}:
+        print(f"peertrain bench chaos: --modes takes sync and async, got {args.modes!r}", file=sys.stderr)
+        return 2
+    sys.path.insert(0, str(EXAMPLES))  # the peers import majority_task as the relay does
+    reports: list[dict[str, Any]] = []
+    ok = True
+    with tempfile.TemporaryDirectory(prefix="peertrain-chaos-") as temporary:
+        work = Path(temporary)
+        for mode in modes:
+            config = ChaosConfig(kills=args.kills, mode=mode, peers=args.peers, k=args.k, passes=args.passes,
+                                 seed=args.seed, timeout_s=args.timeout)
+            print(f"{mode}: the uninterrupted anchor ...", flush=True)
+            anchor = run_session(config, work / f"{mode}-anchor", kills=0)
+            print(f"{mode}: {anchor.rounds} rounds in {anchor.seconds:.1f} s; now {args.kills} kills ...", flush=True)
+            report = run_session(config, work / f"{mode}-kills", kills=args.kills,
+                                 log=lambda line: print(line, flush=True))
+            report.uninterrupted_seconds = anchor.seconds
+            ok &= report.ok()
+            reports.append(asdict(report) | {"identical": report.identical, "anchor_sha256": anchor.final_sha256})
+            print_report(report, anchor)
+        if args.full_disk:
+            try:
+                with small_filesystem(16) as mount:
+                    config = ChaosConfig(kills=0, mode="sync", peers=args.peers, k=args.k, passes=args.passes,
+                                         seed=args.seed, timeout_s=args.timeout)
+                    print("full disk: a 16 MB tmpfs holds the session ...", flush=True)
+                    filler = DiskFiller(mount / "session")
+                    report = run_session(config, mount, kills=0, log=lambda line: print(line, flush=True),
+                                         disk=filler)
+                    ok &= report.ok() and bool(report.disk.get("checkpoint_kept"))
+                    reports.append(asdict(report) | {"identical": report.identical})
+                    print(f"full disk: 503 answers by reason {report.disk['503_reasons']}; final weights equal "
+                          f"the uninterrupted run: {report.identical}; units lost {report.units_lost}")
+            except PermissionError as error:
+                print(f"full disk: skipped ({error})")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(reports, indent=1) + "\n")
+    print(f"figures written to {args.out}; {'all checks passed' if ok else 'A CHECK FAILED'}")
+    return 0 if ok else 1
+
+
+def print_report(report: ChaosReport, anchor: ChaosReport) -> None:
+    moments = Counter(kill.interrupted for kill in report.kills)
+    print(f"{report.mode}: {len(report.kills)} kills survived ({', '.join(f'{n} {m}' for m, n in moments.items())})")
+    print(f"  rounds {report.rounds} (uninterrupted: {anchor.rounds}); {report.seconds:.1f} s against "
+          f"{anchor.seconds:.1f} s uninterrupted ({report.seconds / max(anchor.seconds, 1e-9):.2f}x)")
+    print(f"  units lost {report.units_lost}, merged twice {report.units_twice}; final weights "
+          f"{'bit-identical to' if report.identical else 'DIFFER from'} the "
+          f"{'replay of the recorded arrivals' if report.mode == 'async' else 'uninterrupted run'} "
+          f"(sha256 {report.final_sha256[:16]})")
+    print(f"  uploads: {dict(sorted(report.uploads.items()))}; peer errors: {report.peer_errors or 'none'}")
