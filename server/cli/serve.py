@@ -18,6 +18,7 @@ import uvicorn
 from server.cli.options import add_aggregate_options, add_task_options, merge_names, parse_sets
 from server.paths import REPO_ROOT
 from server.relay.app import RelayPaths, create_app
+from server.relay.limits import add_limit_options, limits_from_args, raise_file_limit
 from server.relay.state import (
     DEFAULT_BACKUP_AFTER,
     DEFAULT_JOIN_BURST,
@@ -124,6 +125,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="admin token (env PEERTRAIN_ADMIN_TOKEN); default: a new one, printed once")
     parser.add_argument("--peers", type=int, default=0, help="also start N headless Chromium peers")
     parser.add_argument("--no-session", action="store_true", help="serve the page and assets only")
+    add_limit_options(parser)  # (server.relay.limits: slow and silent clients)
 
 
 def keep_results_value(text: str) -> int | None:
@@ -265,6 +267,12 @@ def run(args: argparse.Namespace, paths: RelayPaths | None = None) -> int:
             print(f"peertrain serve: {problem}", file=sys.stderr)
         return 2
     try:
+        limits = limits_from_args(args)
+    except ValueError as error:
+        print(f"peertrain serve: {error}", file=sys.stderr)
+        return 2
+    raise_file_limit(limits.limit_concurrency)
+    try:
         sock = bind(args.host, args.port)
     except OSError as error:
         print(f"peertrain serve: cannot listen on {args.host}:{args.port}: {error.strerror}", file=sys.stderr)
@@ -286,8 +294,12 @@ def run(args: argparse.Namespace, paths: RelayPaths | None = None) -> int:
     if args.peers > 0:
         peers = subprocess.Popen([sys.executable, "-m", "server.cli", "peers", str(args.peers), "--url", url])
     # Open event streams would hold a graceful shutdown forever: give them a few seconds.
-    config = uvicorn.Config(create_app(paths, relay), log_level=args.log_level, lifespan="on",
-                            timeout_graceful_shutdown=3)
+    def on_header_timeout() -> None:  # (counted, not announced: a slow client cannot wake every event stream)
+        if relay is not None:
+            relay.store.count("refused.header_timeout")
+
+    config = uvicorn.Config(create_app(paths, relay, limits), log_level=args.log_level, lifespan="on",
+                            timeout_graceful_shutdown=3, **limits.uvicorn_settings(on_header_timeout))
     try:
         uvicorn.Server(config).run(sockets=[sock])
     finally:

@@ -1,4 +1,8 @@
-"""The relay's Starlette application: the page, its assets and, with a relay, the session API under ``/api``."""
+"""The relay's Starlette application: the page, its assets and, with a relay, the session API under ``/api``.
+
+Every request passes ``SecurityHeaders`` and ``BodyLimits`` (``server.relay.limits``: a body must arrive within
+a deadline and under a size limit, so a trickled upload cannot hold a request task for long).
+"""
 
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from server.paths import REPO_ROOT
 from server.relay import endpoints, static, storage
+from server.relay.limits import NO_BODY_LIMIT, BodyLimits, ServerLimits, plain_refusal_response
 from server.relay.state import Relay
 
 # Only our own origin; Pyodide compiles WebAssembly, which needs 'wasm-unsafe-eval' (not 'unsafe-eval').
@@ -90,9 +95,20 @@ def _runtime_version(wheels: Path) -> str | None:
     return entry["version"] if entry else None
 
 
-def create_app(paths: RelayPaths | None = None, relay: Relay | None = None) -> Starlette:
-    """The page and its assets; with a ``relay``, also the session API (see ``server.relay.state``)."""
+def body_limit(relay: Relay | None) -> int:
+    """The largest request body an endpoint accepts: a result of the task's model, or a session request."""
+    if relay is None:
+        return NO_BODY_LIMIT
+    return max(relay.result_body_limit, endpoints.SESSION_BODY_LIMIT, endpoints.JOIN_BODY_LIMIT)
+
+
+def create_app(paths: RelayPaths | None = None, relay: Relay | None = None,
+               limits: ServerLimits | None = None) -> Starlette:
+    """The page and its assets; with a ``relay``, also the session API (see ``server.relay.state``). ``limits``:
+    the body deadline and size limit (``serve``'s options; default ``ServerLimits()``)."""
     paths = paths or RelayPaths()
+    limits = limits or ServerLimits()
+    max_body = limits.max_body_bytes
     page_tree = static.FileTree([paths.web / "src"], allowed_suffixes=PAGE_SUFFIXES)
     wheels_tree = static.FileTree([paths.wheels], allowed_suffixes=PYODIDE_SUFFIXES)
     core_tree = static.FileTree([paths.pyodide_core], cache_control=static.IMMUTABLE,
@@ -143,7 +159,10 @@ def create_app(paths: RelayPaths | None = None, relay: Relay | None = None) -> S
             if relay is not None:
                 relay.close()
 
-    app = Starlette(routes=routes, middleware=[Middleware(SecurityHeaders)], lifespan=lifespan,
+    body_limits = Middleware(BodyLimits, timeout=limits.body_timeout,
+                             max_bytes=(lambda: max_body) if max_body is not None else (lambda: body_limit(relay)),
+                             respond=endpoints.refusal_response if relay is not None else plain_refusal_response)
+    app = Starlette(routes=routes, middleware=[Middleware(SecurityHeaders), body_limits], lifespan=lifespan,
                     exception_handlers=dict(endpoints.EXCEPTION_HANDLERS) | storage.EXCEPTION_HANDLERS)
     app.state.relay = relay
     return app

@@ -1,0 +1,161 @@
+"""Slow and silent clients against a real ``peertrain serve`` (``server.relay.limits``).
+
+A peer that trickles its result a few bytes at a time gets ``408 body_timeout`` at the deadline while a request
+on another connection is answered at once; a connection that sends nothing is closed at the head deadline, one
+that sends part of a head gets ``408 header_timeout``; a declared body over the limit gets ``413 too_large``
+before any of it is sent. Every refusal is counted by the relay like the endpoints' own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from relay_fixtures import EXAMPLE
+
+from runtime.peer import Peer
+from server.bench.load import relay_process
+from server.cli import serve
+from server.relay.app import RelayPaths
+from server.relay.limits import DEFAULT_BODY_TIMEOUT, ServerLimits, limits_from_args
+
+DEADLINE = 2.0  # --body-timeout and --header-timeout of the relay under test
+SLACK = 3.0  # what a loaded 2-core machine may add to a deadline
+AT_ONCE = 1.0  # "answered at once" on that machine
+
+
+def serve_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser()
+    serve.add_arguments(parser)
+    return parser
+
+
+def test_serve_shows_the_limits_with_their_defaults() -> None:
+    parser = serve_parser()
+    text = parser.format_help()
+    for option in ("--timeout-keep-alive", "--header-timeout", "--body-timeout", "--max-body-bytes",
+                   "--limit-concurrency", "--backlog", "--max-head-bytes"):
+        assert option in text
+    limits = limits_from_args(parser.parse_args([]))
+    assert limits == ServerLimits() and limits.body_timeout == DEFAULT_BODY_TIMEOUT
+    settings = limits.uvicorn_settings()
+    assert settings["limit_concurrency"] == limits.limit_concurrency and settings["backlog"] == limits.backlog
+    with pytest.raises(ValueError, match="--body-timeout"):
+        limits_from_args(parser.parse_args(["--body-timeout", "0"]))
+
+
+async def read_answer(reader: asyncio.StreamReader) -> tuple[int, bytes, bool]:
+    """Status, body and whether the relay closed the connection after it."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    length = next(int(line.split(":", 1)[1]) for line in lines if line.lower().startswith("content-length:"))
+    body = await reader.readexactly(length)
+    closed = await asyncio.wait_for(reader.read(1), timeout=SLACK) == b""
+    return int(lines[0].split()[1]), body, closed
+
+
+async def trickle(host: str, port: int, path: str, auth: str, body: bytes) -> tuple[int, bytes, bool, float, int]:
+    """Send ``body`` two bytes every 0.25 s until the relay answers: (status, body, closed, seconds, bytes sent)."""
+    reader, writer = await asyncio.open_connection(host, port)
+    started = time.monotonic()
+    writer.write(f"POST {path} HTTP/1.1\r\nhost: relay\r\nauthorization: {auth}\r\n"
+                 f"content-length: {len(body)}\r\n\r\n".encode())
+    answer = asyncio.ensure_future(read_answer(reader))
+    sent = 0
+    while not answer.done() and sent < len(body):
+        writer.write(body[sent:sent + 2])
+        sent += 2
+        await asyncio.wait({answer}, timeout=0.25)
+    status, text, closed = await asyncio.wait_for(answer, timeout=DEADLINE + SLACK)
+    writer.close()
+    return status, text, closed, time.monotonic() - started, sent
+
+
+async def meanwhile(url: str, auth: str, after: float) -> list[float]:
+    """Requests on other connections while the trickle goes on: how long each took."""
+    await asyncio.sleep(after)
+    seconds = []
+    async with httpx.AsyncClient(base_url=url, timeout=10) as client:
+        for _ in range(3):
+            started = time.monotonic()
+            assert (await client.get("/api/session")).status_code == 200
+            assert (await client.get("/api/weights", headers={"Authorization": auth})).status_code == 200
+            seconds.append(time.monotonic() - started)
+            await asyncio.sleep(0.2)
+    return seconds
+
+
+async def silent_and_partial(host: str, port: int) -> tuple[float, tuple[int, bytes, bool], float]:
+    """A connection that sends nothing (seconds until closed); one that sends half a head (its answer)."""
+    started = time.monotonic()
+    quiet_reader, quiet_writer = await asyncio.open_connection(host, port)
+    partial_reader, partial_writer = await asyncio.open_connection(host, port)
+    partial_writer.write(b"POST /api/result?round=0&slot=0 HTTP/1.1\r\nhost: re")
+    assert await asyncio.wait_for(quiet_reader.read(), timeout=DEADLINE + SLACK) == b""
+    quiet = time.monotonic() - started
+    answer = await asyncio.wait_for(read_answer(partial_reader), timeout=DEADLINE + SLACK)
+    partial = time.monotonic() - started
+    quiet_writer.close()
+    partial_writer.close()
+    return quiet, answer, partial
+
+
+async def too_large(host: str, port: int, auth: str) -> tuple[int, bytes, bool]:
+    reader, writer = await asyncio.open_connection(host, port)
+    writer.write(f"POST /api/result?round=0&slot=0 HTTP/1.1\r\nhost: relay\r\nauthorization: {auth}\r\n"
+                 "content-length: 100000000\r\n\r\n".encode())  # and never a byte of it
+    answer = await asyncio.wait_for(read_answer(reader), timeout=AT_ONCE + SLACK)
+    writer.close()
+    return answer
+
+
+@pytest.mark.skipif(bool(RelayPaths().missing()), reason="set-up has not built web/node_modules and wheels/")
+def test_a_trickled_upload_gets_408_at_the_deadline_while_others_are_answered_at_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(EXAMPLE.parent))  # the peer imports majority_task as the relay does
+    arguments = ["--task", "majority_task:MajorityTask", "--set", "chunks=4", "--set", "examples=1024",
+                 "--session-dir", str(tmp_path / "session"), "-k", "1", "--passes", "2", "--admin-token", "a",
+                 "--body-timeout", str(DEADLINE), "--header-timeout", str(DEADLINE)]
+    with relay_process(arguments, tmp_path / "serve.log") as relay:
+        host, port = relay.host_port
+        with httpx.Client(base_url=relay.url, timeout=10) as client:
+            joined = client.post("/api/join", json={}).json()
+            auth = f"Bearer {joined['peer_id']}:{joined['token']}"
+            peer = Peer(client.get("/api/task").json())
+            headers = {"Authorization": auth}
+            job = client.post("/api/work", headers=headers).json()
+            peer.set_weights(client.get("/api/weights", headers=headers).content)
+            body = peer.train(job, client.get(f"/api/unit/{job['unit_index']}", headers=headers).content)
+            assert len(body) > 4 * DEADLINE / 0.25  # the trickle cannot finish before the deadline
+
+            async def both() -> tuple[tuple[int, bytes, bool, float, int], list[float]]:
+                path = f"/api/result?round={job['round']}&slot={job['slot']}"
+                trickled, others = await asyncio.gather(trickle(host, port, path, auth, body),
+                                                        meanwhile(relay.url, auth, after=DEADLINE / 4))
+                return trickled, others
+
+            (status, text, closed, seconds, sent), others = asyncio.run(both())
+            assert status == 408 and json.loads(text)["error"] == "body_timeout", text
+            assert closed, "the relay must close the connection of a refused trickle"
+            assert DEADLINE <= seconds < DEADLINE + SLACK and sent < len(body)
+            assert max(others) < AT_ONCE, others  # the trickle held neither the event loop nor the relay
+
+            quiet, (partial_status, partial_text, partial_closed), partial = asyncio.run(silent_and_partial(host, port))
+            assert DEADLINE * 0.9 <= quiet < DEADLINE + SLACK
+            assert partial_status == 408 and json.loads(partial_text)["error"] == "header_timeout" and partial_closed
+            assert DEADLINE * 0.9 <= partial < DEADLINE + SLACK
+
+            large_status, large_text, large_closed = asyncio.run(too_large(host, port, auth))
+            assert large_status == 413 and json.loads(large_text)["error"] == "too_large" and large_closed
+
+            # The peer still holds its lease: an honest upload now is accepted.
+            assert client.post(f"/api/result?round={job['round']}&slot={job['slot']}", content=body,
+                               headers=headers).status_code == 200
+            counters = client.get("/api/session").json()["counters"]
+    assert counters["refused.body_timeout"] == 1 and counters["refused.too_large"] == 1
+    assert counters["refused.header_timeout"] == 1
