@@ -147,6 +147,8 @@ def _unframe(data: bytes, magic: bytes) -> tuple[dict[str, Any], memoryview]:
         raise MalformedHeader(f"header is not valid UTF-8: {error}") from error
     except json.JSONDecodeError as error:
         raise MalformedHeader(f"header is not valid JSON: {error}") from error
+    except RecursionError as error:  # "[[[[..." a few thousand deep: json's parser gives up (it escaped as a 500)
+        raise MalformedHeader("header is not valid JSON: it nests too deeply") from error
     if not isinstance(header, dict):
         raise MalformedHeader(f"header must be a JSON object, got {type(header).__name__}")
     payload_start = header_end + (-header_end % 4)
