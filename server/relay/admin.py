@@ -1,5 +1,10 @@
 """What the admin API changes on a relay: pause, resume and stop, and a new session in place of the current
-one (``POST /api/admin/session``): a mixin of ``Relay``."""
+one (``POST /api/admin/session``): a mixin of ``Relay``.
+
+While a replacement moves the old session's files (its SQLite store closed, the new one not yet open) the relay
+is ``replacing``: the endpoints answer ``503 replacing`` with a Retry-After instead of touching a closed store
+(each such request was a 500, found by ``peertrain bench fuzz``).
+"""
 
 from __future__ import annotations
 
@@ -16,6 +21,10 @@ from server.session.session import Session
 if TYPE_CHECKING:
     from server.session.package import Package
 
+# Passes x units a session request may plan: starting a session builds its whole schedule
+# (``RoundPlan.schedule``), 10^5 entries in about 3 s, and 10^15 never, with the old store already closed.
+MAX_PLANNED_UNITS = 1_000_000
+
 
 class SessionAdmin:
     """Needs from the relay: ``session``, ``package``, ``store``, ``paused``, ``_merge_lock``, ``start_session``
@@ -26,6 +35,7 @@ class SessionAdmin:
     store: Store
     paused: bool
     _merge_lock: asyncio.Lock
+    replacing: bool = False  # the old session's files are moving: the endpoints answer 503 meanwhile
 
     if TYPE_CHECKING:
         def start_session(self, session: Session, store: Store) -> None: ...
@@ -44,14 +54,21 @@ class SessionAdmin:
             if not self.session.done and not request.get("replace"):
                 raise Refusal(409, "session_running", "the current session is still running; stop it first or "
                               'send "replace": true')
-            Session(self.package, config)  # the dry build: raises on a refused merge or bad settings
+            plan = Session(self.package, config).plan  # the dry build: raises on a refused merge or bad settings
         except (TypeError, ValueError) as error:  # SessionError, MergeGuardRefused, bad hyperparameters
             raise Refusal(422, "bad_session", str(error)) from error
+        if plan.passes * plan.num_units > MAX_PLANNED_UNITS:
+            raise Refusal(422, "bad_session", f"{plan.passes} passes over {plan.num_units} units plan more than "
+                          f"{MAX_PLANNED_UNITS} units; ask for fewer passes")
         directory = self.session.directory
         if directory is None:
             raise Refusal(409, "no_session_folder", "this relay's session has no folder; it cannot be replaced")
         async with self._merge_lock:
-            archived = await asyncio.to_thread(self._replace_blocking, config, directory)
+            self.replacing = True
+            try:
+                archived = await asyncio.to_thread(self._replace_blocking, config, directory)
+            finally:
+                self.replacing = False
         self.work_changed()
         return archived
 

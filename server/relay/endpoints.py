@@ -64,16 +64,21 @@ ROUTING_CODES = {404: "not_found", 405: "method_not_allowed"}
 
 
 def relay_of(request: Request) -> Relay:
+    """The relay, unless it is between two sessions (``SessionAdmin.replacing``: its store is closed)."""
     relay: Relay = request.app.state.relay
+    if relay.replacing:
+        raise Refusal(503, "replacing", "a new session is starting; try again in a moment",
+                      headers={"Retry-After": "1"})
     return relay
 
 
 def refusal_response(request: Request, refusal: Exception) -> Response:
     """The exception handler for ``Refusal``: count it by code, tell the page, answer with its status."""
     assert isinstance(refusal, Refusal)
-    relay = relay_of(request)
-    relay.store.count(f"refused.{refusal.code}")
-    relay.changed()
+    relay: Relay = request.app.state.relay
+    if not relay.replacing:  # (between two sessions there is no store to count in)
+        relay.store.count(f"refused.{refusal.code}")
+        relay.changed()
     return JSONResponse({"error": refusal.code, "message": refusal.message}, status_code=refusal.status,
                         headers=refusal.headers)
 
@@ -166,7 +171,7 @@ async def events(request: Request) -> Response:
     async def stream() -> AsyncIterator[str]:
         last = -1
         while not await request.is_disconnected():
-            if relay.version != last:
+            if relay.version != last and not relay.replacing:  # (the new session's status comes once it runs)
                 last = relay.version
                 yield f"data: {json.dumps(relay.status())}\n\n"
             if not await relay.wait_for_change(KEEP_ALIVE_SECONDS):
@@ -369,7 +374,7 @@ SESSION_SETTINGS: dict[str, dict[str, object]] = {
 
 @operation(Operation(
     summary="a new session on the same package: the current settings with the body's replaced", auth="admin",
-    body=Body(schema={"type": "object", "properties": SESSION_SETTINGS},
+    body=Body(schema={"type": "object", "properties": SESSION_SETTINGS, "additionalProperties": False},
               description=f"a JSON object of settings, at most {SESSION_BODY_LIMIT} bytes"),
     answers=[Answer(description="the old session's archive folder and the new session")],
     refusals=[*ADMIN_REFUSALS, *JSON_REFUSALS, (409, "session_running"), (422, "bad_session"),

@@ -54,9 +54,11 @@ SECURITY: Mapping[Auth, list[dict[str, list[str]]]] = {
 REASONS = {400: "Bad request", 401: "Unauthorized", 403: "Forbidden", 404: "Not found", 405: "Method not allowed",
            408: "Request timeout", 409: "Conflict", 413: "Payload too large", 422: "Unprocessable content",
            429: "Too many requests", 503: "Unavailable"}
-# What any request may meet before it reaches an endpoint: a head that does not arrive within serve's
-# --header-timeout (``server.relay.limits``). Listed on every operation.
-ANY_REQUEST_REFUSALS: tuple[tuple[int, str], ...] = ((408, "header_timeout"),)
+# What any request may meet besides an endpoint's own checks, listed on every operation: a head that does not
+# arrive within serve's --header-timeout (``server.relay.limits``), a relay between two sessions
+# (``POST /api/admin/session`` moving the old one's files; ``endpoints.relay_of``), and a write that fails
+# for lack of disk space (``server.relay.storage``; most requests write, if only when a peer was last seen).
+ANY_REQUEST_REFUSALS: tuple[tuple[int, str], ...] = ((408, "header_timeout"), (503, "replacing"), (503, "disk_full"))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -219,7 +221,8 @@ def document(mount: Mount, *, server_url: str | None = None) -> dict[str, Any]:
 
 
 def documented_codes(built: Mapping[str, Any]) -> dict[tuple[str, str], dict[int, set[str]]]:
-    """(method, path) -> status -> error codes, read back from a built document (the tests and the fuzzer)."""
+    """(method, path) -> status -> error codes of its refusals, read back from a built document (the tests and
+    the fuzzer)."""
     codes: dict[tuple[str, str], dict[int, set[str]]] = {}
     for path, item in built["paths"].items():
         for method, entry in item.items():
@@ -227,6 +230,6 @@ def documented_codes(built: Mapping[str, Any]) -> dict[tuple[str, str], dict[int
             for status, response in entry["responses"].items():
                 schema = response.get("content", {}).get(JSON, {}).get("schema", {})
                 enum = schema.get("properties", {}).get("error", {}).get("enum")
-                if 400 <= int(status) < 500 and enum is not None:
+                if int(status) >= 400 and enum is not None:
                     by_status[int(status)] = set(enum)
     return codes

@@ -116,7 +116,7 @@ def test_served_document_and_json_refusals_for_unrouted_paths(tmp_path: Path) ->
     with serving(relay) as client:
         served = client.get("/api/openapi.json")
         assert served.status_code == 200 and served.json() == json.loads(json.dumps(openapi.document(endpoints.API)))
-        peer = HttpPeer(client)
+        peer = HttpPeer(client)  # type: ignore[arg-type]  # (a TestClient speaks httpx.Client's interface)
         # Paths and methods no route takes: JSON refusals with a code under /api, plain text elsewhere.
         missing = client.get("/api/nothing-here")
         assert (missing.status_code, missing.json()["error"]) == (404, "not_found")
