@@ -161,7 +161,8 @@ def create_app(paths: RelayPaths | None = None, relay: Relay | None = None,
 
     body_limits = Middleware(BodyLimits, timeout=limits.body_timeout,
                              max_bytes=(lambda: max_body) if max_body is not None else (lambda: body_limit(relay)),
-                             respond=endpoints.refusal_response if relay is not None else plain_refusal_response)
+                             respond=endpoints.refusal_response if relay is not None else plain_refusal_response,
+                             on_cut_off=(lambda: relay.store.count("bodies_cut_off")) if relay is not None else None)
     app = Starlette(routes=routes, middleware=[Middleware(SecurityHeaders), body_limits], lifespan=lifespan,
                     exception_handlers=dict(endpoints.EXCEPTION_HANDLERS) | storage.EXCEPTION_HANDLERS)
     app.state.relay = relay

@@ -37,7 +37,7 @@ from typing import Any
 
 import h11
 from starlette.datastructures import Headers
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -235,11 +235,14 @@ class BodyLimits:
     """Refuses a request body that is not complete ``timeout`` seconds after its head (408 ``body_timeout``) or
     that is (declared or streamed) larger than ``max_bytes()`` (413 ``too_large``); a response sent before its
     request's body was read closes the connection. ``respond`` renders a refusal answered here (the app's
-    refusal handler, which counts it)."""
+    refusal handler, which counts it); a client gone before its body came is no error (``on_cut_off`` counts
+    it; the endpoint's ``ClientDisconnect`` would be logged as an exception in the application)."""
 
     def __init__(self, app: ASGIApp, *, timeout: float, max_bytes: Callable[[], int],
-                 respond: Callable[[Request, Exception], Response] = plain_refusal_response) -> None:
+                 respond: Callable[[Request, Exception], Response] = plain_refusal_response,
+                 on_cut_off: Callable[[], None] | None = None) -> None:
         self.app, self.timeout, self.max_bytes, self.respond = app, timeout, max_bytes, respond
+        self.on_cut_off = on_cut_off
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -264,4 +267,10 @@ class BodyLimits:
                 message = {**message, "headers": [*message.get("headers", []), (b"connection", b"close")]}
             await send(message)
 
-        await self.app(scope, body.receive, send_closing)
+        try:
+            await self.app(scope, body.receive, send_closing)
+        except ClientDisconnect:
+            if body.complete:
+                raise
+            if self.on_cut_off is not None:  # the client left mid-body (a closed tab): nobody to answer
+                self.on_cut_off()

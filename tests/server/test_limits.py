@@ -105,6 +105,17 @@ async def silent_and_partial(host: str, port: int) -> tuple[float, tuple[int, by
     return quiet, answer, partial
 
 
+async def cut_off(host: str, port: int, path: str, auth: str) -> None:
+    """Half a body, then the client goes (a tab closed mid-upload)."""
+    reader, writer = await asyncio.open_connection(host, port)
+    writer.write(f"POST {path} HTTP/1.1\r\nhost: relay\r\nauthorization: {auth}\r\n"
+                 "content-length: 1000\r\n\r\n".encode() + b"x" * 500)
+    await writer.drain()
+    await asyncio.sleep(0.3)
+    writer.close()
+    await asyncio.sleep(0.3)
+
+
 async def too_large(host: str, port: int, auth: str) -> tuple[int, bytes, bool]:
     reader, writer = await asyncio.open_connection(host, port)
     writer.write(f"POST /api/result?round=0&slot=0 HTTP/1.1\r\nhost: relay\r\nauthorization: {auth}\r\n"
@@ -153,9 +164,12 @@ def test_a_trickled_upload_gets_408_at_the_deadline_while_others_are_answered_at
             large_status, large_text, large_closed = asyncio.run(too_large(host, port, auth))
             assert large_status == 413 and json.loads(large_text)["error"] == "too_large" and large_closed
 
+            asyncio.run(cut_off(host, port, f"/api/result?round={job['round']}&slot={job['slot']}", auth))
+
             # The peer still holds its lease: an honest upload now is accepted.
             assert client.post(f"/api/result?round={job['round']}&slot={job['slot']}", content=body,
                                headers=headers).status_code == 200
             counters = client.get("/api/session").json()["counters"]
     assert counters["refused.body_timeout"] == 1 and counters["refused.too_large"] == 1
-    assert counters["refused.header_timeout"] == 1
+    assert counters["refused.header_timeout"] == 1 and counters["bodies_cut_off"] == 1
+    assert "Exception in ASGI application" not in (tmp_path / "serve.log").read_text()
