@@ -22,6 +22,7 @@ BENCHES: dict[str, tuple[str, ...]] = {
     "attacks": ("server.bench.attacks",),
     "replay": ("server.bench.replay",),
     "stragglers": ("server.bench.stragglers",),
+    "fuzz": ("server.bench.fuzz",),
     "chaos": ("server.bench.chaos",),
 }
 
