@@ -20,13 +20,14 @@ Checks, after every request:
 * every status is one the document lists for the operation;
 * the model's checksum (sha256 of the weights and metadata of ``GET /api/admin/export/model``, fetched after
   every request that is not a GET or HEAD and after every ``--checksum-every``-th one) is unchanged, except
-  after an accepted result or an accepted ``POST /api/admin/session`` (a new session), which re-take it.
+  after an accepted result (once a merge it may start is over) or an accepted ``POST /api/admin/session`` (a
+  new session), which re-take it.
 
 After a new session the peer token is void (tokens live in the session's SQLite file): the fuzzer joins again;
-after a fuzz request stopped the session, it asks for a new one, so that the fuzzing keeps meeting a live
-session (neither is counted among the fuzz requests). It prints progress lines, the requests by operation and
-by status, the refusal codes seen and each check's outcome, and writes the figures as JSON (``--out``). Exit
-status 1 when a check failed.
+after a fuzz request stopped the session, or once every round merged, it asks for a new one, so that the
+fuzzing keeps meeting a live session (none of these is counted among the fuzz requests). It prints progress
+lines, the requests by operation and by status, the refusal codes seen and each check's outcome, and writes
+the figures as JSON (``--out``). Exit status 1 when a check failed.
 
 Schemathesis 4 fits Starlette 1.x here (it only reads the document; it does not import the app): this bench
 uses its strategies and sends the requests itself, because its runner would read the event stream to its
@@ -92,7 +93,8 @@ class Tally:
     checksum_checks: int = 0
     checksum_rebaselines: int = 0
     rejoins: int = 0
-    restarts: int = 0  # new sessions after the fuzzing stopped one
+    restarts: int = 0  # new sessions after the fuzzing stopped or finished one
+    results_accepted: int = 0
     findings: list[Finding] = field(default_factory=list)
 
 
@@ -201,6 +203,18 @@ class Fuzzer:
         self.peer_header, self.assignment = self.join(), None
         self.baseline = self.checksum()
 
+    def settle(self) -> None:
+        """Until no merge is under way: two looks at the status, 50 ms apart, that agree and show none."""
+        seen = None
+        for _ in range(200):
+            status = self.control.get(f"{self.url}/api/session", timeout=self.request_timeout).json()
+            now = (status["merging"], status["round"], json.dumps(status.get("round_progress"), sort_keys=True))
+            if not now[0] and now == seen:
+                return
+            seen = now
+            time.sleep(0.05)
+        raise RuntimeError("the relay kept merging for 10 s after an accepted result")
+
     def checksum(self) -> str:
         answer = self.control.get(self.url + MODEL_PATH, headers={"Authorization": f"Bearer {ADMIN}"},
                                   timeout=self.request_timeout)
@@ -257,10 +271,15 @@ class Fuzzer:
         self.check(key, label, status, content_type, body, described)
         if key == ("POST", "/api/work") and status == 200 and b'"slot"' in body:
             self.assignment = json.loads(body)
+        if mode == "mutated-result" and status in (200, 403, 409):
+            self.assignment = None  # used up, or not (or no longer) the peer's: the next one asks for work
         if status == 200 and key == ("POST", "/api/admin/{action}") and kwargs["url"].endswith("/stop"):
             self.new_session()  # the session ended: start another, so that the fuzzing meets a live one
         if status == 200 and key in (("POST", "/api/result"), ("POST", "/api/admin/session")):
             self.tally.checksum_rebaselines += 1
+            if key[1] == "/api/result":
+                self.tally.results_accepted += 1
+                self.settle()  # the result may have completed its round: the merge changes the model
             self.baseline = self.checksum()  # a valid result, or a new session: the model may change
             if key[1] == "/api/admin/session":
                 self.peer_header = self.join()  # the old tokens lived in the old session's SQLite file
@@ -280,11 +299,16 @@ class Fuzzer:
         the request's mode for the tally."""
         from runtime import wire
 
-        if self.assignment is None:  # ask for a lease of the fuzzer's own (not counted)
+        for _ in range(2):  # ask for a lease of the fuzzer's own (not counted)
+            if self.assignment is not None:
+                break
             answer = self.control.post(f"{self.url}/api/work", headers={"Authorization": self.peer_header},
                                        timeout=self.request_timeout)
-            if answer.status_code == 200 and "slot" in answer.json():
-                self.assignment = answer.json()
+            job = answer.json() if answer.status_code == 200 else {}
+            if "slot" in job:
+                self.assignment = job
+            elif job.get("done"):
+                self.new_session()  # every round merged: a new session, so that results keep mattering
         job = self.assignment if self.random.random() < LEASED_QUERY_SHARE else None
         if job is not None:
             kwargs["params"] = {"round": job["round"], "slot": job["slot"]}
@@ -432,6 +456,7 @@ def summarize(tally: Tally, elapsed: float) -> dict[str, Any]:
         "checksum_rebaselines": tally.checksum_rebaselines,
         "rejoins": tally.rejoins,
         "restarts": tally.restarts,
+        "results_accepted": tally.results_accepted,
         "failed_checks": Counter(f.check for f in tally.findings),
         "findings": [asdict(f) for f in tally.findings[:200]],
     }
@@ -457,7 +482,8 @@ def report(summary: dict[str, Any]) -> None:
         print(f"check {text}: {failed.get(check, 0)} failures (anchor: 0)  {outcome}")
     print(f"check model checksum unchanged by anything but a valid result: {summary['checksum_checks']} checks, "
           f"{failed.get('checksum', 0)} changes (anchor: 0), {summary['checksum_rebaselines']} new baselines after "
-          f"accepted results or new sessions  {'ok' if not failed.get('checksum') else 'FAILED'}")
+          f"accepted results ({summary['results_accepted']}) or new sessions  "
+          f"{'ok' if not failed.get('checksum') else 'FAILED'}")
 
 
 def run(args: argparse.Namespace) -> int:
