@@ -66,6 +66,10 @@ LEASED_QUERY_SHARE = 0.7  # of those, the share sent for (round, slot) of the fu
 STREAM_READ_SECONDS = 0.5  # how long an event stream is read before it is closed
 MODEL_PATH = "/api/admin/export/model"
 LOOPBACK = "127.0.0.1"
+CHECKS = {"undocumented_code": "4xx with a code the document lists for the operation",
+          "refusal_not_json": "4xx answered as JSON", "refusal_without_code": "4xx with an error code",
+          "undocumented_status": "statuses the document lists",
+          "transport": "every request answered (no timeout, no dropped connection)"}
 
 
 @dataclass
@@ -77,9 +81,6 @@ class Finding:
     status: int | None
     detail: str
     request: str
-
-    def line(self) -> str:
-        return f"[{self.check}] {self.operation} -> {self.status}: {self.detail} ({self.request})"
 
 
 @dataclass
@@ -101,24 +102,18 @@ class Tally:
 # ---------------------------------------------------------------- the relay under test
 
 
-def serve_command(session_dir: Path, port: int = 0, *more: str) -> list[str]:
-    command = [sys.executable, "-m", "server.cli", "serve", "--host", LOOPBACK, "--port", str(port),
-               "--task", TASK, "--session-dir", str(session_dir), "--fresh", "-k", "2", "--passes", "2",
-               "--min-peers", "1", "--peer-timeout", "1", "--no-verify", "--admin-token", ADMIN, *more]
-    for key, value in TASK_SETTINGS.items():
-        command += ["--set", f"{key}={value}"]
-    return command
-
-
 @contextmanager
 def relay_process(work_dir: Path, *more: str, timeout: float = 120.0) -> Iterator[str]:
     """``peertrain serve`` on 127.0.0.1, port 0, in a child process; yields its base URL (no trailing slash)."""
     log_path = work_dir / "serve.log"
+    command = [sys.executable, "-m", "server.cli", "serve", "--host", LOOPBACK, "--port", "0", "--task", TASK,
+               "--session-dir", str(work_dir / "session"), "--fresh", "-k", "2", "--passes", "2", "--min-peers",
+               "1", "--peer-timeout", "1", "--no-verify", "--admin-token", ADMIN, *more,
+               *(f"--set={key}={value}" for key, value in TASK_SETTINGS.items())]
     env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT / "examples"),
                                                                     os.environ.get("PYTHONPATH")]))}
     with log_path.open("w") as log:
-        process = subprocess.Popen(serve_command(work_dir / "session", 0, *more), cwd=REPO_ROOT, env=env,
-                                   stdout=log, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + timeout
         url = None
@@ -376,7 +371,7 @@ class Fuzzer:
     def fail(self, check: str, label: str, status: int | None, detail: str, described: str) -> None:
         finding = Finding(check, label, status, detail, described)
         self.tally.findings.append(finding)
-        print(f"  FAIL {finding.line()}", flush=True)
+        print(f"  FAIL [{check}] {label} -> {status}: {detail} ({described})", flush=True)
 
     # -- the campaign ----------------------------------------------------------------------------------
     def run(self, requests: int, seconds: float, batch: int, *, log_every: int = 500) -> Tally:
@@ -442,21 +437,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def summarize(tally: Tally, elapsed: float) -> dict[str, Any]:
-    fivexx = sum(count for status, count in tally.by_status.items() if status >= 500)
-    return {
-        "requests": tally.requests,
-        "seconds": round(elapsed, 1),
+    counts = {name: value for name, value in asdict(tally).items() if isinstance(value, int)}
+    return counts | {
+        "seconds": round(elapsed, 1), "5xx": sum(n for status, n in tally.by_status.items() if status >= 500),
         "by_status": {str(status): count for status, count in sorted(tally.by_status.items())},
-        "by_mode": dict(tally.by_mode),
-        "by_operation": dict(sorted(tally.by_operation.items())),
+        "by_mode": dict(tally.by_mode), "by_operation": dict(sorted(tally.by_operation.items())),
         "error_codes": dict(sorted(tally.error_codes.items())),
         "codes_by_operation": dict(sorted(tally.codes_by_operation.items())),
-        "5xx": fivexx,
-        "checksum_checks": tally.checksum_checks,
-        "checksum_rebaselines": tally.checksum_rebaselines,
-        "rejoins": tally.rejoins,
-        "restarts": tally.restarts,
-        "results_accepted": tally.results_accepted,
         "failed_checks": Counter(f.check for f in tally.findings),
         "findings": [asdict(f) for f in tally.findings[:200]],
     }
@@ -473,13 +460,8 @@ def report(summary: dict[str, Any]) -> None:
     print("refusal codes seen: " + ", ".join(f"{code} x{count}" for code, count in summary["error_codes"].items()))
     failed = summary["failed_checks"]
     print(f"check 5xx: {summary['5xx']} (anchor: 0)  {'ok' if not summary['5xx'] else 'FAILED'}")
-    for check, text in (("undocumented_code", "4xx with a code the document lists for the operation"),
-                        ("refusal_not_json", "4xx answered as JSON"),
-                        ("refusal_without_code", "4xx with an error code"),
-                        ("undocumented_status", "statuses the document lists"),
-                        ("transport", "every request answered (no timeout, no dropped connection)")):
-        outcome = "ok" if not failed.get(check) else "FAILED"
-        print(f"check {text}: {failed.get(check, 0)} failures (anchor: 0)  {outcome}")
+    for check, text in CHECKS.items():
+        print(f"check {text}: {failed.get(check, 0)} failures (anchor: 0)  {'FAILED' if failed.get(check) else 'ok'}")
     print(f"check model checksum unchanged by anything but a valid result: {summary['checksum_checks']} checks, "
           f"{failed.get('checksum', 0)} changes (anchor: 0), {summary['checksum_rebaselines']} new baselines after "
           f"accepted results ({summary['results_accepted']}) or new sessions  "
@@ -489,10 +471,9 @@ def report(summary: dict[str, Any]) -> None:
 def run(args: argparse.Namespace) -> int:
     from server.relay.app import RelayPaths
 
-    problems = RelayPaths().missing()
-    if problems:  # (serve refuses to start without them)
-        for problem in problems:
-            print(f"peertrain bench fuzz: {problem}", file=sys.stderr)
+    for problem in RelayPaths().missing():  # (serve refuses to start without them)
+        print(f"peertrain bench fuzz: {problem}", file=sys.stderr)
+    if RelayPaths().missing():
         return 2
     work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="peertrain-fuzz-"))
     work_dir.mkdir(parents=True, exist_ok=True)
