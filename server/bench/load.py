@@ -77,6 +77,7 @@ ADMIN = "bench-load"
 PROGRESS_SECONDS = 30.0
 RSS_SAMPLE_SECONDS = 1.0
 STOP_GRACE_SECONDS = 5.0  # after the held polls' longest hold: then whatever is left is cancelled
+LAG_PROBE_SECONDS = 0.1
 ROUND_RE = re.compile(rb'"round": (\d+), "num_rounds"')  # the session's round, first in the status
 
 
@@ -587,6 +588,7 @@ class WatcherFigures:
     keep_alives: int = 0
     failures: Counter[str] = field(default_factory=Counter)
     seen: dict[int, list[float]] = field(default_factory=lambda: defaultdict(list))  # round -> first sight times
+    sizes: dict[int, int] = field(default_factory=dict)  # round -> bytes of the first event that showed it
 
 
 async def watcher(crowd: Crowd, figures: WatcherFigures) -> None:
@@ -626,6 +628,7 @@ async def watcher(crowd: Crowd, figures: WatcherFigures) -> None:
                 if found and int(found.group(1)) > last_round:
                     last_round = int(found.group(1))
                     figures.seen[last_round].append(crowd.recorder.now())
+                    figures.sizes.setdefault(last_round, len(event))
     except (OSError, asyncio.IncompleteReadError, ValueError) as error:
         if not crowd.stop.is_set():
             figures.failures[type(error).__name__] += 1
@@ -646,6 +649,8 @@ class LoadFigures:
     rss: list[tuple[float, float]]  # (seconds since the crowd started, MB)
     cpu_relay: float  # the relay's mean CPU use after the warm-up, as a share of one core
     cpu_bench: float  # this bench's
+    bench_lag: dict[str, float]  # how late the bench's loop woke a 0.1 s sleep (added to what it times)
+    rss_per_round_mb: float  # RSS growth after the warm-up per round merged meanwhile
     rss_start: float
     rss_slope_mb_per_min: float
     rounds: int
@@ -721,6 +726,14 @@ async def sample_rss(pid: int, recorder: Recorder, samples: list[tuple[float, fl
             pass
 
 
+async def measure_lag(lags: list[float], stop: asyncio.Event) -> None:
+    """How late this bench's event loop wakes a 0.1 s sleep: what its own load adds to every latency it times."""
+    while not stop.is_set():
+        started = time.perf_counter()
+        await asyncio.sleep(LAG_PROBE_SECONDS)
+        lags.append(time.perf_counter() - started - LAG_PROBE_SECONDS)
+
+
 async def progress(crowd: Crowd, rss: list[tuple[float, float]], cpu: list[tuple[float, float, float]],
                    watchers: WatcherFigures, slow: SlowFigures) -> None:
     recorder, last = crowd.recorder, 0.0
@@ -778,6 +791,8 @@ async def drive(relay: RelayProcess, settings: LoadSettings) -> LoadFigures:
         watchers, slow = WatcherFigures(), SlowFigures()
         sampler_stop = asyncio.Event()
         sampler = asyncio.create_task(sample_rss(relay.pid, recorder, rss, cpu, sampler_stop))
+        lags: list[float] = []
+        lag_probe = asyncio.create_task(measure_lag(lags, sampler_stop))
         tasks = [asyncio.create_task(watcher(crowd, watchers)) for _ in range(settings.watchers)]
         tasks += [asyncio.create_task(sim_peer(crowd, i)) for i in range(settings.peers)]
         tasks += [asyncio.create_task(trickler(crowd, i, slow)) for i in range(settings.tricklers)]
@@ -796,7 +811,7 @@ async def drive(relay: RelayProcess, settings: LoadSettings) -> LoadFigures:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
         sampler_stop.set()
-        await sampler
+        await asyncio.gather(sampler, lag_probe)
 
         status = (await client.get("/api/session")).json()
         exported = await client.get("/api/admin/export/history", headers={"Authorization": f"Bearer {ADMIN}"})
@@ -807,6 +822,7 @@ async def drive(relay: RelayProcess, settings: LoadSettings) -> LoadFigures:
     times = round_times(history, start_wall)
     after_warm = [(t, mb) for t, mb in rss if t >= warm] or rss
     lost, gaps, missing = lost_units(history, recorder.handed_out)
+    rounds_after_warm = len([t for _, t in times if warm <= t <= ended])
     seen_by_all = [times for times in watchers.seen.values() if len(times) >= 2]
     spreads = [max(times) - min(times) for times in seen_by_all]
     answers = dict(recorder.answers)
@@ -820,6 +836,9 @@ async def drive(relay: RelayProcess, settings: LoadSettings) -> LoadFigures:
         latency_slow=figures_of(recorder, window[0], window[1]),
         latency_calm=figures_of(recorder, warm, ended, outside=window),
         rss=rss, cpu_relay=cpu_share(cpu, warm, ended)[0], cpu_bench=cpu_share(cpu, warm, ended)[1],
+        bench_lag=percentiles(lags),
+        rss_per_round_mb=(after_warm[-1][1] - after_warm[0][1]) / max(1, rounds_after_warm) if after_warm
+        else float("nan"),
         rss_start=after_warm[0][1] if after_warm else float("nan"),
         rss_slope_mb_per_min=slope_per_minute(after_warm),
         rounds=len([t for _, t in times if 0 <= t <= ended]),
@@ -838,6 +857,7 @@ async def drive(relay: RelayProcess, settings: LoadSettings) -> LoadFigures:
         backups=recorder.backups,
         watchers={"events": watchers.events, "bytes": watchers.bytes, "keep_alives": watchers.keep_alives,
                   "failures": dict(watchers.failures), "rounds_seen": len(watchers.seen),
+                  "event_bytes": sorted(watchers.sizes.items()),
                   "spread": percentiles(spreads)},
         slow={"trickled": dict(Counter(answer for answer, _, _ in slow.trickled)),
               "trickle_seconds": percentiles([s for _, s, _ in slow.trickled]),
@@ -859,8 +879,10 @@ def report(f: LoadFigures, settings: LoadSettings) -> list[str]:
                  f"(after the warm-up), {rss_values[-1] if rss_values else float('nan'):.1f} MB at the end, max "
                  f"{max(rss_values, default=float('nan')):.1f} MB; slope after the warm-up {slope:+.3f} MB/min = "
                  f"{share:+.2%} of that RSS per minute")
+    lines.append(f"  = {f.rss_per_round_mb * 1e3:+.0f} kB per round merged after the warm-up")
     lines.append(f"CPU after the warm-up: the relay {f.cpu_relay:.0%} of one core, this bench {f.cpu_bench:.0%} "
-                 f"(of {os.cpu_count()} cores)")
+                 f"(of {os.cpu_count()} cores); the bench's own loop woke a 0.1 s sleep {ms(f.bench_lag['p50'])} ms "
+                 f"(p50) / {ms(f.bench_lag['p99'])} ms (p99) late, which every latency below includes")
     lines.append("latency (ms)          crowd p50 / p99 / max (n)        single peer p50 / p99   "
                  "slow clients on p50 / p99   off p50 / p99")
     for kind in ("work", "result", "weights", "unit", "join"):
@@ -889,6 +911,10 @@ def report(f: LoadFigures, settings: LoadSettings) -> list[str]:
                  f"{w['keep_alives']} keep-alives), {w['rounds_seen']} rounds seen; the last watcher saw a new round "
                  f"{ms(w['spread']['p50'])} ms (p50) / {ms(w['spread']['p99'])} ms (p99) after the first; failures "
                  f"{w['failures'] or 'none'}")
+    if w["event_bytes"]:
+        (first_round, first_size), (last_round, last_size) = w["event_bytes"][0], w["event_bytes"][-1]
+        lines.append(f"  one event (the session status) was {first_size / 1e3:.1f} kB at round {first_round} and "
+                     f"{last_size / 1e3:.1f} kB at round {last_round}")
     s = f.slow
     lines.append(f"tricklers ({settings.tricklers}, {settings.trickle_rate} B/s): {dict(s['trickled'])} after "
                  f"{s['trickle_seconds']['p50']:.1f} s (p50) / {s['trickle_seconds']['max']:.1f} s (max) "
