@@ -30,20 +30,14 @@ against the uninterrupted run. The anchor of every figure is the uninterrupted r
 from __future__ import annotations
 
 import argparse
-import contextlib
 import hashlib
 import json
-import os
 import random
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,14 +46,13 @@ import httpx
 import numpy as np
 
 from runtime import wire
-from runtime.peer import Peer
-from server.paths import REPO_ROOT
+from server.bench.chaos_relay import EXAMPLES, RelayProcess, RetryingPeer, Uploads, free_port
+from server.bench.full_disk import DiskFiller, small_filesystem
 from server.session import checkpoint_files as checkpoint
 
-EXAMPLES = REPO_ROOT / "examples"
 ADMIN = "chaos-admin"
 TRIGGERS = ("upload", "merge", "checkpoint", "random")
-HOLD_SECONDS = 2.0  # peers hold their work requests briefly: a killed relay's held requests fail fast
+FULL_DISK_MB = 32  # the tmpfs of the full-disk run (its session needs under 1 MB: the filler takes the rest)
 
 
 @dataclass
@@ -87,144 +80,6 @@ class ChaosConfig:
         if self.mode == "async":  # the replay of the arrivals needs every message
             args += ["--mode", "async", "--buffer", str(self.k), "--keep-results", "all"]
         return args
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class RelayProcess:
-    """``peertrain serve`` in a child process on a fixed port, so a restart keeps the peers' URL."""
-
-    def __init__(self, arguments: list[str], port: int, log: Path) -> None:
-        self.command = [sys.executable, "-m", "server.cli", "serve", *arguments]
-        self.env = os.environ | {"PYTHONPATH": os.pathsep.join([str(EXAMPLES), str(REPO_ROOT)])}
-        self.url = f"http://127.0.0.1:{port}"
-        self.log = log
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self, timeout_s: float = 60) -> float:
-        """Start and wait until the API answers; returns the seconds it took."""
-        started = time.monotonic()
-        with self.log.open("a") as log:
-            self.process = subprocess.Popen(self.command, cwd=REPO_ROOT, env=self.env, stdout=log,
-                                            stderr=subprocess.STDOUT)
-        while time.monotonic() - started < timeout_s:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"the relay exited with {self.process.returncode}; see {self.log}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(self.url + "/api/session", timeout=2).status_code == 200:
-                    return time.monotonic() - started
-            time.sleep(0.05)
-        raise TimeoutError(f"the relay did not answer within {timeout_s:.0f} s; see {self.log}")
-
-    def kill(self) -> None:
-        assert self.process is not None
-        self.process.send_signal(signal.SIGKILL)
-        self.process.wait(timeout=10)
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.kill()
-
-
-class Down(Exception):
-    """The relay does not answer (killed, restarting) or answered 5xx: try again."""
-
-
-@dataclass
-class Uploads:
-    """What the peers are doing, for the killer: uploads in flight, and what came back."""
-
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    in_flight: int = 0
-    by_status: Counter[str] = field(default_factory=Counter)
-    service_unavailable: list[str] = field(default_factory=list)  # the reasons of 503 answers
-
-    def note(self, status: str) -> None:
-        with self.lock:
-            self.by_status[status] += 1
-
-
-class RetryingPeer(threading.Thread):
-    """The browser worker's loop, natively, retrying every request while the relay is down or answers 5xx."""
-
-    def __init__(self, url: str, uploads: Uploads, stop: threading.Event, deadline: float) -> None:
-        super().__init__(daemon=True)
-        self.client = httpx.Client(base_url=url, timeout=30)
-        self.uploads, self.stop, self.deadline = uploads, stop, deadline
-        self.headers: dict[str, str] = {}
-        self.error: BaseException | None = None
-        self.rejoins = 0
-
-    def call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        try:
-            response = self.client.request(method, path, headers=self.headers, **kwargs)
-        except httpx.TransportError as error:
-            raise Down(str(error)) from error
-        if response.status_code >= 500:
-            if response.status_code == 503:
-                with contextlib.suppress(ValueError):
-                    self.uploads.service_unavailable.append(str(response.json().get("error")))
-            raise Down(f"HTTP {response.status_code}")
-        return response
-
-    def run(self) -> None:
-        try:
-            self.loop()
-        except BaseException as error:  # reported by the bench
-            self.error = error
-        finally:
-            self.client.close()
-
-    def loop(self) -> None:
-        peer: Peer | None = None
-        delay = 0.05
-        while not self.stop.is_set() and time.monotonic() < self.deadline:
-            try:
-                if not self.headers:
-                    joined = self.call("POST", "/api/join", json={}).json()
-                    self.headers = {"Authorization": f"Bearer {joined['peer_id']}:{joined['token']}"}
-                if peer is None:
-                    peer = Peer(self.call("GET", "/api/task").json())
-                response = self.call("POST", f"/api/work?hold={HOLD_SECONDS}")
-                if response.status_code == 401:  # (tokens live in SQLite: a restart keeps them)
-                    self.headers, self.rejoins = {}, self.rejoins + 1
-                    continue
-                job = response.json()
-                delay = 0.05
-                if job.get("done"):
-                    return
-                if "wait" in job:
-                    time.sleep(min(float(job["wait"]), 0.2))
-                    continue
-                if peer.weights_round != job["weights_round"]:
-                    weights = self.call("GET", f"/api/weights?round={job['weights_round']}")
-                    if weights.status_code != 200:
-                        continue
-                    peer.set_weights(weights.content)
-                unit = self.call("GET", f"/api/unit/{job['unit_index']}") if job.get("kind") == "data" else None
-                if unit is not None and unit.status_code != 200:
-                    continue
-                body = peer.train(job, unit.content if unit is not None else None)
-                with self.uploads.lock:
-                    self.uploads.in_flight += 1
-                try:
-                    answer = self.call("POST", f"/api/result?round={job['round']}&slot={job['slot']}", content=body)
-                finally:
-                    with self.uploads.lock:
-                        self.uploads.in_flight -= 1
-                self.uploads.note("accepted" if answer.status_code == 200 else
-                                  f"{answer.status_code} {answer.json().get('error', '')}")
-            except Down:
-                time.sleep(delay)
-                delay = min(2 * delay, 0.5)
 
 
 @dataclass
@@ -420,7 +275,7 @@ def run_session(config: ChaosConfig, work: Path, *, kills: int, log: Any = print
     session_dir = work / "session"
     work.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    relay = RelayProcess(config.serve_arguments(session_dir, port), port, work / "serve.log")
+    relay = RelayProcess(config.serve_arguments(session_dir, port), port, work.parent / f"{work.name}-serve.log")
     uploads, stop = Uploads(), threading.Event()
     started = time.monotonic()
     deadline = started + config.timeout_s
@@ -448,7 +303,7 @@ def run_session(config: ChaosConfig, work: Path, *, kills: int, log: Any = print
             log(f"  kill {len(done)}/{kills} ({kill.trigger}): {kill.interrupted}, checkpoint at round "
                 f"{kill.round}; restarted in {kill.restart_seconds:.2f} s")
         if disk is not None:
-            disk_figures = disk.run(killer, log)
+            disk_figures = disk.run(killer.status, log)
         while time.monotonic() < deadline:
             status = killer.status()
             if status is not None and status["done"]:
@@ -474,74 +329,6 @@ def run_session(config: ChaosConfig, work: Path, *, kills: int, log: Any = print
                        uploads=dict(uploads.by_status), peer_errors=[repr(p.error) for p in peers if p.error],
                        disk=disk_figures | ({"503_reasons": dict(Counter(uploads.service_unavailable))}
                                             if disk is not None else {}))
-
-
-# ---------------------------------------------------------------- a full disk (a small tmpfs)
-
-
-@contextlib.contextmanager
-def small_filesystem(size_mb: int) -> Iterator[Path]:
-    """A tmpfs of ``size_mb`` MB mounted on a temporary folder (needs root); unmounted afterwards."""
-    folder = Path(tempfile.mkdtemp(prefix="peertrain-full-disk-"))
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mb}m", "tmpfs", str(folder)],
-                             capture_output=True, text=True)
-    if mounted.returncode != 0:
-        folder.rmdir()
-        raise PermissionError(f"cannot mount a tmpfs (needs root): {mounted.stderr.strip()}")
-    try:
-        yield folder
-    finally:
-        subprocess.run(["umount", "-l", str(folder)], capture_output=True)
-        with contextlib.suppress(OSError):
-            folder.rmdir()
-
-
-class DiskFiller:
-    """Fills the session's filesystem after ``after_rounds`` rounds, watches the relay refuse with 503 and
-    keep its checkpoint, then frees the space and lets the session finish."""
-
-    def __init__(self, session_dir: Path, *, after_rounds: int = 2, full_seconds: float = 4.0) -> None:
-        self.session_dir, self.after_rounds, self.full_seconds = session_dir, after_rounds, full_seconds
-        self.filler = session_dir.parent / "filler"
-
-    def fill(self) -> None:
-        with self.filler.open("wb") as handle:
-            chunk = b"\0" * (1 << 16)
-            with contextlib.suppress(OSError):
-                while True:
-                    handle.write(chunk)
-                    handle.flush()
-            with contextlib.suppress(OSError):
-                os.fsync(handle.fileno())
-
-    def run(self, killer: Killer, log: Any) -> dict[str, Any]:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            status = killer.status()
-            if status is not None and status["round"] >= self.after_rounds:
-                break
-            time.sleep(0.01)
-        before = checkpoint.read_latest(self.session_dir)
-        before_round = int(before.state["round"])
-        self.fill()
-        log(f"  disk full after round {before_round} ({self.filler.stat().st_size / 1e6:.1f} MB of filler)")
-        time.sleep(self.full_seconds)  # the peers meet the full disk meanwhile (their 503s are counted)
-        status = killer.status() or {}
-        kept = checkpoint.read_latest(self.session_dir)
-        same = int(kept.state["round"]) >= before_round and kept.weights.shape == before.weights.shape
-        log(f"  while full: status says {status.get('storage', {}).get('problem')!r}; the latest checkpoint is "
-            f"round {kept.state['round']} and reads back: {same}")
-        self.filler.unlink()
-        freed = time.monotonic()
-        while time.monotonic() - freed < 60:
-            status = killer.status() or {}
-            if status.get("round", 0) > int(kept.state["round"]) or status.get("done"):
-                break
-            time.sleep(0.05)
-        resumed = time.monotonic() - freed
-        log(f"  space freed: the next round merged {resumed:.2f} s later")
-        return {"full_at_round": before_round, "checkpoint_kept": same,
-                "problem_reported": status.get("storage", {}).get("problem"), "resumed_seconds": resumed}
 
 
 # ---------------------------------------------------------------- the bench
@@ -584,10 +371,10 @@ def run(args: argparse.Namespace) -> int:
             print_report(report, anchor)
         if args.full_disk:
             try:
-                with small_filesystem(16) as mount:
+                with small_filesystem(FULL_DISK_MB) as mount:
                     config = ChaosConfig(kills=0, mode="sync", peers=args.peers, k=args.k, passes=args.passes,
-                                         seed=args.seed, timeout_s=args.timeout)
-                    print("full disk: a 16 MB tmpfs holds the session ...", flush=True)
+                                         seed=args.seed, timeout_s=args.timeout, hidden=256)
+                    print(f"full disk: a {FULL_DISK_MB} MB tmpfs holds the session ...", flush=True)
                     filler = DiskFiller(mount / "session")
                     report = run_session(config, mount, kills=0, log=lambda line: print(line, flush=True),
                                          disk=filler)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from server.relay.sqlite_store import Store, StoredResult
+from server.relay.storage import is_storage_error
 from server.relay.verify import DISPUTE, Replay, ReplayQueue, Verifier
 
 LOG = logging.getLogger("peertrain.relay")
@@ -45,6 +46,8 @@ class ReplayChecks:
     options: Any
     replays: ReplayQueue | None
     _decoded: dict[tuple[int, int], Any]
+    _unapplied: list[Any] = []  # verdicts a full disk kept from being applied (an instance list once set)
+    note_storage_problem: Callable[[BaseException], None]  # (server.relay.storage.StorageGuard)
 
     def weights_message(self) -> bytes:
         raise NotImplementedError
@@ -117,19 +120,30 @@ class ReplayChecks:
 
     def apply_verdicts(self) -> None:
         """Count the finished replays; a failed one bans its peer. Runs on the event loop as each one ends."""
-        verdicts = self.replays.finished() if self.replays is not None else []
-        for verdict in verdicts:
-            self.store.count("results_verified" if verdict.ok else "verification_failed")
-            LOG.log(logging.INFO if verdict.ok else logging.WARNING, "replay of round %d slot %d (%s): peer %s %s, "
-                    "deviation %.3g of the update", verdict.round, verdict.slot, verdict.reason, verdict.peer_id,
-                    "passed" if verdict.ok else "FAILED", verdict.relative_deviation)
-            if verdict.ok:
-                self.store.set_verification(verdict.round, verdict.slot, verdict.peer_id, f"replay passed "
-                                            f"({verdict.reason}, deviation {verdict.relative_deviation:.2g})")
-            else:
-                self.ban(verdict.peer_id, f"a result of round {verdict.round + 1} differs from the host's replay "
-                         f"by {verdict.relative_deviation:.3g} of its update (tolerance {self.options.verify_rtol:g})")
+        verdicts = self._unapplied + (self.replays.finished() if self.replays is not None else [])
+        self._unapplied = []
+        for index, verdict in enumerate(verdicts):
+            try:
+                self._apply_verdict(verdict)
+            except Exception as error:  # a full disk: the rest are applied at the next call
+                if not is_storage_error(error):
+                    raise
+                self._unapplied = verdicts[index:]
+                self.note_storage_problem(error)
+                return
         self.settle_disputes([v for v in verdicts if v.reason == DISPUTE])
+
+    def _apply_verdict(self, verdict: Any) -> None:
+        self.store.count("results_verified" if verdict.ok else "verification_failed")
+        LOG.log(logging.INFO if verdict.ok else logging.WARNING, "replay of round %d slot %d (%s): peer %s %s, "
+                "deviation %.3g of the update", verdict.round, verdict.slot, verdict.reason, verdict.peer_id,
+                "passed" if verdict.ok else "FAILED", verdict.relative_deviation)
+        if verdict.ok:
+            self.store.set_verification(verdict.round, verdict.slot, verdict.peer_id, f"replay passed "
+                                        f"({verdict.reason}, deviation {verdict.relative_deviation:.2g})")
+        else:
+            self.ban(verdict.peer_id, f"a result of round {verdict.round + 1} differs from the host's replay "
+                     f"by {verdict.relative_deviation:.3g} of its update (tolerance {self.options.verify_rtol:g})")
 
     def settle_disputes(self, verdicts: list[Any]) -> None:
         raise NotImplementedError
