@@ -14,7 +14,7 @@ JSON unless noted; weights, chunks and results are binary wire messages (``runti
     GET  /api/unit/{index}         (peer, holding a lease on it) the unit's data chunk
     POST /api/result?round=&slot=  (peer) a result message; refused with 4xx and a reason, counted
     GET  /api/model[?round=best]             (anyone with serve --public-model, else admin) the model
-    POST /api/admin/{pause,resume,stop}, GET /api/admin/export/{model[?round=best],history}   (admin token)
+    POST /api/admin/{pause,resume,stop}, GET /api/admin/export/{model[?round=best],history,results}  (admin)
     POST /api/admin/session        (admin token) a new session on the same package (``Relay.replace_session``)
     GET  /api/admin/peers          (admin token) every peer, its address, units and ban
     POST /api/admin/unban          (admin token) {"peer_id"}: lift a ban
@@ -32,6 +32,7 @@ Each endpoint declares what it takes and answers, every refusal code included (`
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import io
 import json
@@ -422,9 +423,12 @@ async def model(request: Request) -> Response:
 
 
 @operation(Operation(
-    summary="export the model (safetensors) or the full history (JSON lines)", auth="admin",
-    params=[Param(name="what", where="path", schema={"type": "string", "enum": ["model", "history"]}), MODEL_ROUND],
-    answers=[Answer(description="model: safetensors; history: one JSON object per round",
+    summary="export the model (safetensors), the full history or the results' audit rows (JSON lines)",
+    auth="admin", params=[Param(name="what", where="path", schema={"type": "string", "enum": [
+        "model", "history", "results"]}), MODEL_ROUND],
+    answers=[Answer(description="model: safetensors; history: one JSON object per round; results: one per merged "
+                    "result (round, slot, unit, peer, examples, metrics, sha256 and size of its message, how it was "
+                    "verified, whether the message is still kept)",
                     content={OCTET: {}, "application/x-ndjson": {"type": "string"}})],
     refusals=[*ADMIN_REFUSALS, *NOT_FOUND, (400, "bad_query"), (404, "unknown_export")]))
 async def export(request: Request) -> Response:
@@ -438,6 +442,9 @@ async def export(request: Request) -> Response:
         for entry in relay.session.history:
             text.write(json.dumps(entry) + "\n")
         return Response(text.getvalue(), media_type="application/x-ndjson")
+    if what == "results":
+        rows = await asyncio.to_thread(relay.store.audit)
+        return Response("".join(json.dumps(row) + "\n" for row in rows), media_type="application/x-ndjson")
     raise Refusal(404, "unknown_export", f"nothing to export as {what!r}")
 
 

@@ -5,11 +5,21 @@ the session folder stop growing; the weights are those of a run that kept everyt
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 import numpy as np
 import pytest
-from relay_fixtures import HttpPeer, build_small_package, make_relay, reference_run, run_round, serving, session_status
+from relay_fixtures import (
+    ADMIN_TOKEN,
+    HttpPeer,
+    build_small_package,
+    make_relay,
+    reference_run,
+    run_round,
+    serving,
+    session_status,
+)
 
 from server.relay.sqlite_store import Store
 from server.session.package import Package
@@ -38,6 +48,8 @@ def sizes_over_a_long_session(package: Package, directory: Path, keep: int | Non
     assert relay.session.num_rounds == ROUNDS
     sqlite, folder = [], []
     with serving(relay) as client:
+        audit = client.get("/api/admin/export/results", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+        assert audit.status_code == 200 and audit.text == ""  # nothing merged yet
         peers = [HttpPeer(client), HttpPeer(client)]
         while not session_status(client)["done"]:
             status = run_round(client, peers)
@@ -45,6 +57,8 @@ def sizes_over_a_long_session(package: Package, directory: Path, keep: int | Non
             folder.append(folder_bytes(directory))
             assert status["storage"]["sqlite_bytes"] == relay.store.disk_bytes()
         weights = relay.session.weights.copy()
+        audit = client.get("/api/admin/export/results", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+        assert [json.loads(line) for line in audit.text.splitlines()] == relay.store.audit()
         assert relay.session.stopped is None, relay.session.stopped
     return sqlite, folder, Store(directory / "relay.sqlite3"), weights
 
@@ -69,7 +83,8 @@ def test_fifty_rounds_leave_the_sqlite_file_and_the_session_folder_flat(package:
             {row["sha256"] for row in audit if row["round"] == ROUNDS - 1}
     finally:
         store.close()
-    np.testing.assert_array_equal(weights, reference_run(package, SessionConfig(participants=2, passes=PASSES, **CONFIG)))
+    expected = reference_run(package, SessionConfig(participants=2, passes=PASSES, **CONFIG))
+    np.testing.assert_array_equal(weights, expected)
 
 
 @pytest.mark.slow
