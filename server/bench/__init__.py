@@ -24,6 +24,7 @@ BENCHES: dict[str, tuple[str, ...]] = {
     "stragglers": ("server.bench.stragglers",),
     "fuzz": ("server.bench.fuzz",),
     "chaos": ("server.bench.chaos",),
+    "disk": ("server.bench.disk",),
     "load": ("server.bench.load",),
 }
 
