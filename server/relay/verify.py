@@ -195,7 +195,9 @@ class ReplayQueue:
     async def wait(self, round_index: int) -> None:
         """Until the replays queued for ``round_index`` are done (their verdicts stay for ``finished``)."""
         for key in [key for key in self.pending if key[0] == round_index]:
-            await asyncio.wrap_future(self.pending[key])
+            future = self.pending.get(key)  # (``finished`` may have taken it meanwhile, on the event loop)
+            if future is not None:
+                await asyncio.wrap_future(future)
 
     def finished(self) -> list[Verdict]:
         """The verdicts that are in, taken off the queue."""
