@@ -1,20 +1,38 @@
 """The wire codec: weights (and data chunks) as binary messages, never JSON arrays of numbers.
 
-Weights message layout (all integers little-endian)::
+Weights message layout, format version 2 (all integers little-endian)::
 
-    offset 0       4 bytes   magic b"PTW1"
-    offset 4       4 bytes   uint32 H = length of the JSON header in bytes
-    offset 8       H bytes   UTF-8 JSON header (an object, see ``WireHeader``)
-    offset 8+H     P bytes   zero padding, P = (-(8 + H)) % 4, so the payload starts 4-byte aligned
-    offset 8+H+P   4*N bytes the payload: N = spec.size float32 values, little-endian
+    offset 0        4 bytes   magic b"PTW2"
+    offset 4        4 bytes   uint32 C = CRC-32 (``zlib.crc32``) of every byte from offset 8 to the end
+    offset 8        4 bytes   uint32 H = length of the JSON header in bytes
+    offset 12       H bytes   UTF-8 JSON header (an object, see ``WireHeader``)
+    offset 12+H     P bytes   zero padding, P = (-(12 + H)) % 4, so the payload starts 4-byte aligned
+    offset 12+H+P   4*N bytes the payload: N = spec.size float32 values, little-endian
 
 The header object::
 
     {"spec": {"names": [...], "shapes": [[...], ...], "dtype": "float32"}, "round": 3,
      "fingerprint": "9f2c...", "num_examples": 1280, "metrics": {"loss": 2.1}, "meta": {...}}
 
-Array messages (data chunks for browsers) use magic b"PTA1", the same framing, and the header
+Array messages (data chunks for browsers) use magic b"PTA2", the same framing, and the header
 ``{"dtype": "int32" | "float32", "shape": [...], "meta": {...}}``.
+
+The checksum covers the header length, the header, the padding and the payload; nothing after it is read
+before it matches (``ChecksumMismatch``), so a byte flipped, inserted or deleted in transit, or a message cut
+short, is refused instead of decoding to other weights. CRC-32 catches every damage confined to the checksum
+field or to 32 consecutive bits of what it covers, and misses a random other one with odds of about 2**-32.
+It is not a signature: anyone can compute it (``reseal``).
+
+Version 1 (b"PTW1" / b"PTA1") had no checksum: magic, uint32 H, header from offset 8, padding to 4, payload.
+A version 1 *weights* message is refused (``OutdatedFormat``): weights only travel between a relay and its
+peers, built from the same code, so one means the sender's runtime is out of date. A version 1 *array* is still
+decoded, because packages built before version 2 hold their chunk files as PTA1 (``server.session.package``).
+A damaged version 2 array cannot pass for a version 1 one with other contents. With its version byte changed to
+"1" and bytes 4-11 intact, version 1 reads the checksum as the header length and the version 2 header length as
+the start of the JSON; H <= 4 MiB < 2**24, so byte 11 is 0, a NUL never parses, and a header of 3 bytes or fewer
+holds no ``dtype``: refused. A version 1 message appears only when the 4 checksum bytes are removed too, and
+then it is the same array (same header and payload, same padding: 12 + H and 8 + H agree mod 4); other
+contents take a third, independent damage on top of those two.
 
 ``decode`` checks everything a peer could get wrong and raises a ``WireError`` subclass whose
 ``code`` is short and machine-readable; the relay turns it into a 4xx response (``http_status``).
@@ -25,6 +43,7 @@ from __future__ import annotations
 import json
 import math
 import struct
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,9 +52,13 @@ import numpy as np
 
 from runtime.weights import InvalidSpec, WeightSpec
 
-WEIGHTS_MAGIC = b"PTW1"
-ARRAY_MAGIC = b"PTA1"
-PREAMBLE_BYTES = 8  # magic + uint32 header length
+WEIGHTS_MAGIC = b"PTW2"
+ARRAY_MAGIC = b"PTA2"
+PREAMBLE_BYTES = 12  # magic + uint32 checksum + uint32 header length
+CHECKSUM_START = 8  # the checksum covers bytes [8, end): header length, header, padding, payload
+OLD_WEIGHTS_MAGIC = b"PTW1"  # version 1: refused (``OutdatedFormat``)
+OLD_ARRAY_MAGIC = b"PTA1"  # version 1: still decoded (chunk files of packages built before version 2)
+OLD_PREAMBLE_BYTES = 8  # version 1: magic + uint32 header length
 MAX_HEADER_BYTES = 4 * 1024 * 1024  # a spec with tens of thousands of entries still fits
 ARRAY_DTYPES = {"int32": np.dtype("<i4"), "float32": np.dtype("<f4")}
 WIRE_FLOAT32 = np.dtype("<f4")
@@ -54,6 +77,16 @@ class TruncatedMessage(WireError):
 
 class BadMagic(WireError):
     code = "bad_magic"
+
+
+class OutdatedFormat(BadMagic):
+    """A version 1 weights message: its sender's runtime predates the checksum (format version 2)."""
+
+    code = "outdated_format"
+
+
+class ChecksumMismatch(WireError):
+    code = "checksum"
 
 
 class HeaderLengthOutOfBounds(WireError):
@@ -125,24 +158,55 @@ def _frame(magic: bytes, header: Mapping[str, Any], payload: bytes) -> bytes:
     if len(header_bytes) > MAX_HEADER_BYTES:
         raise HeaderLengthOutOfBounds(f"header is {len(header_bytes)} bytes, the limit is {MAX_HEADER_BYTES}")
     padding = b"\x00" * (-(PREAMBLE_BYTES + len(header_bytes)) % 4)
-    return magic + struct.pack("<I", len(header_bytes)) + header_bytes + padding + payload
+    covered = struct.pack("<I", len(header_bytes)) + header_bytes + padding
+    checksum = zlib.crc32(payload, zlib.crc32(covered))  # (no copy of the payload just to checksum it)
+    return magic + struct.pack("<I", checksum) + covered + payload
+
+
+def reseal(data: bytes) -> bytes:
+    """``data`` (a version 2 message, maybe altered) with its checksum recomputed: for tests and fuzzers that
+    build bad messages by hand and want them to reach the checks behind the checksum. Shorter than a preamble:
+    returned as it is."""
+    if len(data) < PREAMBLE_BYTES:
+        return bytes(data)
+    return bytes(data[:4]) + struct.pack("<I", zlib.crc32(memoryview(data)[CHECKSUM_START:])) + bytes(
+        data[CHECKSUM_START:])
 
 
 def _unframe(data: bytes, magic: bytes) -> tuple[dict[str, Any], memoryview]:
-    """Check magic, header length, JSON and padding; return (header object, payload bytes)."""
+    """Check magic, checksum, header length, JSON and padding; return (header object, payload bytes).
+
+    ``magic`` is a version 2 magic; an array message of version 1 (no checksum) is read too."""
     view = memoryview(data).cast("B")
-    if len(view) < PREAMBLE_BYTES:
+    if len(view) < 4:
         raise TruncatedMessage(f"message is {len(view)} bytes, shorter than the {PREAMBLE_BYTES}-byte preamble")
-    if bytes(view[:4]) != magic:
-        raise BadMagic(f"magic bytes are {bytes(view[:4])!r}, expected {magic!r}")
-    (header_length,) = struct.unpack("<I", view[4:PREAMBLE_BYTES])
+    found = bytes(view[:4])
+    if found == magic:
+        preamble = PREAMBLE_BYTES
+    elif magic == ARRAY_MAGIC and found == OLD_ARRAY_MAGIC:
+        preamble = OLD_PREAMBLE_BYTES
+    elif magic == WEIGHTS_MAGIC and found == OLD_WEIGHTS_MAGIC:
+        raise OutdatedFormat(f"this is a version 1 weights message ({found!r}, without a checksum); this runtime "
+                             f"reads only version 2 ({magic!r}): the sending peer's runtime is out of date. Reload "
+                             "the page (or reinstall peertrain) so that the relay and its peers run the same build")
+    else:
+        raise BadMagic(f"magic bytes are {found!r}, expected {magic!r}")
+    if len(view) < preamble:
+        raise TruncatedMessage(f"message is {len(view)} bytes, shorter than the {preamble}-byte preamble")
+    if preamble == PREAMBLE_BYTES:
+        (checksum,) = struct.unpack("<I", view[4:CHECKSUM_START])
+        actual = zlib.crc32(view[CHECKSUM_START:])
+        if actual != checksum:
+            raise ChecksumMismatch(f"checksum of the {len(view)}-byte message is {actual:08x}, its preamble says "
+                                   f"{checksum:08x}: the message was damaged or cut short on its way")
+    (header_length,) = struct.unpack("<I", view[preamble - 4:preamble])
     if header_length > MAX_HEADER_BYTES:
         raise HeaderLengthOutOfBounds(f"header length {header_length} exceeds the limit of {MAX_HEADER_BYTES}")
-    header_end = PREAMBLE_BYTES + header_length
+    header_end = preamble + header_length
     if header_end > len(view):
         raise HeaderLengthOutOfBounds(f"header length {header_length} runs past the end of a {len(view)}-byte message")
     try:
-        header = json.loads(bytes(view[PREAMBLE_BYTES:header_end]).decode("utf-8"), parse_constant=_reject_constant)
+        header = json.loads(bytes(view[preamble:header_end]).decode("utf-8"), parse_constant=_reject_constant)
     except UnicodeDecodeError as error:
         raise MalformedHeader(f"header is not valid UTF-8: {error}") from error
     except json.JSONDecodeError as error:

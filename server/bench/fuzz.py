@@ -8,8 +8,9 @@ requests that break it (negative: wrong types, missing parameters, bodies of ano
 them itself over one ``requests`` session (of an event stream it reads the first event, then closes it), with
 the token of a peer it joined on peer operations and the admin token on admin ones, except one request in ten
 (``WRONG_AUTH_SHARE``) that goes with a wrong token or none. Half the result uploads (``MUTATED_RESULT_SHARE``)
-carry a real result message instead (the round's weights), damaged in up to three places or not at all, mostly
-for the (round, slot) the fuzzer's peer holds, so that the checks behind the wire framing are reached too.
+carry a real result message instead (the round's weights), damaged in up to three places or not at all (half
+of them with the wire checksum recomputed, ``wire.reseal``), mostly for the (round, slot) the fuzzer's peer
+holds, so that the checks behind the wire framing and its checksum are reached too.
 Operations take turns, ``--batch`` requests each, until ``--requests`` requests or ``--seconds`` seconds.
 
 Checks, after every request:
@@ -330,7 +331,7 @@ class Fuzzer:
                 del message[at:]
         for name in ("json", "files"):
             kwargs.pop(name, None)
-        kwargs["data"] = bytes(message)
+        kwargs["data"] = wire.reseal(bytes(message)) if self.random.random() < 0.5 else bytes(message)
         headers["Content-Type"] = "application/octet-stream"
         return "mutated-result"
 

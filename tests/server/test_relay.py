@@ -147,11 +147,13 @@ def leased(package: Package, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
 
 def header_surgery(message: bytes, old: bytes, new: bytes) -> bytes:
-    """Replace ``old`` by ``new`` (same length, so the padding stays right) inside the JSON header."""
+    """Replace ``old`` by ``new`` (same length, so the padding stays right) inside the JSON header, and recompute
+    the checksum (``runtime.wire``: magic, CRC-32, header length, header from offset 12), so that the checks
+    behind it are reached."""
     assert len(old) == len(new)
-    header_end = 8 + int.from_bytes(message[4:8], "little")
-    assert message[8:header_end].count(old) == 1
-    return message[:8] + message[8:header_end].replace(old, new) + message[header_end:]
+    header_end = 12 + int.from_bytes(message[8:12], "little")
+    assert message[12:header_end].count(old) == 1
+    return wire.reseal(message[:12] + message[12:header_end].replace(old, new) + message[header_end:])
 
 
 def with_value(vector: np.ndarray, index: int, value: float) -> np.ndarray:
@@ -175,13 +177,19 @@ BAD_RESULTS: dict[str, tuple[int, str, str, Callable[[Leased], httpx.Response]]]
     "plus_inf": (422, "non_finite", "not finite", lambda s: s.upload(s.message(with_value(s.vector, 0, np.inf)))),
     "minus_inf": (422, "non_finite", "not finite",
                   lambda s: s.upload(s.message(with_value(s.vector, -1, -np.inf)))),
-    "payload_short": (400, "length_mismatch", "expected", lambda s: s.upload(s.good[:-4])),
-    "payload_long": (400, "length_mismatch", "expected", lambda s: s.upload(s.good + b"\0\0\0\0")),
+    "payload_cut": (400, "checksum", "damaged or cut short", lambda s: s.upload(s.good[:-4])),
+    "payload_grown": (400, "checksum", "damaged or cut short", lambda s: s.upload(s.good + b"\0\0\0\0")),
+    "payload_flipped": (400, "checksum", "damaged or cut short",
+                        lambda s: s.upload(s.good[:-5] + bytes([s.good[-5] ^ 4]) + s.good[-4:])),
+    "payload_short": (400, "length_mismatch", "expected", lambda s: s.upload(wire.reseal(s.good[:-4]))),
+    "payload_long": (400, "length_mismatch", "expected", lambda s: s.upload(wire.reseal(s.good + b"\0\0\0\0"))),
     "truncated": (400, "truncated", "preamble", lambda s: s.upload(s.good[:6])),
     "empty": (400, "truncated", "preamble", lambda s: s.upload(b"")),
-    "bad_magic": (400, "bad_magic", "magic", lambda s: s.upload(b"PTA1" + s.good[4:])),
-    "header_length": (400, "header_length", "runs past the end",
-                      lambda s: s.upload(s.good[:4] + (len(s.good) * 2).to_bytes(4, "little") + s.good[8:])),
+    "bad_magic": (400, "bad_magic", "magic", lambda s: s.upload(b"PTA2" + s.good[4:])),
+    "outdated_format": (400, "outdated_format", "runtime is out of date",  # version 1: no checksum, header at 8
+                        lambda s: s.upload(b"PTW1" + s.good[8:])),
+    "header_length": (400, "header_length", "runs past the end", lambda s: s.upload(
+        wire.reseal(s.good[:8] + (len(s.good) * 2).to_bytes(4, "little") + s.good[12:]))),
     "dtype_header": (400, "dtype_mismatch", "float32",
                      lambda s: s.upload(header_surgery(s.good, b'"float32"', b'"float64"'))),
     "malformed_header": (400, "malformed_header", "not valid JSON",
