@@ -19,7 +19,7 @@ import pytest
 from relay_fixtures import EXAMPLE
 
 from runtime.peer import Peer
-from server.bench.load import relay_process
+from server.bench.load import relay_process, run_async
 from server.cli import serve
 from server.relay.app import RelayPaths
 from server.relay.limits import DEFAULT_BODY_TIMEOUT, ServerLimits, limits_from_args
@@ -150,21 +150,22 @@ def test_a_trickled_upload_gets_408_at_the_deadline_while_others_are_answered_at
                                                         meanwhile(relay.url, auth, after=DEADLINE / 4))
                 return trickled, others
 
-            (status, text, closed, seconds, sent), others = asyncio.run(both())
+            (status, text, closed, seconds, sent), others = run_async(both)
             assert status == 408 and json.loads(text)["error"] == "body_timeout", text
             assert closed, "the relay must close the connection of a refused trickle"
             assert DEADLINE <= seconds < DEADLINE + SLACK and sent < len(body)
             assert max(others) < AT_ONCE, others  # the trickle held neither the event loop nor the relay
 
-            quiet, (partial_status, partial_text, partial_closed), partial = asyncio.run(silent_and_partial(host, port))
+            quiet, (partial_status, partial_text, partial_closed), partial = run_async(
+                lambda: silent_and_partial(host, port))
             assert DEADLINE * 0.9 <= quiet < DEADLINE + SLACK
             assert partial_status == 408 and json.loads(partial_text)["error"] == "header_timeout" and partial_closed
             assert DEADLINE * 0.9 <= partial < DEADLINE + SLACK
 
-            large_status, large_text, large_closed = asyncio.run(too_large(host, port, auth))
+            large_status, large_text, large_closed = run_async(lambda: too_large(host, port, auth))
             assert large_status == 413 and json.loads(large_text)["error"] == "too_large" and large_closed
 
-            asyncio.run(cut_off(host, port, f"/api/result?round={job['round']}&slot={job['slot']}", auth))
+            run_async(lambda: cut_off(host, port, f"/api/result?round={job['round']}&slot={job['slot']}", auth))
 
             # The peer still holds its lease: an honest upload now is accepted.
             assert client.post(f"/api/result?round={job['round']}&slot={job['slot']}", content=body,
