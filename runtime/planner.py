@@ -154,7 +154,8 @@ class RoundPlan:
 
 
 def check_merge_guard(merge_name: str, plan: RoundPlan, *, force: bool = False) -> None:
-    """Refuse FedAvgM/FedAdam when a round covers >= STATEFUL_MERGE_MAX_SHARE of a pass, unless forced."""
+    """Refuse a stateful merge (FedAvgM, FedAdam, FedYogi, FedAdagrad) when a round covers >=
+    STATEFUL_MERGE_MAX_SHARE of a pass, unless forced."""
     method = merge_class(merge_name)
     share = plan.share_of_data_per_round()
     if force or not method.is_stateful or share < STATEFUL_MERGE_MAX_SHARE:
@@ -162,7 +163,8 @@ def check_merge_guard(merge_name: str, plan: RoundPlan, *, force: bool = False) 
     raise MergeGuardRefused(
         f"refusing merge method {merge_name!r}: each round trains {plan.participants_per_round} of "
         f"{plan.num_units} units ({share:.0%} of a pass; the limit for stateful merges is "
-        f"{STATEFUL_MERGE_MAX_SHARE:.0%}). FedAvgM and FedAdam treat a round's change as one step and carry it "
+        f"{STATEFUL_MERGE_MAX_SHARE:.0%}). FedAvgM and the adaptive ones (FedAdam, FedYogi, FedAdagrad) treat a "
+        "round's change as one step and carry it "
         "into the next rounds with server momentum. When one round covers a large share of the data (with a "
         "single-chunk package, one round is a whole pass), that step is already large and momentum makes it grow "
         "every round: an arithmetic model on one chunk has climbed to validation loss 11 by round 30 with "

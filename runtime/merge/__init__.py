@@ -10,6 +10,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from runtime.merge.adaptive import (
+    AdaptiveServerOptimizer,
+    FedAdagrad,
+    FedAdam,
+    FedYogi,
+    adaptive_update,
+    fedadam_update,
+)
 from runtime.merge.base import (
     InvalidExampleCount,
     InvalidHyperparameter,
@@ -26,11 +34,11 @@ from runtime.merge.base import (
     join_state,
     split_state,
 )
-from runtime.merge.fedadam import FedAdam, fedadam_update
 from runtime.merge.fedavg import FedAvg
 from runtime.merge.fedavgm import FedAvgM, fedavgm_update
 
-MERGES: dict[str, type[MergeMethod]] = {"fedavg": FedAvg, "fedavgm": FedAvgM, "fedadam": FedAdam}
+MERGES: dict[str, type[MergeMethod]] = {"fedavg": FedAvg, "fedavgm": FedAvgM, "fedadam": FedAdam, "fedyogi": FedYogi,
+                                         "fedadagrad": FedAdagrad}
 
 
 def merge_class(name: str) -> type[MergeMethod]:
@@ -47,9 +55,12 @@ def make_merge(name: str, **hyperparameters: Any) -> MergeMethod:
 
 __all__ = [
     "MERGES",
+    "AdaptiveServerOptimizer",
+    "FedAdagrad",
     "FedAdam",
     "FedAvg",
     "FedAvgM",
+    "FedYogi",
     "InvalidExampleCount",
     "InvalidHyperparameter",
     "MergeError",
@@ -62,6 +73,7 @@ __all__ = [
     "StateMismatch",
     "UnknownMerge",
     "ZeroTotalExamples",
+    "adaptive_update",
     "fedadam_update",
     "fedavgm_update",
     "join_state",

@@ -43,7 +43,13 @@ from runtime.weights import WeightSpec
 
 
 class MergeMethod(Configurable):
-    """Base class: subclasses are dataclasses whose init fields are hyperparameters."""
+    """Base class: subclasses are dataclasses whose init fields are hyperparameters.
+
+    After each merge ``last_delta`` holds the round's pseudo-gradient, average - global (float64), for the
+    history's diagnostics (``runtime.merge.diagnostics``); it is not server state and is not saved.
+    """
+
+    last_delta: np.ndarray | None = None
 
     def merge(
         self,

@@ -1,8 +1,11 @@
-"""FedAvg: the example-weighted average of the peers' weights.
+"""FedAvg: the example-weighted average of the peers' weights, optionally with a server learning rate.
 
 McMahan et al. 2017, "Communication-Efficient Learning of Deep Networks from Decentralized Data".
 Stateless: each round's result depends only on that round's results, which makes it the safe
 choice when one round covers a large share of the data (see ``runtime.planner``).
+
+The server learning rate (Reddi et al. 2021 call it eta with SGD on the server) scales the round's change:
+it is the control for "does a server optimizer win only because it takes a bigger step?".
 """
 
 from __future__ import annotations
@@ -14,19 +17,28 @@ from typing import ClassVar
 import numpy as np
 
 from runtime.aggregate import Aggregator
-from runtime.merge.base import MergeMethod, Result, check_results, or_mean
+from runtime.merge.base import MergeMethod, Result, check_results, checked_number, or_mean
 from runtime.weights import WeightSpec
 
 
 @dataclass(eq=False)
 class FedAvg(MergeMethod):
-    """new = sum_i n_i * w_i / sum_i n_i, in float64, returned as float32. No hyperparameters, no state.
+    """new = sum_i n_i * w_i / sum_i n_i, in float64, returned as float32. No state.
 
-    With another aggregator: new = that aggregator's average.
+    With ``server_learning_rate`` lr other than 1: new = global + lr * (average - global) (lr > 1 extrapolates
+    the round's change, lr < 1 damps it). At exactly 1 the average itself is returned, bit for bit.
+    With another aggregator: the average is that aggregator's.
     """
+
+    server_learning_rate: float = 1.0
 
     name: ClassVar[str] = "fedavg"
     is_stateful: ClassVar[bool] = False
+
+    def __post_init__(self) -> None:
+        self.server_learning_rate = checked_number(
+            self.name, "server_learning_rate", self.server_learning_rate, above=0
+        )
 
     def merge(
         self,
@@ -37,4 +49,8 @@ class FedAvg(MergeMethod):
         aggregator: Aggregator | None = None,
     ) -> np.ndarray:
         global64, vectors, counts = check_results(global_weights, results, spec)
-        return or_mean(aggregator).combine(global64, vectors, counts).astype(np.float32)
+        average = or_mean(aggregator).combine(global64, vectors, counts)
+        self.last_delta = average - global64
+        if self.server_learning_rate != 1.0:
+            average = global64 + self.server_learning_rate * (average - global64)
+        return average.astype(np.float32)

@@ -90,9 +90,11 @@ class FedAvgM(MergeMethod):
         momentum = np.zeros_like(global64) if self.momentum is None else self.momentum
         if momentum.shape != global64.shape:
             raise StateMismatch(f"fedavgm momentum has {momentum.shape[0]} values, weights have {global64.shape[0]}")
+        average = or_mean(aggregator).combine(global64, vectors, counts)
+        self.last_delta = average - global64
         new_weights, self.momentum = fedavgm_update(
             global64,
-            or_mean(aggregator).combine(global64, vectors, counts),
+            average,
             momentum,
             server_learning_rate=self.server_learning_rate,
             server_momentum=self.server_momentum,

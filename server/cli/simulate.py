@@ -22,19 +22,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "fedavgm:server_momentum=0.5 (default fedavg)")
     add_aggregate_options(parser)
     group = parser.add_argument_group("merge hyperparameters (applied to every chosen method that takes them)")
-    group.add_argument("--server-lr", dest="server_learning_rate", type=float, help="FedAvgM server learning rate")
+    group.add_argument("--server-lr", dest="server_learning_rate", type=float,
+                       help="FedAvg/FedAvgM server learning rate (FedAvg: new = global + lr * (average - global))")
     group.add_argument("--server-momentum", type=float, help="FedAvgM server momentum")
     group.add_argument("--nesterov", action="store_const", const=True, help="FedAvgM: Nesterov momentum")
-    group.add_argument("--eta", type=float, help="FedAdam step size")
-    group.add_argument("--beta1", dest="beta_1", type=float, help="FedAdam first-moment decay")
-    group.add_argument("--beta2", dest="beta_2", type=float, help="FedAdam second-moment decay")
-    group.add_argument("--tau", type=float, help="FedAdam adaptivity (denominator offset)")
+    group.add_argument("--eta", type=float, help="FedAdam/FedYogi/FedAdagrad step size")
+    group.add_argument("--beta1", dest="beta_1", type=float, help="FedAdam/FedYogi/FedAdagrad first-moment decay")
+    group.add_argument("--beta2", dest="beta_2", type=float,
+                       help="FedAdam/FedYogi second-moment decay (FedAdagrad sums instead)")
+    group.add_argument("--tau", type=float, help="FedAdam/FedYogi/FedAdagrad adaptivity (added to sqrt(v))")
     group.add_argument("--no-bias-correction", dest="bias_correction", action="store_const", const=False,
-                       help="FedAdam without bias correction (the paper's Algorithm 2)")
+                       help="FedAdam/FedYogi/FedAdagrad without bias correction (the paper's Algorithm 2)")
     parser.add_argument("-k", "--participants", type=int, help="assignments per round (default min(5, units))")
     parser.add_argument("--passes", type=int, default=3, help="passes over the units (default 3)")
     parser.add_argument("--rounds", type=int, help="stop after this many rounds (default: all planned rounds)")
-    parser.add_argument("--force", action="store_true", help="run FedAvgM/FedAdam even where the guard refuses")
+    parser.add_argument("--force", action="store_true",
+                        help="run a stateful server optimizer (FedAvgM, FedAdam, FedYogi, FedAdagrad) even where "
+                        "the guard refuses")
     parser.add_argument("--on-divergence", choices=["stop", "rollback"], default="stop",
                         help="on a non-finite or exploding validation metric: stop, or restore the best weights")
     parser.add_argument("--divergence-factor", type=float, default=3.0,

@@ -30,6 +30,7 @@ import numpy as np
 
 from runtime.aggregate import Aggregator, make_aggregator
 from runtime.merge import MergeMethod, Result, make_merge
+from runtime.merge.diagnostics import round_diagnostics
 from runtime.planner import Assignment, RoundPlan, check_merge_guard, unit_seed
 from runtime.tasks import Task, TaskData, UnitResult, WorkUnit
 from runtime.tasks.base import check_unit_result
@@ -82,6 +83,7 @@ class Session:
         # next one, so each unit is still trained once per pass. ``consumed``: entries of the plan's schedule
         # handed to rounds so far; ``carried``: (pass, unit, round it was first planned in) for the next round.
         self.consumed = 0
+        self._previous_delta: np.ndarray | None = None  # the last round's pseudo-gradient (diagnostics' cosine)
         self.carried: list[tuple[int, int, int]] = []
 
     # -- starting and resuming ------------------------------------------------------------------
@@ -268,6 +270,7 @@ class Session:
         merged = self.merge.merge(self.weights, [Result(r.weights, int(r.num_examples)) for r in results],
                                   spec=self.spec, aggregator=self.aggregator)
         outliers = [units[i] for i in self.aggregator.last_outliers]
+        diagnostics = self._diagnostics(merged)
         merged_at = time.perf_counter()
         metrics = self.task.validate(merged, self.data.validation) if validate else {}
         validated_at = time.perf_counter()
@@ -299,6 +302,7 @@ class Session:
             "participants": len(results),
             "units": units,
             "outliers": outliers,  # units the aggregator set aside or distrusted
+            "diagnostics": diagnostics,  # the pseudo-gradient's size, spread and agreement with the last round's
             **fields,
             "examples": int(sum(int(r.num_examples) for r in results)),
             "train": _mean_metrics([r.metrics for r in results]),
@@ -309,6 +313,15 @@ class Session:
             **(extra or {}),  # what the relay adds (the round's host replays)
         }
         return checkpoint.json_safe(entry), best_changed
+
+    def _diagnostics(self, merged: np.ndarray) -> dict[str, Any]:
+        """``runtime.merge.diagnostics`` of the round just merged (the merge method kept its delta)."""
+        delta = self.merge.last_delta
+        if delta is None:
+            return {}
+        out = round_diagnostics(delta, self._previous_delta, merged.astype(np.float64) - self.weights, self.spec)
+        self._previous_delta = delta
+        return out
 
     def _advance(self, entry: dict[str, Any], best_changed: bool) -> dict[str, Any]:
         self.history.append(entry)

@@ -453,7 +453,7 @@ def test_stateless_aggregators_keep_no_state(name: str) -> None:
         aggregator.load_state_dict({"center": np.zeros(1)})
 
 
-@pytest.mark.parametrize("first", ["runtime.aggregate", "runtime.aggregate.krum", "runtime.merge.fedadam"])
+@pytest.mark.parametrize("first", ["runtime.aggregate", "runtime.aggregate.krum", "runtime.merge.adaptive"])
 def test_either_package_imports_first(first: str) -> None:
     """runtime.merge uses runtime.aggregate, which must never need runtime.merge (a fresh interpreter each)."""
     subprocess.run([sys.executable, "-c", f"import {first}"], check=True)

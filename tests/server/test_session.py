@@ -292,3 +292,30 @@ def test_without_carrying_a_missing_unit_is_dropped_as_before(tmp_path: Path) ->
     entry = session.complete_round([(first[0], session.task.train_unit(session.weights, session.work_unit(first[0])))])
     assert entry["missing"] == [first[1].unit_index] and "carried" not in entry
     assert session.assignments() == session.plan.units_for_round(1) and session.num_rounds == 3
+
+
+def test_history_diagnostics_follow_the_weights() -> None:
+    """FedAvg's step is the round's delta, so the diagnostics can be checked against the weights' own moves;
+    FedAvgM's step is longer than its delta once momentum builds up."""
+    session = Session.create(toy_package(6), SessionConfig(merge="fedavg", participants=2, passes=2, seed=3))
+    moves = []
+    while not session.done:
+        before = session.weights.astype(np.float64)
+        entry = run_round(session)
+        moves.append(session.weights.astype(np.float64) - before)
+        diagnostics = entry["diagnostics"]
+        assert diagnostics["pseudo_gradient_norm"] == pytest.approx(np.linalg.norm(moves[-1]), rel=1e-6)
+        assert diagnostics["step_norm"] == pytest.approx(diagnostics["pseudo_gradient_norm"], rel=1e-6)
+        assert diagnostics["tensor_rms"]["largest"] == "w" and diagnostics["spread"] == 0.0  # one tensor
+        if len(moves) == 1:
+            assert diagnostics["cosine_previous"] is None
+        else:
+            a, b = moves[-1], moves[-2]
+            assert diagnostics["cosine_previous"] == pytest.approx(a @ b / np.linalg.norm(a) / np.linalg.norm(b),
+                                                                   rel=1e-5)
+    momentum = Session.create(toy_package(6), SessionConfig(merge="fedavgm", participants=2, passes=2, seed=3,
+                                                            force=True))
+    entries = [run_round(momentum) for _ in range(3)]
+    first, third = entries[0]["diagnostics"], entries[2]["diagnostics"]
+    assert first["step_norm"] == pytest.approx(first["pseudo_gradient_norm"])  # round 1: momentum is the delta
+    assert third["step_norm"] > third["pseudo_gradient_norm"]  # agreeing rounds: momentum lengthens the step
