@@ -45,7 +45,7 @@ from runtime.data.tokenizer import Tokenizer, TokenizerError, inspect_tokenizati
 from runtime.device_probe import Probe
 from runtime.models.transformer import Transformer, TransformerConfig, preset
 from runtime.tasks.base import HostServices, Sample, Task, TaskData, TaskError, UnitResult, WorkUnit
-from runtime.tasks.lm import greedy_continuations, lm_probe, mean_loss, train_lm_passes
+from runtime.tasks.lm import check_recipe, greedy_continuations, lm_probe, mean_loss, train_lm_passes
 
 TOKENIZERS = ("char", "bpe")
 MODEL_OVERRIDES = ("n_layer", "n_head", "n_embd", "context")
@@ -83,9 +83,13 @@ class ArithTaskSettings:
     warmup: int = 10  # steps of linear warm-up at the start of each unit (a fresh Adam per unit)
     final_lr_ratio: float = 0.1  # cosine decay to lr * this at the unit's last step
     session_final_lr_ratio: float = 0.1  # and across the session: lr * this by its last round (1: no decay)
+    optimizer: str = "adam"  # the local optimizer: adam or sgd (runtime.tasks.lm.LOCAL_OPTIMIZERS)
+    momentum: float = 0.0  # sgd only: heavy-ball momentum (0: plain SGD)
+    clip: float = 1.0  # clip each step's gradients to this global norm (0: no clipping)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "operators", tuple(self.operators))
+        check_recipe("arith", self.optimizer, self.momentum, self.clip)
         checks = {
             "tokenizer": self.tokenizer in TOKENIZERS,
             "merges": self.merges >= 0,
@@ -250,13 +254,14 @@ class ArithTask(Task):
             raise TaskError(f"arith: a unit needs a (2, N, T) int32 chunk of inputs and targets, got {shape}")
         s = self.settings
         model = self.load(weights)
-        # Each unit starts a fresh Adam at full speed; a cosine over the session's progress keeps late rounds
+        # Each unit starts a fresh optimizer at full speed; a cosine over the session's progress keeps late rounds
         # from shaking an answer set the model has already learnt.
         session_scale = s.session_final_lr_ratio + (1 - s.session_final_lr_ratio) * 0.5 * (
             1 + math.cos(math.pi * min(1.0, max(0.0, unit.progress))))
         metrics = train_lm_passes(model, data[0], data[1], epochs=s.epochs, steps=s.steps, batch_size=s.batch_size,
                                   lr=s.lr * session_scale, seed=unit.seed, warmup=s.warmup,
-                                  final_lr_ratio=s.final_lr_ratio)
+                                  final_lr_ratio=s.final_lr_ratio, clip=s.clip, optimizer=s.optimizer,
+                                  momentum=s.momentum)
         return UnitResult(self.flat_weights(model), num_examples=int(data.shape[1]), metrics=metrics)
 
     # -- validation -----------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from runtime.data.text import byte_chunks, default_corpus, lm_windows, validatio
 from runtime.device_probe import Probe
 from runtime.models.transformer import Transformer, TransformerConfig, preset
 from runtime.tasks.base import HostServices, Sample, Task, TaskData, TaskError, UnitResult, WorkUnit
-from runtime.tasks.lm import bits_per_token, lm_probe, mean_loss, train_lm
+from runtime.tasks.lm import bits_per_token, check_recipe, lm_probe, mean_loss, train_lm
 
 # Prompts of equal length so the samples come from one batched generation (it sits beside every round).
 PROMPTS = ("The ", "When", "A fu")
@@ -31,9 +31,13 @@ class ByteTextSettings:
     validation_fraction: float = 0.1
     data_seed: int = 0
     model: str = "bytelm-2.3mb"
-    steps: int = 8  # Adam steps per unit
+    # the local training recipe: `steps` steps of `optimizer` on batches of `batch_size` windows per unit
+    steps: int = 8
     batch_size: int = 16
     lr: float = 3e-3
+    optimizer: str = "adam"  # adam or sgd (runtime.tasks.lm.LOCAL_OPTIMIZERS); a fresh one per unit
+    momentum: float = 0.0  # sgd only: heavy-ball momentum (0: plain SGD, as the clients of Reddi et al. 2021)
+    clip: float = 1.0  # clip each step's gradients to this global norm (0: no clipping)
     validation_windows: int = 256
     sample_tokens: int = 48
 
@@ -41,6 +45,9 @@ class ByteTextSettings:
         object.__setattr__(self, "files", tuple(self.files))
         if self.chunks < 1 or self.steps < 1 or self.batch_size < 1:
             raise ValueError("chunks, steps and batch_size must be positive")
+        if not self.lr > 0:
+            raise ValueError(f"bytetext: lr must be > 0, got {self.lr!r}")
+        check_recipe("bytetext", self.optimizer, self.momentum, self.clip)
 
 
 class ByteTextTask(Task):
@@ -101,7 +108,8 @@ class ByteTextTask(Task):
         count = self.settings.steps * self.settings.batch_size
         inputs, targets = lm_windows(unit.data, context, count, rng)
         metrics = train_lm(model, inputs, targets, steps=self.settings.steps, batch_size=self.settings.batch_size,
-                           lr=self.settings.lr, seed=unit.seed)
+                           lr=self.settings.lr, seed=unit.seed, clip=self.settings.clip,
+                           optimizer=self.settings.optimizer, momentum=self.settings.momentum)
         return UnitResult(self.flat_weights(model), num_examples=int(unit.data.size), metrics=metrics)
 
     def validate(self, weights: np.ndarray, validation: Mapping[str, np.ndarray]) -> dict[str, float]:

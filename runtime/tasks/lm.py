@@ -10,21 +10,47 @@ import numpy as np
 from runtime.autograd import no_grad
 from runtime.device_probe import Probe, Step, copier
 from runtime.models.transformer import Transformer
-from runtime.optim import Adam
+from runtime.optim import SGD, Adam, Optimizer
 from runtime.train_step import lm_step, lm_step_async
 
+# The local optimizers a language-model task's recipe may name (settings ``optimizer``, ``lr``, ``momentum``).
+LOCAL_OPTIMIZERS = ("adam", "sgd")
 
-def adam_steps(model: Transformer, inputs: np.ndarray, targets: np.ndarray, plan: Sequence[np.ndarray],
-               lr_at: Callable[[int], float], *, seed: int, clip: float) -> list[float]:
-    """One Adam step per batch of row indices in ``plan`` (a fresh optimizer: peers keep no state between
-    units, so a retried unit repeats exactly); returns the losses. ``lr_at(step)`` is the learning rate."""
+
+def check_recipe(task: str, optimizer: str, momentum: float, clip: float) -> None:
+    """Refuse a local training recipe a task cannot run, naming the setting."""
+    if optimizer not in LOCAL_OPTIMIZERS:
+        raise ValueError(f"{task}: optimizer must be one of {', '.join(LOCAL_OPTIMIZERS)}, got {optimizer!r}")
+    if not 0 <= momentum < 1:
+        raise ValueError(f"{task}: momentum must be in [0, 1), got {momentum!r}")
+    if optimizer == "adam" and momentum:
+        raise ValueError(f"{task}: momentum is an SGD setting (Adam has its own betas); leave it 0 with adam")
+    if not clip >= 0:
+        raise ValueError(f"{task}: clip must be >= 0 (0: no clipping), got {clip!r}")
+
+
+def local_optimizer(model: Transformer, optimizer: str, lr: float, momentum: float) -> Optimizer:
+    """A fresh local optimizer: Adam (torch defaults: betas 0.9, 0.999) or SGD (heavy-ball ``momentum``, 0: plain)."""
+    if optimizer == "sgd":
+        return SGD(model.parameters(), lr=lr, momentum=momentum)
+    if optimizer == "adam":
+        return Adam(model.parameters(), lr=lr)
+    raise ValueError(f"unknown local optimizer {optimizer!r}; choose one of {', '.join(LOCAL_OPTIMIZERS)}")
+
+
+def local_steps(model: Transformer, inputs: np.ndarray, targets: np.ndarray, plan: Sequence[np.ndarray],
+                lr_at: Callable[[int], float], *, seed: int, clip: float, optimizer: str = "adam",
+                momentum: float = 0.0) -> list[float]:
+    """One optimizer step per batch of row indices in ``plan`` with a fresh optimizer (peers keep no state
+    between units, so a retried unit repeats exactly); returns the losses. ``lr_at(step)`` is the learning rate;
+    ``clip`` > 0 clips the gradients' global norm first."""
     model.train()
     model.set_dropout_seed(seed)
-    optimizer = Adam(model.parameters(), lr=lr_at(0))
+    local = local_optimizer(model, optimizer, lr_at(0), momentum)
     losses = []
     for step, rows in enumerate(plan):
-        optimizer.lr = lr_at(step)
-        loss = lm_step(model, optimizer, inputs[rows], targets[rows], clip=clip)
+        local.lr = lr_at(step)
+        loss = lm_step(model, local, inputs[rows], targets[rows], clip=clip)
         losses.append(float(loss.numpy()))
     return losses
 
@@ -45,15 +71,18 @@ def lm_probe(model: Transformer, *, batch_size: int = 8, seed: int = 0) -> Probe
 
 
 def train_lm(model: Transformer, inputs: np.ndarray, targets: np.ndarray, *, steps: int, batch_size: int,
-             lr: float, seed: int, clip: float = 1.0) -> dict[str, float]:
-    """``steps`` Adam steps on batches drawn with a generator seeded by ``seed``; returns local metrics.
+             lr: float, seed: int, clip: float = 1.0, optimizer: str = "adam",
+             momentum: float = 0.0) -> dict[str, float]:
+    """``steps`` local steps (``optimizer``: adam or sgd) on batches drawn with a generator seeded by ``seed``;
+    returns local metrics.
 
     A fresh optimizer per unit: peers keep no state between assignments, so a retried unit repeats exactly.
     inputs, targets: (N, T) int32; targets hold -100 where the loss should not look.
     """
     rng = np.random.default_rng(np.random.SeedSequence([seed, 7]))
     plan = [rng.integers(0, len(inputs), size=min(batch_size, len(inputs))) for _ in range(steps)]
-    losses = adam_steps(model, inputs, targets, plan, lambda step: lr, seed=seed, clip=clip)
+    losses = local_steps(model, inputs, targets, plan, lambda step: lr, seed=seed, clip=clip, optimizer=optimizer,
+                         momentum=momentum)
     return {"train_loss": float(np.mean(losses[-max(1, steps // 4):])), "first_loss": losses[0], "steps": steps}
 
 
@@ -97,8 +126,9 @@ def pass_batches(count: int, batch_size: int, *, epochs: int, steps: int, rng: n
 
 def train_lm_passes(model: Transformer, inputs: np.ndarray, targets: np.ndarray, *, epochs: int, batch_size: int,
                     lr: float, seed: int, steps: int = 0, warmup: int = 0, final_lr_ratio: float = 1.0,
-                    clip: float = 1.0) -> dict[str, float]:
-    """Adam over whole shuffled passes of (inputs, targets) (see ``pass_batches``), seeded by ``seed``.
+                    clip: float = 1.0, optimizer: str = "adam", momentum: float = 0.0) -> dict[str, float]:
+    """``optimizer`` (adam or sgd) over whole shuffled passes of (inputs, targets) (see ``pass_batches``),
+    seeded by ``seed``.
 
     The learning rate rises linearly over ``warmup`` steps, then follows a cosine from ``lr`` down to
     ``lr * final_lr_ratio`` at the last step (1.0: constant). A fresh optimizer per call, as in ``train_lm``.
@@ -113,7 +143,8 @@ def train_lm_passes(model: Transformer, inputs: np.ndarray, targets: np.ndarray,
         progress = min(1.0, (step - warmup) / decay_steps)
         return lr * (final_lr_ratio + (1 - final_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
-    losses = adam_steps(model, inputs, targets, plan, lr_at, seed=seed, clip=clip)
+    losses = local_steps(model, inputs, targets, plan, lr_at, seed=seed, clip=clip, optimizer=optimizer,
+                         momentum=momentum)
     tail = max(1, len(plan) // 4)
     return {"train_loss": float(np.mean(losses[-tail:])), "first_loss": losses[0], "steps": len(plan)}
 
