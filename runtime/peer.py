@@ -3,7 +3,8 @@
 The worker hands over what the relay sent (the task description as JSON, the global weights and the
 unit's data in the wire codec) and gets back the result message to upload. The same code runs in a
 browser's Pyodide and natively (tests, simulated peers), so a unit trained in either place is the
-same computation.
+same computation. A local task's peer also holds the files its person chose (``local``: parsed by the task,
+``runtime.tasks.local``); its units train on them and their content never leaves the peer.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from runtime import wire
 from runtime.backend import get_backend
 from runtime.tasks.base import Task, TaskError, WorkUnit, check_unit_result
 from runtime.tasks.loader import task_class
+from runtime.tasks.local import LocalData, train_local_unit
 from runtime.weights import WeightSpec
 
 
@@ -49,6 +51,7 @@ class Peer:
         self.weights: np.ndarray | None = None
         self.weights_round: int | None = None
         self.last_metrics_json = "{}"
+        self.local: LocalData | None = LocalData(self.task) if self.task.kind == "local" else None
 
     def set_weights(self, message: object) -> int:
         """Decode and keep the global weights; returns their round."""
@@ -61,13 +64,18 @@ class Peer:
         job = json.loads(assignment) if isinstance(assignment, str) else assignment
         if self.weights is None or self.weights_round != job["round"]:
             raise TaskError(f"weights of round {self.weights_round} held, assignment is for round {job['round']}")
-        data = None
-        if unit_message is not None:
-            _, data = wire.decode_array(as_bytes(unit_message), expect_dtype="int32")
-        unit = WorkUnit(index=int(job["unit_index"]), seed=int(job["unit_seed"]), data=data,
-                        episodes=int(job.get("episodes") or 0), progress=float(job.get("progress") or 0.0))
         started = time.perf_counter()
-        result = check_unit_result(self.task, self.task.train_unit(self.weights, unit), self.spec)
+        if self.local is not None:  # a local unit: this peer's own examples (their content stays here)
+            unit = self.local.work_unit(int(job["unit_index"]), int(job["unit_seed"]),
+                                        float(job.get("progress") or 0.0))
+            result = train_local_unit(self.task, self.weights, unit)
+        else:
+            data = None
+            if unit_message is not None:
+                _, data = wire.decode_array(as_bytes(unit_message), expect_dtype="int32")
+            unit = WorkUnit(index=int(job["unit_index"]), seed=int(job["unit_seed"]), data=data,
+                            episodes=int(job.get("episodes") or 0), progress=float(job.get("progress") or 0.0))
+            result = check_unit_result(self.task, self.task.train_unit(self.weights, unit), self.spec)
         metrics = {k: float(v) for k, v in result.metrics.items() if isinstance(v, int | float)}
         metrics["seconds"] = time.perf_counter() - started
         self.last_metrics_json = json.dumps(metrics)

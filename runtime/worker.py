@@ -11,6 +11,8 @@ Python source of its own; what it holds between calls is the ``WorkerPeer`` that
     WorkerPeer.set_weights      the round's weights message -> its round
     WorkerPeer.train            one job -> (result message, metrics as JSON)
     WorkerPeer.respond          global weights + a visitor's prompt -> the task's answer as JSON
+    WorkerPeer.add_local_file   local tasks: a chosen file's name and bytes -> its report as JSON
+    WorkerPeer.clear_local_files, WorkerPeer.local_summary   local tasks: forget the files; the summary as JSON
 
 The same calls run natively (``tests/runtime/test_worker_entry.py``), so a unit trained through this
 module in a browser is the unit a native peer trains.
@@ -98,6 +100,28 @@ class WorkerPeer:
             result = self.peer.train(job, unit)
         return bytes(result), self.peer.last_metrics_json
 
+
+    # -- local tasks: the files a person chose in the page (read there with the File API; never uploaded) ----------
+    def add_local_file(self, name: str, content: object) -> str:
+        """Parse one chosen file (a ``Uint8Array`` of its bytes) with the task's ``parse_local``; its report
+        (``{"name", "size", "examples", "error"}``) as JSON. A file of the same name replaces the earlier one."""
+        from runtime.peer import as_bytes
+
+        return json.dumps(self._local().add(str(name), as_bytes(content)).to_json())
+
+    def clear_local_files(self) -> None:
+        self._local().clear()
+
+    def local_summary(self) -> str:
+        """What the page shows beside its file picker (``runtime.tasks.local.LocalData.summary``), as JSON."""
+        return json.dumps(self._local().summary())
+
+    def _local(self) -> Any:
+        if self.peer.local is None:
+            from runtime.tasks.base import TaskError
+
+            raise TaskError(f"task {self.peer.task.name!r} is not a local task: it trains on no files of yours")
+        return self.peer.local
 
     def respond(self, weights_message: object, prompt: str) -> str:
         """The page's "Try the model": the task's answer to ``prompt`` from the given global weights (not the

@@ -6,6 +6,11 @@ on the host and renders a few human-readable samples. Two kinds:
 - ``"data"``: the host cuts encoded data into chunks; a unit is one chunk (int32 array) and a seed.
 - ``"experience"``: the task makes its own experience (e.g. plays episodes); a unit is an episode
   budget and a seed, and the same seed replays the same episodes exactly.
+- ``"local"``: each peer trains on files it chose itself, which never leave it (``runtime.tasks.local``): the
+  task reads a file's bytes into examples (``parse_local``, run in the peer), a unit is "train on your local data"
+  with the round's weights and a seed, and the peer evaluates the weights it was handed on a seeded held-out share
+  of its examples (``evaluate_local``: federated evaluation). The relay counts the peer's examples up to
+  ``max_examples_per_unit`` and cannot replay such a unit.
 
 Lifecycle. Host: ``task = TaskClass(settings)``, ``data = task.prepare(host)`` (chunks, validation
 split, JSON assets such as a tokenizer), ``task.attach(data.assets)``; then per round ``validate`` and
@@ -28,7 +33,7 @@ from runtime.device_probe import Probe
 from runtime.nn import Module
 from runtime.weights import WeightSpec, flatten, spec_of, unflatten
 
-TaskKind = Literal["data", "experience"]
+TaskKind = Literal["data", "experience", "local"]
 
 
 class TaskError(ValueError):
@@ -37,13 +42,15 @@ class TaskError(ValueError):
 
 @dataclass(frozen=True)
 class WorkUnit:
-    """One assignment's work: a data chunk (data tasks) or an episode budget (experience tasks)."""
+    """One assignment's work: a data chunk (data tasks), an episode budget (experience tasks), or a peer's own
+    training examples (local tasks: ``data``, with its held-out share in ``held_out``, both made by the peer)."""
 
     index: int
     seed: int
     data: np.ndarray | None = None
     episodes: int = 0
     progress: float = 0.0  # rounds done / rounds planned when handed out: lets a task decay its step size
+    held_out: np.ndarray | None = None  # local tasks: the peer's held-out examples (federated evaluation)
 
 
 @dataclass
@@ -189,9 +196,54 @@ class Task:
         return int(unit.data.shape[0]) if unit.data.ndim else 1
 
     def max_examples_per_unit(self) -> int | None:
-        """Experience tasks: the most examples one unit can honestly report (e.g. episodes x the step limit);
-        None (the default) means no cap is known, and the relay then caps nothing. Override it."""
+        """Experience and local tasks: the most examples one unit can honestly report (e.g. episodes x the step
+        limit, or the rows a local unit trains on at most); None (the default) means no cap is known, and the relay
+        then caps nothing. Override it (a local task must: the relay cannot count a peer's own data)."""
         return None
+
+    # -- local tasks: peers train on their own files (runtime.tasks.local) ---------------------------
+    local_accept: ClassVar[str] = ""  # the page's file picker hint (an <input accept>), e.g. ".csv,text/csv"
+    local_hint: ClassVar[str] = ""  # what files to choose, in words for the page
+    local_holdout: ClassVar[float] = 0.2  # default share of a peer's examples held out for federated evaluation
+
+    def parse_local(self, name: str, content: bytes) -> np.ndarray:
+        """Local tasks: the training examples in one file a peer chose (its name and bytes), as an array with one
+        example per row (first axis). Runs in the peer. Raise ``runtime.tasks.local.LocalDataError(name, reason,
+        line)`` for a file it cannot use (bad encoding, a row with the wrong column count, an empty file): the page
+        shows the message beside the file. A local task must define it (the loader refuses one that does not)."""
+        raise TaskError(f"task {self.name!r} does not read local files (it defines no parse_local)")
+
+    def combine_local(self, arrays: Sequence[np.ndarray]) -> np.ndarray:
+        """Local tasks: one array of examples from the valid files' arrays, in file-name order. Default: joined
+        along the first axis."""
+        return np.concatenate(list(arrays), axis=0)
+
+    def split_local(self, examples: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Local tasks: (training, held-out) examples of a peer. Default: a seeded share ``local_holdout`` of the
+        rows, drawn with seed 0, so a peer holds out the same examples every round (and the simulator the same as a
+        browser); none when there are fewer than 5 rows."""
+        count = int(examples.shape[0])
+        held = int(round(self.local_holdout * count)) if count >= 5 else 0
+        if held == 0:
+            return examples, examples[:0]
+        order = np.random.default_rng(0).permutation(count)
+        return examples[np.sort(order[held:])], examples[np.sort(order[:held])]
+
+    def evaluate_local(self, weights: np.ndarray, examples: np.ndarray) -> dict[str, float]:
+        """Local tasks: the task's metrics of ``weights`` on a peer's held-out examples (federated evaluation; use
+        the names ``validate`` uses). Default: none."""
+        return {}
+
+    def min_local_examples(self) -> int:
+        """Local tasks: the fewest training examples a peer needs before it may train (a text model's context
+        plus one byte, say). Default 1."""
+        return 1
+
+    def sample_local_files(self) -> list[tuple[str, bytes]]:
+        """Local tasks: a small made-up file or two in the format ``parse_local`` reads, so that ``peertrain
+        package`` can train one unit on the host before a session starts (the host never sees a peer's files).
+        Default: none (the check then covers the model and validation only)."""
+        return []
 
     def device_probe(self, *, seed: int = 0, **options: Any) -> Probe | None:
         """A probe of this task's own kind of update, for the device chooser (``runtime.device``): called with
@@ -231,7 +283,10 @@ class Task:
 
     def work_unit(self, data: TaskData, index: int, seed: int, progress: float = 0.0) -> WorkUnit:
         """Unit ``index`` of a pass, handed out with ``seed`` when ``progress`` of the session is done: a data
-        task's unit is its chunk ``data.units[index]``; an experience task's is ``episodes_per_unit()`` episodes."""
+        task's unit is its chunk ``data.units[index]``; an experience task's is ``episodes_per_unit()`` episodes; a
+        local task's holds no data on the host (each peer brings its own: ``runtime.tasks.local``)."""
+        if self.kind == "local":
+            return WorkUnit(index=index, seed=seed, progress=progress)
         if self.kind == "data":
             if data.units is None:
                 raise TaskError(f"task {self.name!r}: a data task's TaskData has no units")
@@ -242,8 +297,10 @@ class Task:
         return flatten(model.state_dict(), self.spec())
 
     def describe(self) -> dict[str, Any]:
-        """What the page shows about the session's task."""
-        return {
+        """What the page shows about the session's task (a local task: what its file picker asks for)."""
+        local = {"local": {"accept": self.local_accept, "hint": self.local_hint,
+                           "max_examples_per_unit": self.max_examples_per_unit()}} if self.kind == "local" else {}
+        return local | {
             "name": self.name,
             "kind": self.kind,
             "metric": self.metric,

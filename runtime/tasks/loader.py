@@ -84,8 +84,12 @@ def task_class(ref: str) -> type[Task]:
     missing = [m for m in REQUIRED_METHODS if getattr(cls, m) is getattr(Task, m)]
     if missing:
         raise TaskError(f"task {cls.__name__} ({module.__name__}) does not define {', '.join(missing)}")
-    if cls.kind not in ("data", "experience"):
-        raise TaskError(f"task {cls.__name__}: kind must be 'data' or 'experience', not {cls.kind!r}")
+    if cls.kind not in ("data", "experience", "local"):
+        raise TaskError(f"task {cls.__name__}: kind must be 'data', 'experience' or 'local', not {cls.kind!r}")
+    if cls.kind == "local" and cls.parse_local is Task.parse_local:
+        raise TaskError(f"task {cls.__name__} ({module.__name__}) is declared kind = 'local' but does not define "
+                        "parse_local(name, content): a local task must say how to turn the bytes of a peer's file "
+                        "into training examples")
     return cls
 
 
@@ -107,7 +111,11 @@ def check_task_data(task: Task, data: Any) -> TaskData:
             if not isinstance(chunk, np.ndarray) or chunk.dtype != np.int32 or chunk.size == 0:
                 raise TaskError(f"task {task.name!r}: chunk {index} must be a non-empty int32 array")
     elif data.units is not None:
-        raise TaskError(f"task {task.name!r}: an experience task makes its own data; units must be None")
+        raise TaskError(f"task {task.name!r}: an {task.kind} task's data is not the host's to cut; units must be "
+                        "None")
+    if task.kind == "local" and task.max_examples_per_unit() is None:
+        raise TaskError(f"task {task.name!r}: a local task must define max_examples_per_unit(): the relay cannot "
+                        "count a peer's own examples, so it caps what a result may claim")
     return data
 
 
@@ -120,7 +128,7 @@ def check_example_count(task: Task, unit: WorkUnit, claimed: int) -> None:
             raise TaskError(f"task {task.name!r}: train_unit reports {claimed} examples for unit {unit.index}, but "
                             f"unit_examples counts {known}; the relay refuses claims above its own count, so define "
                             "unit_examples(unit) to count examples as train_unit does")
-    else:
+    else:  # experience and local units: the peer's count, up to the task's cap
         cap = task.max_examples_per_unit()
         if cap is not None and claimed > cap:
             raise TaskError(f"task {task.name!r}: train_unit reports {claimed} examples, above "
@@ -136,14 +144,21 @@ def replayable(task: Task, data: TaskData, *, seed: int = 0) -> bool:
 
 
 def dry_run(task: Task, data: TaskData, *, seed: int = 0) -> dict[str, float]:
-    """Build the model, train unit 0 once and validate: catches wrong shapes before a session starts."""
+    """Build the model, train unit 0 once and validate: catches wrong shapes before a session starts. A local task
+    trains on its ``sample_local_files`` (if any: the host has no peer's files), and validates only when the host
+    holds a validation split (else its sessions are judged by federated evaluation: ``runtime.tasks.local``)."""
     weights = task.initial_weights(seed)
     spec = task.spec()
     if weights.shape != (spec.size,):
         raise TaskError(f"task {task.name!r}: initial weights have shape {weights.shape}, expected ({spec.size},)")
-    unit = task.work_unit(data, 0, seed)
-    result = check_unit_result(task, task.train_unit(weights, unit), spec)
-    check_example_count(task, unit, int(result.num_examples))
+    if task.kind == "local":
+        dry_run_local(task, weights, seed)
+        if not data.validation:
+            return {}
+    else:
+        unit = task.work_unit(data, 0, seed)
+        result = check_unit_result(task, task.train_unit(weights, unit), spec)
+        check_example_count(task, unit, int(result.num_examples))
     metrics = task.validate(weights, data.validation)
     if not isinstance(metrics, dict) or task.metric not in metrics:
         raise TaskError(f"task {task.name!r}: validate must return a dict containing {task.metric!r}")
@@ -152,3 +167,19 @@ def dry_run(task: Task, data: TaskData, *, seed: int = 0) -> dict[str, float]:
         raise TaskError(f"task {task.name!r}: validate returned non-numeric or NaN metrics {bad}")
     return metrics
 
+
+
+def dry_run_local(task: Task, weights: np.ndarray, seed: int) -> None:
+    """A local task's sample files parsed and one unit trained on them, as a peer would (``train_local_unit``)."""
+    from runtime.tasks.local import LocalData, train_local_unit
+
+    samples = task.sample_local_files()
+    if not samples:
+        return
+    local = LocalData(task)
+    refused = [report.error for report in (local.add(name, content) for name, content in samples) if report.error]
+    if refused:
+        raise TaskError(f"task {task.name!r}: parse_local refused its own sample_local_files: {refused[0]}")
+    unit = local.work_unit(0, seed)
+    result = train_local_unit(task, weights, unit)
+    check_example_count(task, unit, int(result.num_examples))
