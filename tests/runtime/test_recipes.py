@@ -74,3 +74,14 @@ def test_steps_and_batch_size_are_the_recipe() -> None:
 def test_a_recipe_the_task_cannot_run_is_refused(task: type, recipe: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         task(recipe)
+
+
+def test_the_report_half_is_held_out_from_the_selection_metric() -> None:
+    task = ByteTextTask({"validation_windows": 8})
+    halves = ByteTextTask({"validation_windows": 8, "report_half": True})
+    data = task.prepare()
+    weights = task.flat_weights(task.build_model(0))
+    whole, split = task.validate(weights, data.validation), halves.validate(weights, data.validation)
+    assert "report_loss" not in whole and split["val_loss"] != whole["val_loss"]
+    # every window counts the same number of targets, so the whole split's loss is the mean of the halves'
+    assert (split["val_loss"] + split["report_loss"]) / 2 == pytest.approx(whole["val_loss"], rel=1e-6)
