@@ -1,0 +1,300 @@
+"""``peertrain bench merges --study``: FedAvg against the server optimizers, compared fairly.
+
+One run on one seed with FedAvg at whatever client rate came first is how a server optimizer "wins": a
+larger server step can stand in for a client rate FedAvg never tried, and a lucky seed can stand in for a
+method. The protocol here removes both:
+
+1. For each local training recipe (client SGD without momentum, as in Reddi et al. 2021; local Adam, as the
+   bytetext task trains by default) FedAvg's client learning rate is tuned over a grid.
+2. Every server optimizer runs over a small grid at the best client rate and at 1/3 and 1/10 of it; FedAvg
+   also runs at those rates (so a method that needs a smaller client rate competes with FedAvg at that rate).
+3. Settings are chosen on ``val_loss``, half of the validation windows (bytetext ``report_half``); what is
+   reported is ``report_loss``, the other half, which no choice looked at.
+4. FedAvg's best setting and the two best server-optimizer settings of each recipe run again on two more
+   seeds (other initial weights and chunk orders, the same data); the table gives the mean and spread over the
+   3 seeds: the final report loss relative to the best FedAvg of all recipes, and the first round at which
+   each reaches that FedAvg's report loss after round 31 (the report's "in 20 rounds instead of 31").
+
+Sessions run as a sweep (``server.session.sweep``): a local process pool by default, or Ray with ``--ray``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from server.session.simulator import MergeChoice, fmt
+
+TARGET_ROUND = 31
+GOAL_ROUNDS = 20  # the report: the best settings got to FedAvg's round-31 loss in 20 rounds
+GOAL_LOWER = 0.30  # ... and ended up to 38% lower; the goal under test: at least 30% lower
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A local training recipe: bytetext settings besides the learning rate, and FedAvg's client-rate grid."""
+
+    name: str
+    settings: Mapping[str, Any]
+    rates: tuple[float, ...]
+
+
+RECIPES = (
+    Recipe("client-sgd", {"optimizer": "sgd", "momentum": 0.0}, (0.1, 0.3, 1.0, 3.0)),
+    Recipe("local-adam", {"optimizer": "adam"}, (3e-4, 1e-3, 3e-3, 1e-2)),
+)
+FEDAVG = MergeChoice("fedavg")
+SERVER_GRID = (
+    MergeChoice("fedavg", {"server_learning_rate": 2.0}),  # the control: only a bigger step
+    MergeChoice("fedavgm", {"server_momentum": 0.5}),
+    MergeChoice("fedavgm", {"server_momentum": 0.9}),
+    MergeChoice("fedadam", {"eta": 3e-3}),
+    MergeChoice("fedadam", {"eta": 1e-2}),
+    MergeChoice("fedyogi", {"eta": 1e-2}),
+    MergeChoice("fedadagrad", {"eta": 1e-2}),
+)
+RATE_FACTORS = (1.0, 1 / 3, 1 / 10)
+SEEDS = (0, 1, 2)
+TOP_SERVER_SETTINGS = 2  # per recipe, rerun over every seed besides FedAvg's best
+
+
+@dataclass(frozen=True)
+class Run:
+    """One session of the study: a recipe at a client rate, a server setting, a seed."""
+
+    recipe: str
+    lr: float
+    merge: str
+    config: tuple[tuple[str, Any], ...] = ()  # the merge's settings (hashable: runs key the results)
+    seed: int = 0
+
+    @classmethod
+    def of(cls, recipe: str, lr: float, choice: MergeChoice, seed: int = 0) -> Run:
+        return cls(recipe, lr, choice.name, tuple(choice.config.items()), seed)
+
+    @property
+    def choice(self) -> MergeChoice:
+        return MergeChoice(self.merge, dict(self.config))
+
+    def with_seed(self, seed: int) -> Run:
+        return Run(self.recipe, self.lr, self.merge, self.config, seed)
+
+    @property
+    def setting(self) -> str:
+        return f"{self.recipe} lr={self.lr:g} {self.choice.label}"
+
+    @property
+    def label(self) -> str:
+        return f"{self.setting} seed={self.seed}"
+
+    @property
+    def is_fedavg(self) -> bool:
+        return self.choice == FEDAVG
+
+    def slug(self) -> str:
+        return f"{self.recipe}_lr{self.lr:g}_{self.choice.slug}_s{self.seed}"
+
+
+@dataclass
+class Series:
+    """A finished session's loss after r rounds (r = 0: the initial model) on both validation halves."""
+
+    val: list[float | None]
+    report: list[float | None]
+    events: list[str] = field(default_factory=list)
+
+    @property
+    def final_val(self) -> float:
+        value = self.val[-1]
+        return math.inf if value is None or not math.isfinite(value) else value
+
+    def final_report(self) -> float:
+        value = self.report[-1]
+        return math.inf if value is None or not math.isfinite(value) else value
+
+
+def first_round_reaching(values: Sequence[float | None], target: float) -> int | None:
+    """The first r >= 1 with values[r] <= target, or None."""
+    for rounds_done, value in enumerate(values[1:], start=1):
+        if value is not None and math.isfinite(value) and value <= target:
+            return rounds_done
+    return None
+
+
+def rate_for(rates: Sequence[float], value: float) -> float:
+    """``value`` as the grid writes it: the grid's half-decade steps (x 3.16) stand for "1/3" (1/3 of 1 is the
+    grid's 0.3), and 1/10 of 0.3 is 0.03, not 0.030000000000000002."""
+    for rate in rates:
+        if math.isclose(rate, value, rel_tol=0.12):
+            return rate
+    return float(f"{value:.2g}")
+
+
+@dataclass
+class StudyPlan:
+    """What the study runs, stage by stage; ``best_rate`` fills in after stage 1."""
+
+    recipes: Sequence[Recipe] = RECIPES
+    grid: Sequence[MergeChoice] = SERVER_GRID
+    seeds: Sequence[int] = SEEDS
+    top: int = TOP_SERVER_SETTINGS
+    results: dict[Run, Series] = field(default_factory=dict)
+
+    def stage1(self) -> list[Run]:
+        return [Run.of(r.name, lr, FEDAVG) for r in self.recipes for lr in r.rates]
+
+    def best_rate(self, recipe: Recipe) -> float:
+        tried = [run for run in self.results if run.recipe == recipe.name and run.is_fedavg and run.seed == 0]
+        return min(tried, key=lambda run: (self.results[run].final_val, run.lr)).lr
+
+    def rates_around(self, recipe: Recipe) -> list[float]:
+        best = self.best_rate(recipe)
+        return [rate_for(recipe.rates, best * factor) for factor in RATE_FACTORS]
+
+    def stage2(self) -> list[Run]:
+        runs = []
+        for recipe in self.recipes:
+            for lr in self.rates_around(recipe):
+                runs += [Run.of(recipe.name, lr, choice) for choice in (FEDAVG, *self.grid)]
+        return [run for run in runs if run not in self.results]
+
+    def chosen(self, recipe: Recipe) -> list[Run]:
+        """FedAvg's best seed-0 run of ``recipe`` and its ``top`` best server-optimizer runs, by val_loss."""
+        seed0 = [run for run in self.results if run.recipe == recipe.name and run.seed == 0]
+        fedavg = min((run for run in seed0 if run.is_fedavg), key=lambda run: self.results[run].final_val)
+        others = sorted((run for run in seed0 if not run.is_fedavg), key=lambda run: self.results[run].final_val)
+        return [fedavg, *others[:self.top]]
+
+    def stage3(self) -> list[Run]:
+        return [run.with_seed(seed) for recipe in self.recipes for run in self.chosen(recipe)
+                for seed in self.seeds if seed != 0]
+
+    def planned_sessions(self) -> int:
+        """How many sessions the study runs at most (stage 2 may find some already run in stage 1)."""
+        per_recipe = len(RATE_FACTORS) * (1 + len(self.grid))
+        return sum(len(r.rates) + per_recipe for r in self.recipes) + \
+            len(self.recipes) * (1 + self.top) * (len(self.seeds) - 1)
+
+
+@dataclass
+class Verdict:
+    table: str
+    verdict: str
+    rows: list[dict[str, Any]]
+    anchor: str
+    plot_series: dict[str, list[float | None]]
+
+
+def mean_series(series: Sequence[Series]) -> list[float | None]:
+    out: list[float | None] = []
+    for values in zip(*(s.report for s in series), strict=False):
+        finite = [v for v in values if v is not None and math.isfinite(v)]
+        out.append(statistics.fmean(finite) if len(finite) == len(values) else None)
+    return out
+
+
+def spread(values: Sequence[float]) -> str:
+    finite = [v for v in values if math.isfinite(v)]
+    if len(finite) < len(values):
+        return f"{len(values) - len(finite)} of {len(values)} diverged"
+    return f"{statistics.fmean(finite):.4f} ± {statistics.stdev(finite) if len(finite) > 1 else 0.0:.4f}"
+
+
+def judge(plan: StudyPlan, target_round: int = TARGET_ROUND) -> Verdict:
+    """The final table over every seed: each chosen setting against the best FedAvg of all recipes."""
+    settings: dict[str, list[Run]] = {}
+    for recipe in plan.recipes:
+        for run in plan.chosen(recipe):
+            settings[run.setting] = [run.with_seed(seed) for seed in plan.seeds]
+    groups = {name: [plan.results[run] for run in runs if run in plan.results] for name, runs in settings.items()}
+    fedavg_names = [name for name, runs in settings.items() if runs[0].is_fedavg]
+    anchor = min(fedavg_names, key=lambda name: statistics.fmean(s.final_report() for s in groups[name]))
+    anchor_mean = mean_series(groups[anchor])
+    target_round = min(target_round, len(anchor_mean) - 1)
+    target = anchor_mean[target_round]
+    anchor_final = statistics.fmean(s.final_report() for s in groups[anchor])
+    lines = [f"| setting | seeds | final report_loss (mean ± sd) | vs best FedAvg ({anchor}) | "
+             f"rounds to its round-{target_round} loss ({fmt(target)}), per seed |",
+             "| --- | ---: | ---: | ---: | --- |"]
+    rows = []
+    for name, series in groups.items():
+        finals = [s.final_report() for s in series]
+        mean_final = statistics.fmean(finals) if all(math.isfinite(f) for f in finals) else math.inf
+        reached = [first_round_reaching(s.report, target) if target is not None else None for s in series]
+        relative = mean_final / anchor_final - 1 if math.isfinite(mean_final) else math.inf
+        rows.append({"setting": name, "seeds": len(series), "finals": finals, "relative": relative,
+                     "reached": reached})
+        shown = ", ".join("never" if r is None else str(r) for r in reached)
+        lines.append(f"| {name} | {len(series)} | {spread(finals)} | {relative:+.1%} | {shown} |")
+    server_rows = [row for row in rows if not settings[row["setting"]][0].is_fedavg]
+    best = min(server_rows, key=lambda row: row["relative"])
+    reached_all = [r for r in best["reached"] if r is not None]
+    mean_reached = statistics.fmean(reached_all) if len(reached_all) == len(best["reached"]) else None
+    holds = mean_reached is not None and mean_reached <= GOAL_ROUNDS and best["relative"] <= -GOAL_LOWER
+    verdict = (f"Best server optimizer: {best['setting']}: final report_loss {best['relative']:+.1%} against the best "
+               f"FedAvg ({anchor}), reaching its round-{target_round} loss in "
+               f"{'never (in some seed)' if mean_reached is None else f'{mean_reached:.1f} rounds'} (mean of "
+               f"{len(best['reached'])} seeds). The report's claim (within {GOAL_ROUNDS} rounds and at least "
+               f"{GOAL_LOWER:.0%} lower) {'holds' if holds else 'does not hold'} under this protocol.")
+    plot_series = {name: mean_series(series) for name, series in groups.items()}
+    return Verdict("\n".join(lines), verdict, rows, anchor, plot_series)
+
+
+def stage_table(plan: StudyPlan) -> str:
+    """Every seed-0 session: the tuning loss it was chosen on and the report loss beside it."""
+    lines = ["| recipe | client lr | server setting | final val_loss (tuning) | final report_loss | events |",
+             "| --- | ---: | --- | ---: | ---: | --- |"]
+    for run in sorted((r for r in plan.results if r.seed == 0), key=lambda r: (r.recipe, -r.lr, r.choice.label)):
+        series = plan.results[run]
+        lines.append(f"| {run.recipe} | {run.lr:g} | {run.choice.label} | {fmt(series.final_val)} | "
+                     f"{fmt(series.final_report())} | {'; '.join(series.events) or '-'} |")
+    return "\n".join(lines)
+
+
+def add_study_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--study", action="store_true",
+                        help="the fair protocol: tune FedAvg's client rate per local recipe, grid every server "
+                             "optimizer at 1, 1/3 and 1/10 of it, choose on half the validation windows, report "
+                             "on the other half over 3 seeds (about an hour on 2 cores)")
+    parser.add_argument("--study-seeds", type=int, default=len(SEEDS),
+                        help=f"seeds of the final reruns, 0..N-1 (default {len(SEEDS)})")
+
+
+def record(plan: StudyPlan, runs: Sequence[Run], histories: Sequence[Sequence[Mapping[str, Any]]],
+           initials: Sequence[Mapping[str, Any]]) -> None:
+    """Store finished sessions' series in the plan (history entries' metrics after the initial ones)."""
+    for run, history, initial in zip(runs, histories, initials, strict=True):
+        val = [initial.get("val_loss")] + [entry["metrics"].get("val_loss") for entry in history]
+        report = [initial.get("report_loss")] + [entry["metrics"].get("report_loss") for entry in history]
+        events = [f"round {e['round'] + 1}: {ev['type']}" for e in history for ev in e.get("events", [])]
+        plan.results[run] = Series(val, report, events)
+
+
+def write_report(plan: StudyPlan, verdict: Verdict, out: Path, *, command: str, seconds: float,
+                 steps: int) -> str:
+    from server.session.plot import plot_metric
+
+    plot = plot_metric(verdict.plot_series, out / "study.png", metric="report_loss (mean of seeds)",
+                       title=f"bytelm-2.3mb, 55 chunks, k=5, {steps} local steps: chosen settings, mean of "
+                             f"{len(plan.seeds)} seeds")
+    text = (f"## Chosen settings over {len(plan.seeds)} seeds\n\n{verdict.table}\n\n{verdict.verdict}\n\n"
+            f"## Every seed-0 session (stages 1 and 2)\n\n{stage_table(plan)}\n\n"
+            f"Command: `{command}`; {len(plan.results)} sessions in {seconds / 60:.1f} min. Plot: {plot}\n")
+    (out / "study.md").write_text(text)
+    (out / "study.json").write_text(json.dumps({
+        "runs": [{"recipe": r.recipe, "lr": r.lr, "merge": r.merge, "merge_config": dict(r.config),
+                  "seed": r.seed, "val_loss": s.val, "report_loss": s.report, "events": s.events}
+                 for r, s in plan.results.items()],
+        "verdict": verdict.verdict, "anchor": verdict.anchor, "rows": verdict.rows}, indent=1, default=str) + "\n")
+    return text
+
+
+def elapsed(started: float) -> float:
+    return time.perf_counter() - started
