@@ -71,7 +71,7 @@ CREATE TABLE IF NOT EXISTS bans (
 
 
 def hash_token(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
+    return sha256_hex(token.encode())
 
 
 def sha256_hex(data: bytes) -> str:

@@ -65,7 +65,7 @@ async def disk_full_response(request: Request, error: Exception) -> Response:
     ours to answer and stays a 500. (Async: Starlette runs a plain function in a worker thread, and the probe
     for returning space is a task on the event loop.)"""
     if not is_storage_error(error):
-        LOG.error("unexpected %s: %s", type(error).__name__, error)
+        LOG.error("unexpected %s: %s", type(error).__name__, error, exc_info=error)  # (the traceback, as before)
         return JSONResponse({"error": "internal", "message": f"{type(error).__name__}: {error}"}, status_code=500)
     relay = getattr(request.app.state, "relay", None)
     if relay is not None:
