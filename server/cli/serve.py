@@ -246,6 +246,8 @@ def open_session(args: argparse.Namespace, paths: RelayPaths):  # type: ignore[n
             print("async mode: host replays, second copies and backups are synchronous-round features and are off; "
                   "the result checks (counts, update norms) and the aggregator remain")
             options.verify = False
+    if package.task.kind == "local":
+        check_local_session(package, options, session)
     if options.verify and not package.task.replay_across_engines and not args.force_verify:
         print(f"host replays are off: a {package.task.name} unit trained in a browser and natively can part ways "
               "(float rounding differences grow into different weights), so a replay cannot judge it; the other "
@@ -257,6 +259,20 @@ def open_session(args: argparse.Namespace, paths: RelayPaths):  # type: ignore[n
                          "be verified by replay; make train_unit depend only on (weights, unit, settings), or serve "
                          "with --no-verify")
     return Relay(session=session, package=package, store=Store(session_dir / "relay.sqlite3"), options=options)
+
+
+def check_local_session(package, options, session) -> None:  # type: ignore[no-untyped-def]
+    """A local task (peers train on their own files): no replays, no second copies; say how it is judged."""
+    if options.redundancy:
+        raise ValueError(f"--redundancy compares two peers' results of one unit, but {package.task.name} trains each "
+                         "unit on a peer's own files, so no two results can agree; serve it without --redundancy")
+    if options.verify:
+        print(f"host replays are off: {package.task.name} trains on each peer's own files, which the host never sees, "
+              "so a result cannot be replayed; robust aggregation and the update checks remain")
+        options.verify = False
+    if not session.host_validates:
+        print("no validation split on the host: the session is judged by federated evaluation (the peers' metrics "
+              "of the weights each round starts from, on their own held-out examples)")
 
 
 def run(args: argparse.Namespace, paths: RelayPaths | None = None) -> int:

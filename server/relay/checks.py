@@ -3,8 +3,9 @@
 1. The wire message: fingerprint, round, spec, dtype, length, finite values (``runtime.wire.decode``).
 2. The example count: the weight a result gets in the merge is the relay's, never the peer's claim. A data
    unit counts ``Task.unit_examples`` (from the package); an experience unit counts the peer's report,
-   capped by ``Task.max_examples_per_unit``. A claim above the relay's count is refused: an honest peer never
-   makes one, and one inflated claim would otherwise outweigh every other result of the round.
+   capped by ``Task.max_examples_per_unit``, and so does a local unit (the peer's own data, which the relay never
+   sees: the cap is all it knows, not the chunk size). A claim above the relay's count is refused: an honest peer
+   never makes one, and one inflated claim would otherwise outweigh every other result of the round.
 3. The update's size, absolute: ``|result - global|`` above ``max_update_norm`` is refused.
 4. The update's size relative to the round: once ``outlier_min_results`` results of the round are accepted,
    an update more than ``outlier_factor`` times their median norm is refused (a flipped and scaled update
@@ -51,9 +52,10 @@ def relay_count(task: Task, unit: WorkUnit, claimed: int) -> int:
             raise Refusal(422, "num_examples_claim", f"unit {unit.index} holds {known} examples; the result "
                           f"claims {claimed}")
         return known
-    cap = task.max_examples_per_unit()
+    cap = task.max_examples_per_unit()  # experience and local units: the peer's count, up to the cap
     if cap is not None and claimed > cap:
-        raise Refusal(422, "num_examples_claim", f"a unit of {task.name} yields at most {cap} examples; the "
+        what = "trains on at most" if task.kind == "local" else "yields at most"
+        raise Refusal(422, "num_examples_claim", f"a unit of {task.name} {what} {cap} examples; the "
                       f"result claims {claimed}")
     return claimed
 
@@ -77,8 +79,15 @@ def check_update_norm(norm: float, accepted: Sequence[float], *, max_norm: float
 NOT_COVERED = ("a majority of dishonest peers", "the privacy of the data sent to peers", "trusted execution")
 
 
-def describe_defenses(options: Any, aggregate: str, aggregate_config: Mapping[str, Any]) -> dict[str, Any]:
-    """The page's list of what the session's settings (``RelayOptions``) defend against, and what not."""
+LOCAL_NOT_COVERED = ("results trained on peers' own files: they cannot be verified by replay (the host never sees "
+                     "the data) nor by a second peer; robust aggregation and the update checks still apply, and the "
+                     "federated metrics are the peers' own reports")
+
+
+def describe_defenses(options: Any, aggregate: str, aggregate_config: Mapping[str, Any],
+                      kind: str = "data") -> dict[str, Any]:
+    """The page's list of what the session's settings (``RelayOptions``) defend against, and what not (a local
+    task's results, which no replay can check, say so)."""
     settings = ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in aggregate_config.items())
     guards = [f"results are combined by {aggregate}" + (f" ({settings})" if settings else ""),
               "example counts come from the relay, never from a peer's claim",
@@ -89,11 +98,12 @@ def describe_defenses(options: Any, aggregate: str, aggregate_config: Mapping[st
                                        if options.join_rate > 0 else "no limit")
               + (f", at most {options.max_peers_per_address} live peers" if options.max_peers_per_address > 0
                  else "")]
-    if getattr(options, "verify", False):
+    local = kind == "local"
+    if getattr(options, "verify", False) and not local:
         guards.append("results are re-trained on the host and compared (every peer's first, "
                       f"{options.verify_fraction:.0%} of the rest, and outliers); a peer whose result differs is "
                       "banned")
-    if getattr(options, "redundancy", 0.0) > 0:
+    if getattr(options, "redundancy", 0.0) > 0 and not local:
         guards.append(f"{options.redundancy:.0%} of units are trained by two different peers and compared; the "
                       "one whose result is wrong is banned")
-    return {"guards": guards, "not_covered": list(NOT_COVERED)}
+    return {"guards": guards, "not_covered": list(NOT_COVERED) + ([LOCAL_NOT_COVERED] if local else [])}

@@ -83,8 +83,9 @@ class UnitCopies:
 
     # -- which slots get a second copy, and who may train it ------------------------------------------
     def redundant(self, round_index: int, slot: int) -> bool:
+        """Whether the slot gets a second copy to compare (never a local unit: two peers' data differ)."""
         fraction = float(getattr(self.options, "redundancy", 0.0))
-        return fraction > 0 and sampled(self.session.config.seed, round_index, slot, fraction, "redundancy")
+        return fraction > 0 and self.session.task.kind != "local" and sampled(self.session.config.seed, round_index, slot, fraction, "redundancy")
 
     def _needs_copy(self, round_index: int, slot: int, copies: dict[tuple[int, str], str]) -> bool:
         """A chosen slot whose copies have not settled (a dispute waits for its replay: not needed again)."""
@@ -251,6 +252,8 @@ class UnitCopies:
                             stored.metrics, b"", str(header.meta.get("engine", ""))), vector
 
     def _compare(self, engine: str, vector: np.ndarray, merged: StoredResult, merged_vector: np.ndarray) -> str:
+        if self.session.task.kind == "local":  # a backup of a local unit trained on another peer's own files
+            return "not_comparable"
         if engine and engine == merged.engine:
             return "identical" if np.array_equal(vector, merged_vector) else "disputed"
         if not self.session.task.replay_across_engines:

@@ -65,8 +65,9 @@ class ReplayChecks:
     def _start_replays(self) -> None:
         if self.replays is not None:
             self.replays.verifier.close()
+        replayable = self.options.verify and self.session.task.kind != "local"  # (a peer's own data: no replay)
         verifier = Verifier(self.package.task_description(), rtol=self.options.verify_rtol,
-                            atol=self.options.verify_atol) if self.options.verify else None
+                            atol=self.options.verify_atol) if replayable else None
         self.replays = ReplayQueue(verifier, fraction=self.options.verify_fraction,
                                    seed=self.session.config.seed) if verifier else None
 

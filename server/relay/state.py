@@ -158,7 +158,8 @@ class Relay(UnitCopies, RoundPacing, BufferedMerges, SessionAdmin, Participants,
 
     def defenses(self) -> dict[str, Any]:
         """What this session defends against and what it does not, in words for the page."""
-        return describe_defenses(self.options, self.session.aggregator.name, self.session.aggregator.to_config())
+        return describe_defenses(self.options, self.session.aggregator.name, self.session.aggregator.to_config(),
+                                 self.session.task.kind)
 
     def start_session(self, session: Session, store: Store) -> None:
         """Serve ``session`` (with its own store) from now on, forgetting what belonged to the previous one."""

@@ -122,8 +122,8 @@ def build_package(task_ref: str, settings: dict[str, Any], out_dir: Path, *, see
     replays = None
     if check:
         dry_run(task, data, seed=seed)
-        replays = replayable(task, data, seed=seed)
-        if not replays:
+        replays = replayable(task, data, seed=seed) if task.kind != "local" else None  # (peers' own data: no replay)
+        if replays is False:
             log(f"warning: task {task.name} is not replayable (unit 0 trained twice gave different weights); "
                 "the relay cannot verify its results by replay")
     initial = task.initial_weights(seed)

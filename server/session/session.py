@@ -35,6 +35,7 @@ from runtime.planner import Assignment, RoundPlan, check_merge_guard, unit_seed
 from runtime.tasks import Task, TaskData, UnitResult, WorkUnit
 from runtime.tasks.base import check_unit_result
 from server.session import checkpoint_files as checkpoint
+from server.session import federated
 from server.session.config import DivergenceAction, SessionConfig, SessionError
 
 __all__ = ["DivergenceAction", "Session", "SessionConfig", "SessionError", "SessionPackage"]
@@ -91,9 +92,9 @@ class Session:
     def create(cls, package: SessionPackage, config: SessionConfig, *, directory: Path | None = None) -> Session:
         """A new session: checks the merge guard, validates the initial weights, writes the first checkpoint."""
         session = cls(package, config, directory=directory)
-        metrics = session.task.validate(session.weights, session.data.validation)
+        metrics = session.task.validate(session.weights, session.data.validation) if session.host_validates else {}
         session.initial_metrics = checkpoint.json_safe(metrics)
-        session.best_metric = float(metrics[session.task.metric])
+        session.best_metric = float(metrics[session.task.metric]) if session.host_validates else None
         if session.directory is not None:
             package_path = getattr(package, "path", None)
             checkpoint.write_session_config(session.directory, {
@@ -236,15 +237,21 @@ class Session:
         carry = [(a.pass_index, a.unit_index, self._first_planned(a)) for a in planned
                  if a.slot not in done_slots] if carry_missing else []
         carried_in = [{"unit": u, "from_round": r} for _, u, r in self.carried]
+        evaluated = federated.summary([r for _, r in ordered], self.round)  # (local tasks: server.session.federated)
+        federated_best, divergence = federated.judge(self, evaluated) if not self.host_validates else (False, None)
         entry, best_changed = self._merge_and_record(
-            [r for _, r in ordered], [a.unit_index for a, _ in ordered], validate=True, fields={
+            [federated.without_federated(r) for _, r in ordered], [a.unit_index for a, _ in ordered],
+            validate=self.host_validates, fields={
                 "missing": [a.unit_index for a in planned if a.slot not in done_slots],
                 **({"carried": [u for _, u, _ in carry]} if carry else {}),  # moved into the next round
                 **({"carried_in": carried_in} if carried_in else {}),  # units this round took from earlier ones
+                **({"federated": checkpoint.json_safe(evaluated)} if evaluated else {}),
             }, train_seconds=train_seconds, extra=extra)
+        if divergence is not None:
+            federated.apply_divergence(self, entry, divergence)
         self.consumed += len(planned) - len(self.carried)
         self.carried = carry
-        return self._advance(entry, best_changed)
+        return self._advance(entry, best_changed or federated_best)
 
     def complete_buffer(self, results: Sequence[tuple[int, UnitResult]], *, validate: bool,
                         extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -257,9 +264,12 @@ class Session:
             raise SessionError(f"merge {self.round} got no results; a merge needs at least one")
         for _, result in results:
             check_unit_result(self.task, result, self.spec)
-        entry, best_changed = self._merge_and_record([r for _, r in results], [u for u, _ in results],
-                                                     validate=validate, fields={"version": self.round + 1},
-                                                     train_seconds=None, extra=extra)
+        evaluated = federated.summary([r for _, r in results], self.round)  # (of the versions they started from)
+        entry, best_changed = self._merge_and_record(
+            [federated.without_federated(r) for _, r in results], [u for u, _ in results],
+            validate=validate and self.host_validates, fields={
+                "version": self.round + 1, **({"federated": checkpoint.json_safe(evaluated)} if evaluated else {})},
+            train_seconds=None, extra=extra)
         return self._advance(entry, best_changed)
 
     def _merge_and_record(self, results: list[UnitResult], units: list[int], *, validate: bool,
@@ -401,8 +411,18 @@ class Session:
                               best=best, keep=self.config.keep_checkpoints)
 
     # -- reporting ------------------------------------------------------------------------------
+    @property
+    def host_validates(self) -> bool:
+        """Whether the host validates after each merge; a local task's session without a validation split is judged
+        by federated evaluation instead (``server.session.federated``)."""
+        return self.task.kind != "local" or bool(self.data.validation)
+
     def metric_series(self) -> list[float | None]:
-        """The watched metric after 0 (initial), 1, 2, ... rounds; None where it was not finite."""
+        """The watched metric after 0 (initial), 1, 2, ... rounds; None where it was not finite. Judged by federated
+        evaluation: round r's entry holds the metric of the weights after r rounds, and the last is never judged."""
+        if not self.host_validates:
+            return [(entry.get("federated") or {}).get("metrics", {}).get(self.metric) for entry in self.history] \
+                + [None]
         initial = (self.initial_metrics or {}).get(self.metric)
         return [initial] + [entry["metrics"].get(self.metric) for entry in self.history]
 
@@ -418,6 +438,7 @@ class Session:
             "round": self.round,
             "num_rounds": self.num_rounds,
             "metric": self.metric,
+            "evaluation": "host" if self.host_validates else "federated",  # who judges the model (best, divergence)
             "best": {"metric": self.best_metric, "round": self.best_round},
             "stopped": self.stopped,
             "done": self.done,

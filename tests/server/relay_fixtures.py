@@ -100,10 +100,10 @@ class HttpPeer(RelayClient):
         return job
 
     def train(self, job: dict[str, Any]) -> bytes:
-        """Fetch the round's weights and the unit's chunk, train natively, return the result message."""
+        """Fetch the round's weights and the unit's chunk (data tasks), train natively, return the result message."""
         if self.peer.weights_round != job["round"]:
             self.peer.set_weights(self.weights(job["round"]))
-        return self.peer.train(job, self.unit(job["unit_index"]))
+        return self.peer.train(job, self.unit(job["unit_index"]) if job.get("kind", "data") == "data" else None)
 
     def upload(self, round_index: int | str, slot: int | str, body: bytes,
                headers: dict[str, str] | None = None) -> httpx.Response:
