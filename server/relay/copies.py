@@ -85,7 +85,8 @@ class UnitCopies:
     def redundant(self, round_index: int, slot: int) -> bool:
         """Whether the slot gets a second copy to compare (never a local unit: two peers' data differ)."""
         fraction = float(getattr(self.options, "redundancy", 0.0))
-        return fraction > 0 and self.session.task.kind != "local" and sampled(self.session.config.seed, round_index, slot, fraction, "redundancy")
+        return fraction > 0 and self.session.task.kind != "local" and \
+            sampled(self.session.config.seed, round_index, slot, fraction, "redundancy")
 
     def _needs_copy(self, round_index: int, slot: int, copies: dict[tuple[int, str], str]) -> bool:
         """A chosen slot whose copies have not settled (a dispute waits for its replay: not needed again)."""
