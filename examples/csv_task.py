@@ -36,9 +36,9 @@ class CsvSettings:
     classes: int = 3
     delimiter: str = ","
     hidden: int = 16
-    epochs: int = 4  # local passes over the (capped) rows per unit
+    epochs: int = 2  # local passes over the (capped) rows per unit
     batch_size: int = 32
-    lr: float = 0.02
+    lr: float = 0.005
     units: int = 6  # work units per pass: each is "train on your rows" for one peer
     max_rows_per_unit: int = 5000  # a unit trains on at most this many of a peer's rows (a seeded sample)
     validation_file: str = ""  # a CSV on the host to validate on; empty: federated evaluation only

@@ -17,6 +17,9 @@ DESCRIPTION = ("Run sessions in-process with the same runtime code a browser run
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_task_options(parser)
     parser.add_argument("--package", type=Path, help="a built package folder (instead of --task/--set)")
+    parser.add_argument("--local-data", action="append", type=Path, default=[], metavar="DIR",
+                        help="local tasks: a simulated peer's own files, one folder per peer (repeatable), or one "
+                        "folder holding a sub-folder per peer; slot s of round r goes to peer (r*k + s) mod P")
     parser.add_argument("--merge", action="append", default=[], metavar="NAME[:KEY=VALUE,...]",
                         help=f"{', '.join(merge_names())}; repeatable or a comma list; settings per choice, e.g. "
                         "fedavgm:server_momentum=0.5 (default fedavg)")
@@ -115,6 +118,8 @@ def run(args: argparse.Namespace) -> int:
         else:
             package = build_package(args.task, parse_sets(args.sets), Path(args.out) / "package", seed=args.seed)
         participants = args.participants or min(5, package.data.num_units)
+        if args.local_data or package.task.kind == "local":  # (server.session.local_sim)
+            return run_local(args, package, choices, participants, fail)
         if settings is not None:
             return run_stragglers(args, settings, package, choices, participants)
         comparison = compare(package, choices, out=args.out, participants=participants, passes=args.passes,
@@ -126,6 +131,29 @@ def run(args: argparse.Namespace) -> int:
     stopped = [s for s in comparison.sessions if s.stopped]
     for session in stopped:
         print(f"{session.config.name}: stopped: {session.stopped}", file=sys.stderr)
+    return 0
+
+
+def run_local(args: argparse.Namespace, package: Any, choices: list[Any], participants: int, fail: Any) -> int:
+    """``simulate --local-data``: a local task's sessions, each simulated peer training on its own folder."""
+    from server.session.local_sim import simulate_local
+
+    if package.task.kind != "local":
+        return fail(ValueError(f"--local-data is for local tasks; {package.task.name} is a {package.task.kind} task"))
+    if not args.local_data:
+        return fail(ValueError(f"{package.task.name} trains on peers' own files: give each simulated peer a folder "
+                               "with --local-data DIR (repeatable, or one folder of per-peer sub-folders)"))
+    if args.peer_speeds is not None or getattr(args, "workers", None) is not None or \
+            getattr(args, "ray", None) is not None:
+        return fail(ValueError("--local-data sessions run here one after another, without --peer-speeds, --workers "
+                               "or --ray"))
+    sessions = simulate_local(package, choices, args.local_data, out=args.out, participants=participants,
+                              passes=args.passes, seed=args.seed, max_rounds=args.rounds, force=args.force,
+                              on_divergence=args.on_divergence, divergence_factor=args.divergence_factor,
+                              aggregate=args.aggregate, aggregate_config=args.aggregate_config, progress=args.progress)
+    for session in sessions:
+        if session.stopped:
+            print(f"{session.config.name}: stopped: {session.stopped}", file=sys.stderr)
     return 0
 
 
