@@ -298,3 +298,64 @@ def write_report(plan: StudyPlan, verdict: Verdict, out: Path, *, command: str, 
 
 def elapsed(started: float) -> float:
     return time.perf_counter() - started
+
+
+def run_study(args: argparse.Namespace, sweep: Mapping[str, Any]) -> int:
+    """The whole protocol (``args``: ``peertrain bench merges``'s options; ``sweep``: ``sweep_settings``)."""
+    from server.session.config import SessionConfig
+    from server.session.package import Package, build_package
+    from server.session.sweep import SessionSpec, describe_engine, run_sessions
+
+    started = time.perf_counter()
+    out: Path = args.out / "study"
+    plan = StudyPlan(seeds=tuple(range(args.study_seeds)))
+    packages: dict[tuple[str, float, int], Package] = {}
+    initial: dict[tuple[str, float, int], Mapping[str, Any]] = {}
+    recipes = {recipe.name: recipe for recipe in plan.recipes}
+    engine = {"engine": sweep["engine"], "workers": sweep["workers"], "address": sweep["ray_address"]}
+    print(f"study: at most {plan.planned_sessions()} sessions of {args.rounds or 33} rounds, "
+          f"{describe_engine(engine['engine'], engine['workers'], engine['address'], plan.planned_sessions())}")
+
+    def package_for(run: Run) -> Package:
+        key = (run.recipe, run.lr, run.seed)
+        if key not in packages:
+            settings = {"chunks": 55, "steps": args.steps, "validation_windows": args.validation_windows,
+                        "report_half": True, "lr": run.lr, **recipes[run.recipe].settings}
+            folder = out / "packages" / f"{run.recipe}_lr{run.lr:g}_s{run.seed}"
+            packages[key] = build_package("bytetext", settings, folder, seed=run.seed, log=lambda _: None)
+            task = packages[key].task
+            initial[key] = task.validate(packages[key].initial_weights, packages[key].data.validation)
+        return packages[key]
+
+    def execute(stage: str, runs: Sequence[Run]) -> None:
+        if not runs:
+            return
+        print(f"{stage}: {len(runs)} sessions")
+        specs = [SessionSpec(package_for(run), SessionConfig(
+            merge=run.merge, merge_config=dict(run.config), participants=5, passes=3, seed=run.seed,
+            max_rounds=args.rounds, aggregate="mean", label=run.label), run.slug()) for run in runs]
+        outcomes = run_sessions(specs, engine=engine["engine"], workers=engine["workers"],
+                                address=engine["address"], progress=args.progress, out=out / "sessions")
+        record(plan, runs, [o.history for o in outcomes],
+               [initial[(run.recipe, run.lr, run.seed)] for run in runs])
+
+    execute("stage 1 (FedAvg's client rate per recipe)", plan.stage1())
+    for recipe in plan.recipes:
+        print(f"  {recipe.name}: best FedAvg client lr {plan.best_rate(recipe):g}; server optimizers at "
+              f"{', '.join(f'{lr:g}' for lr in plan.rates_around(recipe))}")
+    execute("stage 2 (every server setting at 1, 1/3 and 1/10 of that rate)", plan.stage2())
+    for recipe in plan.recipes:
+        print(f"  {recipe.name}: chosen on val_loss: {'; '.join(run.setting for run in plan.chosen(recipe))}")
+    execute(f"stage 3 (the chosen settings on seeds 1..{len(plan.seeds) - 1})", plan.stage3())
+    verdict = judge(plan)
+    command = (f"peertrain bench merges --study --steps {args.steps} --validation-windows {args.validation_windows}"
+               + (f" --rounds {args.rounds}" if args.rounds else "") + (f" --study-seeds {args.study_seeds}"
+                                                                       if args.study_seeds != len(SEEDS) else ""))
+    text = write_report(plan, verdict, out, command=command, seconds=elapsed(started), steps=args.steps)
+    if args.copy_plot is not None:
+        import shutil
+
+        args.copy_plot.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(out / "study.png", args.copy_plot)
+    print(text)
+    return 0

@@ -19,6 +19,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from server.bench.merge_study import add_study_arguments, run_study
+from server.cli.options import add_sweep_options, sweep_settings
 from server.session.simulator import MergeChoice, compare, fmt
 
 SETTINGS = [
@@ -42,6 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="initial weights and chunk order")
     parser.add_argument("--copy-plot", type=Path, help="also copy the plot here (e.g. docs/bench/merges.png)")
     parser.add_argument("--no-progress", dest="progress", action="store_false")
+    add_study_arguments(parser)
+    add_sweep_options(parser)
 
 
 def first_round_reaching(series: Sequence[float | None], target: float) -> int | None:
@@ -74,6 +78,9 @@ def results_table(series: dict[str, list[float | None]], target_round: int) -> t
 def run(args: argparse.Namespace) -> int:
     from runtime.planner import RoundPlan
     from server.session.package import build_package
+
+    if args.study:
+        return run_study(args, sweep_settings(args))
 
     started = time.perf_counter()
     out: Path = args.out
