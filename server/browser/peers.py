@@ -6,6 +6,10 @@ show as a progress bar (polled from ``GET /api/session``); a peer's state change
 training a unit, uploaded, offline) print one line each. Exit status: 0 when the session is done,
 1 on ``--timeout`` or when every page failed to boot, 2 when the URL serves no session, 130 on
 Ctrl-C or SIGTERM. The browser is closed on every way out.
+
+A local task's peers are given their own files (``--local-data``: a folder per peer) through the page's real file
+chooser (Playwright's ``set_input_files``: the file input, or the folder input when a folder has sub-folders), so
+each page reads them with the File API exactly as when a person chooses them; it joins once one file is valid.
 """
 
 from __future__ import annotations
@@ -13,9 +17,10 @@ from __future__ import annotations
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from types import FrameType
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -34,6 +39,7 @@ PAGE_PROBE = """() => ({
   peerId: window.peertrain ? window.peertrain.peerId || null : null,
   unitsDone: window.peertrain ? window.peertrain.unitsDone : 0,
   error: document.getElementById('error') ? document.getElementById('error').textContent : '',
+  local: window.peertrain ? window.peertrain.local : null,
 })"""
 QUIET_KINDS_START = ("waiting", "refused", "offline", "finished", "banned")  # printed when a peer enters them
 
@@ -62,6 +68,7 @@ class PeerView:
     units_done: int = 0
     peer_id: str | None = None
     gone: str | None = None  # why the page no longer counts (failed to boot, crashed, closed)
+    local: dict[str, Any] | None = None  # a local task: the summary of the files the page was given
 
     @property
     def name(self) -> str:
@@ -85,6 +92,10 @@ class PeerView:
             elif state == "failed":
                 self.gone = f"failed to boot: {seen.get('error') or 'no message'}"
                 lines.append(f"{self.name}: {self.gone}")
+        local = seen.get("local")
+        if local and local != self.local:
+            self.local = local
+            lines.append(f"{self.name}: {describe_local(local)}")
         if seen.get("peerId") and not self.peer_id:
             self.peer_id = seen["peerId"]
             lines.append(f"peer {self.number}: joined as {self.peer_id}")
@@ -96,6 +107,27 @@ class PeerView:
             lines.append(f"{self.name}: {activity}")
         self.kind = kind
         return lines
+
+
+def describe_local(summary: dict[str, Any]) -> str:
+    """A page's summary of its files in one line (examples, the split, refused files with the reason)."""
+    refused = [f["error"] for f in summary.get("files", []) if f.get("error")]
+    return (f"{summary.get('examples', 0)} examples from {summary.get('valid_files', 0)} file(s) "
+            f"({summary.get('train', 0)} train, {summary.get('held_out', 0)} held out)"
+            + (f"; refused: {'; '.join(refused)}" if refused else "") + ("" if summary.get("ready") else
+                                                                           "; not enough to train"))
+
+
+def give_files(page: Any, folder: Path) -> int:
+    """Choose ``folder``'s files in the page's file chooser (its folder input when it has sub-folders, as a person
+    choosing the folder would); returns how many files it holds."""
+    files = [p for p in sorted(Path(folder).rglob("*")) if p.is_file()
+             and not any(part.startswith(".") for part in p.relative_to(folder).parts)]
+    if any(p.parent != Path(folder) for p in files):
+        page.set_input_files("#local-folder", str(folder))
+    else:
+        page.set_input_files("#local-files", [str(p) for p in files])
+    return len(files)
 
 
 @contextmanager
@@ -136,12 +168,26 @@ def describe_round(status: dict[str, Any]) -> str:
     return f"{shown}{progress.get('done', 0)}/{progress.get('slots', 0)} units · {peers.get('connected', 0)} peers"
 
 
-def run_peers(count: int, url: str, *, timeout_s: float = 0.0, headless: bool = True, poll_s: float = 0.5) -> int:
-    """Start ``count`` pages at ``url?join=1`` and follow the session until it is done; returns the exit status."""
+def run_peers(count: int, url: str, *, timeout_s: float = 0.0, headless: bool = True, poll_s: float = 0.5,
+              local_data: Sequence[Path] = ()) -> int:
+    """Start ``count`` pages at ``url?join=1`` and follow the session until it is done; returns the exit status.
+    ``local_data``: a local task's files, a folder per peer (``server.session.local_files.peer_folders``)."""
     from playwright.sync_api import sync_playwright
+
+    from runtime.tasks import TaskError
+    from server.session.local_files import peer_folders
 
     if count < 1:
         print("peertrain peers: N must be at least 1", file=sys.stderr)
+        return 2
+    try:
+        folders = peer_folders(local_data) if local_data else []
+    except TaskError as error:
+        print(f"peertrain peers: {error}", file=sys.stderr)
+        return 2
+    if folders and len(folders) < count:
+        print(f"peertrain peers: {count} peers need {count} folders of local data; --local-data gives "
+              f"{len(folders)}", file=sys.stderr)
         return 2
     deadline = time.monotonic() + timeout_s if timeout_s > 0 else None
     target = join_url(url)
@@ -161,6 +207,10 @@ def run_peers(count: int, url: str, *, timeout_s: float = 0.0, headless: bool = 
             for number in range(1, count + 1):
                 page = browser.new_context().new_page()
                 page.goto(target)
+                if folders:
+                    given = give_files(page, folders[number - 1])
+                    tqdm.write(f"peer {number}: chose {given} file(s) of {folders[number - 1]} in its page (they stay "
+                               "in the browser)")
                 views.append(PeerView(number, page))
             tqdm.write(f"{count} headless peer{'s' if count > 1 else ''} opened {target}")
             while True:

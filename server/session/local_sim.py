@@ -21,31 +21,10 @@ from typing import Any
 from runtime.planner import Assignment
 from runtime.tasks import Task, TaskError, UnitResult
 from runtime.tasks.local import LocalData, train_local_unit
+from server.session.local_files import folder_files, peer_folders
 from server.session.package import Package
 from server.session.plot import plot_metric
 from server.session.session import Session, SessionConfig
-
-
-def peer_folders(paths: Sequence[Path]) -> list[Path]:
-    """One folder per peer: the folders given, or, when one folder is given and it holds sub-folders and no files,
-    each of its sub-folders (in name order). A path that is no folder is an error naming it."""
-    paths = [Path(p) for p in paths]
-    for path in paths:
-        if not path.is_dir():
-            raise TaskError(f"--local-data {path}: not a folder (give one folder per peer, or one folder holding a "
-                            "sub-folder per peer)")
-    if len(paths) == 1:
-        entries = [p for p in paths[0].iterdir() if not p.name.startswith(".")]
-        if entries and all(p.is_dir() for p in entries):
-            return sorted(entries)
-    return paths
-
-
-def folder_files(folder: Path) -> list[tuple[str, bytes]]:
-    """Every file under ``folder`` (hidden ones left out) as (its path relative to the folder, its bytes)."""
-    files = [p for p in sorted(Path(folder).rglob("*")) if p.is_file()
-             and not any(part.startswith(".") for part in p.relative_to(folder).parts)]
-    return [(p.relative_to(folder).as_posix(), p.read_bytes()) for p in files]
 
 
 @dataclass

@@ -3,7 +3,7 @@
 const $ = (id) => document.getElementById(id);
 const params = new URLSearchParams(location.search);
 const peer = { state: "starting", versions: null, steps: [], worker: null, pending: new Map(), nextId: 1,
-  session: null, activity: "not joined", unitsDone: 0, lastMetrics: null, refused: [] };
+  session: null, activity: "not joined", unitsDone: 0, lastMetrics: null, refused: [], local: null, wantsJoin: params.has("join") };
 window.peertrain = peer;
 let chart = null;
 
@@ -11,8 +11,8 @@ function setState(state) {
   peer.state = state;
   $("state").textContent = state;
   document.body.dataset.state = state;
-  if (state === "ready" && peer.session && !peer.session.done) $("join").disabled = false;
-  if (state === "ready" && params.has("join")) join();
+  if (state === "ready" && peer.session) $("join").disabled = !mayJoin();
+  if (state === "ready") maybeJoin();
 }
 
 function setActivity(text, kind) {
@@ -48,44 +48,73 @@ function fmt(value) {
   return typeof value === "number" ? (Math.abs(value) >= 100 ? value.toFixed(0) : value.toPrecision(4)) : "–";
 }
 
-// The metrics the chart can show: every validation metric the session has reported.
+// The metrics the chart can show: every validation metric the session has reported, and for a local task the
+// peers' federated evaluation of the same metrics (``federated_<name>``).
+const FEDERATED = "federated_";
+
 function metricNames(session) {
   const names = new Set(Object.keys(session.initial_metrics || {}));
-  for (const entry of session.history) for (const key of Object.keys(entry.metrics || {})) names.add(key);
+  for (const entry of session.history) {
+    for (const key of Object.keys(entry.metrics || {})) names.add(key);
+    for (const key of Object.keys((entry.federated || {}).metrics || {})) names.add(FEDERATED + key);
+  }
   return [...names];
 }
 
 function chosenMetric(session) {
   const select = $("metric-select");
   const names = metricNames(session);
+  const judged = (session.evaluation === "federated" ? FEDERATED : "") + session.metric;
   if (select.options.length !== names.length) {
-    const keep = select.value || session.task.plot_metric || session.metric;
+    const keep = select.value || (session.evaluation === "federated" ? FEDERATED : "") + (session.task.plot_metric || session.metric);
     select.replaceChildren(...names.map((name) => new Option(name, name)));
-    select.value = names.includes(keep) ? keep : session.metric;
+    select.value = names.includes(keep) ? keep : judged;
   }
-  return select.value || session.metric;
+  return select.value || judged;
+}
+
+// x = rounds merged into the weights the point judges: the host validates after each merge (x = round + 1); a
+// round's federated evaluation judges the weights that round started from (x = its of_round).
+function hostPoints(session, name) {
+  const points = new Map();
+  if (session.initial_metrics && session.initial_metrics[name] !== undefined) points.set(0, session.initial_metrics[name]);
+  for (const entry of session.history) if ((entry.metrics || {})[name] !== undefined) points.set(entry.round + 1, entry.metrics[name]);
+  return points;
+}
+
+function federatedPoints(session, name) {
+  const points = new Map();
+  for (const entry of session.history) {
+    const federated = entry.federated;
+    if (federated && (federated.metrics || {})[name] !== undefined) points.set(federated.of_round, federated.metrics[name]);
+  }
+  return points;
 }
 
 function drawChart(session) {
   const metric = chosenMetric(session);
+  const name = metric.startsWith(FEDERATED) ? metric.slice(FEDERATED.length) : metric;
   // Async mode validates every few merges: the chart has a point per validation, at its merge.
-  const validated = session.history.filter((entry) => (entry.metrics || {})[metric] !== undefined);
-  const points = [session.initial_metrics ? session.initial_metrics[metric] : null,
-    ...validated.map((entry) => entry.metrics[metric])];
-  const local = [null, ...validated.map((entry) => (entry.train || {}).train_loss ?? (entry.train || {}).mean_return ?? null)];
+  const host = hostPoints(session, name);
+  const federated = federatedPoints(session, name);
+  const training = new Map(session.history.map((entry) => [entry.round + 1, (entry.train || {}).train_loss ?? (entry.train || {}).mean_return ?? null]));
+  const labels = [...new Set([...host.keys(), ...federated.keys()])].sort((a, b) => a - b);
+  const at = (points) => labels.map((label) => (points.has(label) ? points.get(label) : null));
   const best = session.best && session.best.round !== null && session.best.round !== undefined ? session.best.round + 1 : 0;
-  const labels = [0, ...validated.map((entry) => entry.round + 1)];
   // The initial point and the best round are drawn larger.
-  const radius = labels.map((label) => (label === 0 || (label === best && metric === session.metric) ? 6 : 2));
+  const radius = labels.map((label) => (label === 0 || (label === best && name === session.metric) ? 6 : 2));
   $("metric-name").textContent = metric;
   peer.chartMetric = metric;
-  peer.chartPoints = points.length;
+  peer.chartPoints = labels.length;
   if (typeof Chart === "undefined") return;
-  const datasets = [
-    { label: metric, data: points, borderColor: "#2f6fdf", tension: 0.1, pointRadius: radius, yAxisID: "y" },
-    { label: "local training loss (mean of the units)", data: local, borderColor: "#d9822b", borderDash: [4, 3],
-      tension: 0.1, pointRadius: 1, yAxisID: "y1" },
-  ];
+  const datasets = [];
+  if (host.size) datasets.push({ label: name, data: at(host), borderColor: "#2f6fdf", tension: 0.1, pointRadius: radius, yAxisID: "y", spanGaps: true });
+  if (federated.size) {
+    datasets.push({ label: `${name}, federated (peers' held-out examples)`, data: at(federated), borderColor: "#1b7f3b",
+      tension: 0.1, pointRadius: radius, yAxisID: "y", spanGaps: true });
+  }
+  datasets.push({ label: "local training loss (mean of the units)", data: at(training), borderColor: "#d9822b",
+    borderDash: [4, 3], tension: 0.1, pointRadius: 1, yAxisID: "y1", spanGaps: true });
   if (!chart) {
     chart = new Chart($("chart"), {
       type: "line",
@@ -135,9 +164,37 @@ function showDownload(session) {
   $("download-form").hidden = Boolean(session.public_model);
 }
 
+const KINDS = { data: "data chunks", experience: "plays its own episodes", local: "trains on each peer's own files" };
+
+function showFederated(session) {
+  const local = session.task.kind === "local";
+  $("federated-label").hidden = !local;
+  $("federated").hidden = !local;
+  const last = [...session.history].reverse().find((entry) => entry.federated);
+  if (!local) return;
+  const judged = session.evaluation === "federated" ? " (this session's metric: the host holds no validation split)" : " (beside the host's validation)";
+  $("federated").textContent = !last ? `none yet${judged}`
+    : `${Object.entries(last.federated.metrics).map(([k, v]) => `${k} ${fmt(v)}`).join(", ")} on ${last.federated.examples} held-out examples of ${last.federated.results} result${last.federated.results === 1 ? "" : "s"}, of the weights after ${last.federated.of_round} round${last.federated.of_round === 1 ? "" : "s"}${judged}`;
+}
+
+function showLocal(session) {
+  const local = session.task.local;
+  $("local-section").hidden = !local;
+  if (!local) return;
+  $("local-hint").textContent = local.hint ? `Choose ${local.hint}. A unit trains on at most ${local.max_examples_per_unit} of your examples.` : "";
+  if (local.accept && !$("local-files").accept) $("local-files").accept = local.accept;
+}
+
+// A peer may join once Pyodide is up and, for a local task, once its files give enough examples.
+function mayJoin() {
+  const session = peer.session;
+  return Boolean(session) && !session.done && !peer.joined && peer.state === "ready"
+    && (session.task.kind !== "local" || Boolean(peer.local && peer.local.ready));
+}
+
 function showSession(session) {
   peer.session = session;
-  $("task-name").textContent = `${session.task.name} (${session.task.kind === "data" ? "data chunks" : "plays its own episodes"})`;
+  $("task-name").textContent = `${session.task.name} (${KINDS[session.task.kind] || session.task.kind})`;
   $("task-boundary").textContent = session.task.crosses_boundary;
   $("merge").textContent = `${session.merge} · ${session.plan.participants_per_round} units per round · ${session.plan.passes} passes`;
   const p = session.peers;
@@ -173,6 +230,8 @@ function showSession(session) {
     if (sample.ok !== null) li.className = sample.ok ? "ok" : "wrong";
     return li;
   }));
+  showLocal(session);
+  showFederated(session);
   drawChart(session);
   showTiming(session);
   showParticipants(session);
@@ -180,7 +239,8 @@ function showSession(session) {
   const hint = session.task.respond_hint;
   $("try-section").hidden = !hint;
   if (hint && !$("try-prompt").placeholder) { $("try-prompt").placeholder = hint; $("try-prompt").value = hint; }
-  $("join").disabled = session.done || peer.joined || peer.state !== "ready";
+  $("join").disabled = !mayJoin();
+  maybeJoin();
 }
 
 function follow() {
@@ -262,7 +322,18 @@ async function download(event) {
 }
 
 function join() {
-  if (peer.joined) return;
+  peer.wantsJoin = true;
+  maybeJoin();
+}
+
+// Join when asked to (the button, ?join=1) as soon as that is possible: a local task waits for a valid file.
+function maybeJoin() {
+  if (!peer.wantsJoin || !mayJoin()) {
+    if (peer.wantsJoin && !peer.joined && peer.session && !peer.session.done && peer.session.task.kind === "local" && peer.state === "ready") {
+      setActivity("choose files to train on (they stay in this browser)", "waiting");
+    }
+    return;
+  }
   peer.joined = true;
   $("join").disabled = true;
   setActivity("joining", "joining");
@@ -277,6 +348,52 @@ peer.run = (code) => new Promise((resolve, reject) => {
   peer.pending.set(id, { resolve, reject });
   peer.worker.postMessage({ type: "run", id, code });
 });
+
+// Local tasks: the chosen files are read here (File API) and their bytes handed to the worker; nothing is uploaded.
+async function readFiles(files) {
+  const chosen = [];
+  for (const { file, name } of files) chosen.push({ name: name || file.webkitRelativePath || file.name, bytes: await file.arrayBuffer() });
+  if (!chosen.length) return;
+  $("local-summary").textContent = `reading ${chosen.length} file${chosen.length === 1 ? "" : "s"}…`;
+  peer.worker.postMessage({ type: "files", files: chosen }, chosen.map((file) => file.bytes));
+}
+
+// The files under a dropped entry (a folder is read recursively), named by their path inside it.
+async function entryFiles(entry) {
+  if (entry.isFile) return [{ file: await new Promise((resolve, reject) => entry.file(resolve, reject)), name: entry.fullPath.replace(/^\//, "") }];
+  const reader = entry.createReader();
+  const found = [];
+  for (;;) {
+    const batch = await new Promise((resolve, reject) => reader.readEntries(resolve, reject));
+    if (!batch.length) return found;
+    for (const child of batch) found.push(...await entryFiles(child));
+  }
+}
+
+async function dropped(event) {
+  event.preventDefault();
+  $("local-drop").classList.remove("over");
+  const entries = [...event.dataTransfer.items].map((item) => item.webkitGetAsEntry && item.webkitGetAsEntry()).filter(Boolean);
+  const files = entries.length ? (await Promise.all(entries.map(entryFiles))).flat()
+    : [...event.dataTransfer.files].map((file) => ({ file }));
+  await readFiles(files);
+}
+
+function showLocalSummary(summary) {
+  peer.local = summary;
+  $("local-summary").textContent = summary.ready
+    ? `${summary.examples} examples in ${summary.valid_files} file${summary.valid_files === 1 ? "" : "s"}: ${summary.train} for training, ${summary.held_out} held out for federated evaluation`
+    : summary.valid_files ? `only ${summary.train} training examples; this task needs ${summary.needed}`
+      : "no valid file yet: training starts once one valid file is read";
+  $("local-report").replaceChildren(...summary.files.map((file) => {
+    const li = document.createElement("li");
+    li.textContent = file.error ? `refused: ${file.error}` : `${file.name}: ${file.examples} examples (${(file.size / 1024).toFixed(1)} kB)`;
+    li.className = file.error ? "wrong" : "ok";
+    return li;
+  }));
+  $("join").disabled = !mayJoin();
+  maybeJoin();
+}
 
 const handlers = {
   step: showStep,
@@ -332,6 +449,10 @@ const handlers = {
     $("error").textContent = `This peer was banned: ${message.message}`;
   },
   finished(message) { setActivity(`session finished: ${message.reason}`, "finished"); },
+  local(message) {
+    if (message.error) { $("local-summary").textContent = `the files could not be read: ${message.error}`; return; }
+    showLocalSummary(message.summary);
+  },
 };
 
 // A module worker (`import` of /pyodide/pyodide.mjs); its boot options come in its first message:
@@ -348,4 +469,11 @@ $("join").addEventListener("click", join);
 $("try-form").addEventListener("submit", tryModel);
 $("download-form").addEventListener("submit", download);
 $("metric-select").addEventListener("change", () => { if (peer.session) drawChart(peer.session); });
+for (const id of ["local-files", "local-folder"]) {
+  $(id).addEventListener("change", (event) => { readFiles([...event.target.files].map((file) => ({ file }))); event.target.value = ""; });
+}
+$("local-drop").addEventListener("dragover", (event) => { event.preventDefault(); $("local-drop").classList.add("over"); });
+$("local-drop").addEventListener("dragleave", () => $("local-drop").classList.remove("over"));
+$("local-drop").addEventListener("drop", (event) => { dropped(event); });
+$("local-clear").addEventListener("click", () => peer.worker.postMessage({ type: "clearFiles" }));
 follow();

@@ -1,6 +1,9 @@
 // The peer's worker (an ES module worker): boots Pyodide from the relay, installs numpy and the runtime
 // wheel from the relay's lock file, then (once the page says "join") asks the relay for work, trains each
 // unit in Python and uploads the result. Everything is reported to the page; the page never waits on Python.
+// A local task's peer trains on files its person chose in the page: the page reads them (File API) and hands
+// their bytes over in a "files" message; they are parsed here by the task (runtime.worker's add_local_file),
+// kept for a new session's task, and never sent anywhere: only the trained weights and metrics go to the relay.
 //
 // All Python it calls is one module, runtime.worker (boot report, the peer, the device, training); the worker
 // runs no Python source of its own and passes nothing through pyodide.globals. The one exception is the
@@ -18,6 +21,18 @@ let options = null; // from the page's "boot" message: { blas, test }
 let booted = null; // resolves once the runtime is imported
 let credentials = null;
 let training = false;
+let current = null; // the prepared task of the session being trained ("Try the model" answers with it)
+const localFiles = new Map(); // name -> Uint8Array: the files chosen in the page (they stay in this worker)
+let localReady = false; // whether the chosen files give the task enough examples to train
+
+// Calls that build or change the task's Python peer run one after another (the page may send files while the
+// training loop prepares the task).
+let queue = Promise.resolve();
+function serialized(fn) {
+  const run = queue.then(fn);
+  queue = run.catch(() => {});
+  return run;
+}
 
 function report(type, fields) {
   self.postMessage({ type, ...fields });
@@ -70,19 +85,40 @@ async function api(path, { method = "GET", body = null, binary = false } = {}) {
 // A refusal that asking again will not change (a wrong join code, say); network trouble and 5xx are retried.
 const permanent = (error) => error.status >= 400 && error.status < 500 && error.status !== 429;
 
-// The task, its Python peer and its device, for the relay's current session (built again when a new
-// session trains another task). GPU calls go through callPromising so that their reads can block (JSPI).
-async function prepare(current, device) {
+// The task and its Python peer for the relay's current session (built again when a new session trains
+// another task; a local task's peer gets the chosen files again).
+async function buildTask(current) {
   const taskInfo = await api("/api/task");
   if (current && current.peer.fingerprint === taskInfo.fingerprint) return { ...current, taskInfo };
   if (taskInfo.wheel) await pyodide.loadPackage([taskInfo.wheel]);
   if (current) current.peer.destroy();
-  const peer = entry.build_peer(JSON.stringify(taskInfo));
+  const built = { taskInfo, peer: entry.build_peer(JSON.stringify(taskInfo)), mode: null, onWebgpu: false, description: "" };
+  if (taskInfo.kind === "local") {
+    for (const [name, bytes] of localFiles) built.peer.add_local_file(name, bytes);
+    reportLocal(built.peer);
+  } else {
+    localReady = false;
+  }
+  return built;
+}
+
+// The task with its device. GPU calls go through callPromising so that their reads can block (JSPI).
+async function prepare(current, device) {
+  const built = await buildTask(current);
   // Device choice (?device=auto|webgpu; default cpu): timed on the task's own model, reported to the page.
   // (callPromising needs JSPI, which only the GPU path needs: the CPU path never calls it.)
   const mode = device || "cpu";
+  if (built.mode === mode) return built;
+  const peer = built.peer;
   const choice = JSON.parse(await (mode === "cpu" ? peer.choose_device(mode) : peer.choose_device.callPromising(mode)));
-  return { taskInfo, peer, onWebgpu: choice.chosen === "webgpu", description: choice.description };
+  return { ...built, mode, onWebgpu: choice.chosen === "webgpu", description: choice.description };
+}
+
+// What the page shows beside its file picker: each file's report, the examples found, whether it may train.
+function reportLocal(peer) {
+  const summary = JSON.parse(peer.local_summary());
+  localReady = summary.ready;
+  report("local", { summary });
 }
 
 // Join the session, with the join code the page was given. Used at the start and whenever the relay refuses
@@ -111,10 +147,9 @@ async function trainUnit(prepared, job, unit) {
 // Train until the session is done: ask for work, fetch weights and the unit, train in Python, upload.
 // Network trouble is retried with back-off; a refused result is reported and the peer moves on; a refused
 // token means joining again (and, for a new session, fetching its task and weights again).
-let current = null; // the prepared task of the session being trained ("Try the model" answers with it)
 
 async function trainLoop(joinCode, device) {
-  let prepared = await prepare(null, device);
+  let prepared = await serialized(() => prepare(current, device));
   current = prepared;
   await join(joinCode, prepared);
   let weightsRound = null;
@@ -122,12 +157,17 @@ async function trainLoop(joinCode, device) {
   for (;;) {
     try {
       if (!credentials) {
-        prepared = await prepare(prepared, device);
+        prepared = await serialized(() => prepare(current, device));
         current = prepared;
         await join(joinCode, prepared);
         weightsRound = null; // a new session's round 0 is not the old session's round 0
       }
       // hold: the relay keeps a "wait" answer up to hold_seconds and answers the moment a round opens.
+      if (prepared.taskInfo.kind === "local" && !localReady) { // (the person forgot the files: no work until new ones)
+        report("waiting", { reason: "choose files to train on: this task trains on your own data" });
+        await sleep(1000);
+        continue;
+      }
       const hold = (prepared.taskInfo.limits || {}).hold_seconds || 0;
       const job = await api(hold > 0 ? `/api/work?hold=${hold}` : "/api/work", { method: "POST" });
       failures = 0;
@@ -178,6 +218,36 @@ const handlers = {
       await trainLoop(message.joinCode, message.device);
     } catch (error) {
       report("failed", { message: describe(error) });
+    }
+  },
+  // Local tasks: files chosen in the page, as { name, bytes } (an ArrayBuffer each); parsed by the task here.
+  async files(message) {
+    try {
+      await booted;
+      await serialized(async () => {
+        current = await buildTask(current);
+        if (current.taskInfo.kind !== "local") throw new Error("this session's task trains on no files of yours");
+        for (const file of message.files || []) {
+          const bytes = new Uint8Array(file.bytes);
+          localFiles.set(String(file.name), bytes);
+          current.peer.add_local_file(String(file.name), bytes);
+        }
+        reportLocal(current.peer);
+      });
+    } catch (error) {
+      report("local", { error: describe(error) });
+    }
+  },
+  async clearFiles() {
+    localFiles.clear();
+    localReady = false;
+    try {
+      await booted;
+      await serialized(async () => {
+        if (current && current.taskInfo.kind === "local") { current.peer.clear_local_files(); reportLocal(current.peer); }
+      });
+    } catch (error) {
+      report("local", { error: describe(error) });
     }
   },
   // "Try the model": the task answers a visitor's prompt from the current global weights. It runs between
