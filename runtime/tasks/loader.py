@@ -24,6 +24,7 @@ from runtime.tasks.base import Task, TaskData, TaskError, WorkUnit, check_unit_r
 
 BUILTIN_TASKS = {
     "bytetext": "runtime.tasks.bytetext:ByteTextTask",
+    "bytetext-local": "runtime.tasks.bytetext_local:ByteTextLocalTask",
     "arith": "runtime.tasks.arith:ArithTask",
     "cartpole": "runtime.tasks.cartpole:CartPoleTask",
 }

@@ -52,7 +52,8 @@ def parse_sets(pairs: Sequence[str]) -> dict[str, object]:
 def add_task_options(parser: argparse.ArgumentParser) -> None:
     """Options shared by every command that builds a task: which task, its settings, the seed."""
     parser.add_argument("--task", default="arith",
-                        help="built-in task (bytetext, arith, cartpole), a file path.py, or package.module[:Class]")
+                        help="built-in task (bytetext, bytetext-local, arith, cartpole), a file path.py, or "
+                        "package.module[:Class]")
     parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                         help="a task setting, repeatable (e.g. --set tokenizer=char --set chunks=5)")
     parser.add_argument("--seed", type=int, default=0, help="seed for initial weights and the unit order")

@@ -13,12 +13,15 @@ and on the page.
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from conftest import REPO_ROOT, start_relay
+from conftest import ARTIFACTS, REPO_ROOT, start_relay
 from playwright.sync_api import Browser, Page
 from test_session_browsers import BOOT_SECONDS, close_pages, recorded_results, stop, task_args, wait_for_status
 
@@ -152,3 +155,61 @@ def test_three_browsers_train_the_csv_example_on_their_own_files(browser: Browse
     print(f"accuracy per round: browsers {accuracy}, simulator {native_accuracy}; largest loss difference {gap:.3g}")
     assert_same_metrics(history, native, "metrics")
     assert_same_metrics(history, native, "federated")
+
+
+# bytetext-local with a tiny model: 4 units a pass, 2 passes, k = 2 -> 4 rounds, judged by federated evaluation.
+TEXT_SETTINGS = {"n_layer": 1, "n_embd": 32, "n_head": 2, "context": 32, "steps": 4, "batch_size": 8, "units": 4}
+TEXT_RTOL = 1e-4  # browser (SIMD matmul) against native BLAS, on each round's federated loss
+
+
+def write_text_peers(root: Path) -> list[Path]:
+    """Two peers' folders of CPython's help text: the first flat, the second with a sub-folder (the page's folder
+    input gets it, as a person choosing the folder would give it)."""
+    from runtime.data.text import default_corpus
+
+    corpus = default_corpus().encode()
+    files = {"peer-1/part-1.txt": corpus[:4000], "peer-1/part-2.txt": corpus[4000:8000],
+             "peer-2/part-1.txt": corpus[8000:12000], "peer-2/more/part-2.txt": corpus[12000:16000]}
+    for name, content in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(content.decode("utf-8", errors="ignore").encode())
+    return [root / "peer-1", root / "peer-2"]
+
+
+def test_headless_peers_on_text_files_give_the_simulated_session(tmp_path: Path) -> None:
+    session_dir, root = tmp_path / "session", tmp_path / "text"
+    folders = write_text_peers(root)
+    relay, url = start_relay(*task_args("bytetext-local", TEXT_SETTINGS, "-k", "2", "--passes", "2", "--session-dir",
+                                        str(session_dir)), log_name="relay-local-text.log")
+    log_path = ARTIFACTS / "peers-local-text.log"
+    with log_path.open("w") as log:
+        command = [sys.executable, "-m", "server.cli", "peers", "2", "--url", url, "--local-data", str(root),
+                   "--timeout", str(BOOT_SECONDS + 300)]
+        peers = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            final = wait_for_status(url, lambda s: s["done"], timeout_s=BOOT_SECONDS + 300,
+                                    what="the text session to finish", relay=relay)
+            peers.wait(timeout=60)
+        finally:
+            stop(peers)
+            stop(relay)
+    text = log_path.read_text()
+    assert peers.returncode == 0, text[-3000:]
+    chosen = dict(re.findall(r"peer (\d): chose \d+ file\(s\) of (\S+) in its page", text))
+    joined = dict(re.findall(r"peer (\d): joined as (p-[0-9a-f]+)", text))
+    assert chosen == {"1": str(folders[0]), "2": str(folders[1])}, text[-3000:]
+    assert re.search(r"peer 2 \(p-[0-9a-f]+\): \d+ examples from 2 file\(s\)", text) or \
+        re.search(r"peer 2: \d+ examples from 2 file\(s\)", text), text[-3000:]
+    history = final["history"]
+    assert final["evaluation"] == "federated" and all(e["metrics"] == {} for e in history)
+
+    # The same session in-process (each slot trained by the same peer's files) gives the same history.
+    native = native_history(session_dir, folders, trainers(session_dir, [joined["1"], joined["2"]]))
+    browser_losses = [e["federated"]["metrics"]["val_loss"] for e in history]
+    native_losses = [e["federated"]["metrics"]["val_loss"] for e in native]
+    print(f"federated val_loss per round: browsers {browser_losses}, simulator {native_losses}")
+    assert [e["federated"]["of_round"] for e in history] == [e["federated"]["of_round"] for e in native] == [0, 1, 2, 3]
+    assert [e["examples"] for e in history] == [e["examples"] for e in native]
+    assert browser_losses == pytest.approx(native_losses, rel=TEXT_RTOL)
+    assert browser_losses[-1] < browser_losses[0] - 0.5  # it learns
+    assert final["best"]["metric"] == pytest.approx(min(native_losses), rel=TEXT_RTOL)
