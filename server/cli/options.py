@@ -7,6 +7,7 @@ import json
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 
 def merge_names() -> list[str]:
@@ -33,6 +34,35 @@ def add_aggregate_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--aggregate-config", type=json.loads, default=None, metavar="JSON",
                         help='the aggregator\'s settings as JSON, e.g. {"fraction": 0.2} or {"f": 2} (default: '
                         "its own defaults)")
+
+
+def add_sweep_options(parser: argparse.ArgumentParser) -> None:
+    """``--workers N`` and ``--ray [ADDRESS]``: where a command's sessions run (``server.session.sweep``); read them
+    back with ``sweep_settings(args)`` and pass them to ``simulator.compare`` (or ``sweep.run_sessions``)."""
+    group = parser.add_argument_group("parallel sessions (the results are the same bits on every engine)")
+    group.add_argument("--workers", type=positive_int, metavar="N",
+                       help="sessions at once: processes of a local pool (default: one per CPU; 1: in this process, "
+                       "one after another), with --ray the CPUs of the local Ray instance or the sessions in flight "
+                       "on a cluster")
+    group.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
+                       help="run the sessions as Ray tasks: alone, on a Ray instance started for this run; with an "
+                       "ADDRESS (HEAD:6379, as `ray start --head` prints it, or auto: the cluster this machine is "
+                       "part of), on that cluster's machines; the outputs are written here either way")
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, got {value}")
+    return value
+
+
+def sweep_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The keyword arguments of ``simulator.compare`` that ``add_sweep_options`` asked for: ``engine``, ``workers``,
+    ``ray_address``."""
+    ray = getattr(args, "ray", None)
+    return {"engine": "pool" if ray is None else "ray", "workers": getattr(args, "workers", None),
+            "ray_address": None if ray in (None, "local") else ray}
 
 
 def parse_sets(pairs: Sequence[str]) -> dict[str, object]:

@@ -7,11 +7,20 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from server.cli.options import add_aggregate_options, add_task_options, merge_names, parse_sets
+from server.cli.options import (
+    add_aggregate_options,
+    add_sweep_options,
+    add_task_options,
+    merge_names,
+    parse_sets,
+    sweep_settings,
+)
 
 HELP = "run training sessions in-process, without browsers; compare merge methods"
 DESCRIPTION = ("Run sessions in-process with the same runtime code a browser runs. Several --merge choices run from "
-               "the same initial weights and chunk order and are compared in one plot and one table.")
+               "the same initial weights and chunk order and are compared in one plot and one table. The sessions "
+               "run in parallel on a local process pool (--workers N), or as Ray tasks with --ray (a Ray instance "
+               "of this machine) or --ray HEAD:6379 (a cluster's machines); the results are the same bits.")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -48,6 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a loss above this many times the best so far counts as divergence (default 3)")
     parser.add_argument("--out", type=Path, default=Path("runs/simulate"), help="output folder")
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    add_sweep_options(parser)
     add_straggler_arguments(parser)
 
 
@@ -98,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
     from server.session.config import SessionError
     from server.session.package import Package, build_package
     from server.session.simulator import compare, parse_merge_choices, with_common_settings
+    from server.session.sweep import SweepError
 
     def fail(error: Exception) -> int:
         print(f"peertrain simulate: {error}", file=sys.stderr)
@@ -106,6 +117,11 @@ def run(args: argparse.Namespace) -> int:
     misplaced = [option for option, given in STRAGGLER_OPTIONS.items() if given(args)]
     if args.peer_speeds is None and misplaced:
         return fail(ValueError(f"{', '.join(misplaced)} only apply with --peer-speeds"))
+    parallel = [option for option, given in (("--workers", args.workers is not None), ("--ray", args.ray is not None))
+                if given]
+    if args.peer_speeds is not None and parallel:
+        return fail(ValueError(f"{', '.join(parallel)} do not apply with --peer-speeds (its sessions run here, one "
+                               "after another)"))
     try:
         settings = straggler_settings(args) if args.peer_speeds is not None else None
     except ValueError as error:
@@ -125,8 +141,9 @@ def run(args: argparse.Namespace) -> int:
         comparison = compare(package, choices, out=args.out, participants=participants, passes=args.passes,
                              seed=args.seed, max_rounds=args.rounds, force=args.force,
                              on_divergence=args.on_divergence, divergence_factor=args.divergence_factor,
-                             progress=args.progress, aggregate=args.aggregate, aggregate_config=args.aggregate_config)
-    except (MergeError, PlanError, TaskError, SessionError, FileNotFoundError) as error:
+                             progress=args.progress, aggregate=args.aggregate, aggregate_config=args.aggregate_config,
+                             **sweep_settings(args))
+    except (MergeError, PlanError, TaskError, SessionError, SweepError, FileNotFoundError) as error:
         return fail(error)
     stopped = [s for s in comparison.sessions if s.stopped]
     for session in stopped:

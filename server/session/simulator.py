@@ -2,8 +2,9 @@
 
 Each unit is computed by ``task.train_unit(global_weights, unit)``, exactly what a peer's worker
 calls, and fed to a :class:`server.session.Session`. Several merge methods (or several settings of
-one) run one after another from the same package, so they share the initial weights and the chunk
-order; one plot and one table compare them.
+one) run from the same package, so they share the initial weights and the chunk order; one plot and
+one table compare them. The sessions run one after another in-process, or in parallel on a local
+process pool or on Ray (``server.session.sweep``), with the same results bit for bit.
 
 A merge choice is ``NAME`` or ``NAME:key=value,key=value`` (e.g. ``fedavgm:server_momentum=0.5``);
 options such as ``--server-momentum`` fill in whatever a choice leaves unset.
@@ -20,14 +21,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm
-
 from runtime.merge import InvalidHyperparameter, merge_class
 from runtime.planner import RoundPlan, check_merge_guard
 from server.session.config import DEFAULT_AGGREGATE
 from server.session.package import Package
 from server.session.plot import plot_metric
 from server.session.session import DivergenceAction, Session, SessionConfig
+from server.session.sweep import Engine, SessionSpec, describe_engine, run_sessions
+from server.session.sweep_worker import run_round as run_round  # (its home was here; tests import it from here)
 
 # Short names for labels and folder names.
 SHORT_NAMES = {"server_learning_rate": "lr", "server_momentum": "m", "nesterov": "nesterov", "eta": "eta",
@@ -106,13 +107,6 @@ def with_common_settings(choices: Sequence[MergeChoice], common: Mapping[str, An
     return out
 
 
-def run_round(session: Session) -> dict[str, Any]:
-    """Train every assignment of the current round in-process, then complete the round."""
-    started = time.perf_counter()
-    results = [(a, session.task.train_unit(session.weights, session.work_unit(a))) for a in session.assignments()]
-    return session.complete_round(results, train_seconds=time.perf_counter() - started)
-
-
 @dataclass
 class Comparison:
     """The sessions of one simulator call, in the order they ran, and where their outputs went."""
@@ -128,8 +122,12 @@ def compare(package: Package, choices: Sequence[MergeChoice], *, out: Path, part
             seed: int = 0, max_rounds: int | None = None, force: bool = False,
             on_divergence: DivergenceAction = "stop", divergence_factor: float = 3.0, progress: bool = True,
             title: str = "", log: Callable[[str], Any] = print, aggregate: str = DEFAULT_AGGREGATE,
-            aggregate_config: Mapping[str, Any] | None = None) -> Comparison:
-    """Run one session per merge choice (same package, same plan), then write the plot and the table."""
+            aggregate_config: Mapping[str, Any] | None = None, engine: Engine = "local", workers: int | None = None,
+            ray_address: str | None = None) -> Comparison:
+    """Run one session per merge choice (same package, same plan), then write the plot and the table.
+
+    ``engine``, ``workers``, ``ray_address``: where the sessions run (``server.session.sweep.run_sessions``:
+    in-process one after another, a local process pool, or Ray); the results are the same bits on each."""
     out = Path(out)
     plan = RoundPlan(package.data.num_units, participants, passes, seed)
     for choice in choices:  # refuse before training anything
@@ -138,19 +136,10 @@ def compare(package: Package, choices: Sequence[MergeChoice], *, out: Path, part
                              seed=seed, max_rounds=max_rounds, force=force, on_divergence=on_divergence,
                              divergence_factor=divergence_factor, label=c.label, aggregate=aggregate,
                              aggregate_config=aggregate_config) for c in choices]
-    rounds_each = plan.num_rounds if max_rounds is None else min(max_rounds, plan.num_rounds)
     started = time.perf_counter()
-    sessions = []
-    with tqdm(total=rounds_each * len(choices), unit="round", disable=not progress, dynamic_ncols=True) as bar:
-        for choice, config in zip(choices, configs, strict=True):
-            bar.set_description(choice.label)
-            session = Session.create(package, config, directory=out / choice.slug)
-            while not session.done:
-                entry = run_round(session)
-                bar.update(1)
-                bar.set_postfix({session.metric: f"{entry['metrics'].get(session.metric)}"[:7]})
-            bar.update(rounds_each - session.round)  # a stopped session skips its remaining rounds
-            sessions.append(session)
+    specs = [SessionSpec(package, config, choice.slug) for choice, config in zip(choices, configs, strict=True)]
+    outcomes = run_sessions(specs, engine=engine, workers=workers, address=ray_address, progress=progress, out=out)
+    sessions = [outcome.session for outcome in outcomes if outcome.session is not None]
     seconds = time.perf_counter() - started
     task = package.task
     plot = plot_metric({s.config.name: s.metric_series() for s in sessions}, out / "comparison.png",
@@ -160,7 +149,8 @@ def compare(package: Package, choices: Sequence[MergeChoice], *, out: Path, part
     (out / "comparison.md").write_text(table + "\n")
     (out / "summary.json").write_text(json.dumps([s.describe() for s in sessions], indent=2) + "\n")
     log(table)
-    log(f"{len(sessions)} session(s) in {seconds:.1f} s; plot {plot}; histories {out}/*/history.jsonl")
+    where = describe_engine(engine, workers, ray_address, len(sessions))
+    log(f"{len(sessions)} session(s) in {seconds:.1f} s {where}; plot {plot}; histories {out}/*/history.jsonl")
     return Comparison(sessions=sessions, out=out, plot=plot, table=table, seconds=seconds)
 
 
