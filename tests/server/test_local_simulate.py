@@ -86,3 +86,11 @@ def test_peer_folders_and_their_files(tmp_path: Path) -> None:
     assert folder_files(nested) == [("b.txt", b"b"), ("sub/a.txt", b"a")]
     with pytest.raises(TaskError, match="no usable data"):
         LocalPeers.load(load_task(str(CSV_TASK)), [nested])
+
+
+def test_readme_shows_the_csv_example_file_verbatim() -> None:
+    import re
+
+    readme = (REPO_ROOT / "README.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", readme, flags=re.S)
+    assert CSV_TASK.read_text() in blocks
