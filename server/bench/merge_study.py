@@ -61,6 +61,20 @@ SERVER_GRID = (
     MergeChoice("fedadagrad", {"eta": 1e-2}),
 )
 RATE_FACTORS = (1.0, 1 / 3, 1 / 10)
+MAX_EXTENSIONS = 2  # FedAvg rates past the grid's edge, per recipe
+
+
+def neighbour(rate: float, *, up: bool) -> float:
+    """The next rate on the half-decade ladder (..., 0.1, 0.3, 1, 3, ...) above or below ``rate``."""
+    exponent = math.floor(math.log10(rate) + 1e-9)
+    mantissa = 3 if rate / 10.0**exponent > 2 else 1
+    if up:
+        mantissa, exponent = (3, exponent) if mantissa == 1 else (1, exponent + 1)
+    else:
+        mantissa, exponent = (1, exponent) if mantissa == 3 else (3, exponent - 1)
+    return float(f"{mantissa * 10.0**exponent:.2g}")
+
+
 SEEDS = (0, 1, 2)
 TOP_SERVER_SETTINGS = 2  # per recipe, rerun over every seed besides FedAvg's best
 
@@ -96,7 +110,13 @@ class Run:
 
     @property
     def is_fedavg(self) -> bool:
+        """Plain FedAvg (server learning rate 1): the anchor."""
         return self.choice == FEDAVG
+
+    @property
+    def is_server_optimizer(self) -> bool:
+        """A method the claim is about (FedAvgM and the adaptive ones), not FedAvg or its bigger-step control."""
+        return self.merge != "fedavg"
 
     def slug(self) -> str:
         return f"{self.recipe}_lr{self.lr:g}_{self.choice.slug}_s{self.seed}"
@@ -150,6 +170,15 @@ class StudyPlan:
     def stage1(self) -> list[Run]:
         return [Run.of(r.name, lr, FEDAVG) for r in self.recipes for lr in r.rates]
 
+    def extension(self, recipe: Recipe) -> Run | None:
+        """FedAvg one half-decade past the grid's edge when its best rate sits on that edge (a rate is tuned only
+        when both neighbours were tried), at most ``MAX_EXTENSIONS`` times per recipe; None: tuned."""
+        tried = sorted(run.lr for run in self.results if run.recipe == recipe.name and run.is_fedavg and run.seed == 0)
+        best = self.best_rate(recipe)
+        if len(tried) - len(recipe.rates) >= MAX_EXTENSIONS or best not in (tried[0], tried[-1]):
+            return None
+        return Run.of(recipe.name, neighbour(best, up=best == tried[-1]), FEDAVG)
+
     def best_rate(self, recipe: Recipe) -> float:
         tried = [run for run in self.results if run.recipe == recipe.name and run.is_fedavg and run.seed == 0]
         return min(tried, key=lambda run: (self.results[run].final_val, run.lr)).lr
@@ -168,9 +197,10 @@ class StudyPlan:
     def chosen(self, recipe: Recipe) -> list[Run]:
         """FedAvg's best seed-0 run of ``recipe`` and its ``top`` best server-optimizer runs, by val_loss."""
         seed0 = [run for run in self.results if run.recipe == recipe.name and run.seed == 0]
-        fedavg = min((run for run in seed0 if run.is_fedavg), key=lambda run: self.results[run].final_val)
-        others = sorted((run for run in seed0 if not run.is_fedavg), key=lambda run: self.results[run].final_val)
-        return [fedavg, *others[:self.top]]
+        by_val = sorted(seed0, key=lambda run: (self.results[run].final_val, run.label))
+        fedavg = next(run for run in by_val if run.is_fedavg)
+        control = [run for run in by_val if run.merge == "fedavg" and not run.is_fedavg][:1]
+        return [fedavg, *control, *[run for run in by_val if run.is_server_optimizer][:self.top]]
 
     def stage3(self) -> list[Run]:
         return [run.with_seed(seed) for recipe in self.recipes for run in self.chosen(recipe)
@@ -179,8 +209,9 @@ class StudyPlan:
     def planned_sessions(self) -> int:
         """How many sessions the study runs at most (stage 2 may find some already run in stage 1)."""
         per_recipe = len(RATE_FACTORS) * (1 + len(self.grid))
-        return sum(len(r.rates) + per_recipe for r in self.recipes) + \
-            len(self.recipes) * (1 + self.top) * (len(self.seeds) - 1)
+        controls = 1 if any(choice.name == "fedavg" for choice in self.grid) else 0
+        return sum(len(r.rates) + MAX_EXTENSIONS + per_recipe for r in self.recipes) + \
+            len(self.recipes) * (1 + controls + self.top) * (len(self.seeds) - 1)
 
 
 @dataclass
@@ -223,7 +254,7 @@ def judge(plan: StudyPlan, target_round: int = TARGET_ROUND) -> Verdict:
     lines = [f"| setting | seeds | final report_loss (mean ± sd) | vs best FedAvg ({anchor}) | "
              f"rounds to its round-{target_round} loss ({fmt(target)}), per seed |",
              "| --- | ---: | ---: | ---: | --- |"]
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name, series in groups.items():
         finals = [s.final_report() for s in series]
         mean_final = statistics.fmean(finals) if all(math.isfinite(f) for f in finals) else math.inf
@@ -233,8 +264,10 @@ def judge(plan: StudyPlan, target_round: int = TARGET_ROUND) -> Verdict:
                      "reached": reached})
         shown = ", ".join("never" if r is None else str(r) for r in reached)
         lines.append(f"| {name} | {len(series)} | {spread(finals)} | {relative:+.1%} | {shown} |")
-    server_rows = [row for row in rows if not settings[row["setting"]][0].is_fedavg]
+    server_rows = [row for row in rows if settings[row["setting"]][0].is_server_optimizer]
     best = min(server_rows, key=lambda row: row["relative"])
+    controls = [row for row in rows if settings[row["setting"]][0].merge == "fedavg"
+                and not settings[row["setting"]][0].is_fedavg]
     reached_all = [r for r in best["reached"] if r is not None]
     mean_reached = statistics.fmean(reached_all) if len(reached_all) == len(best["reached"]) else None
     holds = mean_reached is not None and mean_reached <= GOAL_ROUNDS and best["relative"] <= -GOAL_LOWER
@@ -243,6 +276,9 @@ def judge(plan: StudyPlan, target_round: int = TARGET_ROUND) -> Verdict:
                f"{'never (in some seed)' if mean_reached is None else f'{mean_reached:.1f} rounds'} (mean of "
                f"{len(best['reached'])} seeds). The report's claim (within {GOAL_ROUNDS} rounds and at least "
                f"{GOAL_LOWER:.0%} lower) {'holds' if holds else 'does not hold'} under this protocol.")
+    for row in controls:
+        verdict += (f" The bigger-step control {row['setting']} ends {row['relative']:+.1%} (reaching it in "
+                    f"{', '.join('never' if r is None else str(r) for r in row['reached'])} rounds).")
     plot_series = {name: mean_series(series) for name, series in groups.items()}
     return Verdict("\n".join(lines), verdict, rows, anchor, plot_series)
 
@@ -340,6 +376,8 @@ def run_study(args: argparse.Namespace, sweep: Mapping[str, Any]) -> int:
                [initial[(run.recipe, run.lr, run.seed)] for run in runs])
 
     execute("stage 1 (FedAvg's client rate per recipe)", plan.stage1())
+    while extensions := [run for run in (plan.extension(recipe) for recipe in plan.recipes) if run is not None]:
+        execute("stage 1, past the grid's edge (the best rate was on it)", extensions)
     for recipe in plan.recipes:
         print(f"  {recipe.name}: best FedAvg client lr {plan.best_rate(recipe):g}; server optimizers at "
               f"{', '.join(f'{lr:g}' for lr in plan.rates_around(recipe))}")

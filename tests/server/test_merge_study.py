@@ -14,6 +14,7 @@ from server.bench.merge_study import (
     StudyPlan,
     first_round_reaching,
     judge,
+    neighbour,
     rate_for,
 )
 from server.session.simulator import MergeChoice
@@ -44,7 +45,8 @@ def test_stages_follow_the_protocol() -> None:
     stage2 = plan.stage2()
     # the server settings at every rate; FedAvg at those rates was already run in stage 1
     assert stage2 == [Run.of("client-sgd", lr, choice) for lr in (1.0, 0.3, 0.1) for choice in (ADAM, MOMENTUM)]
-    assert plan.planned_sessions() == 4 + 3 * 3 + 2 * 2
+    assert plan.extension(SGD) is None  # lr 1.0 has both neighbours: tuned
+    assert plan.planned_sessions() == 4 + 2 + 3 * 3 + 2 * 2  # (2: rates past the edge, at most)
     for run in stage2:
         # FedAdam at lr 0.3 is best on the tuning half but worst on the report half: chosen all the same
         plan.results[run] = flat(1.5, 3.0) if (run.choice, run.lr) == (ADAM, 0.3) else flat(1.9, 1.6)
@@ -79,3 +81,30 @@ def test_the_default_grid_holds_the_control_and_every_adaptive_method() -> None:
     names = {choice.name for choice in SERVER_GRID}
     assert names == {"fedavg", "fedavgm", "fedadam", "fedyogi", "fedadagrad"}
     assert MergeChoice("fedavg", {"server_learning_rate": 2.0}) in SERVER_GRID
+
+
+def test_a_best_rate_on_the_grids_edge_is_extended_past_it() -> None:
+    assert [neighbour(r, up=True) for r in (0.1, 0.3, 1.0, 3.0, 3e-3)] == [0.3, 1.0, 3.0, 10.0, 0.01]
+    assert [neighbour(r, up=False) for r in (0.1, 0.3, 1.0, 1e-3)] == [0.03, 0.1, 0.3, 3e-4]
+    plan = StudyPlan(recipes=[SGD], grid=[ADAM], seeds=(0,), top=1)
+    for run, final in zip(plan.stage1(), (2.0, 1.9, 1.8, 1.7), strict=True):  # the largest rate is the best
+        plan.results[run] = flat(final, final)
+    assert plan.extension(SGD) == Run.of("client-sgd", 10.0, FEDAVG)
+    plan.results[Run.of("client-sgd", 10.0, FEDAVG)] = flat(1.6, 1.6)  # better still
+    assert plan.extension(SGD) == Run.of("client-sgd", 30.0, FEDAVG)
+    plan.results[Run.of("client-sgd", 30.0, FEDAVG)] = flat(1.5, 1.5)
+    assert plan.extension(SGD) is None  # two steps past the edge at most: the study says where it stopped
+
+
+def test_the_bigger_step_control_is_chosen_beside_the_server_optimizers_but_not_judged_as_one() -> None:
+    control = MergeChoice("fedavg", {"server_learning_rate": 2.0})
+    plan = StudyPlan(recipes=[SGD], grid=[control, ADAM], seeds=(0, 1), top=1)
+    finals = [(FEDAVG, (2.0, 2.0)), (control, (1.0, 1.0)), (ADAM, (1.5, 1.5))]
+    for seed in (0, 1):
+        for choice, (val, report) in finals:
+            plan.results[Run.of("client-sgd", 1.0, choice, seed)] = flat(val, report)
+    assert [run.choice for run in plan.chosen(SGD)] == [FEDAVG, control, ADAM]
+    verdict = judge(plan)
+    assert verdict.verdict.startswith("Best server optimizer: client-sgd lr=1 fedadam eta=0.01: final report_loss "
+                                      "-25.0%")
+    assert "bigger-step control client-sgd lr=1 fedavg lr=2.0 ends -50.0%" in verdict.verdict
