@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -49,16 +50,27 @@ def capture_bodies(page: Page, bodies: list[tuple[str, bytes]]) -> None:
 
 
 def open_local_peers(browser: Browser, url: str, files: list[list[Path]],
-                     bodies: list[tuple[str, bytes]]) -> list[Page]:
-    """A page per peer at ``?join=1``, its files chosen through the page's file input."""
+                     bodies: list[tuple[str, bytes]]) -> tuple[list[Page], dict[str, Any]]:
+    """A page per peer at ``?join=1``, its files chosen through the page's file input: the first page's only once it
+    has booted, to see it wait for them without joining. Returns the pages and what the first showed meanwhile."""
     pages = []
     for chosen in files:
         page = browser.new_context().new_page()
         capture_bodies(page, bodies)
         page.goto(join_url(url))
-        page.set_input_files("#local-files", [str(p) for p in chosen])
+        if pages:
+            page.set_input_files("#local-files", [str(p) for p in chosen])
         pages.append(page)
-    return pages
+    first = pages[0]
+    deadline = time.monotonic() + BOOT_SECONDS
+    probe = "[document.body.dataset.state, window.peertrain.activity, Boolean(window.peertrain.joined)]"
+    while not (seen := first.evaluate(probe))[1].startswith("choose files"):
+        assert time.monotonic() < deadline and seen[0] != "failed", seen
+        time.sleep(0.2)
+    waiting = {"state": seen[0], "activity": seen[1], "joined": seen[2],
+               "join_disabled": first.locator("#join").is_disabled()}
+    first.set_input_files("#local-files", [str(p) for p in files[0]])
+    return pages, waiting
 
 
 def leaked(bodies: list[tuple[str, bytes]], secrets: dict[str, bytes]) -> list[str]:
@@ -115,7 +127,7 @@ def test_three_browsers_train_the_csv_example_on_their_own_files(browser: Browse
     try:
         files = [[folder / "rows.csv"] for folder in PEER_FOLDERS]
         files[0].append(broken)
-        pages = open_local_peers(browser, url, files, bodies)
+        pages, waiting = open_local_peers(browser, url, files, bodies)
         final = wait_for_status(url, lambda s: s["done"], timeout_s=BOOT_SECONDS + 240, what="the session to finish",
                                 pages=pages, relay=relay)
         summaries = [page.evaluate("window.peertrain.local") for page in pages]
@@ -124,10 +136,14 @@ def test_three_browsers_train_the_csv_example_on_their_own_files(browser: Browse
         federated_text = pages[0].inner_text("#federated")
         privacy = pages[0].inner_text("#local-privacy")
         not_covered = pages[0].inner_text("#not-covered")
+        pages[0].screenshot(path=str(ARTIFACTS / "page-local-csv.png"), full_page=True)
     finally:
         close_pages(pages)
         stop(relay)
 
+    # A booted page without files waits for them: it neither joins nor lets its person join.
+    assert waiting == {"state": "ready", "activity": "choose files to train on (they stay in this browser)",
+                       "joined": False, "join_disabled": True}
     # The page read the files, refused the broken one with its reason, and said what stays in the browser.
     assert [s["examples"] for s in summaries] == [400, 400, 400] and all(s["ready"] for s in summaries)
     assert "refused: broken.csv, line 3: 2 columns, the header has 5" in report and "rows.csv: 400 examples" in report

@@ -172,3 +172,12 @@ def test_serve_refuses_a_local_task_without_parse_local_and_redundancy(tmp_path:
     assert cli.main([*serve, "--task", str(CSV_TASK), "--session-dir", str(tmp_path / "b"), "--redundancy",
                      "0.5"]) == 2
     assert "--redundancy compares two peers' results" in capsys.readouterr().err
+
+
+def test_an_async_merge_records_federated_metrics_without_host_validation(federated_only: Package) -> None:
+    session = Session.create(federated_only, SessionConfig(participants=2, passes=1, mode="async"))
+    result = UnitResult(session.weights + 0.01, 10, {"federated_val_loss": 0.7, "federated_examples": 4,
+                                                     "train_loss": 0.5})
+    entry = session.complete_buffer([(0, result), (1, result)], validate=True)
+    assert entry["metrics"] == {} and entry["train"] == {"train_loss": 0.5}
+    assert entry["federated"] == {"of_round": 0, "metrics": {"val_loss": 0.7}, "examples": 8, "results": 2}
