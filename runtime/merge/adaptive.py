@@ -14,27 +14,22 @@ Note the step uses the first moment ``m``, not ``delta``: Flower's FedAdam once 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import ClassVar
 
 import numpy as np
 
-from runtime.aggregate import Aggregator
 from runtime.merge.base import (
     MergeMethod,
-    Result,
     StateDict,
     StateMismatch,
     StateValue,
-    check_results,
     checked_flag,
     checked_number,
     checked_round_count,
     checked_state_array,
-    or_mean,
 )
-from runtime.weights import WeightSpec
 
 
 def adam_second_moment(v: np.ndarray, delta: np.ndarray, beta_2: float) -> np.ndarray:
@@ -124,21 +119,15 @@ class AdaptiveServerOptimizer(MergeMethod):
         self.tau = checked_number(self.name, "tau", self.tau, above=0)
         self.bias_correction = checked_flag(self.name, "bias_correction", self.bias_correction)
 
-    def merge(
-        self,
-        global_weights: np.ndarray,
-        results: Sequence[Result],
-        *,
-        spec: WeightSpec | None = None,
-        aggregator: Aggregator | None = None,
-    ) -> np.ndarray:
-        global64, vectors, counts = check_results(global_weights, results, spec)
+    def check_state(self, global64: np.ndarray) -> None:
+        for name, moment in (("m", self.m), ("v", self.v)):
+            if moment is not None and moment.shape != global64.shape:
+                raise StateMismatch(f"{self.name} moment {name} has {moment.shape[0]} values, weights have "
+                                    f"{global64.shape[0]}")
+
+    def step(self, global64: np.ndarray, average: np.ndarray) -> np.ndarray:
         m = np.zeros_like(global64) if self.m is None else self.m
         v = np.zeros_like(global64) if self.v is None else self.v
-        if m.shape != global64.shape or v.shape != global64.shape:
-            raise StateMismatch(f"{self.name} moments have {m.shape[0]} values, weights have {global64.shape[0]}")
-        average = or_mean(aggregator).combine(global64, vectors, counts)
-        self.last_delta = average - global64
         new_weights, self.m, self.v = adaptive_update(
             global64,
             average,
@@ -154,7 +143,7 @@ class AdaptiveServerOptimizer(MergeMethod):
             correct_v=self.bias_correction and self.v_decays,
         )
         self.t += 1
-        return new_weights.astype(np.float32)
+        return new_weights
 
     def state_dict(self) -> StateDict:
         state: StateDict = {"t": self.t}

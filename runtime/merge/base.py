@@ -61,9 +61,21 @@ class MergeMethod(Configurable):
     ) -> np.ndarray:
         """The new global weights (float32) from the round's results, averaged by ``aggregator`` (None: ``Mean()``).
 
-        The results are checked (``check_results``) before the aggregator sees them; a refused round
-        leaves the method's and the aggregator's state alone.
+        The results are checked (``check_results``) and the method's state (``check_state``) before the
+        aggregator sees them; a refused round leaves the method's and the aggregator's state alone.
         """
+        global64, vectors, counts = check_results(global_weights, results, spec)
+        self.check_state(global64)
+        average = or_mean(aggregator).combine(global64, vectors, counts)
+        self.last_delta = average - global64
+        return self.step(global64, average).astype(np.float32)
+
+    def check_state(self, global64: np.ndarray) -> None:
+        """Raise ``StateMismatch`` when the server state does not fit these weights (stateless: nothing)."""
+
+    def step(self, global64: np.ndarray, average: np.ndarray) -> np.ndarray:
+        """The server optimizer's step from the global weights to new ones, given the round's average (float64);
+        updates the method's state."""
         raise NotImplementedError
 
 

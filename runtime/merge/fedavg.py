@@ -10,15 +10,12 @@ it is the control for "does a server optimizer win only because it takes a bigge
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
 
-from runtime.aggregate import Aggregator
-from runtime.merge.base import MergeMethod, Result, check_results, checked_number, or_mean
-from runtime.weights import WeightSpec
+from runtime.merge.base import MergeMethod, checked_number
 
 
 @dataclass(eq=False)
@@ -40,17 +37,7 @@ class FedAvg(MergeMethod):
             self.name, "server_learning_rate", self.server_learning_rate, above=0
         )
 
-    def merge(
-        self,
-        global_weights: np.ndarray,
-        results: Sequence[Result],
-        *,
-        spec: WeightSpec | None = None,
-        aggregator: Aggregator | None = None,
-    ) -> np.ndarray:
-        global64, vectors, counts = check_results(global_weights, results, spec)
-        average = or_mean(aggregator).combine(global64, vectors, counts)
-        self.last_delta = average - global64
-        if self.server_learning_rate != 1.0:
-            average = global64 + self.server_learning_rate * (average - global64)
-        return average.astype(np.float32)
+    def step(self, global64: np.ndarray, average: np.ndarray) -> np.ndarray:
+        if self.server_learning_rate == 1.0:
+            return average
+        return global64 + self.server_learning_rate * (average - global64)

@@ -9,27 +9,22 @@ rounds; when one round is a whole pass over the data, momentum keeps growing an 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import ClassVar
 
 import numpy as np
 
-from runtime.aggregate import Aggregator
 from runtime.merge.base import (
     MergeMethod,
-    Result,
     StateDict,
     StateMismatch,
     StateValue,
-    check_results,
     checked_flag,
     checked_number,
     checked_round_count,
     checked_state_array,
-    or_mean,
 )
-from runtime.weights import WeightSpec
 
 
 def fedavgm_update(
@@ -78,20 +73,13 @@ class FedAvgM(MergeMethod):
         self.server_momentum = checked_number(self.name, "server_momentum", self.server_momentum, at_least=0, below=1)
         self.nesterov = checked_flag(self.name, "nesterov", self.nesterov)
 
-    def merge(
-        self,
-        global_weights: np.ndarray,
-        results: Sequence[Result],
-        *,
-        spec: WeightSpec | None = None,
-        aggregator: Aggregator | None = None,
-    ) -> np.ndarray:
-        global64, vectors, counts = check_results(global_weights, results, spec)
+    def check_state(self, global64: np.ndarray) -> None:
+        if self.momentum is not None and self.momentum.shape != global64.shape:
+            raise StateMismatch(f"fedavgm momentum has {self.momentum.shape[0]} values, weights have "
+                                f"{global64.shape[0]}")
+
+    def step(self, global64: np.ndarray, average: np.ndarray) -> np.ndarray:
         momentum = np.zeros_like(global64) if self.momentum is None else self.momentum
-        if momentum.shape != global64.shape:
-            raise StateMismatch(f"fedavgm momentum has {momentum.shape[0]} values, weights have {global64.shape[0]}")
-        average = or_mean(aggregator).combine(global64, vectors, counts)
-        self.last_delta = average - global64
         new_weights, self.momentum = fedavgm_update(
             global64,
             average,
@@ -101,7 +89,7 @@ class FedAvgM(MergeMethod):
             nesterov=self.nesterov,
         )
         self.t += 1
-        return new_weights.astype(np.float32)
+        return new_weights
 
     def state_dict(self) -> StateDict:
         state: StateDict = {"t": self.t}

@@ -48,6 +48,7 @@ from server.session.sweep_worker import (
     pool_initializer,
     pool_job,
     train_session,
+    write_tree,
 )
 
 __all__ = ["ENGINES", "Engine", "SessionOutcome", "SessionSpec", "SweepError", "describe_engine", "run_sessions"]
@@ -206,12 +207,7 @@ def write_session_folder(directory: Path, files: dict[str, bytes], package: Pack
     and ``session.json`` names this machine's package folder (as a session run here would)."""
     for stale in (checkpoint.ROUNDS_DIR, checkpoint.BEST_DIR):
         shutil.rmtree(directory / stale, ignore_errors=True)
-    for relative, data in files.items():
-        path = directory / relative
-        if not path.resolve().is_relative_to(directory.resolve()):
-            raise SweepError(f"a worker sent {relative!r}, outside the session folder")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data)
+    write_tree(directory, files)
     stored = checkpoint.read_session_config(directory)
     stored["package"] = str(Path(package.path).resolve())
     checkpoint.write_session_config(directory, stored)
