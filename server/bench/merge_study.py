@@ -10,7 +10,7 @@ method. The protocol here removes both:
    also runs at those rates (so a method that needs a smaller client rate competes with FedAvg at that rate).
 3. Settings are chosen on ``val_loss``, half of the validation windows (bytetext ``report_half``); what is
    reported is ``report_loss``, the other half, which no choice looked at.
-4. FedAvg's best setting and the two best server-optimizer settings of each recipe run again on two more
+4. FedAvg's best setting, the best bigger-step control and the best server optimizer of each recipe run again on two more
    seeds (other initial weights and chunk orders, the same data); the table gives the mean and spread over the
    3 seeds: the final report loss relative to the best FedAvg of all recipes, and the first round at which
    each reaches that FedAvg's report loss after round 31 (the report's "in 20 rounds instead of 31").
@@ -47,15 +47,14 @@ class Recipe:
 
 
 RECIPES = (
-    Recipe("client-sgd", {"optimizer": "sgd", "momentum": 0.0}, (0.1, 0.3, 1.0, 3.0)),
-    Recipe("local-adam", {"optimizer": "adam"}, (3e-4, 1e-3, 3e-3, 1e-2)),
+    Recipe("client-sgd", {"optimizer": "sgd", "momentum": 0.0}, (0.3, 1.0, 3.0)),
+    Recipe("local-adam", {"optimizer": "adam"}, (1e-3, 3e-3, 1e-2)),
 )
 FEDAVG = MergeChoice("fedavg")
 SERVER_GRID = (
     MergeChoice("fedavg", {"server_learning_rate": 2.0}),  # the control: only a bigger step
     MergeChoice("fedavgm", {"server_momentum": 0.5}),
     MergeChoice("fedavgm", {"server_momentum": 0.9}),
-    MergeChoice("fedadam", {"eta": 3e-3}),
     MergeChoice("fedadam", {"eta": 1e-2}),
     MergeChoice("fedyogi", {"eta": 1e-2}),
     MergeChoice("fedadagrad", {"eta": 1e-2}),
@@ -76,7 +75,7 @@ def neighbour(rate: float, *, up: bool) -> float:
 
 
 SEEDS = (0, 1, 2)
-TOP_SERVER_SETTINGS = 2  # per recipe, rerun over every seed besides FedAvg's best
+TOP_SERVER_SETTINGS = 1  # per recipe, rerun over every seed besides FedAvg's best
 
 
 @dataclass(frozen=True)
