@@ -10,8 +10,9 @@ method. The protocol here removes both:
    also runs at those rates (so a method that needs a smaller client rate competes with FedAvg at that rate).
 3. Settings are chosen on ``val_loss``, half of the validation windows (bytetext ``report_half``); what is
    reported is ``report_loss``, the other half, which no choice looked at.
-4. FedAvg's best setting, the best bigger-step control and the best server optimizer of each recipe run again on two more
-   seeds (other initial weights and chunk orders, the same data); the table gives the mean and spread over the
+4. FedAvg's best setting, the best bigger-step control and the best server optimizer of each recipe run again
+   on two more seeds (other initial weights and chunk orders, the same data); the table gives the mean and spread
+   over the
    3 seeds: the final report loss relative to the best FedAvg of all recipes, and the first round at which
    each reaches that FedAvg's report loss after round 31 (the report's "in 20 rounds instead of 31").
 
