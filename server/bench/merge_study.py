@@ -12,8 +12,7 @@ method. The protocol here removes both:
    reported is ``report_loss``, the other half, which no choice looked at.
 4. FedAvg's best setting, the best bigger-step control and the best server optimizer of each recipe run again
    on two more seeds (other initial weights and chunk orders, the same data); the table gives the mean and spread
-   over the
-   3 seeds: the final report loss relative to the best FedAvg of all recipes, and the first round at which
+   over the 3 seeds: the final report loss relative to the best FedAvg of all recipes, and the first round at which
    each reaches that FedAvg's report loss after round 31 (the report's "in 20 rounds instead of 31").
 
 Sessions run as a sweep (``server.session.sweep``): a local process pool by default, or Ray with ``--ray``.
@@ -54,7 +53,6 @@ RECIPES = (
 FEDAVG = MergeChoice("fedavg")
 SERVER_GRID = (
     MergeChoice("fedavg", {"server_learning_rate": 2.0}),  # the control: only a bigger step
-    MergeChoice("fedavgm", {"server_momentum": 0.5}),
     MergeChoice("fedavgm", {"server_momentum": 0.9}),
     MergeChoice("fedadam", {"eta": 1e-2}),
     MergeChoice("fedyogi", {"eta": 1e-2}),
@@ -185,7 +183,8 @@ class StudyPlan:
 
     def rates_around(self, recipe: Recipe) -> list[float]:
         best = self.best_rate(recipe)
-        return [rate_for(recipe.rates, best * factor) for factor in RATE_FACTORS]
+        tried = sorted({run.lr for run in self.results if run.recipe == recipe.name and run.is_fedavg})
+        return [rate_for(tried or recipe.rates, best * factor) for factor in RATE_FACTORS]
 
     def stage2(self) -> list[Run]:
         runs = []
@@ -301,6 +300,9 @@ def add_study_arguments(parser: argparse.ArgumentParser) -> None:
                              "on the other half over 3 seeds (about an hour on 2 cores)")
     parser.add_argument("--study-seeds", type=int, default=len(SEEDS),
                         help=f"seeds of the final reruns, 0..N-1 (default {len(SEEDS)})")
+    parser.add_argument("--study-fresh", action="store_true",
+                        help="run every session again (by default a study started again reuses the sessions an "
+                             "earlier run finished with the same package and settings)")
 
 
 def record(plan: StudyPlan, runs: Sequence[Run], histories: Sequence[Sequence[Mapping[str, Any]]],
@@ -334,6 +336,20 @@ def write_report(plan: StudyPlan, verdict: Verdict, out: Path, *, command: str, 
 
 def elapsed(started: float) -> float:
     return time.perf_counter() - started
+
+
+def finished(directory: Path, spec: Any) -> list[dict[str, Any]] | None:
+    """The history of a session an earlier run of the study finished in ``directory`` with ``spec``'s package
+    and config, or None (absent, unfinished, or another config: it runs again)."""
+    from server.session.session import Session
+
+    if not (directory / "session.json").is_file():
+        return None
+    try:
+        session = Session.restore(directory, spec.package)
+    except Exception:  # (a folder the study cannot read back is simply run again)
+        return None
+    return session.history if session.done and session.config == spec.config else None
 
 
 def run_study(args: argparse.Namespace, sweep: Mapping[str, Any]) -> int:
@@ -370,9 +386,16 @@ def run_study(args: argparse.Namespace, sweep: Mapping[str, Any]) -> int:
         specs = [SessionSpec(package_for(run), SessionConfig(
             merge=run.merge, merge_config=dict(run.config), participants=5, passes=3, seed=run.seed,
             max_rounds=args.rounds, aggregate="mean", label=run.label), run.slug()) for run in runs]
-        outcomes = run_sessions(specs, engine=engine["engine"], workers=engine["workers"],
-                                address=engine["address"], progress=args.progress, out=out / "sessions")
-        record(plan, runs, [o.history for o in outcomes],
+        done = {} if args.study_fresh else {spec.name: h for spec in specs
+                                            if (h := finished(out / "sessions" / spec.name, spec)) is not None}
+        if done:
+            print(f"  {len(done)} of them finished in an earlier run of the study: reused")
+        todo = [(run, spec) for run, spec in zip(runs, specs, strict=True) if spec.name not in done]
+        outcomes = run_sessions([spec for _, spec in todo], engine=engine["engine"], workers=engine["workers"],
+                                address=engine["address"], progress=args.progress, out=out / "sessions") \
+            if todo else []
+        histories = done | {spec.name: outcome.history for (_, spec), outcome in zip(todo, outcomes, strict=True)}
+        record(plan, runs, [histories[spec.name] for spec in specs],
                [initial[(run.recipe, run.lr, run.seed)] for run in runs])
 
     execute("stage 1 (FedAvg's client rate per recipe)", plan.stage1())
