@@ -98,7 +98,7 @@ def test_a_best_rate_on_the_grids_edge_is_extended_past_it() -> None:
 
 def test_the_bigger_step_control_is_chosen_beside_the_server_optimizers_but_not_judged_as_one() -> None:
     control = MergeChoice("fedavg", {"server_learning_rate": 2.0})
-    plan = StudyPlan(recipes=[SGD], grid=[control, ADAM], seeds=(0, 1), top=1)
+    plan = StudyPlan(recipes=[SGD], grid=[control, ADAM], seeds=(0, 1), top=1, rerun_controls=True)
     finals = [(FEDAVG, (2.0, 2.0)), (control, (1.0, 1.0)), (ADAM, (1.5, 1.5))]
     for seed in (0, 1):
         for choice, (val, report) in finals:
@@ -108,3 +108,15 @@ def test_the_bigger_step_control_is_chosen_beside_the_server_optimizers_but_not_
     assert verdict.verdict.startswith("Best server optimizer: client-sgd lr=1 fedadam eta=0.01: final report_loss "
                                       "-25.0%")
     assert "bigger-step control client-sgd lr=1 fedavg lr=2.0 ends -50.0%" in verdict.verdict
+
+
+def test_without_reruns_the_control_is_reported_from_its_seed_0_run() -> None:
+    control = MergeChoice("fedavg", {"server_learning_rate": 2.0})
+    plan = StudyPlan(recipes=[SGD], grid=[control, ADAM], seeds=(0, 1), top=1)
+    plan.results[Run.of("client-sgd", 1.0, control)] = flat(1.0, 1.2)
+    for seed in (0, 1):
+        plan.results[Run.of("client-sgd", 1.0, FEDAVG, seed)] = flat(2.0, 2.0)
+        plan.results[Run.of("client-sgd", 1.0, ADAM, seed)] = flat(1.5, 1.5)
+    assert [run.choice for run in plan.chosen(SGD)] == [FEDAVG, ADAM]
+    assert plan.stage3() == [Run.of("client-sgd", 1.0, FEDAVG, 1), Run.of("client-sgd", 1.0, ADAM, 1)]
+    assert "control client-sgd lr=1 fedavg lr=2.0 (seed 0 only) ends -40.0%" in judge(plan).verdict
