@@ -312,7 +312,7 @@ def add_study_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--study", action="store_true",
                         help="the fair protocol: tune FedAvg's client rate per local recipe, grid every server "
                              "optimizer at 1, 1/3 and 1/10 of it, choose on half the validation windows, report "
-                             "on the other half over 3 seeds (about an hour on 2 cores)")
+                             "on the other half over 3 seeds (48 sessions, about 80 min on 2 cores)")
     parser.add_argument("--study-seeds", type=int, default=len(SEEDS),
                         help=f"seeds of the final reruns, 0..N-1 (default {len(SEEDS)})")
     parser.add_argument("--study-fresh", action="store_true",
