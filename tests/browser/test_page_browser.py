@@ -46,6 +46,9 @@ def test_the_page_shows_people_metrics_and_answers(browser: Browser, tmp_path: P
         final = train_to_the_end(browser, url, 3, relay, pages)
         page = pages[0]
         wait_js(page, "document.querySelectorAll('#participants tbody tr').length >= 3", 20)
+        # the table follows the status stream, which may come a little after the end: wait for the last units
+        wait_js(page, "[...document.querySelectorAll('#participants tbody tr')].reduce((n, r) => n + "
+                f"Number(r.cells[2].textContent), 0) >= {3 * final['num_rounds']}", 20)
         table = page.eval_on_selector_all("#participants tbody tr",
                                           "rows => rows.map(r => [...r.cells].map(c => c.textContent))")
         listing = httpx.get(url + "api/admin/peers", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
