@@ -353,9 +353,9 @@ def elapsed(started: float) -> float:
     return time.perf_counter() - started
 
 
-def finished(directory: Path, spec: Any) -> list[dict[str, Any]] | None:
-    """The history of a session an earlier run of the study finished in ``directory`` with ``spec``'s package
-    and config, or None (absent, unfinished, or another config: it runs again)."""
+def finished(directory: Path, spec: Any) -> Any:
+    """The session an earlier run of the study finished in ``directory`` with ``spec``'s package and config, or
+    None (absent, unfinished, or another config: it runs again)."""
     from server.session.session import Session
 
     if not (directory / "session.json").is_file():
@@ -364,7 +364,7 @@ def finished(directory: Path, spec: Any) -> list[dict[str, Any]] | None:
         session = Session.restore(directory, spec.package)
     except Exception:  # (a folder the study cannot read back is simply run again)
         return None
-    return session.history if session.done and session.config == spec.config else None
+    return session if session.done and session.config == spec.config else None
 
 
 def run_study(args: argparse.Namespace, sweep: Mapping[str, Any]) -> int:
@@ -377,7 +377,6 @@ def run_study(args: argparse.Namespace, sweep: Mapping[str, Any]) -> int:
     out: Path = args.out / "study"
     plan = StudyPlan(seeds=tuple(range(args.study_seeds)))
     packages: dict[tuple[str, float, int], Package] = {}
-    initial: dict[tuple[str, float, int], Mapping[str, Any]] = {}
     recipes = {recipe.name: recipe for recipe in plan.recipes}
     engine = {"engine": sweep["engine"], "workers": sweep["workers"], "address": sweep["ray_address"]}
     print(f"study: at most {plan.planned_sessions()} sessions of {args.rounds or 33} rounds, "
@@ -390,8 +389,6 @@ def run_study(args: argparse.Namespace, sweep: Mapping[str, Any]) -> int:
                         "report_half": True, "lr": run.lr, **recipes[run.recipe].settings}
             folder = out / "packages" / f"{run.recipe}_lr{run.lr:g}_s{run.seed}"
             packages[key] = build_package("bytetext", settings, folder, seed=run.seed, log=lambda _: None)
-            task = packages[key].task
-            initial[key] = task.validate(packages[key].initial_weights, packages[key].data.validation)
         return packages[key]
 
     def execute(stage: str, runs: Sequence[Run]) -> None:
@@ -409,9 +406,10 @@ def run_study(args: argparse.Namespace, sweep: Mapping[str, Any]) -> int:
         outcomes = run_sessions([spec for _, spec in todo], engine=engine["engine"], workers=engine["workers"],
                                 address=engine["address"], progress=args.progress, out=out / "sessions") \
             if todo else []
-        histories = done | {spec.name: outcome.history for (_, spec), outcome in zip(todo, outcomes, strict=True)}
-        record(plan, runs, [histories[spec.name] for spec in specs],
-               [initial[(run.recipe, run.lr, run.seed)] for run in runs])
+        sessions = done | {spec.name: outcome.session for (_, spec), outcome in zip(todo, outcomes, strict=True)}
+        # (the initial metrics are the sessions' own: each validated its initial weights when it was created)
+        record(plan, runs, [sessions[spec.name].history for spec in specs],
+               [sessions[spec.name].initial_metrics for spec in specs])
 
     execute("stage 1 (FedAvg's client rate per recipe)", plan.stage1())
     while extensions := [run for run in (plan.extension(recipe) for recipe in plan.recipes) if run is not None]:
