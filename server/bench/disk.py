@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 
 from server.bench.chaos_relay import EXAMPLES, RelayProcess, RetryingPeer, Uploads, free_port
-from server.relay.state import DEFAULT_KEEP_RESULTS
+from server.relay.options import DEFAULT_KEEP_RESULTS
 
 ADMIN = "disk-admin"
 

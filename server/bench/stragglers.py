@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from server.relay.state import DEFAULT_BACKUP_AFTER
+from server.relay.options import DEFAULT_BACKUP_AFTER
 from server.session.package import Package, build_package
 from server.session.session import SessionConfig
 from server.session.stragglers import (

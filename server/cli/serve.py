@@ -19,7 +19,7 @@ from server.cli.options import add_aggregate_options, add_task_options, merge_na
 from server.paths import REPO_ROOT
 from server.relay.app import RelayPaths, create_app
 from server.relay.limits import add_limit_options, limits_from_args, raise_file_limit
-from server.relay.state import (
+from server.relay.options import (
     DEFAULT_BACKUP_AFTER,
     DEFAULT_JOIN_BURST,
     DEFAULT_JOIN_RATE,
@@ -183,8 +183,9 @@ def runs_home() -> Path:
 
 
 def open_session(args: argparse.Namespace, paths: RelayPaths):  # type: ignore[no-untyped-def]
+    from server.relay.options import RelayOptions
     from server.relay.sqlite_store import Store
-    from server.relay.state import Relay, RelayOptions
+    from server.relay.state import Relay
     from server.session.config import SessionConfig
     from server.session.package import Package, build_package
     from server.session.session import Session

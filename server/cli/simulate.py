@@ -187,7 +187,7 @@ STRAGGLER_OPTIONS = {
 
 def straggler_settings(args: argparse.Namespace) -> Any:
     """The ``StragglerSettings`` the options ask for; a ValueError names a bad one."""
-    from server.relay.state import DEFAULT_BACKUP_AFTER
+    from server.relay.options import DEFAULT_BACKUP_AFTER
     from server.session.stragglers import StragglerSettings, parse_profile
 
     checks = [(args.peers is None or args.peers >= 1, "--peers must be 1 or more"),

@@ -46,9 +46,10 @@ from typing import Any
 import numpy as np
 
 from runtime.peer import Peer
+from server.relay.options import DEFAULT_BACKUP_AFTER, RelayOptions
 from server.relay.refusal import Refusal
 from server.relay.sqlite_store import Store
-from server.relay.state import DEFAULT_BACKUP_AFTER, Relay, RelayOptions
+from server.relay.state import Relay
 from server.session.package import Package
 from server.session.session import Session, SessionConfig
 

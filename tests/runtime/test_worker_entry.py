@@ -24,8 +24,9 @@ from runtime import wire, worker
 from runtime.backend import wasm_gemm
 from runtime.tasks import TaskError
 from server.relay.app import RelayPaths, create_app
+from server.relay.options import RelayOptions
 from server.relay.sqlite_store import Store
-from server.relay.state import Relay, RelayOptions
+from server.relay.state import Relay
 from server.session.package import TASK_FIELDS, Package, build_package
 from server.session.session import Session, SessionConfig
 

@@ -24,8 +24,9 @@ from runtime.peer import Peer
 from runtime.tasks import UnitResult
 from server.relay.app import RelayPaths, create_app
 from server.relay.client import RelayClient, result_call
+from server.relay.options import RelayOptions
 from server.relay.sqlite_store import Store, StoredResult
-from server.relay.state import Relay, RelayOptions
+from server.relay.state import Relay
 from server.session.package import Package, build_package
 from server.session.session import Session, SessionConfig
 

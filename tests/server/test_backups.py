@@ -14,7 +14,7 @@ from test_redundancy import flipped, work_until_done
 from test_verify import wait_until
 
 from runtime import wire
-from server.relay.state import DEFAULT_BACKUP_AFTER
+from server.relay.options import DEFAULT_BACKUP_AFTER
 from server.session.package import Package
 
 
