@@ -97,6 +97,44 @@ def test_the_cycle_check_finds_a_synthetic_cycle(tmp_path: Path) -> None:
     assert ["knot.inner", "knot.inner.leaf"] in cycles(import_graph(tmp_path, ["knot"]))
 
 
+# Layers of server/, lowest first: a package may import only from packages below it (and itself). The command line
+# sits on top; the simulation and the benches drive the relay and the session; the relay serves a session; the
+# session (round loop, packages, checkpoints) knows nothing of HTTP or of the relay.
+# ``server.cli.options`` (argparse helpers the benches' own arguments share) is the one module any layer may use.
+LAYERS = {"session": 0, "relay": 1, "browser_assets": 1, "build": 1, "browser": 2, "harness": 2, "simulation": 2,
+          "bench": 3, "cli": 4}
+SHARED_MODULES = frozenset({"server.cli.options"})
+
+
+def layer_violations(graph: dict[str, set[str]]) -> list[str]:
+    """``a -> b`` for every import of a server sub-package from one at its own level or above (other than itself)."""
+    problems = []
+    for module, targets in sorted(graph.items()):
+        parts = module.split(".")
+        if parts[0] != "server" or len(parts) < 2 or parts[1] not in LAYERS:
+            continue
+        for target in sorted(targets):
+            other = target.split(".")
+            if target in SHARED_MODULES:
+                continue
+            if other[0] == "server" and len(other) > 1 and other[1] in LAYERS and other[1] != parts[1] \
+                    and LAYERS[other[1]] >= LAYERS[parts[1]]:
+                problems.append(f"{module} -> {target}")
+    return problems
+
+
+def test_server_packages_import_only_lower_layers() -> None:
+    """No module of server/session/ imports server/relay/ (the session is below the transport); the simulation and
+    the benches sit above both; the command line above everything."""
+    assert layer_violations(import_graph(REPO_ROOT, PACKAGES)) == []
+
+
+def test_the_layer_check_catches_an_upward_import() -> None:
+    graph = {"server.session.session": {"server.relay.state", "runtime.peer"},
+             "server.relay.state": {"server.session.session"}, "server.simulation.stragglers": {"server.relay.state"}}
+    assert layer_violations(graph) == ["server.session.session -> server.relay.state"]
+
+
 def documented_paths(text: str) -> list[tuple[str, str]]:
     """(row's first path, a path) for every path named in backticks in a Markdown table row; a later path in
     a row may be relative to the first (``tests/`` ... ``browser/``)."""

@@ -16,7 +16,7 @@ method. The protocol here removes both:
    over the 3 seeds: the final report loss relative to the best FedAvg of all recipes, and the first round at which
    each reaches that FedAvg's report loss after round 31 (the report's "in 20 rounds instead of 31").
 
-Sessions run as a sweep (``server.session.sweep``): a local process pool by default, or Ray with ``--ray``.
+Sessions run as a sweep (``server.simulation.sweep``): a local process pool by default, or Ray with ``--ray``.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from server.session.simulator import MergeChoice, fmt
+from server.simulation.simulator import MergeChoice, fmt
 
 TARGET_ROUND = 31
 GOAL_ROUNDS = 20  # the report: the best settings got to FedAvg's round-31 loss in 20 rounds
@@ -371,7 +371,7 @@ def run_study(args: argparse.Namespace, sweep: Mapping[str, Any]) -> int:
     """The whole protocol (``args``: ``peertrain bench merges``'s options; ``sweep``: ``sweep_settings``)."""
     from server.session.config import SessionConfig
     from server.session.package import Package, build_package
-    from server.session.sweep import SessionSpec, describe_engine, run_sessions
+    from server.simulation.sweep import SessionSpec, describe_engine, run_sessions
 
     started = time.perf_counter()
     out: Path = args.out / "study"

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from server.bench.merge_study import add_study_arguments, run_study
 from server.cli.options import add_sweep_options, sweep_settings
-from server.session.simulator import MergeChoice, compare, fmt
+from server.simulation.simulator import MergeChoice, compare, fmt
 
 SETTINGS = [
     MergeChoice("fedavg"),

@@ -1,6 +1,6 @@
 """``peertrain bench stragglers``: slow and vanishing peers against the relay's backups and round deadlines.
 
-Every run is ``server.session.stragglers``: a real relay in-process, its own decisions (leases, backups,
+Every run is ``server.simulation.stragglers``: a real relay in-process, its own decisions (leases, backups,
 deadlines, who counts as connected) on a virtual clock, units trained for real by ``runtime.peer.Peer``. For
 each task, each peer configuration (``CONFIGS``: 3 peers with k = 3, and 4 peers with k = 3, more peers than
 units a round), each peer-speed profile (``PROFILES``) and each relay mode (``MODES``), it reports the session's
@@ -50,7 +50,7 @@ from typing import Any
 from server.relay.options import DEFAULT_BACKUP_AFTER
 from server.session.package import Package, build_package
 from server.session.session import SessionConfig
-from server.session.stragglers import (
+from server.simulation.stragglers import (
     DEFAULT_UNIT_SECONDS,
     StragglerRun,
     StragglerSettings,

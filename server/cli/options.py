@@ -37,7 +37,7 @@ def add_aggregate_options(parser: argparse.ArgumentParser) -> None:
 
 
 def add_sweep_options(parser: argparse.ArgumentParser) -> None:
-    """``--workers N`` and ``--ray [ADDRESS]``: where a command's sessions run (``server.session.sweep``); read them
+    """``--workers N`` and ``--ray [ADDRESS]``: where a command's sessions run (``server.simulation.sweep``); read them
     back with ``sweep_settings(args)`` and pass them to ``simulator.compare`` (or ``sweep.run_sessions``)."""
     group = parser.add_argument_group("parallel sessions (the results are the same bits on every engine)")
     group.add_argument("--workers", type=positive_int, metavar="N",

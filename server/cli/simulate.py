@@ -63,7 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_straggler_arguments(parser: argparse.ArgumentParser) -> None:
     """``--peer-speeds`` and what goes with it: the relay's own decisions on a virtual clock
-    (``server.session.stragglers``)."""
+    (``server.simulation.stragglers``)."""
     group = parser.add_argument_group(
         "slow peers on a virtual clock (with --peer-speeds: a real relay in-process, its backups, deadlines and "
         "leases on virtual time; units are trained for real)")
@@ -107,8 +107,8 @@ def run(args: argparse.Namespace) -> int:
     from runtime.tasks import TaskError
     from server.session.config import SessionError
     from server.session.package import Package, build_package
-    from server.session.simulator import compare, parse_merge_choices, with_common_settings
-    from server.session.sweep import SweepError
+    from server.simulation.simulator import compare, parse_merge_choices, with_common_settings
+    from server.simulation.sweep import SweepError
 
     def fail(error: Exception) -> int:
         print(f"peertrain simulate: {error}", file=sys.stderr)
@@ -134,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             package = build_package(args.task, parse_sets(args.sets), Path(args.out) / "package", seed=args.seed)
         participants = args.participants or min(5, package.data.num_units)
-        if args.local_data or package.task.kind == "local":  # (server.session.local_sim)
+        if args.local_data or package.task.kind == "local":  # (server.simulation.local_sim)
             return run_local(args, package, choices, participants, fail)
         if settings is not None:
             return run_stragglers(args, settings, package, choices, participants)
@@ -153,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
 
 def run_local(args: argparse.Namespace, package: Any, choices: list[Any], participants: int, fail: Any) -> int:
     """``simulate --local-data``: a local task's sessions, each simulated peer training on its own folder."""
-    from server.session.local_sim import simulate_local
+    from server.simulation.local_sim import simulate_local
 
     if package.task.kind != "local":
         return fail(ValueError(f"--local-data is for local tasks; {package.task.name} is a {package.task.kind} task"))
@@ -188,7 +188,7 @@ STRAGGLER_OPTIONS = {
 def straggler_settings(args: argparse.Namespace) -> Any:
     """The ``StragglerSettings`` the options ask for; a ValueError names a bad one."""
     from server.relay.options import DEFAULT_BACKUP_AFTER
-    from server.session.stragglers import StragglerSettings, parse_profile
+    from server.simulation.stragglers import StragglerSettings, parse_profile
 
     checks = [(args.peers is None or args.peers >= 1, "--peers must be 1 or more"),
               (args.unit_seconds > 0, "--unit-seconds must be above 0"),
@@ -219,7 +219,7 @@ def run_stragglers(args: argparse.Namespace, settings: Any, package: Any, choice
     import json
 
     from server.session.session import SessionConfig
-    from server.session.stragglers import TrainingMemo, simulate_stragglers
+    from server.simulation.stragglers import TrainingMemo, simulate_stragglers
 
     memo = TrainingMemo()
     asynchronous = args.mode == "async"

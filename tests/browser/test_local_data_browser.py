@@ -4,7 +4,7 @@ leave the browser.
 Three pages each get their own CSV of the CSV example (``examples/csv_task.py``, ``examples/data/csv``) through
 Playwright's ``set_input_files``; one also gets a broken file, which the page refuses with the reason while the
 good one trains. The session reaches the accuracy the simulator reaches on the same split: the same units trained
-natively (``server.session.local_sim``), each slot by the peer that trained it in the browser, give the same metrics
+natively (``server.simulation.local_sim``), each slot by the peer that trained it in the browser, give the same metrics
 per round within the tolerance of the browser's SIMD matmul against native BLAS (ACCURACY_TOLERANCE: one row in
 a hundred of the 400 validation rows; measured: identical). Every request body any page or worker sent is read:
 no file's bytes, no distinctive row (as text or as float32) appear in any. Federated evaluation is in the history
@@ -28,9 +28,9 @@ from test_session_browsers import BOOT_SECONDS, close_pages, recorded_results, s
 
 from server.browser.peers import join_url
 from server.session import checkpoint_files as checkpoint
-from server.session.local_sim import LocalPeers, run_local_session
 from server.session.package import Package
 from server.session.session import SessionConfig
+from server.simulation.local_sim import LocalPeers, run_local_session
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 

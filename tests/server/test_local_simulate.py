@@ -11,7 +11,7 @@ import pytest
 from runtime.tasks import TaskError, load_task
 from server import cli
 from server.session.local_files import folder_files, peer_folders
-from server.session.local_sim import LocalPeers
+from server.simulation.local_sim import LocalPeers
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CSV_TASK = REPO_ROOT / "examples" / "csv_task.py"

@@ -17,7 +17,7 @@ from server.bench.merge_study import (
     neighbour,
     rate_for,
 )
-from server.session.simulator import MergeChoice
+from server.simulation.simulator import MergeChoice
 
 SGD = Recipe("client-sgd", {"optimizer": "sgd"}, (0.1, 0.3, 1.0, 3.0))
 ADAM = MergeChoice("fedadam", {"eta": 0.01})

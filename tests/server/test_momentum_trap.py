@@ -15,7 +15,7 @@ import pytest
 from runtime.planner import MergeGuardRefused
 from runtime.tasks import Task, TaskData, load_task
 from server.session.session import Session, SessionConfig
-from server.session.simulator import run_round
+from server.simulation.simulator import run_round
 
 # The same local training every round (no decay over the session), so only the merge differs.
 SETTINGS = {"chunks": 1, "num_examples": 1024, "batch_size": 64, "epochs": 3, "validation_size": 100,

@@ -18,7 +18,7 @@ from runtime.weights import WeightSpec
 from server.session import checkpoint_files as checkpoint
 from server.session.package import Package, build_package
 from server.session.session import Session, SessionConfig, SessionError, split_server_state
-from server.session.simulator import run_round
+from server.simulation.simulator import run_round
 
 TARGET = np.array([1.0, -2.0, 0.5, 3.0])
 

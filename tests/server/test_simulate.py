@@ -9,7 +9,7 @@ import pytest
 
 from runtime.merge import InvalidHyperparameter, UnknownMerge
 from server import bench, cli
-from server.session.simulator import MergeChoice, parse_merge_choices, with_common_settings
+from server.simulation.simulator import MergeChoice, parse_merge_choices, with_common_settings
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -1,4 +1,4 @@
-"""Slow peers on a virtual clock (``server.session.stragglers``, ``simulate --peer-speeds``, ``bench stragglers``):
+"""Slow peers on a virtual clock (``server.simulation.stragglers``, ``simulate --peer-speeds``, ``bench stragglers``):
 the relay's own backups and deadlines decide, the virtual times show what they bought, and the weights are those
 of an in-process session wherever no deadline moved a unit."""
 
@@ -14,8 +14,8 @@ from relay_fixtures import EXAMPLE, build_small_package, reference_run
 from server import cli
 from server.session.package import Package
 from server.session.session import Session, SessionConfig
-from server.session.simulator import run_round
-from server.session.stragglers import Profile, StragglerSettings, parse_profile, simulate_stragglers
+from server.simulation.simulator import run_round
+from server.simulation.stragglers import Profile, StragglerSettings, parse_profile, simulate_stragglers
 
 UNIT = 10.0
 
@@ -72,7 +72,7 @@ def test_equal_peers_in_sync_end_on_the_simulators_weights(package: Package, tmp
     config = SessionConfig(participants=3, passes=2)
     session = Session.create(package, config)
     while not session.done:
-        run_round(session)  # server.session.simulator
+        run_round(session)  # server.simulation.simulator
     np.testing.assert_array_equal(run.weights, session.weights)
     np.testing.assert_array_equal(run.weights, reference_run(package, config))
     assert run.rounds == session.round and run.virtual_seconds == pytest.approx(session.round * UNIT, abs=1.0)

@@ -1,4 +1,4 @@
-"""Sweeps of simulated sessions (``server.session.sweep``): in-process, on a process pool and on Ray, the same bits.
+"""Sweeps of simulated sessions (``server.simulation.sweep``): in-process, on a process pool and on Ray, the same bits.
 
 Two merge settings on the small majority package run on every engine; the histories (all but the wall-clock
 fields) and the final and best weights must match bit for bit, the session folders written on the driver must
@@ -21,8 +21,8 @@ from server import cli
 from server.session import checkpoint_files as checkpoint
 from server.session.package import Package, build_package
 from server.session.session import Session, SessionConfig
-from server.session.sweep import SessionOutcome, SessionSpec, SweepError, run_sessions
-from server.session.sweep_ray import check_reachable
+from server.simulation.sweep import SessionOutcome, SessionSpec, SweepError, run_sessions
+from server.simulation.sweep_ray import check_reachable
 
 WALL_CLOCK = ("time", "seconds")
 FAILING_TASK = f'''

@@ -1,4 +1,4 @@
-"""The Ray engine of ``server.session.sweep``: sessions as Ray tasks, on an embedded instance or a cluster.
+"""The Ray engine of ``server.simulation.sweep``: sessions as Ray tasks, on an embedded instance or a cluster.
 
 ``address=None`` (or ``"local"``) starts an embedded Ray instance for the sweep and shuts it down afterwards (no
 dashboard, no usage statistics sent anywhere, workers' output kept out of the terminal). Any other address joins an
@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from server.session.package import Package
-from server.session.sweep_worker import WORKER_ENV, JobResult, PackageFiles, Report, SessionJob, SweepError, run_job
+from server.simulation.sweep_worker import WORKER_ENV, JobResult, PackageFiles, Report, SessionJob, SweepError, run_job
 
 POLL_SECONDS = 0.2
 CONNECT_SECONDS = 5.0  # how long the driver waits for a cluster's address to answer before giving up

@@ -7,7 +7,7 @@
 Engines: ``local`` runs the sessions in this process one after another (checkpoints written as they go, as the
 simulator always did); ``pool`` in a pool of ``workers`` spawned processes (default: one per CPU; a pool of one
 runs in-process); ``ray`` as Ray tasks on an embedded instance (``address=None``) or on a cluster
-(``address="HEAD:6379"``, see ``server.session.sweep_ray``). Whatever the engine, a session gives the same bits:
+(``address="HEAD:6379"``, see ``server.simulation.sweep_ray``). Whatever the engine, a session gives the same bits:
 the same history (all but the wall-clock fields ``time`` and ``seconds``), the same final and best weights;
 every session trains with one BLAS thread (``sweep_worker.one_blas_thread``).
 
@@ -40,7 +40,7 @@ from server.session import checkpoint_files as checkpoint
 from server.session.config import SessionConfig
 from server.session.package import Package
 from server.session.session import Session
-from server.session.sweep_worker import (
+from server.simulation.sweep_worker import (
     WORKER_ENV,
     JobResult,
     SessionJob,
@@ -152,7 +152,7 @@ def run_sessions(specs: Sequence[SessionSpec], *, engine: Engine = "local", work
         if engine == "pool":
             _run_pool(jobs, count, bar.report, collect)
         else:
-            from server.session.sweep_ray import run_on_ray
+            from server.simulation.sweep_ray import run_on_ray
 
             run_on_ray(jobs, packages, address=address, workers=workers, report=bar.report, on_result=collect)
     return [o for o in outcomes if o is not None]

@@ -1,6 +1,6 @@
 """What a sweep worker runs: one whole session, from a package folder or its files shipped as bytes.
 
-The same functions serve every engine of ``server.session.sweep``: in-process, a process of a local pool, or a
+The same functions serve every engine of ``server.simulation.sweep``: in-process, a process of a local pool, or a
 Ray worker on any machine of a cluster. A job never raises: a failure comes back as a ``JobResult`` with
 ``error`` (and the worker's traceback), so the driver can name the session that failed whatever the engine.
 

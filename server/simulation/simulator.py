@@ -4,7 +4,7 @@ Each unit is computed by ``task.train_unit(global_weights, unit)``, exactly what
 calls, and fed to a :class:`server.session.Session`. Several merge methods (or several settings of
 one) run from the same package, so they share the initial weights and the chunk order; one plot and
 one table compare them. The sessions run one after another in-process, or in parallel on a local
-process pool or on Ray (``server.session.sweep``), with the same results bit for bit.
+process pool or on Ray (``server.simulation.sweep``), with the same results bit for bit.
 
 A merge choice is ``NAME`` or ``NAME:key=value,key=value`` (e.g. ``fedavgm:server_momentum=0.5``);
 options such as ``--server-momentum`` fill in whatever a choice leaves unset.
@@ -27,8 +27,8 @@ from server.session.config import DEFAULT_AGGREGATE
 from server.session.package import Package
 from server.session.plot import plot_metric
 from server.session.session import DivergenceAction, Session, SessionConfig
-from server.session.sweep import Engine, SessionSpec, describe_engine, run_sessions
-from server.session.sweep_worker import run_round as run_round  # (its home was here; tests import it from here)
+from server.simulation.sweep import Engine, SessionSpec, describe_engine, run_sessions
+from server.simulation.sweep_worker import run_round as run_round  # (its home was here; tests import it from here)
 
 # Short names for labels and folder names.
 SHORT_NAMES = {"server_learning_rate": "lr", "server_momentum": "m", "nesterov": "nesterov", "eta": "eta",
@@ -126,7 +126,7 @@ def compare(package: Package, choices: Sequence[MergeChoice], *, out: Path, part
             ray_address: str | None = None) -> Comparison:
     """Run one session per merge choice (same package, same plan), then write the plot and the table.
 
-    ``engine``, ``workers``, ``ray_address``: where the sessions run (``server.session.sweep.run_sessions``:
+    ``engine``, ``workers``, ``ray_address``: where the sessions run (``server.simulation.sweep.run_sessions``:
     in-process one after another, a local process pool, or Ray); the results are the same bits on each."""
     out = Path(out)
     plan = RoundPlan(package.data.num_units, participants, passes, seed)
