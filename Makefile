@@ -34,8 +34,8 @@ $(STAMPS)/npm: web/package.json web/package-lock.json
 	cd web && npm ci --no-audit --no-fund --loglevel=error
 	@touch $@
 
-wheels/pyodide-lock.json: $(STAMPS)/venv $(STAMPS)/npm $(RUNTIME_SOURCES) server/build/wheels.py server/build/assets.py
-	$(PY) -m server.build.wheels
+wheels/pyodide-lock.json: $(STAMPS)/venv $(STAMPS)/npm $(RUNTIME_SOURCES) server/browser_assets/wheels.py server/browser_assets/assets.py
+	$(PY) -m server.browser_assets.wheels
 
 # PyTorch (and transformers, which loads `peertrain export --format hf`) is a test oracle and benchmark anchor
 # only; its CPU build exists for Python 3.11 here.

@@ -4,6 +4,6 @@
 - ``server.session``: the round loop, its config, checkpoint files, task packages, the simulator.
 - ``server.cli``: the ``peertrain`` command, one module per command.
 - ``server.browser``: Debian's Chromium, headless peers, launching a relay process.
-- ``server.build``: the Pyodide packages and wheels a browser installs.
+- ``server.browser_assets``: the Pyodide packages and wheels a browser installs.
 - ``server.bench``: the benchmarks (``peertrain bench``).
 """

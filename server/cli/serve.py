@@ -165,7 +165,7 @@ def build_task_wheel(package_manifest: dict, paths: RelayPaths) -> str | None:
     source = package_manifest.get("task_source")
     if not source:
         return None
-    from server.build.wheels import build_wheels
+    from server.browser_assets.wheels import build_wheels
 
     module = package_manifest["task_import"].partition(":")[0]
     dist = module.replace("_", "-")

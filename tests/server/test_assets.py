@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from server.build import assets
+from server.browser_assets import assets
 
 
 def make_official_lock(core: Path, files: dict[str, bytes]) -> None:

@@ -18,7 +18,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from server.build import assets
+from server.browser_assets import assets
 from server.paths import REPO_ROOT
 
 RUNTIME_DIST = "peertrain-runtime"
@@ -119,7 +119,7 @@ def _check_lock(folder: Path) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m server.build.wheels", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m server.browser_assets.wheels", description=__doc__)
     parser.add_argument("--root", type=Path, default=REPO_ROOT)
     args = parser.parse_args(argv)
     try:
