@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -140,6 +140,39 @@ def run_round(client: httpx.Client, peers: list[HttpPeer]) -> dict[str, Any]:
         response = peer.train_and_upload(job)
         assert response.status_code == 200, response.text
     return wait_for_round(client, start + 1)
+
+
+def wait_until(client: httpx.Client, predicate: Callable[[dict[str, Any]], bool],
+               timeout: float = 20.0) -> dict[str, Any]:
+    """Poll ``/api/session`` until ``predicate`` holds; fails with the counters when ``timeout`` passes first."""
+    deadline = time.monotonic() + timeout
+    while True:
+        status = session_status(client)
+        if predicate(status) or time.monotonic() > deadline:
+            assert predicate(status), status["counters"]
+            return status
+        time.sleep(0.02)
+
+
+def work_until_done(client: httpx.Client, peers: list[HttpPeer], limit: int = 200) -> None:
+    """The peers take turns asking for work and uploading honest results until the session is done (at most
+    ``limit`` turns each)."""
+    for _ in range(limit):
+        if session_status(client)["done"]:
+            return
+        for peer in peers:
+            job = peer.work()
+            if "slot" in job:
+                response = peer.train_and_upload(job)
+                assert response.status_code == 200, (response.json(), job, peer.peer_id)
+    raise AssertionError(f"the session did not finish: {session_status(client)}")
+
+
+def flipped(peer: HttpPeer, job: dict[str, Any], relay: Relay) -> bytes:
+    """``peer``'s result for ``job`` turned against the global weights: global - 2 * (result - global)."""
+    header, trained = wire.decode(peer.train(job))
+    g = relay.session.weights
+    return wire.encode((g - 2 * (trained - g)).astype(np.float32), header)
 
 
 def replay(package: Package, config: SessionConfig, results: list[StoredResult]) -> Session:

@@ -10,9 +10,8 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from relay_fixtures import HttpPeer, build_small_package, make_relay, serving, session_status
-from test_redundancy import work_until_done
-from test_relay_resume import ADMIN, PeerThread, Relayd, UploadGate, free_port, retrying, retrying_fails
+from relay_fixtures import HttpPeer, build_small_package, make_relay, serving, session_status, work_until_done
+from relay_process import ADMIN, PeerThread, Relayd, UploadGate, free_port, retrying, retrying_fails
 
 from runtime import wire
 from server.relay.app import RelayPaths

@@ -9,9 +9,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from relay_fixtures import HttpPeer, build_small_package, make_relay, reference_run, serving, session_status
-from test_redundancy import flipped, work_until_done
-from test_verify import wait_until
+from relay_fixtures import (
+    HttpPeer,
+    build_small_package,
+    flipped,
+    make_relay,
+    reference_run,
+    serving,
+    session_status,
+    wait_until,
+    work_until_done,
+)
 
 from runtime import wire
 from server.relay.options import DEFAULT_BACKUP_AFTER

@@ -9,9 +9,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from relay_fixtures import HttpPeer, build_small_package, make_relay, replay, serving, session_status
-from test_redundancy import work_until_done
-from test_verify import wait_until
+from relay_fixtures import (
+    HttpPeer,
+    build_small_package,
+    make_relay,
+    replay,
+    serving,
+    session_status,
+    wait_until,
+    work_until_done,
+)
 
 from server.session.package import Package
 

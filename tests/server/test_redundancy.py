@@ -8,8 +8,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from relay_fixtures import HttpPeer, build_small_package, make_relay, reference_run, serving, session_status
-from test_verify import wait_until
+from relay_fixtures import (
+    HttpPeer,
+    build_small_package,
+    flipped,
+    make_relay,
+    reference_run,
+    serving,
+    session_status,
+    wait_until,
+    work_until_done,
+)
 
 from runtime import wire
 from server.relay.sqlite_store import Store
@@ -21,24 +30,6 @@ from server.session.session import Session
 @pytest.fixture(scope="module")
 def package(tmp_path_factory: pytest.TempPathFactory) -> Package:
     return build_small_package(tmp_path_factory.mktemp("package"))
-
-
-def flipped(peer: HttpPeer, job: dict, relay: Relay) -> bytes:
-    header, trained = wire.decode(peer.train(job))
-    g = relay.session.weights
-    return wire.encode((g - 2 * (trained - g)).astype(np.float32), header)
-
-
-def work_until_done(client, peers: list[HttpPeer], limit: int = 200) -> None:  # type: ignore[no-untyped-def]
-    for _ in range(limit):
-        if session_status(client)["done"]:
-            return
-        for peer in peers:
-            job = peer.work()
-            if "slot" in job:
-                response = peer.train_and_upload(job)
-                assert response.status_code == 200, (response.json(), job, peer.peer_id)
-    raise AssertionError(f"the session did not finish: {session_status(client)}")
 
 
 def test_two_honest_copies_are_identical_and_nothing_is_arbitrated(package: Package, tmp_path: Path) -> None:

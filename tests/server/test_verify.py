@@ -8,7 +8,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from relay_fixtures import ADMIN_TOKEN, HttpPeer, build_small_package, make_relay, serving, session_status
+from relay_fixtures import (
+    ADMIN_TOKEN,
+    HttpPeer,
+    build_small_package,
+    make_relay,
+    serving,
+    session_status,
+    wait_until,
+)
 
 from runtime import wire
 from server.relay.app import RelayPaths
@@ -93,18 +101,6 @@ def attacker_work_call():  # type: ignore[no-untyped-def]
     from server.relay.client import work_call
 
     return work_call()
-
-
-def wait_until(client, predicate, timeout: float = 20.0) -> dict:  # type: ignore[no-untyped-def]
-    import time
-
-    deadline = time.monotonic() + timeout
-    while True:
-        status = session_status(client)
-        if predicate(status) or time.monotonic() > deadline:
-            assert predicate(status), status["counters"]
-            return status
-        time.sleep(0.02)
 
 
 def test_an_inflated_claim_bans_at_once(package: Package, tmp_path: Path) -> None:
