@@ -1,5 +1,9 @@
 """Arithmetic with a small causal transformer: ``37+48=85<eos>``, scored on exact answers.
 
+The transformer LM task (``runtime.tasks.lm_task.LMTask``: the model, the local recipe, training, the probe) on
+generated problems: the task gives the tokens (a tokenizer sets the vocabulary), whole shuffled passes over a chunk
+with a warm-up and cosine learning rate, and judges the answers.
+
 A known pitfall is built in: a byte-pair tokenizer trained on arithmetic glues digits to operators
 (``"7+4"``, ``"8=8"``) and the model never learns the sums; a character vocabulary with a real ``<eos>``
 (``tokenizer="char"``, the default) does. ``inspect_lines()`` shows how the tokenizer cuts a few examples and
@@ -22,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,10 +46,10 @@ from runtime.data.arith import (
     validation_problems,
 )
 from runtime.data.tokenizer import Tokenizer, TokenizerError, inspect_tokenization, tokenization_warning
-from runtime.device_probe import Probe
 from runtime.models.transformer import Transformer, TransformerConfig, preset
-from runtime.tasks.base import HostServices, Sample, Task, TaskData, TaskError, UnitResult, WorkUnit
-from runtime.tasks.lm import check_recipe, greedy_continuations, lm_probe, mean_loss, train_lm_passes
+from runtime.tasks.base import HostServices, Sample, TaskData, TaskError, WorkUnit
+from runtime.tasks.lm import check_recipe, greedy_continuations, mean_loss, pass_batches, warmup_cosine
+from runtime.tasks.lm_task import LMTask
 
 TOKENIZERS = ("char", "bpe")
 MODEL_OVERRIDES = ("n_layer", "n_head", "n_embd", "context")
@@ -138,7 +142,7 @@ def encode_prompts(tokenizer: Tokenizer, problems: list[Problem], prefix: str) -
     }
 
 
-class ArithTask(Task):
+class ArithTask(LMTask):
     name = "arith"
     kind = "data"
     metric = "val_loss"
@@ -166,18 +170,11 @@ class ArithTask(Task):
             raise TaskError("arith: the bpe tokenizer is made by prepare(); call attach(assets) first")
         return self.tokenizer
 
-    def config(self) -> TransformerConfig:
-        return dataclasses.replace(self.settings.base_config(), vocab_size=self.require_tokenizer().vocab_size)
+    def base_config(self) -> TransformerConfig:
+        return self.settings.base_config()
 
-    def model_config(self) -> dict[str, Any]:
-        return self.config().to_dict()
-
-    def build_model(self, seed: int) -> Transformer:
-        return Transformer(self.config(), seed)
-
-    def device_probe(self, *, seed: int = 0, **options: Any) -> Probe | None:
-        """``lm_probe`` of the initial model on batches of ``batch_size`` (an option; default the setting)."""
-        return lm_probe(self.build_model(seed), seed=seed, **({"batch_size": self.settings.batch_size} | options))
+    def vocab_size(self) -> int:
+        return self.require_tokenizer().vocab_size
 
     def attach(self, assets: Mapping[str, Any]) -> None:
         if "tokenizer" in assets:
@@ -247,22 +244,27 @@ class ArithTask(Task):
         """A chunk is (2, N, T): inputs and targets of N problems."""
         return int(unit.data.shape[1]) if unit.data is not None and unit.data.ndim == 3 else 0
 
-    def train_unit(self, weights: np.ndarray, unit: WorkUnit) -> UnitResult:
+    def unit_tokens(self, unit: WorkUnit) -> tuple[np.ndarray, np.ndarray, int]:
         data = unit.data
         if data is None or data.ndim != 3 or data.shape[0] != 2:
             shape = None if data is None else list(data.shape)
             raise TaskError(f"arith: a unit needs a (2, N, T) int32 chunk of inputs and targets, got {shape}")
+        return data[0], data[1], int(data.shape[1])
+
+    def batch_plan(self, count: int, rng: np.random.Generator) -> list[np.ndarray]:
+        """``epochs`` shuffled passes over the chunk's problems, or exactly ``steps`` batches when > 0."""
         s = self.settings
-        model = self.load(weights)
+        return pass_batches(count, s.batch_size, epochs=s.epochs, steps=s.steps, rng=rng)
+
+    def lr_schedule(self, unit: WorkUnit, steps: int) -> Callable[[int], float]:
+        """A linear warm-up, then a cosine down to ``final_lr_ratio`` over the unit, from a peak that follows a
+        cosine over the session down to ``session_final_lr_ratio``."""
+        s = self.settings
         # Each unit starts a fresh optimizer at full speed; a cosine over the session's progress keeps late rounds
         # from shaking an answer set the model has already learnt.
         session_scale = s.session_final_lr_ratio + (1 - s.session_final_lr_ratio) * 0.5 * (
             1 + math.cos(math.pi * min(1.0, max(0.0, unit.progress))))
-        metrics = train_lm_passes(model, data[0], data[1], epochs=s.epochs, steps=s.steps, batch_size=s.batch_size,
-                                  lr=s.lr * session_scale, seed=unit.seed, warmup=s.warmup,
-                                  final_lr_ratio=s.final_lr_ratio, clip=s.clip, optimizer=s.optimizer,
-                                  momentum=s.momentum)
-        return UnitResult(self.flat_weights(model), num_examples=int(data.shape[1]), metrics=metrics)
+        return warmup_cosine(s.lr * session_scale, steps, warmup=s.warmup, final_lr_ratio=s.final_lr_ratio)
 
     # -- validation -----------------------------------------------------------------------------
     def answers(self, model: Transformer, validation: Mapping[str, np.ndarray], prefix: str) -> list[str]:

@@ -1,8 +1,11 @@
 """Byte-level language modelling on the volunteers' own text files (``--task bytetext-local``): the text stays in
 their browsers.
 
-The model and the training step are bytetext's (``runtime.tasks.bytetext``: ``bytelm-2.3mb`` by default, Adam on
-random windows); what differs is where the bytes come from. A peer chooses UTF-8 text files in the page; each is
+The transformer LM task's byte-level form (``runtime.tasks.lm_task.ByteLMTask``), as ``bytetext`` is: the same
+model (``bytelm-2.3mb`` by default, with optional size overrides) and the same local recipe with the same defaults
+(``steps`` 8 of ``optimizer`` adam or sgd, ``lr`` 3e-3, ``momentum`` 0, ``clip`` 1.0, ``batch_size`` 16 random
+windows), so that bytetext's tuned recipes carry over; given the same bytes and seed a unit trains exactly as a
+bytetext unit does. What differs is where the bytes come from. A peer chooses UTF-8 text files in the page; each is
 read as its bytes plus a blank line (``parse_local``: a file that is not UTF-8, holds NUL bytes or is empty is
 refused with the line). The peer's text is cut into 1 kB blocks and a seeded share of them (``holdout``) is held out
 for federated evaluation (validation loss and bits per byte of the weights the peer was handed). A unit trains on
@@ -20,12 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from runtime.data.text import lm_windows, validation_windows
-from runtime.device_probe import Probe
-from runtime.models.transformer import Transformer, TransformerConfig, preset
-from runtime.tasks.base import HostServices, Sample, Task, TaskData, TaskError, UnitResult, WorkUnit
-from runtime.tasks.bytetext import PROMPTS
-from runtime.tasks.lm import bits_per_token, lm_probe, mean_loss, train_lm
+from runtime.tasks.base import HostServices, TaskData, TaskError
+from runtime.tasks.lm import check_recipe
+from runtime.tasks.lm_task import ByteLMTask
 from runtime.tasks.local import LocalDataError, decode_text
 
 BLOCK_BYTES = 1024  # the held-out share is drawn in blocks of this many bytes (a window needs neighbours)
@@ -39,9 +39,13 @@ class ByteTextLocalSettings:
     n_embd: int = 0
     n_head: int = 0
     context: int = 0
-    steps: int = 8  # Adam steps per unit
+    # the local training recipe, bytetext's: `steps` steps of `optimizer` on batches of `batch_size` windows per unit
+    steps: int = 8
     batch_size: int = 16
     lr: float = 3e-3
+    optimizer: str = "adam"  # adam or sgd (runtime.tasks.lm.LOCAL_OPTIMIZERS); a fresh one per unit
+    momentum: float = 0.0  # sgd only: heavy-ball momentum (0: plain SGD)
+    clip: float = 1.0  # clip each step's gradients to this global norm (0: no clipping)
     holdout: float = 0.1  # share of a peer's 1 kB blocks held out for federated evaluation
     max_bytes_per_unit: int = 1 << 20  # the relay's cap on a unit's example count (bytes)
     local_eval_windows: int = 64  # windows of the held-out text a peer evaluates on
@@ -55,17 +59,20 @@ class ByteTextLocalSettings:
             raise ValueError("units, steps, batch_size and max_bytes_per_unit must be positive")
         if not 0 <= self.holdout < 1:
             raise ValueError(f"holdout must be in [0, 1), got {self.holdout}")
+        if not self.lr > 0:
+            raise ValueError(f"bytetext-local: lr must be > 0, got {self.lr!r}")
+        check_recipe("bytetext-local", self.optimizer, self.momentum, self.clip)
 
 
-class ByteTextLocalTask(Task):
+class ByteTextLocalTask(ByteLMTask):
     name = "bytetext-local"
     kind = "local"
     metric = "val_loss"
-    respond_hint = "The "
     local_accept = ".txt,.md,.rst,.csv,.py,text/plain"
     local_hint = "UTF-8 text files (notes, books, code): the model learns to continue text byte by byte"
     Settings = ByteTextLocalSettings
     settings: ByteTextLocalSettings
+    missing_data = "a unit trains on the peer's own text"
 
     def crosses_boundary(self) -> str:
         host = " The host validates on its own text." if self.settings.validation_files else ""
@@ -73,20 +80,11 @@ class ByteTextLocalTask(Task):
                 "its browser. Peers send back trained weights and the loss of the weights they were handed on a "
                 "held-out tenth of their own text." + host)
 
-    def config(self) -> TransformerConfig:
+    def model_overrides(self) -> dict[str, Any]:
+        """The size settings that are set (0 keeps the preset's)."""
         s = self.settings
-        overrides = {k: v for k, v in (("n_layer", s.n_layer), ("n_embd", s.n_embd), ("n_head", s.n_head),
-                                       ("context", s.context)) if v}
-        return preset(s.model, **overrides)
-
-    def model_config(self) -> dict[str, Any]:
-        return self.config().to_dict()
-
-    def build_model(self, seed: int) -> Transformer:
-        return Transformer(self.config(), seed)
-
-    def device_probe(self, *, seed: int = 0, **options: Any) -> Probe | None:
-        return lm_probe(self.build_model(seed), seed=seed, **({"batch_size": self.settings.batch_size} | options))
+        return {k: v for k, v in (("n_layer", s.n_layer), ("n_embd", s.n_embd), ("n_head", s.n_head),
+                                  ("context", s.context)) if v}
 
     def prepare(self, host: HostServices | None = None) -> TaskData:
         validation: dict[str, np.ndarray] = {}
@@ -125,29 +123,9 @@ class ByteTextLocalTask(Task):
     def sample_local_files(self) -> list[tuple[str, bytes]]:
         return [("sample.txt", b"A made-up note for the host's check of one unit. " * 8)]
 
-    def train_unit(self, weights: np.ndarray, unit: WorkUnit) -> UnitResult:
-        if unit.data is None:
-            raise TaskError("bytetext-local: a unit trains on the peer's own text")
-        data = unit.data
-        rng = np.random.default_rng(np.random.SeedSequence([unit.seed, 11]))
-        cap = self.settings.max_bytes_per_unit
-        if len(data) > cap:
-            start = int(rng.integers(0, len(data) - cap + 1))
-            data = data[start:start + cap]
-        model = self.load(weights)
-        count = self.settings.steps * self.settings.batch_size
-        inputs, targets = lm_windows(data, self.config().context, count, rng)
-        metrics = train_lm(model, inputs, targets, steps=self.settings.steps, batch_size=self.settings.batch_size,
-                           lr=self.settings.lr, seed=unit.seed)
-        return UnitResult(self.flat_weights(model), num_examples=int(len(data)), metrics=metrics)
-
     def scores(self, weights: np.ndarray, data: np.ndarray, windows: int) -> dict[str, float]:
-        context = self.config().context
-        if len(data) < context + 1:
-            return {}
-        inputs, targets = validation_windows(data, context, windows)
-        loss = mean_loss(self.load(weights), inputs, targets)
-        return {"val_loss": loss, "bits_per_byte": bits_per_token(loss)}
+        """``byte_scores`` where ``data`` holds a window (a peer's held-out text may be shorter: no scores)."""
+        return self.byte_scores(weights, data, windows) if len(data) >= self.config().context + 1 else {}
 
     def validate(self, weights: np.ndarray, validation: Mapping[str, np.ndarray]) -> dict[str, float]:
         return self.scores(weights, validation["bytes"], self.settings.validation_windows) if "bytes" in validation \
@@ -156,18 +134,3 @@ class ByteTextLocalTask(Task):
     def evaluate_local(self, weights: np.ndarray, examples: np.ndarray) -> dict[str, float]:
         """Federated evaluation: the loss on windows of the peer's held-out text."""
         return self.scores(weights, examples, self.settings.local_eval_windows)
-
-    def respond(self, weights: np.ndarray, prompt: str) -> dict[str, Any]:
-        model = self.load(weights)
-        data = (list(prompt.encode()) or list(b" "))[-(model.config.context - 1):]
-        room = min(self.settings.sample_tokens, model.config.context - len(data))
-        generated = np.asarray(model.generate(np.array([data], dtype=np.int64), room, temperature=0.0))[0]
-        return {"text": bytes(int(t) for t in generated).decode("utf-8", errors="replace"), "prompt": prompt}
-
-    def samples(self, weights: np.ndarray, validation: Mapping[str, np.ndarray], count: int = 3) -> list[Sample]:
-        """Greedy continuations of a few prompts (no held-out text needed: they work without host validation)."""
-        model = self.load(weights)
-        prompts = np.array([list(p.encode()) for p in PROMPTS[:count]], dtype=np.int64)
-        room = min(self.settings.sample_tokens, model.config.context - prompts.shape[1])
-        generated = np.asarray(model.generate(prompts, room, temperature=0.0))
-        return [Sample(text=bytes(int(t) for t in row).decode("utf-8", errors="replace")) for row in generated]

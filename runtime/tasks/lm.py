@@ -1,4 +1,5 @@
-"""Training and evaluating a causal language model on (inputs, targets) arrays: shared by the text tasks."""
+"""Training and evaluating a causal language model on (inputs, targets) arrays: the functions the transformer
+language-model task (``runtime.tasks.lm_task.LMTask``) is made of."""
 
 from __future__ import annotations
 
@@ -70,22 +71,6 @@ def lm_probe(model: Transformer, *, batch_size: int = 8, seed: int = 0) -> Probe
     return transformer_probe
 
 
-def train_lm(model: Transformer, inputs: np.ndarray, targets: np.ndarray, *, steps: int, batch_size: int,
-             lr: float, seed: int, clip: float = 1.0, optimizer: str = "adam",
-             momentum: float = 0.0) -> dict[str, float]:
-    """``steps`` local steps (``optimizer``: adam or sgd) on batches drawn with a generator seeded by ``seed``;
-    returns local metrics.
-
-    A fresh optimizer per unit: peers keep no state between assignments, so a retried unit repeats exactly.
-    inputs, targets: (N, T) int32; targets hold -100 where the loss should not look.
-    """
-    rng = np.random.default_rng(np.random.SeedSequence([seed, 7]))
-    plan = [rng.integers(0, len(inputs), size=min(batch_size, len(inputs))) for _ in range(steps)]
-    losses = local_steps(model, inputs, targets, plan, lambda step: lr, seed=seed, clip=clip, optimizer=optimizer,
-                         momentum=momentum)
-    return {"train_loss": float(np.mean(losses[-max(1, steps // 4):])), "first_loss": losses[0], "steps": steps}
-
-
 def mean_loss(model: Transformer, inputs: np.ndarray, targets: np.ndarray, *, batch_size: int = 64) -> float:
     """Mean cross-entropy over every counted target position (nats per token)."""
     model.eval()
@@ -124,18 +109,10 @@ def pass_batches(count: int, batch_size: int, *, epochs: int, steps: int, rng: n
     return out
 
 
-def train_lm_passes(model: Transformer, inputs: np.ndarray, targets: np.ndarray, *, epochs: int, batch_size: int,
-                    lr: float, seed: int, steps: int = 0, warmup: int = 0, final_lr_ratio: float = 1.0,
-                    clip: float = 1.0, optimizer: str = "adam", momentum: float = 0.0) -> dict[str, float]:
-    """``optimizer`` (adam or sgd) over whole shuffled passes of (inputs, targets) (see ``pass_batches``),
-    seeded by ``seed``.
-
-    The learning rate rises linearly over ``warmup`` steps, then follows a cosine from ``lr`` down to
-    ``lr * final_lr_ratio`` at the last step (1.0: constant). A fresh optimizer per call, as in ``train_lm``.
-    """
-    rng = np.random.default_rng(np.random.SeedSequence([seed, 7]))
-    plan = pass_batches(len(inputs), batch_size, epochs=epochs, steps=steps, rng=rng)
-    decay_steps = max(1, len(plan) - warmup - 1)
+def warmup_cosine(lr: float, steps: int, *, warmup: int, final_lr_ratio: float) -> Callable[[int], float]:
+    """The learning rate of step ``step`` of ``steps``: it rises linearly over ``warmup`` steps, then follows a
+    cosine from ``lr`` down to ``lr * final_lr_ratio`` at the last step (1.0: constant)."""
+    decay_steps = max(1, steps - warmup - 1)
 
     def lr_at(step: int) -> float:
         if step < warmup:
@@ -143,10 +120,7 @@ def train_lm_passes(model: Transformer, inputs: np.ndarray, targets: np.ndarray,
         progress = min(1.0, (step - warmup) / decay_steps)
         return lr * (final_lr_ratio + (1 - final_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
-    losses = local_steps(model, inputs, targets, plan, lr_at, seed=seed, clip=clip, optimizer=optimizer,
-                         momentum=momentum)
-    tail = max(1, len(plan) // 4)
-    return {"train_loss": float(np.mean(losses[-tail:])), "first_loss": losses[0], "steps": len(plan)}
+    return lr_at
 
 
 def greedy_continuations(model: Transformer, prompts: np.ndarray, lengths: np.ndarray, max_new_tokens: int, *,
