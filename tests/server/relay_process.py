@@ -9,21 +9,18 @@ PYTHONPATH) rather than as ``examples/majority_task.py``: for a task file, ``ser
 
 from __future__ import annotations
 
-import functools
-import os
-import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
-from relay_fixtures import EXAMPLE, REPO_ROOT, SMALL_SETTINGS
+from relay_fixtures import SMALL_SETTINGS
 
-from runtime.peer import Peer
+from server.harness.native_peer import NativePeer, PeerHooks, RetryPolicy
+from server.harness.relay_process import RelayProcess
 
 ADMIN = "resume-admin"
 
@@ -34,38 +31,17 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-class Relayd:
-    """``peertrain serve`` in a subprocess on a fixed port, so restarts keep the peers' URL."""
+class Relayd(RelayProcess):
+    """``peertrain serve`` in a subprocess (``server.harness.RelayProcess``) on a fixed port, so that restarts keep
+    the peers' URL and it is known before the first start."""
 
     def __init__(self, session_dir: Path, port: int, log: Path, *more: str) -> None:
-        self.command = [sys.executable, "-m", "server.cli", "serve", "--port", str(port),
-                        "--task", "majority_task:MajorityTask", "--session-dir", str(session_dir),
-                        "-k", "2", "--passes", "2", "--admin-token", ADMIN, "--lease-seconds", "5",
-                        "--no-backups", *more]  # (the test counts the leases a restart releases)
-        for key, value in SMALL_SETTINGS.items():
-            self.command += ["--set", f"{key}={value}"]
-        self.env = os.environ | {"PYTHONPATH": str(EXAMPLE.parent)}
+        super().__init__(["--port", str(port), "--task", "majority_task:MajorityTask", "--session-dir",
+                          str(session_dir), "-k", "2", "--passes", "2", "--admin-token", ADMIN, "--lease-seconds",
+                          "5", "--no-backups", *more,  # (the test counts the leases a restart releases)
+                          *(f"--set={key}={value}" for key, value in SMALL_SETTINGS.items())],
+                         log=log, examples=True)
         self.url = f"http://127.0.0.1:{port}"
-        self.log = log
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        with self.log.open("a") as log:
-            self.process = subprocess.Popen(self.command, cwd=REPO_ROOT, env=self.env, stdout=log,
-                                            stderr=subprocess.STDOUT)
-
-    def kill(self) -> None:
-        assert self.process is not None
-        self.process.send_signal(signal.SIGKILL)
-        self.process.wait(timeout=10)
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.kill()
 
 
 def retrying(client: httpx.Client, method: str, path: str, deadline: float, **kwargs: Any) -> httpx.Response:
@@ -79,6 +55,17 @@ def retrying(client: httpx.Client, method: str, path: str, deadline: float, **kw
                 raise
             time.sleep(delay)
             delay = min(2 * delay, 0.5)
+
+
+def status_when(client: httpx.Client, predicate: Callable[[dict[str, Any]], bool], deadline: float) -> dict[str, Any]:
+    """``/api/session`` once ``predicate`` holds (polled through restarts); fails with the last status at
+    ``deadline``."""
+    while True:
+        status: dict[str, Any] = retrying(client, "GET", "/api/session", deadline).json()
+        if predicate(status):
+            return status
+        assert time.monotonic() < deadline, status
+        time.sleep(0.05)
 
 
 class UploadGate:
@@ -111,52 +98,22 @@ class UploadGate:
             self.condition.notify_all()
 
 
-class PeerThread(threading.Thread):
-    """The browser worker's loop, natively: join once, then work / weights / unit / train / upload."""
+class PeerThread(NativePeer):
+    """The browser worker's loop, natively (``server.harness.NativePeer``): join once, then work / weights / unit /
+    train / upload, every request sent again while the relay is down, every upload through ``gate``."""
 
     def __init__(self, url: str, gate: UploadGate, deadline: float) -> None:
-        super().__init__(daemon=True)
-        self.client = httpx.Client(base_url=url, timeout=30)
-        self.gate, self.deadline = gate, deadline
-        self.refusals: list[tuple[int, str]] = []  # (status, code) of every 4xx this peer got
-        self.accepted: list[tuple[int, int]] = []
-        self.error: BaseException | None = None
+        super().__init__(url, hooks=PeerHooks(send_result=lambda job, send: gate.upload(send)), wait_cap_s=0.1,
+                         deadline=deadline, retry=RetryPolicy(resend=100_000, retry_5xx=False))
 
-    def call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        response = retrying(self.client, method, path, self.deadline, headers=self.headers, **kwargs)
-        if response.status_code >= 400:
-            self.refusals.append((response.status_code, response.json().get("error", "")))
-        return response
+    @property
+    def refusals(self) -> list[tuple[int, str]]:
+        """(status, code) of every 4xx this peer got."""
+        return self.log.refusals
 
-    def run(self) -> None:
-        try:
-            self.headers: dict[str, str] = {}
-            joined = self.call("POST", "/api/join", json={}).json()
-            self.headers = {"Authorization": f"Bearer {joined['peer_id']}:{joined['token']}"}
-            self.peer_id = joined["peer_id"]
-            peer = Peer(self.call("GET", "/api/task").json())
-            while time.monotonic() < self.deadline:
-                job = self.call("POST", "/api/work").json()
-                if job.get("done"):
-                    return
-                if "wait" in job:
-                    time.sleep(min(float(job["wait"]), 0.1))
-                    continue
-                if peer.weights_round != job["round"]:
-                    peer.set_weights(self.call("GET", f"/api/weights?round={job['round']}").content)
-                unit = self.call("GET", f"/api/unit/{job['unit_index']}")
-                if unit.status_code != 200:
-                    continue
-                body = peer.train(job, unit.content)
-                query = f"/api/result?round={job['round']}&slot={job['slot']}"
-                response = self.gate.upload(functools.partial(self.call, "POST", query, content=body))
-                if response.status_code == 200:
-                    self.accepted.append((job["round"], job["slot"]))
-            raise TimeoutError("the session did not finish in time")
-        except BaseException as error:  # reported by the test
-            self.error = error
-        finally:
-            self.client.close()
+    @property
+    def accepted(self) -> list[tuple[int, int]]:
+        return self.log.accepted
 
 
 def retrying_fails(client: httpx.Client) -> bool:

@@ -11,7 +11,16 @@ import httpx
 import numpy as np
 import pytest
 from relay_fixtures import HttpPeer, build_small_package, make_relay, serving, session_status, work_until_done
-from relay_process import ADMIN, PeerThread, Relayd, UploadGate, free_port, retrying, retrying_fails
+from relay_process import (
+    ADMIN,
+    PeerThread,
+    Relayd,
+    UploadGate,
+    free_port,
+    retrying,
+    retrying_fails,
+    status_when,
+)
 
 from runtime import wire
 from server.relay.app import RelayPaths
@@ -109,7 +118,7 @@ def wait_until_version(client, version: int, timeout: float = 20.0) -> dict:  # 
 
 
 def status_weights(relay, version: int) -> np.ndarray:  # type: ignore[no-untyped-def]
-    return relay._async_state()["versions"][version].astype(np.float64)
+    return relay.mode.versions[version].astype(np.float64)
 
 
 def test_a_result_too_many_versions_behind_is_refused(package: Package, tmp_path: Path) -> None:
@@ -145,7 +154,9 @@ def test_sigkill_mid_async_resumes_with_nothing_lost_and_replays_exactly(tmp_pat
         for peer in peers:
             peer.start()
         gate.wait_for_held(timeout=90)
-        before = retrying(observer, "GET", "/api/session", deadline).json()
+        # The fifth result can be accepted while the second merge still runs in its thread (the status says
+        # version 1, three results buffered): kill only once that merge is done and its checkpoint written.
+        before = status_when(observer, lambda s: s["round"] >= 2 and not s["merging"], deadline)
         assert before["mode"] == "async" and before["round"] == 2 and before["round_progress"]["done"] == 1, before
         relayd.kill()
         assert retrying_fails(observer)
@@ -194,7 +205,7 @@ def test_results_marked_for_a_merge_the_checkpoint_lacks_go_back_to_the_buffer(p
         peers = [HttpPeer(client), HttpPeer(client)]
         jobs = [peer.assignment() for peer in peers]
         bodies = [peer.train(job) for peer, job in zip(peers, jobs, strict=True)]
-        relay.accept_result(peers[0].peer_id, 0, jobs[0]["slot"], bodies[0])  # in SQLite, no merge yet
+        relay.mode.accept(peers[0].peer_id, 0, jobs[0]["slot"], bodies[0])  # in SQLite, no merge yet
     relay.open()
     seqs = [row[0] for row in relay.store.buffered()]
     relay.store.mark_merged(seqs, 0)  # the merge's first step ... and then the process died
