@@ -1,0 +1,22 @@
+// "Who takes part": a row per peer of the session, from the status stream.
+import { $ } from "./peer.js";
+
+function ago(seconds) {
+  return seconds < 90 ? `${seconds.toFixed(0)} s ago` : `${(seconds / 60).toFixed(0)} min ago`;
+}
+
+export function showParticipants(session) {
+  const rows = (session.participants || []).map((p) => {
+    const tr = document.createElement("tr");
+    tr.dataset.peer = p.peer;
+    for (const value of [p.peer, p.device || "–", String(p.units_done),
+      p.median_unit_seconds === null ? "–" : `${p.median_unit_seconds.toFixed(1)} s`, ago(p.last_seen_seconds),
+      String(p.refusals), p.banned ? "banned" : "no"]) {
+      const td = document.createElement("td");
+      td.textContent = value;
+      tr.append(td);
+    }
+    return tr;
+  });
+  $("participants").tBodies[0].replaceChildren(...rows);
+}

@@ -1,0 +1,52 @@
+// This peer's state, shared by the page's modules and exposed as window.peertrain (tests and `peertrain peers`
+// read it), and the join: a peer joins once it is asked to and may.
+export const $ = (id) => document.getElementById(id);
+export const params = new URLSearchParams(location.search);
+export const peer = { state: "starting", versions: null, steps: [], worker: null, pending: new Map(), nextId: 1,
+  session: null, activity: "not joined", unitsDone: 0, lastMetrics: null, refused: [], local: null, wantsJoin: params.has("join") };
+window.peertrain = peer;
+
+export function fmt(value) {
+  return typeof value === "number" ? (Math.abs(value) >= 100 ? value.toFixed(0) : value.toPrecision(4)) : "–";
+}
+
+export function setState(state) {
+  peer.state = state;
+  $("state").textContent = state;
+  document.body.dataset.state = state;
+  if (state === "ready" && peer.session) $("join").disabled = !mayJoin();
+  if (state === "ready") maybeJoin();
+}
+
+export function setActivity(text, kind) {
+  peer.activity = text;
+  $("peer-activity").textContent = text;
+  if (kind) document.body.dataset.peer = kind;
+}
+
+// A peer may join once Pyodide is up and, for a local task, once its files give enough examples.
+export function mayJoin() {
+  const session = peer.session;
+  return Boolean(session) && !session.done && !peer.joined && peer.state === "ready"
+    && (session.task.kind !== "local" || Boolean(peer.local && peer.local.ready));
+}
+
+export function join() {
+  peer.wantsJoin = true;
+  maybeJoin();
+}
+
+// Join when asked to (the button, ?join=1) as soon as that is possible: a local task waits for a valid file.
+export function maybeJoin() {
+  if (!peer.wantsJoin || !mayJoin()) {
+    if (peer.wantsJoin && !peer.joined && peer.session && !peer.session.done && peer.session.task.kind === "local" && peer.state === "ready") {
+      setActivity("choose files to train on (they stay in this browser)", "waiting");
+    }
+    return;
+  }
+  peer.joined = true;
+  $("join").disabled = true;
+  setActivity("joining", "joining");
+  peer.worker.postMessage({ type: "join", joinCode: $("join-code").value || params.get("code") || "",
+    device: params.get("device") || "cpu" });
+}
