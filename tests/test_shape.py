@@ -101,8 +101,9 @@ def test_the_cycle_check_finds_a_synthetic_cycle(tmp_path: Path) -> None:
 # sits on top; the simulation and the benches drive the relay and the session; the relay serves a session; the
 # session (round loop, packages, checkpoints) knows nothing of HTTP or of the relay.
 # ``server.cli.options`` (argparse helpers the benches' own arguments share) is the one module any layer may use.
-LAYERS = {"session": 0, "relay": 1, "browser_assets": 1, "build": 1, "browser": 2, "harness": 2, "simulation": 2,
-          "bench": 3, "cli": 4}
+# The browser launcher starts its relay through the harness: browser sits above it.
+LAYERS = {"session": 0, "relay": 1, "browser_assets": 1, "build": 1, "harness": 2, "simulation": 2, "browser": 3,
+          "bench": 4, "cli": 5}
 SHARED_MODULES = frozenset({"server.cli.options"})
 
 

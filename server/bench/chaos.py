@@ -46,7 +46,7 @@ import httpx
 import numpy as np
 
 from runtime import wire
-from server.bench.chaos_relay import EXAMPLES, RelayProcess, RetryingPeer, Uploads, free_port
+from server.bench.chaos_relay import EXAMPLES, RelayProcess, Uploads, chaos_relay, retrying_peer, wait_until
 from server.bench.full_disk import DiskFiller, small_filesystem
 from server.session import checkpoint_files as checkpoint
 
@@ -70,8 +70,8 @@ class ChaosConfig:
     timeout_s: float = 600.0
     full_disk: bool = False
 
-    def serve_arguments(self, session_dir: Path, port: int) -> list[str]:
-        args = ["--port", str(port), "--task", "majority_task:MajorityTask", "--session-dir", str(session_dir),
+    def serve_arguments(self, session_dir: Path) -> list[str]:
+        args = ["--task", "majority_task:MajorityTask", "--session-dir", str(session_dir),
                 "-k", str(self.k), "--passes", str(self.passes), "--admin-token", ADMIN, "--lease-seconds", "10",
                 "--seed", str(self.seed), "--no-ban-addresses",  # (every peer comes from 127.0.0.1)
                 "--set", f"chunks={self.chunks}", "--set", f"examples={self.examples}",
@@ -129,13 +129,15 @@ def disk_state(session_dir: Path) -> tuple[int, int]:
 
 
 class Killer:
-    """Chooses the moments and kills; classifies each kill by what the disk and the peers show."""
+    """Chooses the moments and kills; classifies each kill by what the disk and the peers show. The moments are
+    events the peers report (an upload in flight, a round's last result accepted) or the disk shows (a checkpoint
+    folder), not looks at the relay's status, which can come after the moment passed."""
 
     def __init__(self, relay: RelayProcess, session_dir: Path, uploads: Uploads, seed: int, k: int) -> None:
         self.relay, self.session_dir, self.uploads = relay, session_dir, uploads
         self.rng = random.Random(seed)
         self.k = k
-        self.merge_seconds = 0.05  # the last observed time from a round's last result to the next round
+        self.merge_seconds = 0.05  # the last observed time from a round's last result to its checkpoint
         self.observer = httpx.Client(base_url=relay.url, timeout=5)
 
     def status(self) -> dict[str, Any] | None:
@@ -145,46 +147,49 @@ class Killer:
         except (httpx.HTTPError, ValueError):
             return None
 
-    def wait_for(self, trigger: str, limit_s: float = 20) -> bool:
-        """Until the moment of ``trigger`` (False: the session ended or the moment never came)."""
-        deadline = time.monotonic() + limit_s
+    def next_full_round(self, limit_s: float) -> bool:
+        """Until the peers report the next round whose every result was accepted (its merge starts now)."""
+        seen = len(self.uploads.full_rounds)
+        return wait_until(self.uploads, lambda: len(self.uploads.full_rounds) > seen, limit_s)
+
+    def kill_at(self, trigger: str, limit_s: float = 20) -> Kill | None:
+        """Wait for the moment of ``trigger`` and kill there (None: the moment never came)."""
         if trigger == "random":
             time.sleep(self.rng.uniform(0.1, 1.5))
-            return True
+            return self.kill(trigger)
         if trigger == "upload":
-            while time.monotonic() < deadline:
-                if self.uploads.in_flight > 0:
-                    time.sleep(self.rng.uniform(0, 0.002))
-                    return True
-                time.sleep(0.0005)
-            return False
+            with self.uploads.changed:  # held through the SIGKILL: no upload in flight can be answered meanwhile
+                if not self.uploads.changed.wait_for(lambda: self.uploads.in_flight > 0, timeout=limit_s):
+                    return None
+                in_flight = self.uploads.in_flight
+                self.relay.kill()
+            return self.restarted(trigger, in_flight)
         if trigger == "checkpoint":
             latest, _ = disk_state(self.session_dir)
             target = checkpoint.round_folder(self.session_dir, latest + 1)
-            while time.monotonic() < deadline:
+            deadline = time.monotonic() + limit_s
+            while time.monotonic() < deadline:  # (a folder appearing on disk: nothing to wait on but the disk)
                 if target.exists():
-                    return True
+                    return self.kill(trigger)
                 time.sleep(0.0002)
-            return False
-        while time.monotonic() < deadline:  # merge: a round's last result is in
-            status = self.status()
-            if status is None or status["done"]:
-                return False
-            progress = status["round_progress"]
-            if status.get("merging") or (progress["slots"] and progress["done"] >= progress["slots"]):
-                time.sleep(self.rng.uniform(0, self.merge_seconds))
-                return True
-            time.sleep(0.002)
-        return False
+            return None
+        before, _ = disk_state(self.session_dir)  # merge: a round's last result was accepted
+        if not self.next_full_round(limit_s):
+            return None
+        time.sleep(self.rng.uniform(0, self.merge_seconds))
+        return self.kill(trigger, checkpoint_before=before)
 
-    def kill(self, trigger: str) -> Kill:
-        before = self.status()
+    def kill(self, trigger: str, *, checkpoint_before: int | None = None) -> Kill:
         in_flight = self.uploads.in_flight
         self.relay.kill()
+        return self.restarted(trigger, in_flight, checkpoint_before)
+
+    def restarted(self, trigger: str, in_flight: int, checkpoint_before: int | None = None) -> Kill:
+        """What the killed relay was doing (the disk and the peers say), then its restart."""
         latest, newest = disk_state(self.session_dir)
         if newest > latest:
             interrupted = "while writing a checkpoint"
-        elif trigger == "merge" and before is not None and (before.get("merging") or before["round"] == latest):
+        elif trigger == "merge" and latest == checkpoint_before:
             interrupted = "during a merge, before its checkpoint"
         elif in_flight:
             interrupted = "during an upload"
@@ -194,20 +199,17 @@ class Killer:
         return Kill(trigger, interrupted, latest, restart)
 
     def learn_merge_time(self) -> None:
-        """Time one round change from its last result (the window the ``merge`` trigger aims into)."""
-        deadline = time.monotonic() + 10
-        start_round, full_at = None, None
-        while time.monotonic() < deadline:
-            status = self.status()
-            if status is None or status["done"]:
-                return
-            progress = status["round_progress"]
-            if start_round is None and progress["slots"] and progress["done"] >= progress["slots"]:
-                start_round, full_at = status["round"], time.monotonic()
-            elif start_round is not None and full_at is not None and status["round"] > start_round:
+        """Time one merge, from its round's last result to its checkpoint (the window the ``merge`` trigger aims
+        into)."""
+        before, _ = disk_state(self.session_dir)
+        if not self.next_full_round(10):
+            return
+        full_at, deadline = time.monotonic(), time.monotonic() + 10
+        while time.monotonic() < deadline:  # (the checkpoint's ``latest`` changing on disk)
+            if disk_state(self.session_dir)[0] > before:
                 self.merge_seconds = max(0.01, 1.5 * (time.monotonic() - full_at))
                 return
-            time.sleep(0.002)
+            time.sleep(0.001)
 
 
 def expected_weights(session_dir: Path, mode: str) -> np.ndarray:
@@ -274,13 +276,13 @@ def run_session(config: ChaosConfig, work: Path, *, kills: int, log: Any = print
     """One session with ``kills`` SIGKILLs (0: the uninterrupted anchor) or a full disk; the report."""
     session_dir = work / "session"
     work.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    relay = RelayProcess(config.serve_arguments(session_dir, port), port, work.parent / f"{work.name}-serve.log")
-    uploads, stop = Uploads(), threading.Event()
+    relay = chaos_relay(config.serve_arguments(session_dir), work.parent / f"{work.name}-serve.log")
+    # A merge starts when a round's k results are in (sync), or when the buffer of k results fills (async).
+    uploads, stop = Uploads(slots=config.k, per_round=config.mode == "sync"), threading.Event()
     started = time.monotonic()
     deadline = started + config.timeout_s
-    relay.start(timeout_s=120)  # (the first start builds the package)
-    peers = [RetryingPeer(relay.url, uploads, stop, deadline) for _ in range(config.peers)]
+    relay.start()  # (the first start builds the package)
+    peers = [retrying_peer(relay.url, uploads, stop, deadline) for _ in range(config.peers)]
     for peer in peers:
         peer.start()
     killer = Killer(relay, session_dir, uploads, config.seed, config.k)
@@ -295,23 +297,16 @@ def run_session(config: ChaosConfig, work: Path, *, kills: int, log: Any = print
             if status is None or status["done"]:
                 log(f"  the session finished after {len(done)} kills; the rest were not needed")
                 break
-            if not killer.wait_for(trigger):
-                trigger = "random"
-                killer.wait_for(trigger)
-            kill = killer.kill(trigger)
+            kill = killer.kill_at(trigger) or killer.kill_at("random")
+            assert kill is not None
             done.append(kill)
             log(f"  kill {len(done)}/{kills} ({kill.trigger}): {kill.interrupted}, checkpoint at round "
                 f"{kill.round}; restarted in {kill.restart_seconds:.2f} s")
         if disk is not None:
             disk_figures = disk.run(killer.status, log)
-        while time.monotonic() < deadline:
-            status = killer.status()
-            if status is not None and status["done"]:
-                break
-            if not any(peer.is_alive() for peer in peers):
-                break
-            time.sleep(0.1)
-        else:
+        for peer in peers:  # each ends when the relay tells it the session is done
+            peer.join(timeout=max(0.0, deadline - time.monotonic()))
+        if any(peer.is_alive() for peer in peers):
             raise TimeoutError(f"the session did not finish within {config.timeout_s:.0f} s; see {relay.log}")
         status, final = final_status(relay.url)
     finally:

@@ -1,164 +1,97 @@
-"""What ``peertrain bench chaos`` (``server.bench.chaos``) runs against: a real ``peertrain serve`` on a fixed port
-that can be killed and started again, and native peers that do what the browser's worker does and retry
-through every refused connection and 5xx; the killer reads what they are doing from ``Uploads``."""
+"""What ``peertrain bench chaos`` (``server.bench.chaos``) runs against: a real ``peertrain serve``
+(``server.harness.RelayProcess``: killed with SIGKILL and started again on the same port) and native peers
+(``server.harness.NativePeer``) that do what the browser's worker does and start over through every refused
+connection and 5xx; the killer learns what they are doing from ``Uploads``, as events."""
 
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
-import socket
-import subprocess
-import sys
 import threading
-import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from runtime.peer import Peer
-from server.paths import REPO_ROOT
+from server.harness.native_peer import NativePeer, PeerHooks, RetryPolicy
+from server.harness.relay_process import EXAMPLES, RelayProcess
 
-EXAMPLES = REPO_ROOT / "examples"
+__all__ = ["EXAMPLES", "RelayProcess", "Uploads", "chaos_relay", "retrying_peer", "wait_until"]
+
 HOLD_SECONDS = 2.0  # peers hold their work requests briefly: a killed relay's held requests fail fast
+# Through a restart the peers start over from asking for work, again and again (the deadline ends it first).
+RETRY = RetryPolicy(resend=0, restarts=100_000, retry_5xx=True, first_delay_s=0.05, max_delay_s=0.5)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class RelayProcess:
-    """``peertrain serve`` in a child process on a fixed port, so a restart keeps the peers' URL."""
-
-    def __init__(self, arguments: list[str], port: int, log: Path) -> None:
-        self.command = [sys.executable, "-m", "server.cli", "serve", *arguments]
-        self.env = os.environ | {"PYTHONPATH": os.pathsep.join([str(EXAMPLES), str(REPO_ROOT)])}
-        self.url = f"http://127.0.0.1:{port}"
-        self.log = log
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self, timeout_s: float = 60) -> float:
-        """Start and wait until the API answers; returns the seconds it took."""
-        started = time.monotonic()
-        with self.log.open("a") as log:
-            self.process = subprocess.Popen(self.command, cwd=REPO_ROOT, env=self.env, stdout=log,
-                                            stderr=subprocess.STDOUT)
-        while time.monotonic() - started < timeout_s:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"the relay exited with {self.process.returncode}; see {self.log}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(self.url + "/api/session", timeout=2).status_code == 200:
-                    return time.monotonic() - started
-            time.sleep(0.05)
-        raise TimeoutError(f"the relay did not answer within {timeout_s:.0f} s; see {self.log}")
-
-    def kill(self) -> None:
-        assert self.process is not None
-        self.process.send_signal(signal.SIGKILL)
-        self.process.wait(timeout=10)
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.kill()
-
-
-class Down(Exception):
-    """The relay does not answer (killed, restarting) or answered 5xx: try again."""
+def chaos_relay(arguments: list[str], log: Path) -> RelayProcess:
+    """``peertrain serve`` with examples/ on its path; port 0 at the first start, the same port at a restart."""
+    return RelayProcess(arguments, log=log, examples=True, start_timeout_s=120)
 
 
 @dataclass
 class Uploads:
-    """What the peers are doing, for the killer: uploads in flight, and what came back."""
+    """What the peers are doing, for the killer: uploads in flight, and what came back, under one condition
+    (the killer waits on it; no polling)."""
 
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    changed: threading.Condition = field(default_factory=threading.Condition)
     in_flight: int = 0
     by_status: Counter[str] = field(default_factory=Counter)
+    slots: int = 0  # results a merge takes (0: unknown, no merge is ever seen)
+    per_round: bool = True  # sync: a round's slots; async: any results (the buffer)
+    full_rounds: list[int] = field(default_factory=list)  # merges the accepted results started, in order
     service_unavailable: list[str] = field(default_factory=list)  # the reasons of 503 answers
+    accepted_slots: dict[int, set[int]] = field(default_factory=dict)
 
-    def note(self, status: str) -> None:
-        with self.lock:
-            self.by_status[status] += 1
-
-
-class RetryingPeer(threading.Thread):
-    """The browser worker's loop, natively, retrying every request while the relay is down or answers 5xx."""
-
-    def __init__(self, url: str, uploads: Uploads, stop: threading.Event, deadline: float) -> None:
-        super().__init__(daemon=True)
-        self.client = httpx.Client(base_url=url, timeout=30)
-        self.uploads, self.stop, self.deadline = uploads, stop, deadline
-        self.headers: dict[str, str] = {}
-        self.error: BaseException | None = None
-        self.rejoins = 0
-
-    def call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    def send_result(self, job: dict[str, Any], send: Callable[[], httpx.Response]) -> httpx.Response:
+        """One upload, counted in flight while it is (the peer's view: sent, not answered yet)."""
+        with self.changed:
+            self.in_flight += 1
+            self.changed.notify_all()
+        answered: httpx.Response | None = None
         try:
-            response = self.client.request(method, path, headers=self.headers, **kwargs)
-        except httpx.TransportError as error:
-            raise Down(str(error)) from error
-        if response.status_code >= 500:
-            if response.status_code == 503:
-                with contextlib.suppress(ValueError):
-                    self.uploads.service_unavailable.append(str(response.json().get("error")))
-            raise Down(f"HTTP {response.status_code}")
-        return response
-
-    def run(self) -> None:
-        try:
-            self.loop()
-        except BaseException as error:  # reported by the bench
-            self.error = error
+            answered = send()
+            return answered
         finally:
-            self.client.close()
+            with self.changed:
+                self.in_flight -= 1
+                if answered is not None:
+                    self.note(answered, job)
+                self.changed.notify_all()
 
-    def loop(self) -> None:
-        peer: Peer | None = None
-        delay = 0.05
-        while not self.stop.is_set() and time.monotonic() < self.deadline:
-            try:
-                if not self.headers:
-                    joined = self.call("POST", "/api/join", json={}).json()
-                    self.headers = {"Authorization": f"Bearer {joined['peer_id']}:{joined['token']}"}
-                if peer is None:
-                    peer = Peer(self.call("GET", "/api/task").json())
-                response = self.call("POST", f"/api/work?hold={HOLD_SECONDS}")
-                if response.status_code == 401:  # (tokens live in SQLite: a restart keeps them)
-                    self.headers, self.rejoins = {}, self.rejoins + 1
-                    continue
-                job = response.json()
-                delay = 0.05
-                if job.get("done"):
-                    return
-                if "wait" in job:
-                    time.sleep(min(float(job["wait"]), 0.2))
-                    continue
-                if peer.weights_round != job["weights_round"]:
-                    weights = self.call("GET", f"/api/weights?round={job['weights_round']}")
-                    if weights.status_code != 200:
-                        continue
-                    peer.set_weights(weights.content)
-                unit = self.call("GET", f"/api/unit/{job['unit_index']}") if job.get("kind") == "data" else None
-                if unit is not None and unit.status_code != 200:
-                    continue
-                body = peer.train(job, unit.content if unit is not None else None)
-                with self.uploads.lock:
-                    self.uploads.in_flight += 1
-                try:
-                    answer = self.call("POST", f"/api/result?round={job['round']}&slot={job['slot']}", content=body)
-                finally:
-                    with self.uploads.lock:
-                        self.uploads.in_flight -= 1
-                self.uploads.note("accepted" if answer.status_code == 200 else
-                                  f"{answer.status_code} {answer.json().get('error', '')}")
-            except Down:
-                time.sleep(delay)
-                delay = min(2 * delay, 0.5)
+    def note(self, answer: httpx.Response, job: dict[str, Any]) -> None:
+        if answer.status_code != 200:
+            code = ""
+            with contextlib.suppress(ValueError, AttributeError):
+                code = str(answer.json().get("error", ""))
+            self.by_status[f"{answer.status_code} {code}"] += 1
+            return
+        self.by_status["accepted"] += 1
+        if not self.per_round:
+            if self.slots and self.by_status["accepted"] % self.slots == 0:
+                self.full_rounds.append(self.by_status["accepted"])
+            return
+        round_index = int(job["round"])
+        slots = self.accepted_slots.setdefault(round_index, set())
+        slots.add(int(job["slot"]))
+        if self.slots and len(slots) == self.slots and round_index not in self.full_rounds:
+            self.full_rounds.append(round_index)
+
+    def on_answer(self, answer: httpx.Response) -> None:
+        if answer.status_code == 503:
+            with contextlib.suppress(ValueError, AttributeError):
+                self.service_unavailable.append(str(answer.json().get("error")))
+
+
+def retrying_peer(url: str, uploads: Uploads, stop: threading.Event, deadline: float) -> NativePeer:
+    """The browser worker's loop, natively, starting over while the relay is down or answers 5xx; its uploads
+    go through ``uploads``. (Call ``start()``.)"""
+    return NativePeer(url, hooks=PeerHooks(send_result=uploads.send_result, on_answer=uploads.on_answer),
+                      retry=RETRY, hold_s=HOLD_SECONDS, wait_cap_s=0.2, deadline=deadline, stop=stop)
+
+
+def wait_until(uploads: Uploads, ready: Callable[[], bool], limit_s: float) -> bool:
+    """Until ``ready()`` holds (looked at on every change the peers report) or ``limit_s`` passes."""
+    with uploads.changed:
+        return uploads.changed.wait_for(ready, timeout=limit_s)

@@ -22,14 +22,14 @@ from typing import Any
 
 import httpx
 
-from server.bench.chaos_relay import EXAMPLES, RelayProcess, RetryingPeer, Uploads, free_port
+from server.bench.chaos_relay import EXAMPLES, Uploads, chaos_relay, retrying_peer
 from server.relay.options import DEFAULT_KEEP_RESULTS
 
 ADMIN = "disk-admin"
 
 
-def serve_arguments(session_dir: Path, port: int, *, passes: int, hidden: int, keep: str) -> list[str]:
-    return ["--port", str(port), "--task", "majority_task:MajorityTask", "--session-dir", str(session_dir),
+def serve_arguments(session_dir: Path, *, passes: int, hidden: int, keep: str) -> list[str]:
+    return ["--task", "majority_task:MajorityTask", "--session-dir", str(session_dir),
             "-k", "2", "--passes", str(passes), "--admin-token", ADMIN, "--no-ban-addresses",
             "--on-divergence", "rollback", "--keep-results", keep, "--set", "chunks=4", "--set", "examples=1024",
             "--set", "epochs=1", "--set", f"hidden={hidden}"]
@@ -38,14 +38,12 @@ def serve_arguments(session_dir: Path, port: int, *, passes: int, hidden: int, k
 def measure(work: Path, *, keep: str, passes: int, hidden: int, peers: int = 2, timeout_s: float = 600,
             log: Any = print) -> list[dict[str, Any]]:
     """The relay's storage report after each round of one session."""
-    port = free_port()
     work.mkdir(parents=True, exist_ok=True)
-    relay = RelayProcess(serve_arguments(work / "session", port, passes=passes, hidden=hidden, keep=keep), port,
-                         work / "serve.log")
+    relay = chaos_relay(serve_arguments(work / "session", passes=passes, hidden=hidden, keep=keep), work / "serve.log")
     uploads, stop = Uploads(), threading.Event()
-    relay.start(timeout_s=120)
+    relay.start()
     deadline = time.monotonic() + timeout_s
-    threads = [RetryingPeer(relay.url, uploads, stop, deadline) for _ in range(peers)]
+    threads = [retrying_peer(relay.url, uploads, stop, deadline) for _ in range(peers)]
     for thread in threads:
         thread.start()
     rows: list[dict[str, Any]] = []

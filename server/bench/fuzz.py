@@ -40,11 +40,8 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import random
-import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -56,7 +53,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from server.paths import REPO_ROOT
+from server.harness.relay_process import RelayProcess
 
 ADMIN = "fuzz-admin-token"
 TASK = "majority_task:MajorityTask"  # examples/ on PYTHONPATH (a task file would rebuild the shared wheels/)
@@ -105,38 +102,15 @@ class Tally:
 
 @contextmanager
 def relay_process(work_dir: Path, *more: str, timeout: float = 120.0) -> Iterator[str]:
-    """``peertrain serve`` on 127.0.0.1, port 0, in a child process; yields its base URL (no trailing slash)."""
-    log_path = work_dir / "serve.log"
-    command = [sys.executable, "-m", "server.cli", "serve", "--host", LOOPBACK, "--port", "0", "--task", TASK,
-               "--session-dir", str(work_dir / "session"), "--fresh", "-k", "2", "--passes", "2", "--min-peers",
-               "1", "--peer-timeout", "1", "--no-verify", "--admin-token", ADMIN, *more,
-               *(f"--set={key}={value}" for key, value in TASK_SETTINGS.items())]
-    env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT / "examples"),
-                                                                    os.environ.get("PYTHONPATH")]))}
-    with log_path.open("w") as log:
-        process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + timeout
-        url = None
-        while url is None:
-            match = re.search(r"(http://\S+)/", log_path.read_text())
-            if match:
-                url = match.group(1)
-            elif process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the relay did not start (exit code {process.poll()}):\n"
-                                   f"{log_path.read_text()[-3000:]}")
-            else:
-                time.sleep(0.05)
-        if urlsplit(url).hostname != LOOPBACK:
-            raise RuntimeError(f"the fuzzer only targets {LOOPBACK}, the relay printed {url}")
-        yield url
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    """``peertrain serve`` on 127.0.0.1, port 0, in a child process (``server.harness.RelayProcess``, its log in
+    ``work_dir``); yields its base URL (no trailing slash)."""
+    arguments = ["--host", LOOPBACK, "--task", TASK, "--session-dir", str(work_dir / "session"), "--fresh", "-k", "2",
+                 "--passes", "2", "--min-peers", "1", "--peer-timeout", "1", "--no-verify", "--admin-token", ADMIN,
+                 *more, *(f"--set={key}={value}" for key, value in TASK_SETTINGS.items())]
+    with RelayProcess(arguments, log=work_dir / "serve.log", examples=True, start_timeout_s=timeout) as relay:
+        if urlsplit(relay.url).hostname != LOOPBACK:
+            raise RuntimeError(f"the fuzzer only targets {LOOPBACK}, the relay printed {relay.url}")
+        yield relay.url
 
 
 # ---------------------------------------------------------------- the fuzzer

@@ -76,9 +76,7 @@ from server.bench.load_clients import (
     watcher,
 )
 from server.bench.load_figures import (
-    EXAMPLES,
     LoadFigures,
-    RelayProcess,
     cpu_share,
     figures_of,
     longest_round,
@@ -92,6 +90,7 @@ from server.bench.load_figures import (
     sample_rss,
     slope_per_minute,
 )
+from server.harness.relay_process import EXAMPLES, RelayProcess
 from server.relay.limits import DEFAULT_BODY_TIMEOUT, DEFAULT_HEADER_TIMEOUT
 
 TASK = "majority_task:MajorityTask"  # examples/majority_task.py, importable with examples/ on the path

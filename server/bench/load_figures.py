@@ -8,12 +8,9 @@ from __future__ import annotations
 import asyncio
 import math
 import os
-import re
 import resource
 import signal
-import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -23,62 +20,24 @@ from typing import Any
 import numpy as np
 
 from server.bench.load_clients import LoadSettings, Recorder
-from server.paths import REPO_ROOT
+from server.harness.relay_process import RelayProcess
 
-EXAMPLES = REPO_ROOT / "examples"
 RSS_SAMPLE_SECONDS = 1.0
 
 
 # ---------------------------------------------------------------- the relay under test
 
 
-@dataclass
-class RelayProcess:
-    process: subprocess.Popen[bytes]
-    url: str
-    log: Path
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    @property
-    def host_port(self) -> tuple[str, int]:
-        host, _, port = self.url.removeprefix("http://").rstrip("/").rpartition(":")
-        return host, int(port)
-
-
 @contextmanager
 def relay_process(arguments: list[str], log: Path, profile: Path | None = None) -> Iterator[RelayProcess]:
-    """``peertrain serve`` in a child process (examples/ on its path), its output in ``log``; stopped after."""
-    python = [sys.executable, "-m", "cProfile", "-o", str(profile)] if profile else [sys.executable]
-    command = [*python, "-m", "server.cli", "serve", *arguments]
-    env = os.environ | {"PYTHONPATH": os.pathsep.join(p for p in (str(EXAMPLES), os.environ.get("PYTHONPATH"))
-                                                      if p)}
-    with log.open("w") as out:
-        process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 120
-        url = None
-        while url is None:
-            found = re.search(r"(http://\S+/)", log.read_text())
-            if found:
-                url = found.group(1)
-            elif process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the relay did not print its URL (exit {process.poll()}): "
-                                   f"{log.read_text()[-2000:]}")
-            else:
-                time.sleep(0.05)
-        yield RelayProcess(process, url.rstrip("/"), log)
-    finally:
-        # uvicorn re-raises the signal it shut down on: SIGTERM's default action would lose cProfile's stats, a
-        # KeyboardInterrupt lets cProfile write them on its way out.
-        process.send_signal(signal.SIGINT if profile else signal.SIGTERM)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=10)
+    """``peertrain serve`` in a child process (``server.harness.RelayProcess``, examples/ on its path), its output
+    in ``log``; stopped after. With ``profile``, under cProfile, stopped with SIGINT: uvicorn re-raises the signal
+    it shut down on, and SIGTERM's default action would lose cProfile's stats where a KeyboardInterrupt lets
+    cProfile write them on its way out."""
+    python = [sys.executable, "-m", "cProfile", "-o", str(profile)] if profile else None
+    with RelayProcess(arguments, log=log, examples=True, python=python,
+                      stop_signal=signal.SIGINT if profile else signal.SIGTERM, stop_timeout_s=30) as relay:
+        yield relay
 
 
 def rss_mb(pid: int) -> float | None:

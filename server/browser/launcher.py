@@ -1,4 +1,5 @@
-"""Driving the real page in headless Chromium: a relay process, a page, Python run inside its worker.
+"""Driving the real page in headless Chromium: a relay process (started through ``server.harness``), a page, Python
+run inside its worker.
 
 Used by the benchmarks that measure the runtime in Pyodide and by headless peers; tests use the same
 launch options through pytest-playwright.
@@ -6,18 +7,14 @@ launch options through pytest-playwright.
 
 from __future__ import annotations
 
-import os
-import re
 import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from server.browser.chromium import launch_options
-from server.paths import REPO_ROOT
+from server.harness.relay_process import RelayProcess
 
 READY_SELECTOR = "body[data-state='ready'], body[data-state='failed']"
 # The page's worker answers ``window.peertrain.run(code)`` only when the page was opened with ``?test=1``.
@@ -32,35 +29,20 @@ def with_test_flag(url: str) -> str:
     return urlunsplit((parts.scheme, parts.netloc, parts.path or "/", urlencode(query), parts.fragment))
 
 
-def launch_relay(*extra_args: str, log_path: Path) -> tuple[subprocess.Popen, str]:
-    """Start ``peertrain serve --port 0`` with its output in ``log_path`` (never an undrained pipe);
-    returns the process and the URL it printed. The caller stops the process."""
-    command = [sys.executable, "-m", "server.cli", "serve", "--port", "0", *extra_args]
-    with log_path.open("w") as log:
-        process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and process.poll() is None:
-        match = re.search(r"(http://\S+/)", log_path.read_text())
-        if match:
-            return process, match.group(1)
-        time.sleep(0.05)
-    process.kill()
-    raise RuntimeError(f"relay did not print its URL (exit code {process.poll()}): {log_path.read_text()[-2000:]}")
+def launch_relay(*extra_args: str, log_path: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """Start ``peertrain serve --port 0`` (``server.harness.RelayProcess``) with its output in ``log_path``;
+    returns the process, once ``/healthz`` answers, and the URL it printed. The caller stops the process."""
+    relay = RelayProcess(extra_args, log=log_path, start_timeout_s=60)
+    relay.start()
+    assert relay.process is not None
+    return relay.process, relay.page_url
 
 
 @contextmanager
 def relay_process(*extra_args: str, log_path: Path | None = None) -> Iterator[str]:
-    """Run ``peertrain serve --port 0`` in a child process; yields the URL it printed."""
-    log_path = log_path or Path(os.environ.get("TMPDIR", "/tmp")) / f"peertrain-relay-{os.getpid()}.log"
-    process, url = launch_relay(*extra_args, log_path=log_path)
-    try:
-        yield url
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
+    """Run ``peertrain serve --port 0`` in a child process; yields the URL it printed (stopped after)."""
+    with RelayProcess(extra_args, log=log_path, start_timeout_s=60) as relay:
+        yield relay.page_url
 
 
 @contextmanager
