@@ -59,8 +59,9 @@ class RetryPolicy:
     first_delay_s: float = 0.05
     max_delay_s: float = 0.5
 
-    def delays(self, tries: int) -> list[float]:
-        return [min(self.first_delay_s * 2**n, self.max_delay_s) for n in range(tries)]
+    def delay(self, tries: int) -> float:
+        """The pause after the ``tries``-th failed try (counting from 0): doubling, at most ``max_delay_s``."""
+        return min(self.first_delay_s * 2.0 ** min(tries, 60), self.max_delay_s)
 
 
 @dataclass
@@ -145,7 +146,7 @@ class NativePeer:
 
     def send(self, call: Call) -> httpx.Response:
         """The answer to ``call``, sent again per the retry policy; raises ``Unanswered``."""
-        for delay in [*self.retry.delays(self.retry.resend), None]:
+        for tries in range(self.retry.resend + 1):
             try:
                 response = self.relay.send(call)
             except httpx.TransportError as error:
@@ -156,11 +157,12 @@ class NativePeer:
                 if response.status_code < 500 or not self.retry.retry_5xx:
                     return response
                 problem = f"HTTP {response.status_code}"
-            if delay is None or self.stopping() or time.monotonic() + delay > self.deadline:
-                self.log.unanswered += 1
-                raise Unanswered(f"{call.method} {call.path}: {problem}")
+            delay = self.retry.delay(tries)
+            if tries == self.retry.resend or self.stopping() or time.monotonic() + delay > self.deadline:
+                break
             self.pause(delay)
-        raise AssertionError("unreachable")
+        self.log.unanswered += 1
+        raise Unanswered(f"{call.method} {call.path}: {problem}")
 
     def call(self, call: Call) -> Any:
         """``call``'s parsed answer; a refusal (4xx, or a 5xx not retried) is kept in the log and raised."""
@@ -179,7 +181,7 @@ class NativePeer:
     def run(self) -> str:
         """Until the session is done or a stop condition holds; returns ``ended``. Raises TimeoutError past the
         step or time bound, ``Unanswered`` when the retry policy gave up."""
-        restarts = self.retry.delays(self.retry.restarts)
+        restarts = 0  # since the last step that went through
         for _ in range(self.max_steps):
             if self.stopping():
                 self.ended = "stopped"
@@ -191,11 +193,12 @@ class NativePeer:
                     self.ended = "done"
                     return self.ended
             except Unanswered:
-                if not restarts or self.stopping():
+                if restarts >= self.retry.restarts or self.stopping():
                     raise
-                self.pause(restarts.pop(0))
+                self.pause(self.retry.delay(restarts))
+                restarts += 1
             else:
-                restarts = self.retry.delays(self.retry.restarts)  # (a step went through: the delays start over)
+                restarts = 0  # (a step went through: the delays start over)
         self.ended = "timeout"
         raise TimeoutError(f"the session was not done after {self.max_steps} steps or at the peer's deadline")
 
