@@ -6,7 +6,8 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 
@@ -17,23 +18,43 @@ def merge_names() -> list[str]:
     return list(MERGES)
 
 
-def aggregator_names() -> list[str]:
-    """The aggregators a command offers: every one the runtime registers (``runtime.aggregate.AGGREGATORS``)."""
-    from runtime.aggregate import AGGREGATORS
+def add_config_option(parser: argparse.ArgumentParser, command: str) -> None:
+    """``--config FILE``: the settings of a session in a TOML file (README, "Settings"); flags override it."""
+    parser.add_argument("--config", type=Path, metavar="FILE",
+                        help=f"a TOML file of settings, keyed by their names (merge = \"fedavgm\", participants = 4, "
+                        f"[merge_config] ...; examples/session.toml); a flag given here overrides the file; an "
+                        f"unknown key or a bad value is refused (the settings: {command} --help, README)")
 
-    return list(AGGREGATORS)
+
+def add_buffer_option(parser: Any) -> None:
+    """``--buffer K``: async mode's results per merge, another name for -k there."""
+    parser.add_argument("--buffer", type=positive_int, metavar="K",
+                        help="async: results per merge (default: -k); only with --mode async")
 
 
-def add_aggregate_options(parser: argparse.ArgumentParser) -> None:
-    """``--aggregate`` and ``--aggregate-config``: how a round's results become one average (any merge)."""
-    from server.session.config import DEFAULT_AGGREGATE, DEFAULT_AGGREGATE_CONFIG
+def read_settings(args: argparse.Namespace, command: str, *, file_also: Sequence[str] = (),
+                  environ: Mapping[str, str] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The keyword arguments of ``SessionConfig`` and ``RelayOptions`` that ``command``'s flags, the environment
+    and its ``--config`` file give (in that order of precedence; the rest are the declared defaults), each value
+    checked (``server.session.settings``); ``--buffer`` becomes k in async mode. ``file_also``: session
+    settings the file may hold though the command has no flag for them. A ``SettingError`` names a bad one."""
+    from server.relay.options import RelayOptions
+    from server.session.config import SessionConfig
+    from server.session.settings import SettingError, combine, declared, explicit, read_file
 
-    parser.add_argument("--aggregate", default=DEFAULT_AGGREGATE, choices=aggregator_names(),
-                        help=f"how a round's results become one average before the merge's step (default "
-                        f"{DEFAULT_AGGREGATE} with {json.dumps(DEFAULT_AGGREGATE_CONFIG)}; mean: plain FedAvg)")
-    parser.add_argument("--aggregate-config", type=json.loads, default=None, metavar="JSON",
-                        help='the aggregator\'s settings as JSON, e.g. {"fraction": 0.2} or {"f": 2} (default: '
-                        "its own defaults)")
+    accepted = {**declared(SessionConfig, command), **declared(RelayOptions, command)}
+    accepted.update({name: declared(SessionConfig)[name] for name in file_also})
+    every = {*declared(SessionConfig), *declared(RelayOptions)}
+    from_file = read_file(args.config, accepted, command=command, elsewhere=every) if args.config else {}
+    environ = os.environ if environ is None else environ
+    session = combine(SessionConfig, command, explicit(SessionConfig, args), from_file, environ)
+    session.update({name: from_file[name] for name in file_also if name in from_file})
+    relay = combine(RelayOptions, command, explicit(RelayOptions, args), from_file, environ)
+    if args.buffer is not None:
+        if session.get("mode", "sync") != "async":
+            raise SettingError("buffer", "is async mode's results per merge: only with --mode async", name="--buffer")
+        session["participants"] = args.buffer
+    return session, relay
 
 
 def add_sweep_options(parser: argparse.ArgumentParser) -> None:
@@ -79,14 +100,16 @@ def parse_sets(pairs: Sequence[str]) -> dict[str, object]:
     return settings
 
 
-def add_task_options(parser: argparse.ArgumentParser) -> None:
-    """Options shared by every command that builds a task: which task, its settings, the seed."""
+def add_task_options(parser: argparse.ArgumentParser, *, seed: bool = True) -> None:
+    """Options shared by every command that builds a task: which task, its settings, the seed (``seed=False``:
+    the command has the session's own ``--seed``, ``SessionConfig.seed``)."""
     parser.add_argument("--task", default="arith",
                         help="built-in task (bytetext, bytetext-local, arith, cartpole), a file path.py, or "
                         "package.module[:Class]")
     parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                         help="a task setting, repeatable (e.g. --set tokenizer=char --set chunks=5)")
-    parser.add_argument("--seed", type=int, default=0, help="seed for initial weights and the unit order")
+    if seed:
+        parser.add_argument("--seed", type=int, default=0, help="seed for initial weights and the unit order")
 
 
 def single_threaded_blas() -> None:

@@ -8,13 +8,16 @@ from pathlib import Path
 from typing import Any
 
 from server.cli.options import (
-    add_aggregate_options,
+    add_buffer_option,
+    add_config_option,
     add_sweep_options,
     add_task_options,
     merge_names,
     parse_sets,
+    read_settings,
     sweep_settings,
 )
+from server.session.settings import add_flags
 
 HELP = "run training sessions in-process, without browsers; compare merge methods"
 DESCRIPTION = ("Run sessions in-process with the same runtime code a browser runs. Several --merge choices run from "
@@ -24,15 +27,22 @@ DESCRIPTION = ("Run sessions in-process with the same runtime code a browser run
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_task_options(parser)
+    from server.relay.options import RelayOptions
+    from server.session.config import SessionConfig
+
+    add_task_options(parser, seed=False)
     parser.add_argument("--package", type=Path, help="a built package folder (instead of --task/--set)")
     parser.add_argument("--local-data", action="append", type=Path, default=[], metavar="DIR",
                         help="local tasks: a simulated peer's own files, one folder per peer (repeatable), or one "
                         "folder holding a sub-folder per peer; slot s of round r goes to peer (r*k + s) mod P")
+    add_config_option(parser, "simulate")
+    # Not serve's --merge (one method, its settings in --merge-config): simulate compares several from the same
+    # start, so it takes a list, each choice with its own settings; a --config file's merge and [merge_config]
+    # are the one choice when no --merge is given.
     parser.add_argument("--merge", action="append", default=[], metavar="NAME[:KEY=VALUE,...]",
-                        help=f"{', '.join(merge_names())}; repeatable or a comma list; settings per choice, e.g. "
-                        "fedavgm:server_momentum=0.5 (default fedavg)")
-    add_aggregate_options(parser)
+                        help=f"the merges to compare: {', '.join(merge_names())}; repeatable or a comma list; settings "
+                        "per choice, e.g. fedavgm:server_momentum=0.5 (default fedavg, or a --config file's merge "
+                        "with its [merge_config])")
     group = parser.add_argument_group("merge hyperparameters (applied to every chosen method that takes them)")
     group.add_argument("--server-lr", dest="server_learning_rate", type=float,
                        help="FedAvg/FedAvgM server learning rate (FedAvg: new = global + lr * (average - global))")
@@ -45,28 +55,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--tau", type=float, help="FedAdam/FedYogi/FedAdagrad adaptivity (added to sqrt(v))")
     group.add_argument("--no-bias-correction", dest="bias_correction", action="store_const", const=False,
                        help="FedAdam/FedYogi/FedAdagrad without bias correction (the paper's Algorithm 2)")
-    parser.add_argument("-k", "--participants", type=int, help="assignments per round (default min(5, units))")
-    parser.add_argument("--passes", type=int, default=3, help="passes over the units (default 3)")
-    parser.add_argument("--rounds", type=int, help="stop after this many rounds (default: all planned rounds)")
-    parser.add_argument("--force", action="store_true",
-                        help="run a stateful server optimizer (FedAvgM, FedAdam, FedYogi, FedAdagrad) even where "
-                        "the guard refuses")
-    parser.add_argument("--on-divergence", choices=["stop", "rollback"], default="stop",
-                        help="on a non-finite or exploding validation metric: stop, or restore the best weights")
-    parser.add_argument("--divergence-factor", type=float, default=3.0,
-                        help="a loss above this many times the best so far counts as divergence (default 3)")
+    session = parser.add_argument_group("the session (server.session.config.SessionConfig; a --config file's keys)")
+    stragglers = straggler_group(parser)
+    add_flags(parser, SessionConfig, "simulate", groups={"": session, "async": stragglers})
     parser.add_argument("--out", type=Path, default=Path("runs/simulate"), help="output folder")
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     add_sweep_options(parser)
-    add_straggler_arguments(parser)
+    add_flags(parser, RelayOptions, "simulate", groups={"rounds": stragglers})
+    add_straggler_arguments(stragglers)
 
 
-def add_straggler_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--peer-speeds`` and what goes with it: the relay's own decisions on a virtual clock
-    (``server.simulation.stragglers``)."""
-    group = parser.add_argument_group(
+def straggler_group(parser: argparse.ArgumentParser) -> Any:
+    return parser.add_argument_group(
         "slow peers on a virtual clock (with --peer-speeds: a real relay in-process, its backups, deadlines and "
-        "leases on virtual time; units are trained for real)")
+        "leases on virtual time, as serve's options of the same names; units are trained for real)")
+
+
+def add_straggler_arguments(group: Any) -> None:
+    """``--peer-speeds`` and what goes with it besides the relay's settings: the relay's own decisions on a virtual
+    clock (``server.simulation.stragglers``)."""
     group.add_argument("--peer-speeds", metavar="PROFILE",
                        help="equal; one-slow[:F] (the first peer F times slower, default 4); lognormal[:S] (slowness "
                        "factors exp(N(0, S)), seeded, default 0.5); dropout[:P] (a share P of the peers, at least one, "
@@ -74,19 +81,7 @@ def add_straggler_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--peers", type=int, help="simulated peers (default k)")
     group.add_argument("--unit-seconds", type=float, default=10.0,
                        help="virtual seconds a unit takes on a peer of speed 1 (default 10)")
-    group.add_argument("--backup-after", type=float, metavar="F",
-                       help="backups once a unit is out F times the median unit time (default 1, as serve; 0: at once)")
-    group.add_argument("--no-backups", action="store_true", help="no backups (serve --no-backups)")
-    group.add_argument("--round-deadline", type=float, metavar="S",
-                       help="a round merges what it has S virtual seconds after its first hand-out (default: none)")
-    group.add_argument("--min-results", type=int, metavar="M",
-                       help="results a round needs at its deadline (default: half its units, rounded up)")
-    group.add_argument("--mode", choices=("sync", "async"), default="sync",
-                       help="sync: rounds of k units (default); async: the relay's buffered asynchronous mode (serve "
-                       "--mode async): peers never wait, every --buffer results merge")
-    group.add_argument("--buffer", type=int, metavar="K", help="async: results per merge (default: -k)")
-    group.add_argument("--lease-seconds", type=float, default=120.0,
-                       help="virtual seconds a peer has for a unit (default 120, as serve)")
+    add_buffer_option(group)
     group.add_argument("--hold-seconds", type=float, metavar="S",
                        help="a waiting peer asks again after S virtual seconds unless the relay's work changes, as a "
                        "browser's held request (15 s by default in serve); default: the relay's retry, 1 s")
@@ -107,14 +102,18 @@ def run(args: argparse.Namespace) -> int:
     from runtime.tasks import TaskError
     from server.session.config import SessionError
     from server.session.package import Package, build_package
-    from server.simulation.simulator import compare, parse_merge_choices, with_common_settings
+    from server.simulation.simulator import MergeChoice, compare, parse_merge_choices, with_common_settings
     from server.simulation.sweep import SweepError
 
     def fail(error: Exception) -> int:
         print(f"peertrain simulate: {error}", file=sys.stderr)
         return 2
 
-    misplaced = [option for option, given in STRAGGLER_OPTIONS.items() if given(args)]
+    try:
+        config_values, relay_values = read_settings(args, "simulate", file_also=("merge", "merge_config"))
+    except SessionError as error:
+        return fail(error)
+    misplaced = misplaced_options(args, config_values, relay_values)
     if args.peer_speeds is None and misplaced:
         return fail(ValueError(f"{', '.join(misplaced)} only apply with --peer-speeds"))
     parallel = [option for option, given in (("--workers", args.workers is not None), ("--ray", args.ray is not None))
@@ -123,27 +122,27 @@ def run(args: argparse.Namespace) -> int:
         return fail(ValueError(f"{', '.join(parallel)} do not apply with --peer-speeds (its sessions run here, one "
                                "after another)"))
     try:
-        settings = straggler_settings(args) if args.peer_speeds is not None else None
-    except ValueError as error:
-        return fail(error)
-    try:
         common = {name: getattr(args, name) for name in MERGE_OPTIONS if getattr(args, name, None) is not None}
-        choices = with_common_settings(parse_merge_choices(args.merge), common)
+        merge, merge_config = config_values.pop("merge", None), config_values.pop("merge_config", {})
+        named = parse_merge_choices(args.merge) if args.merge or merge is None else \
+            [MergeChoice(merge, dict(merge_config))]
+        choices = with_common_settings(named, common)
         if args.package is not None:
             package = Package.load(args.package)
         else:
-            package = build_package(args.task, parse_sets(args.sets), Path(args.out) / "package", seed=args.seed)
-        participants = args.participants or min(5, package.data.num_units)
+            package = build_package(args.task, parse_sets(args.sets), Path(args.out) / "package",
+                                    seed=config_values.get("seed", 0))
+        config, options = simulated_settings(config_values, relay_values, package)
         if args.local_data or package.task.kind == "local":  # (server.simulation.local_sim)
-            return run_local(args, package, choices, participants, fail)
-        if settings is not None:
-            return run_stragglers(args, settings, package, choices, participants)
-        comparison = compare(package, choices, out=args.out, participants=participants, passes=args.passes,
-                             seed=args.seed, max_rounds=args.rounds, force=args.force,
-                             on_divergence=args.on_divergence, divergence_factor=args.divergence_factor,
-                             progress=args.progress, aggregate=args.aggregate, aggregate_config=args.aggregate_config,
-                             **sweep_settings(args))
-    except (MergeError, PlanError, TaskError, SessionError, SweepError, FileNotFoundError) as error:
+            return run_local(args, package, choices, config, fail)
+        if args.peer_speeds is not None:
+            return run_stragglers(args, straggler_settings(args, options, config.seed), package, choices, config)
+        comparison = compare(package, choices, out=args.out, participants=config.participants, passes=config.passes,
+                             seed=config.seed, max_rounds=config.max_rounds, force=config.force,
+                             on_divergence=config.on_divergence, divergence_factor=config.divergence_factor,
+                             progress=args.progress, aggregate=config.aggregate,
+                             aggregate_config=config.aggregate_config, **sweep_settings(args))
+    except (MergeError, PlanError, TaskError, SessionError, SweepError, FileNotFoundError, ValueError) as error:
         return fail(error)
     stopped = [s for s in comparison.sessions if s.stopped]
     for session in stopped:
@@ -151,7 +150,25 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_local(args: argparse.Namespace, package: Any, choices: list[Any], participants: int, fail: Any) -> int:
+def simulated_settings(config_values: dict[str, Any], relay_values: dict[str, Any], package: Any) -> tuple[Any, Any]:
+    """The session's config (k: 5, or the package's units if fewer, unless set) and the simulated relay's options
+    (no host replays: the simulator trains natively; no bans), through the rules every session start obeys."""
+    from server.relay.options import RelayOptions
+    from server.session.config import SessionConfig
+    from server.session.rules import resolve
+    from server.session.settings import declared
+
+    if "participants" not in config_values:
+        config_values = {**config_values, "participants": min(declared(SessionConfig)["participants"].default,
+                                                              package.data.num_units)}
+    options = RelayOptions(admin_token="simulate", verify=False, ban_addresses=False, **relay_values)
+    resolved = resolve(SessionConfig(**config_values), options, package)
+    for note in resolved.notes:
+        print(note)
+    return resolved.config, resolved.options
+
+
+def run_local(args: argparse.Namespace, package: Any, choices: list[Any], config: Any, fail: Any) -> int:
     """``simulate --local-data``: a local task's sessions, each simulated peer training on its own folder."""
     from server.simulation.local_sim import simulate_local
 
@@ -164,67 +181,70 @@ def run_local(args: argparse.Namespace, package: Any, choices: list[Any], partic
             getattr(args, "ray", None) is not None:
         return fail(ValueError("--local-data sessions run here one after another, without --peer-speeds, --workers "
                                "or --ray"))
-    sessions = simulate_local(package, choices, args.local_data, out=args.out, participants=participants,
-                              passes=args.passes, seed=args.seed, max_rounds=args.rounds, force=args.force,
-                              on_divergence=args.on_divergence, divergence_factor=args.divergence_factor,
-                              aggregate=args.aggregate, aggregate_config=args.aggregate_config, progress=args.progress)
+    sessions = simulate_local(package, choices, args.local_data, out=args.out, participants=config.participants,
+                              passes=config.passes, seed=config.seed, max_rounds=config.max_rounds,
+                              force=config.force, on_divergence=config.on_divergence,
+                              divergence_factor=config.divergence_factor, aggregate=config.aggregate,
+                              aggregate_config=config.aggregate_config, progress=args.progress)
     for session in sessions:
         if session.stopped:
             print(f"{session.config.name}: stopped: {session.stopped}", file=sys.stderr)
     return 0
 
 
+# simulate's own options that only apply with --peer-speeds: given or not
 STRAGGLER_OPTIONS = {
     "--peers": lambda a: a.peers is not None, "--unit-seconds": lambda a: a.unit_seconds != 10.0,
-    "--backup-after": lambda a: a.backup_after is not None, "--no-backups": lambda a: a.no_backups,
-    "--round-deadline": lambda a: a.round_deadline is not None, "--min-results": lambda a: a.min_results is not None,
-    "--lease-seconds": lambda a: a.lease_seconds != 120.0, "--hold-seconds": lambda a: a.hold_seconds is not None,
-    "--away-seconds": lambda a: a.away_seconds is not None,
-    "--target": lambda a: a.target is not None, "--mode": lambda a: a.mode != "sync",
-    "--buffer": lambda a: a.buffer is not None,
+    "--hold-seconds": lambda a: a.hold_seconds is not None, "--away-seconds": lambda a: a.away_seconds is not None,
+    "--target": lambda a: a.target is not None, "--buffer": lambda a: a.buffer is not None,
 }
+ASYNC_SETTINGS = ("staleness_exponent", "max_staleness", "validate_every")
 
 
-def straggler_settings(args: argparse.Namespace) -> Any:
-    """The ``StragglerSettings`` the options ask for; a ValueError names a bad one."""
-    from server.relay.options import DEFAULT_BACKUP_AFTER
+def misplaced_options(args: argparse.Namespace, config_values: dict[str, Any],
+                      relay_values: dict[str, Any]) -> list[str]:
+    """What was asked for (a flag or the --config file) that only a --peer-speeds run has: the simulated relay's
+    settings, async mode and its settings, and simulate's own straggler options."""
+    from server.relay.options import RelayOptions
+    from server.session.config import SessionConfig
+    from server.session.settings import flag_name
+
+    asked = [flag_name(RelayOptions, name) for name in relay_values]
+    if config_values.get("mode", "sync") != "sync":
+        asked.append("--mode")
+    asked += [flag_name(SessionConfig, name) for name in ASYNC_SETTINGS if name in config_values]
+    return asked + [option for option, given in STRAGGLER_OPTIONS.items() if given(args)]
+
+
+def straggler_settings(args: argparse.Namespace, options: Any, seed: int) -> Any:
+    """The ``StragglerSettings`` the options ask for (the relay's settings already checked and resolved); a
+    ValueError names a bad one of simulate's own."""
     from server.simulation.stragglers import StragglerSettings, parse_profile
 
     checks = [(args.peers is None or args.peers >= 1, "--peers must be 1 or more"),
               (args.unit_seconds > 0, "--unit-seconds must be above 0"),
-              (args.backup_after is None or args.backup_after >= 0, "--backup-after must be 0 or more"),
-              (not (args.no_backups and args.backup_after is not None), "--backup-after and --no-backups conflict"),
-              (args.round_deadline is None or args.round_deadline > 0, "--round-deadline must be above 0"),
-              (args.min_results is None or args.min_results >= 1, "--min-results must be 1 or more"),
-              (args.lease_seconds > 0, "--lease-seconds must be above 0"),
               (args.away_seconds is None or args.away_seconds >= 0, "--away-seconds must be 0 or more"),
-              (args.hold_seconds is None or args.hold_seconds > 0, "--hold-seconds must be above 0"),
-              (args.buffer is None or (args.buffer >= 1 and args.mode == "async"), "--buffer is 1 or more, with "
-               "--mode async"),
-              (args.mode == "sync" or args.round_deadline is None, "--round-deadline belongs to sync rounds")]
+              (args.hold_seconds is None or args.hold_seconds > 0, "--hold-seconds must be above 0")]
     for ok, message in checks:
         if not ok:
             raise ValueError(message)
-    backup_after = None if args.no_backups else (DEFAULT_BACKUP_AFTER if args.backup_after is None
-                                                 else args.backup_after)
     return StragglerSettings(profile=parse_profile(args.peer_speeds), peers=args.peers, unit_seconds=args.unit_seconds,
-                             backup_after=backup_after, round_deadline=args.round_deadline,
-                             min_results=args.min_results, lease_seconds=args.lease_seconds,
-                             hold_seconds=args.hold_seconds, away_seconds=args.away_seconds, seed=args.seed)
+                             backup_after=options.backup_after, round_deadline=options.round_deadline,
+                             min_results=options.min_results, lease_seconds=options.lease_seconds,
+                             hold_seconds=args.hold_seconds, away_seconds=args.away_seconds, seed=seed)
 
 
-def run_stragglers(args: argparse.Namespace, settings: Any, package: Any, choices: list[Any], participants: int) -> int:
+def run_stragglers(args: argparse.Namespace, settings: Any, package: Any, choices: list[Any], base: Any) -> int:
     """``simulate --peer-speeds``: one session per merge choice through the relay on a virtual clock; a line per
     round, then the virtual times. Checkpoints, history and the relay's SQLite file go in ``--out``/NAME/."""
+    import dataclasses
     import json
 
-    from server.session.session import SessionConfig
     from server.simulation.stragglers import TrainingMemo, simulate_stragglers
 
     memo = TrainingMemo()
-    asynchronous = args.mode == "async"
-    if asynchronous:
-        participants = args.buffer or participants  # (as serve: the buffer is k)
+    asynchronous = base.mode == "async"
+    participants = base.participants  # (async: --buffer, as serve)
     word = "merge" if asynchronous else "round"
 
     def progress(entry: dict[str, Any], at: float, simulation: Any) -> None:
@@ -240,11 +260,7 @@ def run_stragglers(args: argparse.Namespace, settings: Any, package: Any, choice
               f"({entry['participants']} results{''.join(', ' + e for e in extras if e)})", flush=True)
 
     for choice in choices:
-        config = SessionConfig(merge=choice.name, merge_config=dict(choice.config), participants=participants,
-                               mode=args.mode, passes=args.passes, seed=args.seed, max_rounds=args.rounds,
-                               force=args.force, on_divergence=args.on_divergence,
-                               divergence_factor=args.divergence_factor, label=choice.label, aggregate=args.aggregate,
-                               aggregate_config=args.aggregate_config)
+        config = dataclasses.replace(base, merge=choice.name, merge_config=dict(choice.config), label=choice.label)
         folder = Path(args.out) / choice.slug
         run = simulate_stragglers(package, config, settings, folder, session_dir=folder, memo=memo, on_round=progress)
         backups = "off" if settings.backup_after is None or asynchronous else \

@@ -3,9 +3,10 @@ module that every part of the relay reads."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from server.relay.verify import DEFAULT_VERIFY_ATOL, DEFAULT_VERIFY_FRACTION, DEFAULT_VERIFY_RTOL
+from server.session.settings import setting
 
 # Defaults of an open session (README, "What an open session defends against").
 DEFAULT_OUTLIER_FACTOR = 3.0
@@ -18,29 +19,88 @@ DEFAULT_BACKUP_AFTER = 1.0  # a unit out for longer than the session's median un
 DEFAULT_KEEP_RESULTS = 1
 
 
+SECONDS = "a number of seconds"
+SHARE = "a share"
+
+
 @dataclass(kw_only=True)
 class RelayOptions:
-    admin_token: str
-    join_code: str | None = None
-    lease_seconds: float = 120.0  # a unit not returned by then is handed to someone else
-    peer_timeout: float = 30.0  # a peer not heard from for this long no longer counts as connected
-    min_peers: int | None = None  # peers needed before a round starts (default: k)
-    max_update_norm: float = 1e4  # L2 norm of (result - global) above which a result is refused
-    outlier_factor: float = DEFAULT_OUTLIER_FACTOR  # refuse updates this many times the round's median norm
-    outlier_min_results: int = 2  # accepted results of the round before the relative check applies
-    retry_seconds: float = 1.0  # what a waiting peer is told (one that did not hold its request)
-    join_rate: float = DEFAULT_JOIN_RATE  # joins per second per client address, after a burst (0: no limit)
-    join_burst: int = DEFAULT_JOIN_BURST
-    max_peers_per_address: int = DEFAULT_MAX_PEERS_PER_ADDRESS  # live peers one address may hold (0: any)
-    trusted_proxy_header: str | None = None  # e.g. X-Forwarded-For, only behind a proxy that sets it
-    verify: bool = True  # replay results on the host (server.relay.verify); off where the task cannot replay
-    verify_fraction: float = DEFAULT_VERIFY_FRACTION  # share of results replayed besides firsts and outliers
-    verify_rtol: float = DEFAULT_VERIFY_RTOL
-    verify_atol: float = DEFAULT_VERIFY_ATOL
-    ban_addresses: bool = True  # a banned peer's client address may not join again
-    redundancy: float = 0.0  # share of units trained by a second peer and compared (server.relay.copies)
-    backup_after: float | None = DEFAULT_BACKUP_AFTER  # backups after F x the median unit time (None: off)
-    public_model: bool = False  # GET /api/model (the page's Download link) without the admin token
-    round_deadline: float | None = None  # seconds after its first hand-out a round merges what it has
-    min_results: int | None = None  # results a round needs at its deadline (default: half its units)
-    keep_results: int | None = DEFAULT_KEEP_RESULTS  # merged rounds whose messages are kept (None: all)
+    """Each field declares its setting (``server.session.settings``): ``serve``'s flags (and those of ``simulate
+    --peer-speeds``, whose relay runs on a virtual clock) and the check of a value come from here."""
+
+    admin_token: str = field(metadata=setting(
+        help="admin token", metavar="TOKEN", env="PEERTRAIN_ADMIN_TOKEN", default_text="a new one, printed once",
+        commands=("serve",)))
+    join_code: str | None = field(default=None, metadata=setting(
+        help="require this code to join", metavar="CODE", env="PEERTRAIN_JOIN_CODE", default_text="open",
+        commands=("serve",)))
+    lease_seconds: float = field(default=120.0, metadata=setting(  # a unit not returned by then is handed on
+        help="time a peer has for one unit before it is handed to another (simulate: virtual seconds)", above=0,
+        what=SECONDS, metavar="S", group="rounds"))
+    peer_timeout: float = field(default=30.0, metadata=setting(
+        help="silence after which a peer no longer counts as connected", above=0, what=SECONDS, metavar="S",
+        commands=("serve",)))
+    min_peers: int | None = field(default=None, metadata=setting(
+        help="peers needed before a round starts", minimum=1, metavar="N", default_text="k", commands=("serve",)))
+    max_update_norm: float = field(default=1e4, metadata=setting(
+        help="refuse a result whose update (result - global) has a larger L2 norm", above=0, metavar="NORM",
+        commands=("serve",)))
+    outlier_factor: float = field(default=DEFAULT_OUTLIER_FACTOR, metadata=setting(
+        help="refuse an update more than this many times the median norm of the round's accepted updates (0: off)",
+        minimum=0, metavar="F", group="guards", commands=("serve",)))
+    outlier_min_results: int = field(default=2, metadata=setting(
+        help="accepted results of the round before the relative check (--outlier-factor) applies", minimum=0,
+        metavar="N", group="guards", commands=("serve",)))
+    retry_seconds: float = field(default=1.0, metadata=setting(
+        help="how long a waiting peer is told to wait before asking again (one that did not hold its request)",
+        above=0, what=SECONDS, metavar="S", commands=("serve",)))
+    join_rate: float = field(default=DEFAULT_JOIN_RATE, metadata=setting(
+        help="joins per second per client address after a burst (0: no limit); over it a join gets 429 with "
+        "Retry-After", minimum=0, metavar="R", group="guards", commands=("serve",)))
+    join_burst: int = field(default=DEFAULT_JOIN_BURST, metadata=setting(
+        help="joins one address may make at once", minimum=0, metavar="N", group="guards", commands=("serve",)))
+    max_peers_per_address: int = field(default=DEFAULT_MAX_PEERS_PER_ADDRESS, metadata=setting(
+        help="live peers one client address may hold (0: any)", minimum=0, metavar="N", group="guards",
+        commands=("serve",)))
+    trusted_proxy_header: str | None = field(default=None, metadata=setting(
+        help="behind a reverse proxy: read the client address from this header (e.g. X-Forwarded-For); never set "
+        "it on a relay reachable directly", metavar="HEADER", group="guards", commands=("serve",)))
+    verify: bool = field(default=True, metadata=setting(  # off where the task cannot replay (server.relay.verify)
+        help="no host replays (and so no bans for a failed one)", group="guards", commands=("serve",)))
+    verify_fraction: float = field(default=DEFAULT_VERIFY_FRACTION, metadata=setting(
+        help="share of results the host re-trains and compares, besides every peer's first result and the "
+        "outliers (1: all)", minimum=0, maximum=1, what=SHARE, metavar="F", group="guards", commands=("serve",)))
+    verify_rtol: float = field(default=DEFAULT_VERIFY_RTOL, metadata=setting(
+        help="replay tolerance: |result - replay| <= rtol * |replay - global| + atol", minimum=0, metavar="RTOL",
+        default_text=f"the task's, else {DEFAULT_VERIFY_RTOL:g}", group="guards", commands=("serve",)))
+    verify_atol: float = field(default=DEFAULT_VERIFY_ATOL, metadata=setting(
+        help="the replay tolerance's absolute term (atol above)", minimum=0, metavar="ATOL", group="guards",
+        commands=("serve",)))
+    ban_addresses: bool = field(default=True, metadata=setting(
+        help="a banned peer's client address may still join (e.g. many volunteers behind one NAT)", group="guards",
+        commands=("serve",)))
+    redundancy: float = field(default=0.0, metadata=setting(  # (server.relay.copies)
+        help="share of units also trained by a second, different peer and compared with the first result "
+        "(identical from one engine; a disagreement is decided by a host replay, or the unit goes to a third "
+        "peer); never both merged", default_text="0: off", minimum=0, maximum=1, what=SHARE, metavar="F",
+        group="guards", commands=("serve",)))
+    backup_after: float | None = field(default=DEFAULT_BACKUP_AFTER, metadata=setting(
+        help="once every unit of a round is out, an idle peer races the unit in flight longest when it has been "
+        "out F times the session's median unit time (0: at once); the first result is merged, the other compared",
+        minimum=0, metavar="F", none_flag="--no-backups", none_word="off", group="rounds",
+        none_help="never hand out backups of slow units (a file: backup_after = \"off\")"))
+    public_model: bool = field(default=False, metadata=setting(
+        help="anyone may download the model (GET /api/model, the page's Download link); default: only with the "
+        "admin token", commands=("serve",)))
+    round_deadline: float | None = field(default=None, metadata=setting(
+        help="a round merges S seconds after its first unit is handed out with what it has (at least "
+        "--min-results); the units not back open the next round", above=0, what=SECONDS, metavar="S",
+        default_text="no deadline", group="rounds"))
+    min_results: int | None = field(default=None, metadata=setting(
+        help="results a round needs to merge at its deadline", minimum=1, metavar="M",
+        default_text="half its units, rounded up", group="rounds"))
+    keep_results: int | None = field(default=DEFAULT_KEEP_RESULTS, metadata=setting(
+        help="merged rounds whose result messages stay in SQLite, for audits and replays of recent rounds ('all' "
+        "keeps every one); older rounds keep one audit row per result (peer, unit, examples, metrics, sha256, "
+        "verification), so the disk stays flat. The open round's messages are always kept (its merge, a "
+        "restart, a dispute need them)", minimum=0, metavar="N", none_word="all", commands=("serve",)))

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
+
+from server.session.settings import SessionError, check, check_fields, declared, json_schema, setting
 
 # Centered clipping (radius: twice the round's median distance) equals the mean when every peer is honest and
 # bounds what any one result can move; with the host's replays and bans it cost nothing on the honest runs of
@@ -14,49 +17,71 @@ DEFAULT_AGGREGATE = "centered_clipping"
 DEFAULT_AGGREGATE_CONFIG: Mapping[str, Any] = {}
 DivergenceAction = Literal["stop", "rollback"]
 DIVERGENCE_ACTIONS: tuple[DivergenceAction, ...] = ("stop", "rollback")
-
-
-class SessionError(ValueError):
-    """A session was asked for something its state does not allow; the message says what."""
-
+# (SessionError is defined in server.session.settings, whose checks raise it, and read from here as before.)
 
 
 @dataclass(frozen=True)
 class SessionConfig:
-    """How a session runs. Round-trips through JSON (``to_json``/``from_json``)."""
+    """How a session runs. Round-trips through JSON (``to_json``/``from_json``). Each field declares its setting
+    (``server.session.settings``): the flags of ``serve`` and ``simulate``, the admin API's schema and the check
+    of a value all come from here."""
 
-    merge: str = "fedavg"
-    merge_config: Mapping[str, Any] = field(default_factory=dict)
+    merge: str = field(default="fedavg", metadata=setting(
+        help="the merge method", registry="runtime.merge:MERGES", commands=("serve",), admin=True))
+    merge_config: Mapping[str, Any] = field(default_factory=dict, metadata=setting(
+        help='merge hyperparameters as JSON, e.g. {"eta": 0.01}', metavar="JSON", commands=("serve",), admin=True))
     # How a round's results become one average before the merge's step (runtime.aggregate).
-    aggregate: str = DEFAULT_AGGREGATE
-    aggregate_config: Mapping[str, Any] | None = None  # None: the default's settings for the default, else {}
-    participants: int = 5  # k, assignments per round
-    passes: int = 3  # E, passes over the C units
-    seed: int = 0  # chunk order and unit seeds
-    max_rounds: int | None = None  # stop early after this many rounds
-    force: bool = False  # run a stateful merge even where the guard refuses it
-    on_divergence: DivergenceAction = "stop"
-    divergence_factor: float = 3.0  # lower-is-better metric above factor * best counts as divergence
-    label: str = ""  # how tables and plots name this session (default: the merge name)
-    keep_checkpoints: int = 2  # round folders kept on disk besides best/
+    aggregate: str = field(default=DEFAULT_AGGREGATE, metadata=setting(
+        help="how a round's results become one average before the merge's step (mean: plain FedAvg)",
+        registry="runtime.aggregate:AGGREGATORS", admin=True,
+        default_text=DEFAULT_AGGREGATE + (f" with {json.dumps(DEFAULT_AGGREGATE_CONFIG)}" if DEFAULT_AGGREGATE_CONFIG
+                                          else "")))
+    # None: the default's settings for the default aggregator, else {}
+    aggregate_config: Mapping[str, Any] | None = field(default=None, metadata=setting(
+        help='the aggregator\'s settings as JSON, e.g. {"fraction": 0.2} or {"f": 2}', metavar="JSON",
+        default_text="its own defaults", admin=True))
+    participants: int = field(default=5, metadata=setting(
+        help="k: assignments per round (async: results per merge)", short="-k", minimum=1, metavar="K", admin=True,
+        command_defaults={"serve": (3, "a relay's round waits for k peers: 3 is a person with a few tabs and "
+                                       "`make demo`'s headless peers; simulate trains them all itself")},
+        default_text="5, or the package's units if fewer"))
+    passes: int = field(default=3, metadata=setting(
+        help="E: passes over the work units", minimum=1, metavar="E", admin=True))
+    seed: int = field(default=0, metadata=setting(
+        help="seed of the chunk order and the unit seeds (and of the initial weights of a package built here)",
+        minimum=0, metavar="N", admin=True))
+    max_rounds: int | None = field(default=None, metadata=setting(
+        help="stop early after this many rounds", aliases=("--rounds",), minimum=1, metavar="N",
+        default_text="all planned rounds", admin=True))
+    force: bool = field(default=False, metadata=setting(
+        help="run a stateful server optimizer (FedAvgM, FedAdam, FedYogi, FedAdagrad) even where the guard refuses "
+        "it (a round covers a large share of the data)", admin=True))
+    on_divergence: DivergenceAction = field(default="stop", metadata=setting(
+        help="on a non-finite or exploding validation metric: stop, or restore the best weights", admin=True))
+    divergence_factor: float = field(default=3.0, metadata=setting(
+        help="a lower-is-better metric above this many times the best so far counts as divergence", above=1,
+        metavar="F", admin=True))
+    label: str = field(default="", metadata=setting(
+        help="how tables and plots name this session", metavar="NAME", default_text="the merge name",
+        commands=("serve",)))
+    keep_checkpoints: int = field(default=2, metadata=setting(
+        help="round folders kept on disk besides best/", minimum=1, metavar="N", commands=("serve",)))
     # Buffered asynchronous merging (server.session.buffered): "async" merges every k results, each weighted
     # (1 + s) ** -staleness_exponent for its staleness s; validation every validate_every merges.
-    mode: str = "sync"
-    staleness_exponent: float = 0.5
-    max_staleness: int = 20
-    validate_every: int = 1
+    mode: str = field(default="sync", metadata=setting(
+        help="sync: rounds of k units; async: buffered asynchronous merging (FedBuff), peers never wait for a "
+        "round and every --buffer results are merged", choices=("sync", "async"), group="async", admin=True))
+    staleness_exponent: float = field(default=0.5, metadata=setting(
+        help="async: a result s versions behind is weighted (1 + s) ** -A", minimum=0, metavar="A", group="async",
+        admin=True))
+    max_staleness: int = field(default=20, metadata=setting(
+        help="async: a result more than S versions behind is refused (409 too_stale)", minimum=0, metavar="S",
+        group="async", admin=True))
+    validate_every: int = field(default=1, metadata=setting(
+        help="async: validate (and plot) every N merges", minimum=1, metavar="N", group="async", admin=True))
 
     def __post_init__(self) -> None:
-        if self.on_divergence not in DIVERGENCE_ACTIONS:
-            raise SessionError(f"on_divergence must be one of {DIVERGENCE_ACTIONS}, got {self.on_divergence!r}")
-        if not self.divergence_factor > 1:
-            raise SessionError(f"divergence_factor must be > 1, got {self.divergence_factor!r}")
-        if self.max_rounds is not None and self.max_rounds < 1:
-            raise SessionError(f"max_rounds must be at least 1 (or None), got {self.max_rounds!r}")
-        if self.mode not in ("sync", "async"):
-            raise SessionError(f"mode must be sync or async, got {self.mode!r}")
-        if not self.staleness_exponent >= 0 or self.max_staleness < 0 or self.validate_every < 1:
-            raise SessionError("staleness_exponent must be >= 0, max_staleness >= 0 and validate_every >= 1")
+        check_fields(self)
         object.__setattr__(self, "merge_config", dict(self.merge_config))
         if self.aggregate_config is None:
             defaults = DEFAULT_AGGREGATE_CONFIG if self.aggregate == DEFAULT_AGGREGATE else {}
@@ -82,24 +107,34 @@ class SessionConfig:
         return cls(**data)
 
 
-# What ``POST /api/admin/session`` may change; the package (task, data) stays the relay's.
-SETTABLE = ("merge", "merge_config", "aggregate", "aggregate_config", "participants", "passes", "seed", "max_rounds",
-            "force", "on_divergence", "divergence_factor", "mode", "staleness_exponent", "max_staleness",
-            "validate_every")
+# What ``POST /api/admin/session`` may change (the fields declared ``admin=True``); the package (task, data) stays
+# the relay's.
+SETTABLE = tuple(name for name, item in declared(SessionConfig).items() if item.setting.admin)
 
 
 def config_from_request(body: Any, current: SessionConfig) -> SessionConfig:
     """The new session's config: ``current`` with the fields ``body`` names replaced (``replace`` is the
-    request's own flag, not a setting). Raises ``SessionError`` naming what is wrong."""
+    request's own flag, not a setting). Raises ``SessionError`` naming what is wrong (``SettingError`` for a
+    refused value: the words a flag or a config file would get)."""
     if not isinstance(body, dict):
         raise SessionError("the body must be a JSON object of session settings")
     unknown = sorted(set(body) - set(SETTABLE) - {"replace"})
     if unknown:
         raise SessionError(f"unknown session setting(s) {unknown}; known: {list(SETTABLE)}")
+    items = declared(SessionConfig)
+    changes = {key: check(items[key], body[key]) for key in SETTABLE if key in body}
+    if "aggregate" in changes and "aggregate_config" not in changes:
+        changes["aggregate_config"] = None  # the new aggregator's own defaults, not the old one's settings
     try:
-        changes = {key: body[key] for key in SETTABLE if key in body}
-        if "aggregate" in changes and "aggregate_config" not in changes:
-            changes["aggregate_config"] = None  # the new aggregator's own defaults, not the old one's settings
         return dataclasses.replace(current, **changes)
     except (TypeError, ValueError) as error:
+        if isinstance(error, SessionError):
+            raise
         raise SessionError(f"bad session settings: {error}") from error
+
+
+def session_request_schema() -> dict[str, dict[str, object]]:
+    """The JSON-schema properties of a ``POST /api/admin/session`` body: every ``SETTABLE`` setting as declared
+    (type, bounds, choices, help), and the request's own ``replace`` flag."""
+    return {**json_schema(SessionConfig, SETTABLE),
+            "replace": {"type": "boolean", "description": "replace a session that is still running"}}
