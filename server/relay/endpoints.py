@@ -49,6 +49,7 @@ from server.relay.admission import client_address
 from server.relay.openapi import JSON, OCTET, Answer, Body, Operation, Param, operation
 from server.relay.refusal import Refusal
 from server.relay.state import MAX_HOLD_SECONDS, Relay
+from server.session.config import session_request_schema
 
 JOIN_BODY_LIMIT = 4096  # bytes: a join body holds at most a join code
 SESSION_BODY_LIMIT = 65536  # bytes: a session request is a small JSON object of settings
@@ -375,17 +376,8 @@ async def admin_unban(request: Request) -> Response:
     return JSONResponse({"ok": True, "peer_id": peer_id})
 
 
-# The settings ``POST /api/admin/session`` may change (``server.session.config.SETTABLE``), and its own flag.
-SESSION_SETTINGS: dict[str, dict[str, object]] = {
-    "merge": {"type": "string"}, "merge_config": {"type": "object"}, "aggregate": {"type": "string"},
-    "aggregate_config": {"type": ["object", "null"]}, "participants": {"type": "integer", "minimum": 1},
-    "passes": {"type": "integer", "minimum": 1}, "seed": {"type": "integer", "minimum": 0},
-    "max_rounds": {"type": ["integer", "null"], "minimum": 1}, "force": {"type": "boolean"},
-    "on_divergence": {"type": "string", "enum": ["stop", "rollback"]}, "divergence_factor": {"type": "number"},
-    "mode": {"type": "string", "enum": ["sync", "async"]}, "staleness_exponent": {"type": "number", "minimum": 0},
-    "max_staleness": {"type": "integer", "minimum": 0}, "validate_every": {"type": "integer", "minimum": 1},
-    "replace": {"type": "boolean", "description": "replace a session that is still running"},
-}
+# The settings ``POST /api/admin/session`` may change, as declared (``server.session.config.SETTABLE``), and its flag.
+SESSION_SETTINGS: dict[str, dict[str, object]] = session_request_schema()
 
 
 @operation(Operation(
