@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import httpx
@@ -60,3 +61,46 @@ def test_serve_refuses_without_setup(tmp_path: Path, capsys: pytest.CaptureFixtu
     args = build_parser().parse_args(["serve", "--port", "0", "--no-session"])
     assert serve(args, paths=RelayPaths(web=tmp_path, wheels=tmp_path)) == 2
     assert "make setup" in capsys.readouterr().err
+
+
+def command_parser(name: str) -> argparse.ArgumentParser:
+    from server.cli import serve, simulate
+
+    parser = argparse.ArgumentParser(prog=f"peertrain {name}")
+    {"serve": serve, "simulate": simulate}[name].add_arguments(parser)
+    return parser
+
+
+def test_a_setting_both_commands_take_has_one_flag_default_and_help(capsys: pytest.CaptureFixture[str]) -> None:
+    """The flags come from the declarations (server.session.settings): where serve and simulate share a setting,
+    its flags and help are the same words; the one default that differs is declared with its reason."""
+    from server.relay.options import RelayOptions
+    from server.session.config import SessionConfig
+    from server.session.settings import declared
+
+    actions: dict[str, dict[str, argparse.Action]] = {"serve": {}, "simulate": {}}
+    for name, found in actions.items():
+        for action in command_parser(name)._actions:
+            found.setdefault(action.dest, action)  # (the setting's own flag; --no-backups comes after it)
+    shared = 0
+    for cls in (SessionConfig, RelayOptions):
+        for name, item in declared(cls).items():
+            for command in item.setting.commands:
+                assert item.flag in actions[command][name].option_strings, (command, name)
+            if set(item.setting.commands) >= {"serve", "simulate"}:
+                shared += 1
+                serve, simulate = actions["serve"][name], actions["simulate"][name]
+                assert serve.option_strings == simulate.option_strings, name
+                if item.setting.command_defaults:  # a default of its own, declared with the reason
+                    assert all(len(why) > 20 for _, why in item.setting.command_defaults.values()), name
+                    assert serve.help.partition(" (default")[0] == simulate.help.partition(" (default")[0], name
+                else:
+                    assert serve.help == simulate.help, name
+    assert shared >= 15
+    assert list(declared(SessionConfig)["participants"].setting.command_defaults) == ["serve"]
+    for name in ("serve", "simulate"):
+        with pytest.raises(SystemExit) as exit_info:
+            cli.main([name, "--help"])
+        assert exit_info.value.code == 0
+        text = capsys.readouterr().out
+        assert "--config FILE" in text and "-k K, --participants K" in text and "--max-rounds N, --rounds N" in text
