@@ -9,10 +9,12 @@ keeps one machine from flooding the session and keeps the relay responsive.
 
 from __future__ import annotations
 
+import hmac
 import math
 import time
 from dataclasses import dataclass, field
 
+from server.relay.context import RelayContext
 from server.relay.refusal import Refusal
 
 MAX_TRACKED_ADDRESSES = 10_000  # buckets kept in memory; full (idle) ones are dropped first past this
@@ -77,3 +79,41 @@ class JoinLimiter:
         refilled = [a for a, b in self.buckets.items() if b.tokens + (now - b.updated) * b.rate >= b.burst]
         for address in refilled or list(self.buckets)[: len(self.buckets) // 2]:
             del self.buckets[address]
+
+
+class Admission:
+    """Joins (the join code, address bans, the cap of live peers per address, the join rate) and who a request
+    is from (a peer's token, its ban), for ``Relay.join`` and ``Relay.peer``."""
+
+    def __init__(self, context: RelayContext) -> None:
+        self.context = context
+        self.joins = JoinLimiter(context.options.join_rate, context.options.join_burst)
+
+    def join(self, address: str, *, agent: str = "", join_code: str = "") -> tuple[str, str]:
+        """A new peer's id and token. Refused with the join code missing or wrong (403 ``join_code``), from the
+        address of a banned peer (403 ``banned``), past the address's join rate or its cap of live peers (429,
+        ``Retry-After``)."""
+        options, store = self.context.options, self.context.store
+        if options.join_code and not hmac.compare_digest(join_code.encode(), options.join_code.encode()):
+            raise Refusal(403, "join_code", "this session needs a join code")
+        if options.ban_addresses and store.address_banned(address):
+            raise Refusal(403, "banned", f"a peer from {address} was banned from this session for a result that "
+                          "failed verification")
+        cap = options.max_peers_per_address
+        if cap > 0 and store.live_peers_at(address, options.peer_timeout) >= cap:
+            raise Refusal(429, "too_many_peers", f"{address} already has {cap} live peers in this session",
+                          headers={"Retry-After": str(max(1, int(options.peer_timeout)))})
+        self.joins.admit(address)
+        credentials = store.add_peer(agent, address)
+        self.context.notices.work_changed()
+        return credentials
+
+    def peer(self, peer_id: str, token: str) -> str:
+        """``peer_id`` when its token is right and it is not banned; marks it as seen (it counts as connected)."""
+        store = self.context.store
+        if not token or not store.authenticate(peer_id, token):
+            raise Refusal(401, "unauthorized", "missing or wrong peer token; join first (POST /api/join)")
+        banned = store.ban_reason(peer_id)
+        if banned is not None:
+            raise Refusal(403, "banned", f"this peer is banned from the session: {banned}")
+        return peer_id

@@ -1,4 +1,4 @@
-"""Buffered asynchronous mode (``serve --mode async --buffer K``): a mixin of ``Relay``.
+"""Buffered asynchronous mode (``serve --mode async --buffer K``): ``AsyncBuffer``, the relay's round mode then.
 
 Peers never wait for a round: each gets the next unit of the plan's schedule at once, with the newest weights
 version, and its result says the version it started from (the result's ``round``). A result is checked like
@@ -16,60 +16,47 @@ twice. Host replays, redundancy and backups are synchronous-mode features; ``ser
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from runtime import wire
 from runtime.tasks import UnitResult
+from server.relay.book import RoundBook
 from server.relay.checks import check_update_norm, read_result
+from server.relay.context import RelayContext
+from server.relay.jobs import Jobs
+from server.relay.people import Participants
 from server.relay.refusal import Refusal
 from server.relay.sqlite_store import Store, StoredResult
-from server.session.buffered import (
-    effective_weights,
-    entry_assignment,
-    update_from,
-    validates,
-)
-
-if TYPE_CHECKING:
-    from server.session.package import Package
-    from server.session.session import Session
+from server.session.buffered import effective_weights, entry_assignment, update_from, validates
+from server.session.session import Session
 
 ASYNC_ROUND = -1  # the leases table's round for the asynchronous stream of units
 NORMS_KEPT = 50  # accepted update norms the relative outlier check compares with
 
 
-class BufferedMerges:
-    """Needs from the relay: ``session``, ``package``, ``store``, ``options``, ``_refused_on_slot``, ``changed``
-    and ``work_changed``."""
+class AsyncBuffer:
+    """The async stream: hand-out in schedule order, results judged against the version they started from, a
+    merge of the oldest K. Its state: the weights of recent versions, the version each entry was handed out with,
+    the last accepted update norms and the first schedule entry not back yet."""
 
-    session: Session
-    package: Package
-    store: Store
-    options: Any
-    _refused_on_slot: dict[tuple[int, int], set[str]]
-
-    if TYPE_CHECKING:
-        def changed(self) -> None: ...
-
-        def work_changed(self) -> None: ...
-
-        def note_unit(self, peer_id: str, seconds: float, engine: str) -> None: ...
+    def __init__(self, context: RelayContext, book: RoundBook, jobs: Jobs, people: Participants) -> None:
+        self.context, self.book, self.jobs, self.people = context, book, jobs, people
+        self.versions: dict[int, np.ndarray] = {}
+        self.granted: dict[int, int] = {}  # schedule entry -> the version it was handed out with
+        self.norms: list[float] = []
+        self.next = 0
 
     @property
-    def async_mode(self) -> bool:
-        return self.session.config.mode == "async"
+    def session(self) -> Session:
+        return self.context.session
 
-    def _async_state(self) -> dict[str, Any]:
-        state = self.__dict__.setdefault("_async", {"versions": {}, "granted": {}, "norms": [], "next": 0})
-        return state  # type: ignore[no-any-return]
+    @property
+    def store(self) -> Store:
+        return self.context.store
 
-    def start_async(self) -> None:
+    def start(self) -> None:
         """On start: results marked for merges the checkpoint lacks go back to the buffer; keep the weights."""
-        if not self.async_mode:
-            return
         returned = self.store.unmerge_from(self.session.round)
         if returned:
             self.store.count("arrivals_returned_to_buffer_on_start", returned)
@@ -78,10 +65,10 @@ class BufferedMerges:
     def keep_version(self) -> None:
         """Remember the current weights (results started from them are judged against them) and forget
         versions past the staleness bound."""
-        state, version = self._async_state(), self.session.round
-        state["versions"][version] = self.session.weights.copy()
-        for old in [v for v in state["versions"] if v < version - self.max_staleness]:
-            state["versions"].pop(old)
+        version = self.session.round
+        self.versions[version] = self.session.weights.copy()
+        for old in [v for v in self.versions if v < version - self.max_staleness]:
+            self.versions.pop(old)
 
     @property
     def max_staleness(self) -> int:
@@ -92,32 +79,34 @@ class BufferedMerges:
         return self.session.config.staleness_exponent
 
     # -- handing out ---------------------------------------------------------------------------------
-    def next_async(self, peer_id: str, job_json: Callable[[Any, float], dict[str, Any]]) -> dict[str, Any]:
-        session, state, now = self.session, self._async_state(), self.store.clock()
+    def next_job(self, peer_id: str) -> dict[str, Any]:
+        session, now = self.session, self.store.clock()
+        job_json = self.jobs.job
         schedule = session.plan.schedule
         leases, done = self.store.leases(ASYNC_ROUND), self.store.arrived_entries()
         for entry, held in leases.items():  # the unit this peer is training
-            if held.peer_id == peer_id and held.deadline >= now and entry in state["granted"] and entry not in done:
-                return job_json(entry_assignment(schedule, session.plan.seed, entry, state["granted"][entry]),
+            if held.peer_id == peer_id and held.deadline >= now and entry in self.granted and entry not in done:
+                return job_json(entry_assignment(schedule, session.plan.seed, entry, self.granted[entry]),
                                 held.deadline)
-        while state["next"] < len(schedule) and state["next"] in done:
-            state["next"] += 1
-        for entry in range(state["next"], len(schedule)):
+        while self.next < len(schedule) and self.next in done:
+            self.next += 1
+        for entry in range(self.next, len(schedule)):
             lease = leases.get(entry)
             if entry in done or (lease is not None and lease.deadline >= now) or \
-                    peer_id in self._refused_on_slot.get((ASYNC_ROUND, entry), ()):
+                    self.book.refused(ASYNC_ROUND, entry, peer_id):
                 continue
             if lease is not None:
                 self.store.count("leases_expired")
-            granted = self.store.grant(ASYNC_ROUND, entry, schedule[entry][1], peer_id, self.options.lease_seconds)
-            state["granted"][entry] = session.round
-            self.changed()
+            granted = self.store.grant(ASYNC_ROUND, entry, schedule[entry][1], peer_id,
+                                       self.context.options.lease_seconds)
+            self.granted[entry] = session.round
+            self.context.notices.changed()
             return job_json(entry_assignment(schedule, session.plan.seed, entry, session.round), granted.deadline)
-        return {"wait": self.options.retry_seconds, "reason": "every unit is out; waiting for results"}
+        return {"wait": self.context.options.retry_seconds, "reason": "every unit is out; waiting for results"}
 
     # -- results ---------------------------------------------------------------------------------------
-    def accept_async(self, peer_id: str, version: int, entry: int, body: bytes) -> StoredResult:
-        session, state, now = self.session, self._async_state(), self.store.clock()
+    def accept(self, peer_id: str, version: int, entry: int, body: bytes) -> StoredResult:
+        session, options, now = self.session, self.context.options, self.store.clock()
         schedule = session.plan.schedule
         if session.done:
             raise Refusal(409, "stale_round", "the session is over")
@@ -126,11 +115,11 @@ class BufferedMerges:
         if entry in self.store.arrived_entries():
             raise Refusal(409, "duplicate", f"unit entry {entry} already has a result")
         lease = self.store.leases(ASYNC_ROUND).get(entry)
-        if lease is None or lease.peer_id != peer_id or state["granted"].get(entry) != version:
+        if lease is None or lease.peer_id != peer_id or self.granted.get(entry) != version:
             raise Refusal(403, "not_leased", f"unit entry {entry} from version {version} is not leased to this peer")
         if lease.deadline < now:
             raise Refusal(409, "late", f"the lease on unit entry {entry} expired {now - lease.deadline:.1f} s ago")
-        base = state["versions"].get(version)
+        base = self.versions.get(version)
         if base is None and version == session.round:  # (a merge is storing this version right now)
             base = session.weights
         if base is None or session.round - version > self.max_staleness:
@@ -138,26 +127,32 @@ class BufferedMerges:
                           f"behind the current {session.round} (at most {self.max_staleness})")
         assignment = entry_assignment(schedule, session.plan.seed, entry, version)
         try:
-            header, vector, count, _ = read_result(body, session=session, fingerprint=self.package.fingerprint,
+            header, vector, count, _ = read_result(body, session=session, fingerprint=self.context.package.fingerprint,
                                                    round_index=version, unit=session.work_unit(assignment))
             update = update_from(vector, base)
             norm = float(np.linalg.norm(update.astype(np.float64)))
-            check_update_norm(norm, state["norms"], max_norm=self.options.max_update_norm,
-                              outlier_factor=self.options.outlier_factor, min_results=self.options.outlier_min_results)
+            check_update_norm(norm, self.norms, max_norm=options.max_update_norm,
+                              outlier_factor=options.outlier_factor, min_results=options.outlier_min_results)
         except Refusal:
             self.store.release(ASYNC_ROUND, entry)
-            self._refused_on_slot.setdefault((ASYNC_ROUND, entry), set()).add(peer_id)
+            self.book.refuse(ASYNC_ROUND, entry, peer_id)
             self.store.count("slots_freed_by_refusal")
-            self.work_changed()
+            self.context.notices.work_changed()
             raise
-        state["norms"] = (state["norms"] + [norm])[-NORMS_KEPT:]
-        self.note_unit(peer_id, now - lease.issued, str(header.meta.get("engine", "")))
+        self.norms = (self.norms + [norm])[-NORMS_KEPT:]
+        self.people.note_unit(peer_id, now - lease.issued, str(header.meta.get("engine", "")))
         self.store.add_arrival(entry=entry, unit_index=assignment.unit_index, peer_id=peer_id, version=version,
                                num_examples=count, metrics=dict(header.metrics), message=body,
                                update=update.tobytes())
         return StoredResult(version, entry, assignment.unit_index, peer_id, count, dict(header.metrics), b"")
 
-    def async_ready(self) -> bool:
+    def holds_unit(self, peer_id: str, unit_index: int) -> bool:
+        """Whether ``peer_id`` holds a live lease on ``unit_index`` in the stream."""
+        now = self.store.clock()
+        return any(lease.peer_id == peer_id and lease.unit_index == unit_index and lease.deadline >= now
+                   for copy in (0, 1) for lease in self.store.leases(ASYNC_ROUND, copy).values())
+
+    def ready(self) -> bool:
         """K results wait, or the last ones of the session do."""
         if self.session.done:
             return False
@@ -165,7 +160,7 @@ class BufferedMerges:
         everything_back = len(self.store.arrived_entries()) >= len(self.session.plan.schedule)
         return waiting >= self.session.plan.participants_per_round or (everything_back and waiting > 0)
 
-    def complete_buffer_blocking(self) -> dict[str, Any]:
+    def merge_blocking(self) -> dict[str, Any]:
         """Merge the oldest K buffered results into the next version (runs in a worker thread)."""
         session, k = self.session, self.session.plan.participants_per_round
         merge = session.round
@@ -183,7 +178,7 @@ class BufferedMerges:
         self.keep_version()
         return entry
 
-    def async_progress(self) -> dict[str, int]:
+    def progress(self) -> dict[str, int]:
         """The status's ``round_progress`` in async mode: results waiting in the buffer out of K."""
         now = self.store.clock()
         return {"slots": self.session.plan.participants_per_round, "done": self.store.buffered_count(),
@@ -192,9 +187,5 @@ class BufferedMerges:
 
     def weights_of_version(self, version: int) -> bytes | None:
         """The wire message of a kept version (a peer asks for the weights its job names)."""
-        weights = self._async_state()["versions"].get(version)
-        if weights is None:
-            return None
-        header = wire.WireHeader(spec=self.session.spec, round=version, fingerprint=self.package.fingerprint,
-                                 num_examples=0)
-        return wire.encode(weights, header)
+        weights = self.versions.get(version)
+        return None if weights is None else self.jobs.message(weights, version)

@@ -1,5 +1,5 @@
-"""Second copies of a unit: a mixin of ``Relay``. Two kinds: redundancy (``serve --redundancy F``), which
-checks results, and backups (``serve --backup-after F``), which race stragglers.
+"""Second copies of a unit (``UnitCopies``, a part of the relay). Two kinds: redundancy (``serve --redundancy F``),
+which checks results, and backups (``serve --backup-after F``), which race stragglers.
 
 Backups (MapReduce's speculative execution): once every unit of the round is handed out, an idle peer gets a
 copy of the unit in flight longest, when it has been out for ``F`` times the session's median unit time
@@ -31,21 +31,25 @@ from __future__ import annotations
 import logging
 import statistics
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from runtime import wire
+from runtime.planner import Assignment
+from server.relay.book import RoundBook
 from server.relay.checks import check_update_norm, read_result, relay_count
+from server.relay.context import RelayContext
+from server.relay.jobs import Jobs
+from server.relay.options import RelayOptions
 from server.relay.refusal import Refusal
-from server.relay.sqlite_store import Store, StoredResult
-from server.relay.verify import DISPUTE, ReplayQueue, matches, sampled
+from server.relay.replay_checks import ReplayChecks
+from server.relay.sqlite_store import Lease, Store, StoredResult
+from server.relay.verify import DISPUTE, Verdict, matches, sampled
+from server.session.session import Session
 
 LOG = logging.getLogger("peertrain.relay")
-
-if TYPE_CHECKING:
-    from server.session.package import Package
-    from server.session.session import Session
+UNIT_TIMES_KEPT = 50  # merged units whose hand-out-to-result time sets the backups' yardstick
 
 # Outcomes of a compared copy that need no more copies of the slot: "lied" is a copy whose replay failed
 # while the merged result passed (a replay checked the slot); "banned" (both failed) and "unresolved" (no
@@ -59,32 +63,31 @@ def engine_of(message: bytes) -> str:
 
 
 class UnitCopies:
-    """Needs from the relay: ``session``, ``package``, ``store``, ``options``, ``replays``, ``_decoded``,
-    ``_refused_on_slot``, ``_assignment_json``, ``_queue_replay``, ``ban`` and ``work_changed``."""
+    """Which slots get a second copy and who trains it, backups, and comparing a second result with the merged one.
+    A dispute goes to the host's replays (``replays``); its verdict comes back through ``settle_disputes``."""
 
-    session: Session
-    package: Package
-    store: Store
-    options: Any
-    replays: ReplayQueue | None
-    _decoded: dict[tuple[int, int], tuple[StoredResult, np.ndarray]]
-    _refused_on_slot: dict[tuple[int, int], set[str]]
-    _unit_seconds: deque[float]  # hand-out to result of the session's last merged units (the backups' yardstick)
-    _backups: dict[int, dict[str, list[int]]]  # round -> units that got a backup, and those whose backup won
+    def __init__(self, context: RelayContext, book: RoundBook, jobs: Jobs, replays: ReplayChecks) -> None:
+        self.context, self.book, self.jobs, self.replays = context, book, jobs, replays
+        # Hand-out to result of the session's last merged units: the backups' yardstick.
+        self._unit_seconds: deque[float] = deque(maxlen=UNIT_TIMES_KEPT)
+        self._backups: dict[int, dict[str, list[int]]] = {}  # round -> units that got a backup, those that won
 
-    if TYPE_CHECKING:  # provided by Relay and ReplayChecks (stubs here would shadow them in the MRO)
-        def _assignment_json(self, assignment: Any, deadline: float) -> dict[str, Any]: ...
+    @property
+    def session(self) -> Session:
+        return self.context.session
 
-        def _queue_replay(self, slot: int, results: dict[str, np.ndarray], reason: str, key: Any) -> None: ...
+    @property
+    def store(self) -> Store:
+        return self.context.store
 
-        def ban(self, peer_id: str, reason: str) -> None: ...
-
-        def work_changed(self) -> None: ...
+    @property
+    def options(self) -> RelayOptions:
+        return self.context.options
 
     # -- which slots get a second copy, and who may train it ------------------------------------------
     def redundant(self, round_index: int, slot: int) -> bool:
         """Whether the slot gets a second copy to compare (never a local unit: two peers' data differ)."""
-        fraction = float(getattr(self.options, "redundancy", 0.0))
+        fraction = self.options.redundancy
         return fraction > 0 and self.session.task.kind != "local" and \
             sampled(self.session.config.seed, round_index, slot, fraction, "redundancy")
 
@@ -105,7 +108,7 @@ class UnitCopies:
         return peers | {peer for (s, peer) in self.store.copies(round_index) if s == slot}
 
     def _eligible(self, peer_id: str, round_index: int, slot: int) -> bool:
-        if peer_id in self._refused_on_slot.get((round_index, slot), ()) or self.store.ban_reason(peer_id):
+        if self.book.refused(round_index, slot, peer_id) or self.store.ban_reason(peer_id):
             return False
         trainers = self._trainers(round_index, slot)
         if peer_id in trainers:
@@ -134,15 +137,15 @@ class UnitCopies:
                 return self._copy_json(assignment, granted.deadline)
         return self._next_backup(peer_id, leases, now)
 
-    def _copy_json(self, assignment: Any, deadline: float) -> dict[str, Any]:
+    def _copy_json(self, assignment: Assignment, deadline: float) -> dict[str, Any]:
         kind = "redundancy" if self.redundant(assignment.round, assignment.slot) else "backup"
-        return {**self._assignment_json(assignment, deadline), "copy": kind}
+        return {**self.jobs.job(assignment, deadline), "copy": kind}
 
     # -- backups: an idle peer races the unit in flight longest (speculative execution) ----------------
     def backup_after_seconds(self) -> float | None:
         """How long a unit must have been in flight before it gets a backup: ``backup_after`` times the median
         time a unit of this session took (hand-out to result); None: no backups (off, or no unit back yet)."""
-        factor = getattr(self.options, "backup_after", None)
+        factor = self.options.backup_after
         if factor is None or factor < 0:
             return None
         if factor == 0:
@@ -161,16 +164,15 @@ class UnitCopies:
                  and (slot not in copy_leases or copy_leases[slot].deadline < now)]
         return max(0.05, min(waits)) if waits else None
 
-    def _next_backup(self, peer_id: str, copy_leases: dict[int, Any], now: float) -> dict[str, Any] | None:
+    def _next_backup(self, peer_id: str, copy_leases: dict[int, Lease], now: float) -> dict[str, Any] | None:
         after = self.backup_after_seconds()
         if after is None:
             return None
         round_index = self.session.round
         done = self.store.result_slots(round_index)
-        refused = self._refused_on_slot
         candidates = [lease for slot, lease in self.store.leases(round_index).items()
                       if slot not in done and lease.deadline >= now and lease.peer_id != peer_id
-                      and now - lease.issued >= after and peer_id not in refused.get((round_index, slot), ())
+                      and now - lease.issued >= after and not self.book.refused(round_index, slot, peer_id)
                       and (slot not in copy_leases or copy_leases[slot].deadline < now)]
         if not candidates:
             return None
@@ -182,7 +184,7 @@ class UnitCopies:
         self._backups.setdefault(round_index, {"units": [], "won": []})["units"].append(oldest.unit_index)
         return self._copy_json(assignment, granted.deadline)
 
-    def record_unit_time(self, round_index: int, slot: int, lease: Any, *, backup_won: bool) -> None:
+    def record_unit_time(self, round_index: int, slot: int, lease: Lease, *, backup_won: bool) -> None:
         """A merged result came: how long its unit took (the backups' yardstick), and whether a backup won."""
         self._unit_seconds.append(max(0.0, self.store.clock() - lease.issued))
         if backup_won:
@@ -198,6 +200,10 @@ class UnitCopies:
         """Whether a chosen slot still waits for its second copy: one is out, or an eligible peer is here to
         take it. With nobody eligible connected the copy is waived (``waive_copies`` counts it at the merge)."""
         return bool(self._waiting_copies(count_waived=False))
+
+    def waive_copies(self) -> None:
+        """At the merge: count the chosen slots whose copy nobody eligible could train."""
+        self._waiting_copies(count_waived=True)
 
     def _waiting_copies(self, *, count_waived: bool) -> list[int]:
         round_index, now = self.session.round, self.store.clock()
@@ -217,18 +223,19 @@ class UnitCopies:
         return waiting
 
     # -- a second result of a unit ----------------------------------------------------------------------
-    def accept_copy(self, peer_id: str, round_index: int, slot: int, assignment: Any, body: bytes) -> StoredResult:
-        """Check a result of a slot that already has its merged result, and compare the two."""
+    def accept_copy(self, peer_id: str, round_index: int, slot: int, assignment: Assignment,
+                    body: bytes) -> StoredResult:
+        """Check a result of a slot that already has its merged result, and compare the two. A refused copy frees
+        the copy's lease and is not handed to that peer again (the caller bans a false example claim)."""
         session = self.session
         try:
-            header, vector, count, norm = read_result(body, session=session, fingerprint=self.package.fingerprint,
+            header, vector, count, norm = read_result(body, session=session,
+                                                      fingerprint=self.context.package.fingerprint,
                                                       round_index=round_index, unit=session.work_unit(assignment))
             check_update_norm(norm, [], max_norm=self.options.max_update_norm, outlier_factor=0, min_results=1)
-        except Refusal as refusal:
+        except Refusal:
             self.store.release(round_index, slot, peer_id)
-            self._refused_on_slot.setdefault((round_index, slot), set()).add(peer_id)
-            if refusal.code == "num_examples_claim":
-                self.ban(peer_id, f"claimed more examples than its unit holds ({refusal.message})")
+            self.book.refuse(round_index, slot, peer_id)
             raise
         merged, merged_vector = self._merged(round_index, slot)
         outcome = self._compare(str(header.meta.get("engine", "")), vector, merged, merged_vector)
@@ -244,7 +251,7 @@ class UnitCopies:
         return StoredResult(round_index, slot, assignment.unit_index, peer_id, count, dict(header.metrics), b"")
 
     def _merged(self, round_index: int, slot: int) -> tuple[StoredResult, np.ndarray]:
-        kept = self._decoded.get((round_index, slot))
+        kept = self.book.kept(round_index, slot)
         if kept is not None and kept[0].engine:
             return kept
         stored = self.store.results(round_index)[slot]
@@ -265,8 +272,8 @@ class UnitCopies:
 
     def _dispute(self, round_index: int, slot: int, results: dict[str, np.ndarray]) -> None:
         """Two copies disagree: a host replay decides, or, without replays, both go and a third peer trains it."""
-        if self.replays is not None:
-            self._queue_replay(slot, results, DISPUTE, ("dispute", slot))
+        if self.replays.active:
+            self.replays.queue_replay(slot, results, DISPUTE, ("dispute", slot))
             return
         self._retrain(round_index, slot, "unresolved")
         self.store.count("disputes_unresolved")
@@ -278,13 +285,13 @@ class UnitCopies:
             if s == slot and current == "disputed":
                 self.store.set_copy_outcome(round_index, slot, peer, outcome)
         self.store.remove_result(round_index, slot)
-        self._decoded.pop((round_index, slot), None)
+        self.book.drop(round_index, slot)
         self.store.release(round_index, slot)
-        self._refused_on_slot.setdefault((round_index, slot), set()).update(trainers)
-        self.work_changed()
+        self.book.refuse(round_index, slot, *trainers)
+        self.context.notices.work_changed()
 
-    def settle_disputes(self, verdicts: list[Any]) -> None:
-        """After a dispute's replay (``apply_verdicts`` has banned whoever failed it, which drops a banned
+    def settle_disputes(self, verdicts: list[Verdict]) -> None:
+        """After a dispute's replay (``Relay.apply_verdicts`` has banned whoever failed it, which drops a banned
         peer's merged result): the merged result stays, the copy that passed takes its place, or, when both
         failed, a third peer trains the unit."""
         round_index = self.session.round
@@ -303,7 +310,7 @@ class UnitCopies:
             if slot not in self.store.result_slots(round_index):
                 self._retrain(round_index, slot, "banned")
         if by_slot:
-            self.work_changed()
+            self.context.notices.work_changed()
 
     def promote_settled_copy(self, round_index: int, slot: int) -> None:
         """The merged result of ``slot`` was dropped (its peer banned): a copy that matched it and comes from
@@ -323,8 +330,7 @@ class UnitCopies:
         stored = StoredResult(round_index, slot, assignment.unit_index, peer_id, count, dict(header.metrics),
                               message, str(header.meta.get("engine", "")))
         self.store.add_result(stored, count_unit=False)
-        self._decoded[(round_index, slot)] = (StoredResult(round_index, slot, stored.unit_index, peer_id, count,
-                                                           stored.metrics, b"", stored.engine), vector)
+        self.book.keep(stored, vector)
         self.store.set_copy_outcome(round_index, slot, peer_id, "replaced")
         self.store.count("copies_promoted")
 
@@ -337,7 +343,7 @@ class UnitCopies:
 
     def redundancy_summary(self, round_index: int) -> dict[str, int] | None:
         """The history's ``redundancy`` entry of a round: copies compared, by outcome, and waived copies."""
-        if not getattr(self.options, "redundancy", 0.0):
+        if not self.options.redundancy:
             return None
         outcomes = list(self.store.copies(round_index).values())
         return {"compared": len(outcomes), **{o: outcomes.count(o) for o in sorted(set(outcomes))}}

@@ -36,7 +36,6 @@ import asyncio
 import hmac
 import io
 import json
-import time
 from collections.abc import AsyncIterator
 
 from starlette.exceptions import HTTPException
@@ -75,12 +74,12 @@ def relay_of(request: Request) -> Relay:
 
 
 def refusal_response(request: Request, refusal: Exception) -> Response:
-    """The exception handler for ``Refusal``: count it by code, tell the page, answer with its status."""
+    """The exception handler for ``Refusal``: count it by code unless the relay's API has (``Relay.count_refusal``),
+    tell the page, answer with its status."""
     assert isinstance(refusal, Refusal)
     relay: Relay = request.app.state.relay
     if not relay.replacing:  # (between two sessions there is no store to count in)
-        relay.store.count(f"refused.{refusal.code}")
-        relay.changed()
+        relay.count_refusal(refusal)
     return JSONResponse({"error": refusal.code, "message": refusal.message}, status_code=refusal.status,
                         headers=refusal.headers)
 
@@ -98,16 +97,15 @@ def routing_refusal(request: Request, error: Exception) -> Response:
                         status_code=error.status_code, headers=error.headers)
 
 
-def peer_of(request: Request) -> str:
+def credentials_of(request: Request) -> tuple[str, str]:
+    """(peer id, token) from ``Authorization: Bearer <peer_id>:<token>``."""
     credentials = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
     peer_id, _, token = credentials.partition(":")
-    store = relay_of(request).store
-    if not token or not store.authenticate(peer_id, token):
-        raise Refusal(401, "unauthorized", "missing or wrong peer token; join first (POST /api/join)")
-    banned = store.ban_reason(peer_id)
-    if banned is not None:
-        raise Refusal(403, "banned", f"this peer is banned from the session: {banned}")
-    return peer_id
+    return peer_id, token
+
+
+def peer_of(request: Request) -> str:
+    return relay_of(request).peer(*credentials_of(request))
 
 
 def require_admin(request: Request) -> None:
@@ -166,11 +164,7 @@ EVENT_INTERVAL = 0.5  # seconds: the most often one page's stream sends a status
 def status_event(relay: Relay) -> str:
     """The status as an event, built once per relay version and shared by every stream (200 pages watching
     used to build it 200 times per change: most of the relay's time under load, ``peertrain bench load``)."""
-    cached = relay.__dict__.get("_status_event")
-    if cached is None or cached[0] != relay.version:
-        cached = (relay.version, f"data: {json.dumps(relay.status())}\n\n")
-        relay.__dict__["_status_event"] = cached
-    return str(cached[1])
+    return relay.status_event()
 
 
 @operation(Operation(summary="server-sent events: the session status after every change",
@@ -191,7 +185,7 @@ async def events(request: Request) -> Response:
                 yield status_event(relay)
                 await asyncio.sleep(EVENT_INTERVAL)  # changes meanwhile are coalesced into the next event
                 continue
-            if not await relay.wait_for_change(KEEP_ALIVE_SECONDS):
+            if not await relay.notices.wait_for_change(KEEP_ALIVE_SECONDS):
                 yield ": keep-alive\n\n"
     return StreamingResponse(stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
@@ -214,14 +208,10 @@ async def openapi_document(request: Request) -> Response:
 async def join(request: Request) -> Response:
     relay = relay_of(request)
     payload = await read_json_object(request, JOIN_BODY_LIMIT, "join")
-    join_code = relay.options.join_code
-    if join_code and not hmac.compare_digest(str(payload.get("join_code", "")).encode(), join_code.encode()):
-        raise Refusal(403, "join_code", "this session needs a join code")
     address = client_address(request.client.host if request.client else None, dict(request.headers),
                              relay.options.trusted_proxy_header)
-    relay.admit(address)
-    peer_id, token = relay.store.add_peer(request.headers.get("user-agent", ""), address)
-    relay.work_changed()
+    peer_id, token = relay.join(address, agent=request.headers.get("user-agent", ""),
+                                join_code=str(payload.get("join_code", "")))
     return JSONResponse({"peer_id": peer_id, "token": token})
 
 
@@ -240,17 +230,7 @@ async def work(request: Request) -> Response:
         raise Refusal(400, "bad_query", "hold= must be a number of seconds") from error
     if not 0 <= hold < float("inf"):
         raise Refusal(400, "bad_query", "hold= must be a number of seconds, 0 or more")
-    deadline = time.monotonic() + min(hold, relay.max_hold_seconds)
-    while True:
-        peer_id = peer_of(request)  # each pass marks the peer as seen: a held peer stays connected
-        if not relay.merging and relay.round_ready():  # a restart after the last result; a passed deadline
-            relay.schedule_merge()
-        job = relay.next_assignment(peer_id)
-        remaining = deadline - time.monotonic()
-        if "wait" not in job or remaining <= 0:
-            return JSONResponse(job | {"wait": 0.0} if hold and "wait" in job else job)
-        backup_in = relay.next_backup_in()  # a unit about to get a backup: wake then, not at the hold's end
-        await relay.hold_for_work(remaining if backup_in is None else min(remaining, backup_in))
+    return JSONResponse(await relay.work(*credentials_of(request), hold=hold))
 
 
 @operation(Operation(
@@ -271,8 +251,7 @@ async def weights(request: Request) -> Response:
         version = int(asked)
     except ValueError as error:
         raise Refusal(400, "bad_query", "round= must be an integer") from error
-    message = relay.weights_message() if version == relay.session.round else relay.weights_of_version(version) \
-        if relay.async_mode else None
+    message = relay.weights_of(version)
     if message is None:
         raise Refusal(409, "stale_round", f"weights of round {version} are not kept (current: {relay.session.round})")
     return Response(message, media_type="application/octet-stream")
@@ -301,7 +280,7 @@ def unit_index(text: str) -> int:
 
 
 RESULT_REFUSALS = (*PEER_REFUSALS, *BODY_REFUSALS, (400, "bad_query"),
-                   # the lease and the round (Relay.accept_result; async: BufferedMerges.accept_async)
+                   # the lease and the round (SyncRounds.accept; async: AsyncBuffer.accept)
                    (409, "stale_round"), (404, "unknown_slot"), (409, "past_deadline"), (409, "duplicate"),
                    (403, "not_leased"), (409, "late"), (409, "too_stale"),
                    # the message itself (server.relay.checks)
@@ -326,14 +305,7 @@ async def result(request: Request) -> Response:
         round_index, slot = int(request.query_params["round"]), int(request.query_params["slot"])
     except (KeyError, ValueError) as error:
         raise Refusal(400, "bad_query", "POST /api/result needs integer round= and slot=") from error
-    try:
-        relay.accept_result(peer_id, round_index, slot, body)
-    except Refusal:
-        relay.note_refusal(peer_id)  # (the page's participants table)
-        raise
-    relay.store.count("results_accepted")
-    relay.changed()
-    relay.schedule_merge()
+    relay.submit_result(peer_id, round_index, slot, body)
     return JSONResponse({"accepted": True, "round": round_index, "slot": slot})
 
 
@@ -349,7 +321,7 @@ ADMIN_ACTIONS = ("pause", "resume", "stop")
 async def admin_action(request: Request) -> Response:
     require_admin(request)
     relay = relay_of(request)
-    relay.admin_action(request.path_params["action"])
+    relay.admin.admin_action(request.path_params["action"])
     return JSONResponse({"ok": True, "paused": relay.paused, "stopped": relay.session.stopped})
 
 
@@ -371,7 +343,7 @@ async def admin_unban(request: Request) -> Response:
     require_admin(request)
     payload = await read_json_object(request, JOIN_BODY_LIMIT, "unban")
     peer_id = str(payload.get("peer_id", ""))
-    if not relay_of(request).unban(peer_id):
+    if not relay_of(request).bans.unban(peer_id):
         raise Refusal(404, "not_banned", f"peer {peer_id!r} is not banned")
     return JSONResponse({"ok": True, "peer_id": peer_id})
 
@@ -391,7 +363,7 @@ async def create_session(request: Request) -> Response:
     require_admin(request)
     relay = relay_of(request)
     body = await read_json_object(request, SESSION_BODY_LIMIT, "session")
-    archived = await relay.replace_session(body)
+    archived = await relay.admin.replace_session(body)
     return JSONResponse({"ok": True, "archived": str(archived), "session": relay.session.describe()})
 
 

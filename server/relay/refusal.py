@@ -13,3 +13,4 @@ class Refusal(Exception):
         super().__init__(message)
         self.status, self.code, self.message = status, code, message
         self.headers = dict(headers or {})
+        self.counted = False  # by the relay's API (``Relay.count_refusal``); the HTTP handler counts the rest

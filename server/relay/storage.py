@@ -23,17 +23,16 @@ import errno
 import logging
 import os
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from server.relay.context import RelayContext
 from server.relay.refusal import Refusal
-
-if TYPE_CHECKING:
-    from server.session.package import Package
-    from server.session.session import Session
+from server.session.session import Session
 
 LOG = logging.getLogger("peertrain.relay")
 STORAGE_RETRY_SECONDS = 2.0  # how often a merge refused by the disk is tried again (and what peers are told)
@@ -67,9 +66,9 @@ async def disk_full_response(request: Request, error: Exception) -> Response:
     if not is_storage_error(error):
         LOG.error("unexpected %s: %s", type(error).__name__, error, exc_info=error)  # (the traceback, as before)
         return JSONResponse({"error": "internal", "message": f"{type(error).__name__}: {error}"}, status_code=500)
-    relay = getattr(request.app.state, "relay", None)
+    relay = request.app.state.relay  # (None: an app that serves only the page)
     if relay is not None:
-        relay.note_storage_problem(error)
+        relay.disk.note_problem(error)
     return JSONResponse({"error": "disk_full", "message": describe(error)}, status_code=503,
                         headers={"Retry-After": str(int(STORAGE_RETRY_SECONDS))})
 
@@ -86,99 +85,98 @@ def file_size(path: Path) -> int:
 
 
 class StorageGuard:
-    """The relay's disk: pruned result messages, disk use, and a full disk. Needs from the relay: ``session``,
-    ``package``, ``storage``, ``options``, ``paused``, ``async_mode``, ``start_session``, ``store``,
-    ``schedule_merge`` and ``changed``."""
+    """The relay's disk: pruned result messages, disk use (``report``, the status's ``storage``) and a full disk.
+    After a failed merge the session is reloaded from its last checkpoint and handed to ``serve_restored`` (the
+    relay's); when space returns, ``retry_merge`` is called on the event loop."""
 
-    session: Session
-    package: Package
-    storage: dict[str, Any]
-    _storage_retry: asyncio.Task[None] | None = None
-    _needs_reload: bool = False
+    def __init__(self, context: RelayContext, *, serve_restored: Callable[[Session], None],
+                 retry_merge: Callable[[], None]) -> None:
+        self.context, self.serve_restored, self.retry_merge = context, serve_restored, retry_merge
+        self.report: dict[str, Any] = {}
+        self.needs_reload = False  # a merge failed on the disk: the session in memory ran ahead of its checkpoint
+        self._retry: asyncio.Task[None] | None = None
 
     # -- bounded disk: pruning after each merge, disk use for the status ------------------------------
     def prune_results(self) -> int:
         """After a merge is checkpointed: empty the messages of merged rounds older than ``keep_results``."""
-        keep = self.options.keep_results
+        keep, store = self.context.options.keep_results, self.context.store
         if keep is None:
             return 0
-        before = self.session.round - keep
-        pruned = self.store.prune_arrivals_before(before) if self.async_mode else self.store.prune_before(before)
+        before = self.context.session.round - keep
+        pruned = store.prune_arrivals_before(before) if self.context.async_mode else store.prune_before(before)
         if pruned:
-            self.store.count("result_messages_pruned", pruned)
+            store.count("result_messages_pruned", pruned)
         return pruned
 
-    def measure_storage(self) -> None:
+    def measure(self) -> None:
         """Disk use for the status: the SQLite file (with its log) and the session folder (checkpoints, history)."""
-        directory = self.session.directory
+        directory, store = self.context.session.directory, self.context.store
         folder = sum(file_size(p) for p in directory.rglob("*")) if directory is not None else 0
-        sqlite = self.store.disk_bytes() if not self.store.closed else 0
-        inside = directory is not None and directory in self.store.path.parents
-        problem = {"problem": self.storage["problem"]} if self.storage.get("problem") else {}  # (cleared by a probe)
-        self.storage = {"sqlite_bytes": sqlite, "checkpoint_bytes": max(0, folder - (sqlite if inside else 0)),
-                        "keep_results": self.options.keep_results, **problem}
+        sqlite = store.disk_bytes() if not store.closed else 0
+        inside = directory is not None and directory in store.path.parents
+        problem = {"problem": self.report["problem"]} if self.report.get("problem") else {}  # (cleared by a probe)
+        self.report = {"sqlite_bytes": sqlite, "checkpoint_bytes": max(0, folder - (sqlite if inside else 0)),
+                       "keep_results": self.context.options.keep_results, **problem}
 
     # -- a full disk ---------------------------------------------------------------------------------
     @property
-    def storage_problem(self) -> str | None:
-        problem = self.storage.get("problem")
+    def problem(self) -> str | None:
+        problem = self.report.get("problem")
         return str(problem) if problem else None
 
-    def note_storage_problem(self, error: BaseException) -> None:
+    def note_problem(self, error: BaseException) -> None:
         """A write failed for lack of space: say so (status, 503s) and probe every few seconds until one fits."""
-        if not self.storage_problem:
+        if not self.problem:
             LOG.warning("storage: %s", error)
-        self.storage = {**self.storage, "problem": describe(error)}
+        self.report = {**self.report, "problem": describe(error)}
         try:
             loop = asyncio.get_running_loop()
-        except RuntimeError:  # (the merge's worker thread: merge_failed_on_storage starts the probe)
+        except RuntimeError:  # (the merge's worker thread: merge_failed starts the probe)
             return
-        if self._storage_retry is None or self._storage_retry.done():
-            self._storage_retry = loop.create_task(self._retry_when_space_returns())
+        if self._retry is None or self._retry.done():
+            self._retry = loop.create_task(self._retry_when_space_returns())
 
     def refuse_while_full(self) -> None:
         """New work waits until the disk has room (what a peer trained now could not be merged)."""
-        problem = self.storage_problem
+        problem = self.problem
         if problem:
             raise Refusal(503, "disk_full", problem, headers={"Retry-After": str(int(STORAGE_RETRY_SECONDS))})
 
-    def merge_failed_on_storage(self, error: BaseException) -> None:
+    def merge_failed(self, error: BaseException) -> None:
         """The merge's checkpoint (or its SQLite bookkeeping) did not fit: go back to the last checkpoint and
         try again later."""
-        self._needs_reload = True
-        self.note_storage_problem(error)
-        self.reload_from_checkpoint()
-        self.changed()
+        self.needs_reload = True
+        self.note_problem(error)
+        self.reload()
+        self.context.notices.changed()
 
-    def reload_from_checkpoint(self) -> bool:
-        """The session as of its last checkpoint (its in-memory state may have run ahead of the disk)."""
-        from server.session.session import Session
-
-        directory = self.session.directory
-        if not self._needs_reload or directory is None:
+    def reload(self) -> bool:
+        """The session as of its last checkpoint (its in-memory state may have run ahead of the disk); False when
+        that failed too (the probe tries again later)."""
+        directory = self.context.session.directory
+        if not self.needs_reload or directory is None:
             return True
         try:
-            restored = Session.restore(directory, self.package)
-        except (OSError, sqlite3.Error, ValueError) as error:
+            restored = Session.restore(directory, self.context.package)
+        except (OSError, sqlite3.Error, ValueError) as error:  # (anything else is a bug and propagates)
             LOG.warning("storage: the checkpoint could not be reloaded yet: %s", error)
             return False
-        paused = self.paused
-        self.start_session(restored, self.store)
-        self.paused = paused
-        self._needs_reload = False
+        self.serve_restored(restored)
+        self.needs_reload = False
         return True
 
     def space_returned(self) -> bool:
         """Whether a checkpoint's worth of bytes (weights, merge state, margin) can be written and synced beside
         the session, and SQLite takes a write: the problem stays reported until then."""
-        directory = self.session.directory or self.store.path.parent
+        session, store = self.context.session, self.context.store
+        directory = session.directory or store.path.parent
         probe = Path(directory) / ".space-probe"
         try:
             with probe.open("wb") as handle:
-                handle.write(bytes(PROBE_MARGIN_BYTES + 3 * int(self.session.weights.nbytes)))
+                handle.write(bytes(PROBE_MARGIN_BYTES + 3 * int(session.weights.nbytes)))
                 handle.flush()
                 os.fsync(handle.fileno())
-            self.store.count("storage_probes")
+            store.count("storage_probes")
             return True
         except Exception as error:
             if not is_storage_error(error):
@@ -189,29 +187,11 @@ class StorageGuard:
                 probe.unlink()
 
     async def _retry_when_space_returns(self) -> None:
-        while self.storage_problem:
+        while self.problem:
             await asyncio.sleep(STORAGE_RETRY_SECONDS)
-            if not self.space_returned() or not self.reload_from_checkpoint():
+            if not self.space_returned() or not self.reload():
                 continue
-            self.storage = {k: v for k, v in self.storage.items() if k != "problem"}  # try: a failure sets it again
-            self.schedule_merge()
-            self.changed()
+            self.report = {k: v for k, v in self.report.items() if k != "problem"}  # try: a failure sets it again
+            self.retry_merge()
+            self.context.notices.changed()
             await asyncio.sleep(0)
-
-    # (from the relay)
-    paused: bool
-    store: Any
-    options: Any
-
-    @property
-    def async_mode(self) -> bool:
-        raise NotImplementedError
-
-    def start_session(self, session: Session, store: Any) -> None:
-        raise NotImplementedError
-
-    def schedule_merge(self) -> None:
-        raise NotImplementedError
-
-    def changed(self) -> None:
-        raise NotImplementedError

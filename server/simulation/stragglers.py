@@ -1,14 +1,15 @@
 """Slow and vanishing peers on a virtual clock: the relay's own decisions, in-process, without HTTP.
 
 ``simulate_stragglers`` builds a real ``server.relay.state.Relay`` on a ``Store`` whose clock is virtual, adds
-peers with ``store.add_peer`` and runs a discrete-event loop. An idle peer asks ``relay.next_assignment``
-(after ``store.authenticate``, as every request does, so it counts as connected); a unit keeps it busy for
+peers with ``relay.join`` and runs a discrete-event loop. It drives the relay through the same transport-free API
+the HTTP endpoints call: an idle peer asks ``relay.next_work`` (after ``relay.peer``, as every request does, so it
+counts as connected); a unit keeps it busy for
 ``unit_seconds`` times its slowness factor, then it is trained for real (``runtime.peer.Peer``, the module a
-browser runs, from the relay's weights message and the unit's chunk) and uploaded with ``relay.accept_result``;
-a ``Refusal`` (``stale_round`` for a unit whose round merged without it, ``duplicate``...) is counted by code,
-as the relay's error handler does. After every event the loop merges the way ``Relay.maybe_complete_round``
-does when ``relay.round_ready()`` (host replays are off here, so nothing to wait for); a round deadline is an
-event of its own. Backups, deadlines, leases and "connected" all read the virtual clock through
+browser runs, from the relay's weights message and the unit's chunk) and uploaded with ``relay.submit_result``,
+which counts it (a ``Refusal``, ``stale_round`` for a unit whose round merged without it, ``duplicate``..., by its
+code). There is no event loop here, so after every event the loop calls ``relay.merge_ready()``, which merges the
+way ``Relay.maybe_complete_round`` does (host replays are off here, so nothing to wait for); a round deadline is
+an event of its own. Backups, deadlines, leases and "connected" all read the virtual clock through
 ``store.clock()``, so the relay decides exactly as it would in real time. Merging and validating take no
 virtual time (the host's cost is ``peertrain bench relay``'s business).
 
@@ -253,7 +254,7 @@ class StragglerSimulation:
         factors = settings.profile.factors(count, settings.seed)
         self.peers = []
         for index, factor in enumerate(factors):
-            peer_id, token = store.add_peer(f"simulated peer {index}", f"10.0.{index // 250}.{index % 250 + 1}")
+            peer_id, token = self.relay.join(f"10.0.{index // 250}.{index % 250 + 1}", agent=f"simulated peer {index}")
             self.peers.append(SimPeer(index, peer_id, token, factor))
         self.dropouts = settings.profile.dropouts(count, settings.seed)
         rng = random.Random(f"units-{settings.seed}")
@@ -270,7 +271,7 @@ class StragglerSimulation:
         self.refused: dict[str, int] = {}
         self.units_done = 0
         self._trained_from = ""  # the digest of the weights message the trainer holds
-        self._work_event = getattr(self.relay, "_work_event", None)
+        self._work_event = self.relay.notices.work_generation
         self._trained_before = self.memo.trained
 
     def clock(self) -> float:
@@ -326,9 +327,9 @@ class StragglerSimulation:
     def poll(self, peer: SimPeer) -> None:
         """``POST /api/work``: authenticate (connected), merge a ready round, ask for an assignment."""
         relay = self.relay
-        relay.store.authenticate(peer.peer_id, peer.token)
+        relay.peer(peer.peer_id, peer.token)
         self.merge_if_ready()
-        job = relay.next_assignment(peer.peer_id)
+        job = relay.next_work(peer.peer_id)
         if job.get("done"):
             peer.state = "done"
             return
@@ -353,17 +354,14 @@ class StragglerSimulation:
         """``POST /api/result``: train the unit (unless its round is gone), upload it, then ask for more."""
         relay, job = self.relay, peer.job
         assert job is not None
-        relay.store.authenticate(peer.peer_id, peer.token)
+        relay.peer(peer.peer_id, peer.token)
         self.units_done += 1
         message = self.weights_for(job)
         body = self.train(job, message) if message is not None else b""  # refused before the body is read
         try:
-            relay.accept_result(peer.peer_id, int(job["round"]), int(job["slot"]), body)
-            relay.store.count("results_accepted")
-        except Refusal as refusal:
-            relay.store.count(f"refused.{refusal.code}")
+            relay.submit_result(peer.peer_id, int(job["round"]), int(job["slot"]), body)
+        except Refusal as refusal:  # (counted by the relay; kept here by code for the run's record)
             self.refused[refusal.code] = self.refused.get(refusal.code, 0) + 1
-        relay.changed()
         peer.job = None
         self.merge_if_ready()
         self.ask(peer, self.now)
@@ -377,7 +375,7 @@ class StragglerSimulation:
             return None
         if version == relay.session.round:
             return relay.weights_message()
-        return relay.weights_of_version(version) if getattr(relay, "async_mode", False) else None
+        return relay.weights_of(version)
 
     def train(self, job: dict[str, Any], message: bytes) -> bytes:
         trainer = self.trainer
@@ -398,26 +396,17 @@ class StragglerSimulation:
         """After a round's first hand-out: an event at its deadline (the relay's ``watch_deadline``)."""
         deadline, relay = self.settings.round_deadline, self.relay
         round_index = relay.session.round
-        opened = relay.round_opened_at()
+        opened = relay.pacing.round_opened_at()
         if deadline is None or opened is None or round_index in self.deadlines:
             return
         self.deadlines.add(round_index)
         self.push(opened + deadline + 1e-6, "deadline")
 
     def merge_if_ready(self) -> None:
-        """What ``Relay.maybe_complete_round`` does when the round (or, in async mode, the buffer) is ready: no
-        replays to wait for (verification is off), no samples (there is no page)."""
+        """``relay.merge_ready()``: what ``Relay.maybe_complete_round`` does when the round (or, in async mode, the
+        buffer) is ready, inline: no replays to wait for (verification is off), no samples (there is no page)."""
         relay = self.relay
-        while not relay.merging and not relay.session.done and relay.round_ready():
-            relay.merging = True
-            relay.changed()
-            try:
-                entry = relay.complete_buffer_blocking() if getattr(relay, "async_mode", False) \
-                    else relay.complete_round_blocking()
-            finally:
-                relay._forget_rounds_before(relay.session.round)
-                relay.merging = False
-                relay.work_changed()
+        for entry in relay.merge_ready():
             self.last_merge = self.now
             self.timeline.append((self.now, entry["metrics"].get(relay.session.metric)))
             if self.on_round is not None:
@@ -425,7 +414,7 @@ class StragglerSimulation:
 
     def wake_if_work_changed(self) -> None:
         """A held request answers the moment the relay's work changes: wake every waiting peer."""
-        event = getattr(self.relay, "_work_event", None)
+        event = self.relay.notices.work_generation
         if event is self._work_event:
             return
         self._work_event = event

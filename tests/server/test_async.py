@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
 import pytest
-from relay_fixtures import HttpPeer, build_small_package, make_relay, serving, session_status, work_until_done
+from relay_fixtures import HttpPeer, make_relay, serving, session_status, work_until_done
 from relay_process import (
     ADMIN,
     PeerThread,
@@ -35,8 +36,9 @@ ASYNC = {"mode": "async", "aggregate": "mean"}  # the plain weighted mean, to ch
 
 
 @pytest.fixture(scope="module")
-def package(tmp_path_factory: pytest.TempPathFactory) -> Package:
-    return build_small_package(tmp_path_factory.mktemp("package"), examples=1536, chunks=6)
+def package_settings() -> dict[str, Any]:
+    """6 chunks of 256 rows (the ``package`` fixture of conftest.py builds it once for this module)."""
+    return {"examples": 1536, "chunks": 6}
 
 
 def test_staleness_weights_by_hand() -> None:

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 from relay_fixtures import (
     HttpPeer,
-    build_small_package,
     flipped,
     make_relay,
     reference_run,
@@ -27,8 +27,9 @@ from server.session.package import Package
 
 
 @pytest.fixture(scope="module")
-def package(tmp_path_factory: pytest.TempPathFactory) -> Package:
-    return build_small_package(tmp_path_factory.mktemp("package"), examples=1536, chunks=6)
+def package_settings() -> dict[str, Any]:
+    """6 chunks of 256 rows (the ``package`` fixture of conftest.py builds it once for this module)."""
+    return {"examples": 1536, "chunks": 6}
 
 
 def test_a_backup_races_and_wins_and_the_slow_original_is_compared_not_merged(package: Package,

@@ -119,14 +119,14 @@ def test_requests_while_a_session_is_replaced_answer_503_replacing(tmp_path: Pat
     """While the old session's files move its store is closed: requests meanwhile get 503 replacing, not 500."""
     relay = make_relay(build_small_package(tmp_path / "package"), tmp_path / "session")
     moving, release = threading.Event(), threading.Event()
-    replace_blocking = relay._replace_blocking
+    replace_blocking = relay.admin.replace_blocking
 
     def slow_replace(*args: Any) -> Path:
         moving.set()
         assert release.wait(10)
         return replace_blocking(*args)
 
-    relay._replace_blocking = slow_replace  # type: ignore[method-assign,assignment]
+    relay.admin.replace_blocking = slow_replace  # type: ignore[method-assign,assignment]
     with serving(relay) as client:
         replaced: dict[str, Any] = {}
         worker = threading.Thread(target=lambda: replaced.update(answer=client.post(
@@ -134,7 +134,7 @@ def test_requests_while_a_session_is_replaced_answer_503_replacing(tmp_path: Pat
         worker.start()
         try:
             assert moving.wait(10)
-            relay.store.close()  # (as _replace_blocking does first; a request reaching the store would 500)
+            relay.store.close()  # (as replace_blocking does first; a request reaching the store would 500)
             for method, path in (("GET", "/api/session"), ("POST", "/api/join"), ("POST", "/api/work"),
                                  ("GET", "/api/admin/peers")):
                 answer = client.request(method, path, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})

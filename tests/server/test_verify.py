@@ -11,7 +11,6 @@ import pytest
 from relay_fixtures import (
     ADMIN_TOKEN,
     HttpPeer,
-    build_small_package,
     make_relay,
     serving,
     session_status,
@@ -36,11 +35,6 @@ ATTACKS: dict[str, Attack] = {
     "subtle": lambda g, w, rng: (g + 1.05 * (w - g)).astype(np.float32),  # just inside every norm bound
     "little_is_enough": lambda g, w, rng: (g + (w - g) - 1.0 * np.abs(w - g)).astype(np.float32),
 }
-
-
-@pytest.fixture(scope="module")
-def package(tmp_path_factory: pytest.TempPathFactory) -> Package:
-    return build_small_package(tmp_path_factory.mktemp("package"))
 
 
 def test_the_tolerance_by_hand() -> None:
@@ -183,8 +177,8 @@ def test_a_checked_units_replay_starts_when_it_is_handed_out(package: Package, t
         peer = HttpPeer(client)
         job = peer.assignment()
         assert session_status(client)["counters"]["replays_started_at_hand_out"] == 1
-        assert relay.replays is not None
-        replay, _ = relay.replays.prepared[(0, job["slot"])]
+        assert relay.verification.queue is not None
+        replay, _ = relay.verification.queue.prepared[(0, job["slot"])]
         replay.result(timeout=30)  # done before the result exists
         started = time.perf_counter()
         assert peer.train_and_upload(job).status_code == 200

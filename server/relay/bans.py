@@ -1,0 +1,35 @@
+"""Bans (``Bans``, a part of the relay): a peer whose result fails its replay, or that claims more examples than
+its unit holds, loses its token for the session; unless ``--no-ban-addresses`` its address may not join again;
+its results of the open round are dropped so their slots are handed out again (or a copy that matched one of them
+takes its place). Stored in SQLite, so a ban survives a restart; the admin API lifts one (``unban``)."""
+
+from __future__ import annotations
+
+from server.relay.book import RoundBook
+from server.relay.context import RelayContext
+from server.relay.copies import UnitCopies
+
+
+class Bans:
+    def __init__(self, context: RelayContext, book: RoundBook, copies: UnitCopies) -> None:
+        self.context, self.book, self.copies = context, book, copies
+
+    def ban(self, peer_id: str, reason: str) -> None:
+        store, round_index = self.context.store, self.context.session.round
+        if store.ban_reason(peer_id) is None:
+            store.ban(peer_id, reason)
+            store.count("peers_banned")
+        for slot in store.remove_results_of(peer_id, round_index):
+            self.book.drop(round_index, slot)
+            store.count("results_dropped_by_ban")
+            self.copies.promote_settled_copy(round_index, slot)
+        self.context.notices.work_changed()
+
+    def ban_for_claim(self, peer_id: str, message: str) -> None:
+        """An honest peer's runtime never claims more examples than its unit holds."""
+        self.ban(peer_id, f"claimed more examples than its unit holds ({message})")
+
+    def unban(self, peer_id: str) -> bool:
+        lifted = self.context.store.unban(peer_id)
+        self.context.notices.changed()
+        return lifted

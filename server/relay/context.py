@@ -1,0 +1,76 @@
+"""What every part of the relay shares: the session being served (``RelayContext``) and the notices that wake
+held requests and the page's event streams (``Notices``).
+
+The relay (``server.relay.state.Relay``) owns one of each and hands them to its parts when it builds them. A new
+session (the admin API's, or the last checkpoint reloaded after a full disk) replaces ``session`` and ``store`` in
+place, so every part sees it at once; what a part keeps of its own is its business.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from server.relay.options import RelayOptions
+from server.relay.sqlite_store import Store
+from server.session.package import Package
+from server.session.session import Session
+
+
+@dataclass
+class Notices:
+    """Two kinds of news. ``changed``: anything the page shows moved (the status's ``version`` goes up, event
+    streams send it). ``work_changed``: something that can turn a "wait" into work happened (a round opened, a
+    peer joined, a slot was freed, an admin action): held ``POST /api/work?hold=S`` requests wake. Lease expiry
+    wakes nobody; holders see it when their hold ends (or at the next backup, ``Relay.work``)."""
+
+    version: int = 0
+    _changed: asyncio.Event = field(default_factory=asyncio.Event)
+    _work: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def changed(self) -> None:
+        self.version += 1
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def work_changed(self) -> None:
+        self._work.set()
+        self._work = asyncio.Event()
+        self.changed()
+
+    @property
+    def work_generation(self) -> asyncio.Event:
+        """The event the next ``work_changed`` sets: a driver without an event loop (the virtual-clock
+        simulator) compares it with the one it saw last to know that held peers would have woken."""
+        return self._work
+
+    async def wait_for_change(self, seconds: float) -> bool:
+        """Until the next ``changed`` (True) or ``seconds`` (False): what an event stream waits on."""
+        try:
+            await asyncio.wait_for(self._changed.wait(), timeout=max(seconds, 0.0))
+        except TimeoutError:
+            return False
+        return True
+
+    async def hold_for_work(self, seconds: float) -> None:
+        """Return after ``work_changed`` or ``seconds``, whichever comes first."""
+        try:
+            await asyncio.wait_for(self._work.wait(), timeout=max(seconds, 0.0))
+        except TimeoutError:
+            pass
+
+
+@dataclass
+class RelayContext:
+    """The session a relay serves, its package, its SQLite store, the relay's options and its notices."""
+
+    session: Session
+    package: Package
+    store: Store
+    options: RelayOptions
+    notices: Notices = field(default_factory=Notices)
+    merging: bool = False  # a merge runs: no hand-out in sync mode, and a result of a slot without one is refused
+
+    @property
+    def async_mode(self) -> bool:
+        return self.session.config.mode == "async"

@@ -1,0 +1,242 @@
+"""Synchronous rounds (``SyncRounds``), the relay's round mode unless the session runs async.
+
+A round hands out its k slots (one lease each), takes one checked result per slot and merges when every slot has
+its result and every chosen second copy is settled, or at its deadline (``server.relay.pacing``). A result
+refused for what it holds (not for its lease) frees its slot at once for another peer, and that peer is never
+handed the slot again this round. A result of a slot that has its merged result already is a second copy
+(``server.relay.copies``): compared, never merged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from runtime import wire
+from runtime.planner import Assignment
+from runtime.tasks import UnitResult
+from server.relay.bans import Bans
+from server.relay.book import RoundBook
+from server.relay.checks import check_update_norm, read_result
+from server.relay.context import RelayContext
+from server.relay.copies import UnitCopies
+from server.relay.jobs import Jobs
+from server.relay.pacing import RoundPacing
+from server.relay.people import Participants
+from server.relay.refusal import Refusal
+from server.relay.replay_checks import ReplayChecks
+from server.relay.sqlite_store import StoredResult
+
+
+def min_peers(context: RelayContext) -> int:
+    """Peers needed before a round starts: ``--min-peers``, else k (at most the units there are)."""
+    plan = context.session.plan
+    return context.options.min_peers or min(plan.participants_per_round, plan.num_units)
+
+
+class SyncRounds:
+    """``on_round_opened`` runs when a round hands out its first unit (the relay arms the deadline's timer)."""
+
+    def __init__(self, context: RelayContext, *, book: RoundBook, jobs: Jobs, people: Participants,
+                 replays: ReplayChecks, copies: UnitCopies, bans: Bans, pacing: RoundPacing,
+                 on_round_opened: Callable[[], None]) -> None:
+        self.context, self.book, self.jobs, self.people = context, book, jobs, people
+        self.replays, self.copies, self.bans, self.pacing = replays, copies, bans, pacing
+        self.on_round_opened = on_round_opened
+
+    # -- handing out --------------------------------------------------------------------------------------
+    def next_job(self, peer_id: str) -> dict[str, Any]:
+        session, store, options = self.context.session, self.context.store, self.context.options
+        results, leases = store.result_slots(session.round), store.leases(session.round)
+        now = store.clock()
+        mine = [(s, lease) for s, lease in store.leases(session.round, 1).items()
+                if lease.peer_id == peer_id and lease.deadline >= now]
+        if mine:  # this peer trains a second copy
+            copy = self.copies.next_copy(peer_id)
+            if copy is not None:
+                return copy
+        started = bool(results) or bool(leases)
+        connected = len(store.active_peers(options.peer_timeout))
+        needed = min_peers(self.context)
+        if not started and connected < needed:
+            missing = needed - connected
+            return {"wait": options.retry_seconds,
+                    "reason": f"waiting for {missing} more peer{'s' if missing > 1 else ''} to start round "
+                              f"{session.round + 1} ({connected}/{needed} connected)"}
+        open_slots = []
+        for assignment in session.assignments():
+            if assignment.slot in results:
+                continue
+            lease = leases.get(assignment.slot)
+            if lease is not None and lease.deadline >= now:
+                if lease.peer_id == peer_id:
+                    return self.jobs.job(assignment, lease.deadline)
+                continue
+            if self.book.refused(session.round, assignment.slot, peer_id):
+                continue
+            open_slots.append((assignment, lease))
+        if not open_slots:
+            copy = self.copies.next_copy(peer_id)
+            if copy is not None:
+                self.context.notices.changed()
+                return copy
+            return {"wait": options.retry_seconds,
+                    "reason": f"round {session.round + 1}: waiting for other peers' units"}
+        assignment, expired = open_slots[0]
+        if expired is not None:
+            store.count("leases_expired")
+        lease = store.grant(session.round, assignment.slot, assignment.unit_index, peer_id, options.lease_seconds)
+        if not started:
+            self.on_round_opened()
+        self.replays.prepare(peer_id, assignment.slot)
+        self.context.notices.changed()
+        return self.jobs.job(assignment, lease.deadline)
+
+    def holds_unit(self, peer_id: str, unit_index: int) -> bool:
+        """Whether ``peer_id`` holds a live lease on ``unit_index`` in the current round (either copy)."""
+        store, round_index = self.context.store, self.context.session.round
+        now = store.clock()
+        return any(lease.peer_id == peer_id and lease.unit_index == unit_index and lease.deadline >= now
+                   for copy in (0, 1) for lease in store.leases(round_index, copy).values())
+
+    # -- results ------------------------------------------------------------------------------------------
+    def accept(self, peer_id: str, round_index: int, slot: int, body: bytes) -> StoredResult:
+        """Check and store a result, keeping its decoded weights for the merge (saves reading them back)."""
+        store = self.context.store
+        assignment, second = self._leased_assignment(peer_id, round_index, slot)
+        if second:
+            try:
+                return self.copies.accept_copy(peer_id, round_index, slot, assignment, body)
+            except Refusal as refusal:
+                if refusal.code == "num_examples_claim":
+                    self.bans.ban_for_claim(peer_id, refusal.message)
+                raise
+        stored, vector, norm = self.check(peer_id, round_index, slot, body)
+        store.add_result(stored)
+        own, second_copy = store.leases(round_index).get(slot), store.leases(round_index, 1).get(slot)
+        came_first = second_copy is not None and second_copy.peer_id == peer_id
+        if came_first:  # the copy's result came first: the other one is the copy now
+            store.swap_copies(round_index, slot)
+        lease = second_copy if came_first else own
+        if lease is not None:
+            self.copies.record_unit_time(round_index, slot, lease, backup_won=came_first and not self.copies.redundant(
+                round_index, slot))
+            self.people.note_unit(peer_id, store.clock() - lease.issued, stored.engine)
+        self.book.keep(stored, vector)
+        self.book.add_norm(round_index, norm)
+        self.replays.verify(stored, vector)
+        return stored
+
+    def check(self, peer_id: str, round_index: int, slot: int, body: bytes) -> tuple[StoredResult, np.ndarray, float]:
+        """The result as it would be stored (with the relay's example count), its decoded weights and its update
+        norm; a ``Refusal`` names what is wrong (``server.relay.checks``)."""
+        assignment, _ = self._leased_assignment(peer_id, round_index, slot)
+        session, options = self.context.session, self.context.options
+        try:
+            header, vector, count, norm = read_result(body, session=session,
+                                                      fingerprint=self.context.package.fingerprint,
+                                                      round_index=round_index, unit=session.work_unit(assignment))
+            check_update_norm(norm, self.book.norms(round_index), max_norm=options.max_update_norm,
+                              outlier_factor=options.outlier_factor, min_results=options.outlier_min_results)
+        except Refusal as refusal:
+            self._free_slot(peer_id, round_index, slot)
+            if refusal.code == "num_examples_claim":
+                self.bans.ban_for_claim(peer_id, refusal.message)
+            elif refusal.code == "update_outlier":  # replay it: a cheat is banned, an unlucky peer is not
+                self.replays.verify(StoredResult(round_index, slot, assignment.unit_index, peer_id, 0, {}, b""),
+                                    wire.decode(body)[1], outlier=True)
+            raise
+        return StoredResult(round_index, slot, assignment.unit_index, peer_id, count, dict(header.metrics),
+                            body, str(header.meta.get("engine", ""))), vector, norm
+
+    def _leased_assignment(self, peer_id: str, round_index: int, slot: int) -> tuple[Assignment, bool]:
+        """The slot's assignment, and whether this result is a second copy (the slot has its merged result)."""
+        session, store = self.context.session, self.context.store
+        if session.done or round_index != session.round:
+            raise Refusal(409, "stale_round", f"round {round_index} is not the current round ({session.round})")
+        by_slot = {a.slot: a for a in session.assignments()}
+        if slot not in by_slot:
+            raise Refusal(404, "unknown_slot", f"round {round_index} has no slot {slot}")
+        leases = [lease for copy in (0, 1) if (lease := store.leases(round_index, copy).get(slot))
+                  is not None and lease.peer_id == peer_id]
+        author = store.result_peer(round_index, slot)
+        has_result = author is not None
+        if self.context.merging and not has_result:
+            raise Refusal(409, "past_deadline", f"round {round_index + 1} passed its deadline and is merging without "
+                          f"slot {slot}; the unit is trained again in the next round")
+        if has_result and (not leases or author == peer_id or (slot, peer_id) in store.copies(round_index)):
+            raise Refusal(409, "duplicate", f"slot {slot} of round {round_index} already has a result")
+        if not leases:
+            raise Refusal(403, "not_leased", f"slot {slot} of round {round_index} is not leased to this peer")
+        deadline = max(lease.deadline for lease in leases)
+        if deadline < store.clock():
+            raise Refusal(409, "late", f"the lease on slot {slot} expired {store.clock() - deadline:.1f} s ago")
+        return by_slot[slot], has_result
+
+    def _free_slot(self, peer_id: str, round_index: int, slot: int) -> None:
+        """After a refused result: release the lease, never hand this slot to that peer again this round."""
+        self.context.store.release(round_index, slot)
+        self.book.refuse(round_index, slot, peer_id)
+        self.context.store.count("slots_freed_by_refusal")
+        self.context.notices.work_changed()
+
+    # -- merging ------------------------------------------------------------------------------------------
+    def full(self) -> bool:
+        """Every slot has its result and no chosen slot still waits for its second copy."""
+        session, store = self.context.session, self.context.store
+        return not session.done and len(store.result_slots(session.round)) >= len(session.assignments()) \
+            and not self.copies.copies_outstanding()
+
+    def ready(self) -> bool:
+        """Whether the round may merge now: every unit is back (and checked), or its deadline passed with enough
+        results."""
+        return self.full() or self.pacing.deadline_reached()
+
+    def merge_blocking(self) -> dict[str, Any]:
+        """Merge the stored results of the current round (runs in a worker thread, or inline without a loop).
+
+        The weights come from what ``accept`` kept; after a restart they are read back from SQLite. Nothing else
+        writes results meanwhile: every slot of this round is full (or its deadline passed, and the relay is
+        ``merging``) and the next round is not open."""
+        session, store = self.context.session, self.context.store
+        round_index = session.round
+        slots = store.result_slots(round_index)
+        kept = {slot: taken for slot in slots if (taken := self.book.take(round_index, slot)) is not None}
+        if len(kept) < len(slots):
+            for slot, result in store.results(round_index).items():
+                if slot not in kept:
+                    kept[slot] = (result, wire.decode(result.message, expect_spec=session.spec)[1])
+        by_slot = {a.slot: a for a in session.assignments()}
+        results = [(by_slot[slot], UnitResult(vector, result.num_examples, result.metrics))
+                   for slot, (result, vector) in sorted(kept.items())]
+        extra: dict[str, Any] = {}
+        costs = self.replays.costs(round_index)
+        if costs:
+            extra["verification"] = costs
+        self.copies.waive_copies()
+        deadline = self.pacing.deadline_summary(round_full=self.full())
+        if deadline is not None:
+            extra["deadline"] = deadline
+        redundancy, backups = self.copies.redundancy_summary(round_index), self.copies.backups_summary(round_index)
+        if redundancy is not None:
+            extra["redundancy"] = redundancy
+        if backups is not None:
+            extra["backups"] = backups
+        return session.complete_round(results, extra=extra or None, carry_missing=True)
+
+    def progress(self) -> dict[str, int]:
+        """The status's ``round_progress``: slots, results, live leases and live second copies."""
+        session, store = self.context.session, self.context.store
+        if session.done:
+            return {"slots": 0, "done": 0, "leased": 0, "copies": 0}
+        now = store.clock()
+        results, leases = store.result_slots(session.round), store.leases(session.round)
+        return {"slots": len(session.assignments()), "done": len(results),
+                "leased": sum(1 for s, lease in leases.items() if s not in results and lease.deadline >= now),
+                "copies": sum(1 for lease in store.leases(session.round, 1).values() if lease.deadline >= now)}
+
+    def weights_of_version(self, version: int) -> bytes | None:
+        """Only the current round's weights are served in sync mode (``Relay.weights_of``)."""
+        return None
