@@ -23,7 +23,9 @@ import numpy as np
 from runtime import wire
 from runtime.tasks import Task, WorkUnit
 from runtime.weights import WeightSpec
+from server.relay.options import RelayOptions
 from server.relay.refusal import Refusal
+from server.session.session import Session
 
 
 def decode_result(body: bytes, *, spec: WeightSpec, round_index: int,
@@ -34,7 +36,7 @@ def decode_result(body: bytes, *, spec: WeightSpec, round_index: int,
         raise Refusal(int(getattr(error, "http_status", 400)), error.code, str(error)) from error
 
 
-def read_result(body: bytes, *, session: Any, fingerprint: str, round_index: int,
+def read_result(body: bytes, *, session: Session, fingerprint: str, round_index: int,
                 unit: WorkUnit) -> tuple[wire.WireHeader, np.ndarray, int, float]:
     """The checks of 1-3 above: the header, the weights, the relay's example count and the update norm."""
     header, vector = decode_result(body, spec=session.spec, round_index=round_index, fingerprint=fingerprint)
@@ -84,7 +86,7 @@ LOCAL_NOT_COVERED = ("results trained on peers' own files: they cannot be verifi
                      "federated metrics are the peers' own reports")
 
 
-def describe_defenses(options: Any, aggregate: str, aggregate_config: Mapping[str, Any],
+def describe_defenses(options: RelayOptions, aggregate: str, aggregate_config: Mapping[str, Any],
                       kind: str = "data") -> dict[str, Any]:
     """The page's list of what the session's settings (``RelayOptions``) defend against, and what not (a local
     task's results, which no replay can check, say so)."""
@@ -99,11 +101,11 @@ def describe_defenses(options: Any, aggregate: str, aggregate_config: Mapping[st
               + (f", at most {options.max_peers_per_address} live peers" if options.max_peers_per_address > 0
                  else "")]
     local = kind == "local"
-    if getattr(options, "verify", False) and not local:
+    if options.verify and not local:
         guards.append("results are re-trained on the host and compared (every peer's first, "
                       f"{options.verify_fraction:.0%} of the rest, and outliers); a peer whose result differs is "
                       "banned")
-    if getattr(options, "redundancy", 0.0) > 0 and not local:
+    if options.redundancy > 0 and not local:
         guards.append(f"{options.redundancy:.0%} of units are trained by two different peers and compared; the "
                       "one whose result is wrong is banned")
     return {"guards": guards, "not_covered": list(NOT_COVERED) + ([LOCAL_NOT_COVERED] if local else [])}
