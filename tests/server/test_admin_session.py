@@ -5,18 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
-from relay_fixtures import ADMIN_TOKEN, HttpPeer, build_small_package, make_relay, run_round, serving, session_status
+from relay_fixtures import ADMIN_TOKEN, HttpPeer, make_relay, run_round, serving, session_status
 
 from server.session.package import Package
 from server.session.session import Session
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
-
-
-@pytest.fixture(scope="module")
-def package(tmp_path_factory: pytest.TempPathFactory) -> Package:
-    return build_small_package(tmp_path_factory.mktemp("majority") / "package")
 
 
 def test_new_session_over_http(package: Package, tmp_path: Path) -> None:

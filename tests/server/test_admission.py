@@ -7,16 +7,11 @@ import time
 from pathlib import Path
 
 import pytest
-from relay_fixtures import build_small_package, make_relay, serving, session_status
+from relay_fixtures import make_relay, serving, session_status
 
 from server.relay.admission import JoinLimiter, TokenBucket, client_address
 from server.relay.refusal import Refusal
 from server.session.package import Package
-
-
-@pytest.fixture(scope="module")
-def package(tmp_path_factory: pytest.TempPathFactory) -> Package:
-    return build_small_package(tmp_path_factory.mktemp("package"))
 
 
 def test_the_token_bucket_by_hand() -> None:

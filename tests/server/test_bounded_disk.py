@@ -13,7 +13,6 @@ import pytest
 from relay_fixtures import (
     ADMIN_TOKEN,
     HttpPeer,
-    build_small_package,
     make_relay,
     reference_run,
     run_round,
@@ -28,11 +27,6 @@ from server.session.session import SessionConfig
 PASSES, ROUNDS = 25, 50  # 4 units, 2 a round
 # The majority task's loss falls to ~1e-4, where noise trips the divergence watch's "3 x best": not the point here.
 CONFIG = {"divergence_factor": 1e6}
-
-
-@pytest.fixture(scope="module")
-def package(tmp_path_factory: pytest.TempPathFactory) -> Package:
-    return build_small_package(tmp_path_factory.mktemp("package"), examples=1024, chunks=4)
 
 
 def folder_bytes(directory: Path) -> int:

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 from relay_fixtures import (
     HttpPeer,
-    build_small_package,
     make_relay,
     replay,
     serving,
@@ -24,8 +24,9 @@ from server.session.package import Package
 
 
 @pytest.fixture(scope="module")
-def package(tmp_path_factory: pytest.TempPathFactory) -> Package:
-    return build_small_package(tmp_path_factory.mktemp("package"), examples=1536, chunks=6)
+def package_settings() -> dict[str, Any]:
+    """6 chunks of 256 rows (the ``package`` fixture of conftest.py builds it once for this module)."""
+    return {"examples": 1536, "chunks": 6}
 
 
 def test_a_round_merges_at_its_deadline_and_carries_the_missing_unit(package: Package, tmp_path: Path) -> None:

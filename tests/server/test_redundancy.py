@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 from relay_fixtures import (
     HttpPeer,
-    build_small_package,
     flipped,
     make_relay,
     reference_run,
@@ -25,11 +24,6 @@ from server.relay.sqlite_store import Store
 from server.relay.state import Relay
 from server.session.package import Package
 from server.session.session import Session
-
-
-@pytest.fixture(scope="module")
-def package(tmp_path_factory: pytest.TempPathFactory) -> Package:
-    return build_small_package(tmp_path_factory.mktemp("package"))
 
 
 def test_two_honest_copies_are_identical_and_nothing_is_arbitrated(package: Package, tmp_path: Path) -> None:

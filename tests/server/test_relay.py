@@ -21,7 +21,6 @@ import pytest
 from relay_fixtures import (
     ADMIN_TOKEN,
     HttpPeer,
-    build_small_package,
     make_relay,
     reference_run,
     replay,
@@ -38,11 +37,6 @@ from server.relay.sqlite_store import LAST_SEEN_RESOLUTION
 from server.relay.state import Relay
 from server.session.export import exported_weights
 from server.session.package import Package
-
-
-@pytest.fixture(scope="module")
-def package(tmp_path_factory: pytest.TempPathFactory) -> Package:
-    return build_small_package(tmp_path_factory.mktemp("majority") / "package")
 
 
 def counters(client: httpx.Client) -> Counter[str]:

@@ -10,7 +10,6 @@ import pytest
 from relay_fixtures import (
     ADMIN_TOKEN,
     HttpPeer,
-    build_small_package,
     make_relay,
     serving,
     session_status,
@@ -26,11 +25,6 @@ from server.relay.refusal import Refusal
 from server.session.config import SessionConfig, SessionError
 from server.session.package import Package
 from server.session.session import Session
-
-
-@pytest.fixture(scope="module")
-def package(tmp_path_factory: pytest.TempPathFactory) -> Package:
-    return build_small_package(tmp_path_factory.mktemp("package"))
 
 
 def counters(client) -> dict[str, int]:  # type: ignore[no-untyped-def]

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
-from relay_fixtures import EXAMPLE, build_small_package, reference_run
+from relay_fixtures import EXAMPLE, reference_run
 
 from server import cli
 from server.session.package import Package
@@ -21,8 +22,9 @@ UNIT = 10.0
 
 
 @pytest.fixture(scope="module")
-def package(tmp_path_factory: pytest.TempPathFactory) -> Package:
-    return build_small_package(tmp_path_factory.mktemp("package"), examples=1536, chunks=6)
+def package_settings() -> dict[str, Any]:
+    """6 chunks of 256 rows (the ``package`` fixture of conftest.py builds it once for this module)."""
+    return {"examples": 1536, "chunks": 6}
 
 
 def simulate(package: Package, tmp_path: Path, profile: str = "equal", *, k: int = 3, passes: int = 2,
