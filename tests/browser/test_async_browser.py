@@ -8,9 +8,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import start_relay
+from browser_helpers import ARITH_SETTINGS, close_pages, start_relay, stop, task_args, train_to_the_end
 from playwright.sync_api import Browser, Page
-from test_session_browsers import ARITH_SETTINGS, close_pages, stop, task_args, train_to_the_end
 
 from runtime import wire
 from server.relay.sqlite_store import Store

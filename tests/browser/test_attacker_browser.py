@@ -12,30 +12,24 @@ natively in this process (a unit trained in a browser is the unit trained native
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 import pytest
-from conftest import start_relay
-from playwright.sync_api import Browser, Page, Route
-from test_session_browsers import (
+from browser_helpers import (
     ARITH_SETTINGS,
     BOOT_SECONDS,
     admin,
     close_pages,
     fresh_session,
+    start_relay,
     stop,
     task_args,
     wait_for_status,
 )
-
-from runtime import wire
-from server.bench.attack_peers import flip
-from server.browser.peers import join_url
-from server.relay.client import RelayClient, weights_call
+from playwright.sync_api import Browser, Page
+from poisoning import Poisoner, open_pages
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -44,49 +38,6 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 # the honest run's; refused or outvoted ones leave it where the honest run ends (bit for bit when every
 # poisoned result is refused: its slot is trained again by an honest page from the same weights and seed).
 TOLERANCE_SHARE = 0.25
-
-
-class Poisoner:
-    """A ``page.route`` handler for ``POST /api/result``: the page's real result, flipped, with its header."""
-
-    def __init__(self, url: str, poison: Callable[[np.ndarray, np.ndarray], np.ndarray] = flip) -> None:
-        self.url = url
-        self.poison = poison  # (global weights, the page's real result) -> what is uploaded instead
-        self.poisoned: list[tuple[int, int]] = []  # (round, slot) of each flipped upload
-        self.passed: list[str] = []  # uploads sent on unchanged, and why
-        self.answers: list[int] = []
-
-    def __call__(self, route: Route) -> None:
-        request = route.request
-        try:
-            body = request.post_data_buffer
-            header, result = wire.decode(body or b"")
-            with httpx.Client(base_url=self.url, timeout=30) as http:
-                response = RelayClient(http).send(
-                    weights_call(), headers={"Authorization": request.all_headers().get("authorization", "")})
-            global_header, global_weights = wire.decode(response.content)
-        except Exception as error:  # noqa: BLE001 (the page must not hang on a failed interception)
-            self.passed.append(f"{type(error).__name__}: {error}")
-            route.continue_()
-            return
-        if global_header.round != header.round:
-            self.passed.append(f"round {header.round} result, weights of round {global_header.round}")
-            route.continue_()
-            return
-        self.poisoned.append((header.round, int(header.meta.get("slot", -1))))
-        route.continue_(post_data=wire.encode(self.poison(global_weights, result), header))
-
-
-def open_pages(browser: Browser, url: str, count: int, poisoner: Poisoner) -> list[Page]:
-    """``count`` pages in their own contexts; the first one's result uploads go through ``poisoner``."""
-    pages = []
-    for index in range(count):
-        page = browser.new_context().new_page()
-        if index == 0:
-            page.route("**/api/result?*", poisoner)
-        page.goto(join_url(url))
-        pages.append(page)
-    return pages
 
 
 def honest_run(session_dir: Path) -> list[float]:
@@ -104,8 +55,14 @@ def test_a_page_uploading_flipped_updates_is_refused_or_outvoted(browser: Browse
     session_dir = tmp_path / "session"
     # --min-peers 1: a peer the relay refuses for good must not keep the next rounds from starting. The relay
     # is paused until all three pages have joined, so each takes a slot of the first round.
+    # --no-backups: the intercepted page is the slow one (each of its uploads waits for the weights the route
+    # handler fetches), so with backups on an idle honest page could train its unit again, the round could merge
+    # without it and every flipped upload arrive for a round already merged (passed on unchanged, nothing
+    # poisoned). Backups are not what this test is about (tests/server/test_backups.py is); without them a round
+    # cannot merge before the intercepted page's upload for it is answered, so that upload is for the open round.
     relay, url = start_relay(*task_args("arith", ARITH_SETTINGS, "-k", "3", "--passes", "2", "--min-peers", "1",
-                                        "--session-dir", str(session_dir)), log_name="relay-attacker.log")
+                                        "--no-backups", "--session-dir", str(session_dir)),
+                             log_name="relay-attacker.log")
     poisoner = Poisoner(url)
     pages: list[Page] = []
     try:

@@ -22,9 +22,18 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import ARTIFACTS, REPO_ROOT, start_relay
+from browser_helpers import (
+    ARTIFACTS,
+    BOOT_SECONDS,
+    REPO_ROOT,
+    close_pages,
+    recorded_results,
+    start_relay,
+    stop,
+    task_args,
+    wait_for_status,
+)
 from playwright.sync_api import Browser, Page
-from test_session_browsers import BOOT_SECONDS, close_pages, recorded_results, stop, task_args, wait_for_status
 
 from server.browser.peers import join_url
 from server.session import checkpoint_files as checkpoint

@@ -11,16 +11,8 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from conftest import start_relay
+from browser_helpers import ADMIN_TOKEN, ARITH_SETTINGS, close_pages, start_relay, stop, task_args, train_to_the_end
 from playwright.sync_api import Browser, Page
-from test_session_browsers import (
-    ADMIN_TOKEN,
-    ARITH_SETTINGS,
-    close_pages,
-    stop,
-    task_args,
-    train_to_the_end,
-)
 
 from server.session import checkpoint_files as checkpoint
 from server.session.export import exported_weights

@@ -7,16 +7,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import start_relay
-from playwright.sync_api import Browser, Page
-from test_session_browsers import (
+from browser_helpers import (
     ARITH_SETTINGS,
     close_pages,
     recorded_results,
+    start_relay,
     stop,
     task_args,
     train_to_the_end,
 )
+from playwright.sync_api import Browser, Page
 
 from runtime import wire
 from server.relay.sqlite_store import Store

@@ -13,9 +13,18 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO_ROOT, start_relay
+from browser_helpers import (
+    BOOT_SECONDS,
+    REPO_ROOT,
+    admin,
+    check_pages,
+    recorded_results,
+    start_relay,
+    stop,
+    task_args,
+    wait_for_status,
+)
 from playwright.sync_api import Page
-from test_session_browsers import BOOT_SECONDS, admin, check_pages, recorded_results, stop, task_args, wait_for_status
 
 from server.browser.launcher import READY_SELECTOR
 

@@ -14,20 +14,20 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from conftest import start_relay
-from playwright.sync_api import Browser, Page
-from test_attacker_browser import Poisoner, open_pages
-from test_session_browsers import (
+from browser_helpers import (
     ADMIN_TOKEN,
     ARITH_SETTINGS,
     BOOT_SECONDS,
     admin,
     close_pages,
     recorded_results,
+    start_relay,
     stop,
     task_args,
     wait_for_status,
 )
+from playwright.sync_api import Browser, Page
+from poisoning import Poisoner, open_pages
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 

@@ -18,10 +18,9 @@ from urllib.parse import urlsplit
 
 import numpy as np
 import pytest
-from conftest import ARTIFACTS, start_relay
-from playwright.sync_api import Browser, Page
-from test_session_browsers import (
+from browser_helpers import (
     ARITH_SETTINGS,
+    ARTIFACTS,
     BOOT_SECONDS,
     check_pages,
     close_pages,
@@ -29,10 +28,12 @@ from test_session_browsers import (
     open_peers,
     recorded_results,
     replay,
+    start_relay,
     stop,
     task_args,
     wait_for_status,
 )
+from playwright.sync_api import Browser, Page
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 

@@ -57,8 +57,6 @@ def test_page_boots_runtime_in_worker_from_own_origin(page: Page, relay_url: str
     assert any(url.endswith("pyodide.asm.wasm") for url in requested)
     assert any("peertrain_runtime" in url for url in requested)
     assert not [e for e in console_errors if "Content Security Policy" in e]
-    # The page stayed responsive: the main thread answers while the worker is busy.
-    assert page.evaluate("1 + 1") == 2
 
 
 def test_blas_numpy_opts_out_of_the_kernel(page: Page, relay_url: str) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import start_relay, wait_until_done
+from browser_helpers import start_relay, wait_until_done
 from playwright.sync_api import Page
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]

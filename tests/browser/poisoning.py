@@ -1,0 +1,60 @@
+"""Poisoning a page's uploads in flight: a ``page.route`` handler that replaces a page's ``POST /api/result`` body
+with a poisoned update (the real result decoded with ``runtime.wire``, rewritten from the global weights the
+page itself could fetch with its own token, re-encoded with the same header); shared by the attacker tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import httpx
+import numpy as np
+from playwright.sync_api import Browser, Page, Route
+
+from runtime import wire
+from server.bench.attack_peers import flip
+from server.browser.peers import join_url
+from server.relay.client import RelayClient, weights_call
+
+
+class Poisoner:
+    """A ``page.route`` handler for ``POST /api/result``: the page's real result, flipped, with its header."""
+
+    def __init__(self, url: str, poison: Callable[[np.ndarray, np.ndarray], np.ndarray] = flip) -> None:
+        self.url = url
+        self.poison = poison  # (global weights, the page's real result) -> what is uploaded instead
+        self.poisoned: list[tuple[int, int]] = []  # (round, slot) of each flipped upload
+        self.passed: list[str] = []  # uploads sent on unchanged, and why
+        self.answers: list[int] = []
+
+    def __call__(self, route: Route) -> None:
+        request = route.request
+        try:
+            body = request.post_data_buffer
+            header, result = wire.decode(body or b"")
+            with httpx.Client(base_url=self.url, timeout=30) as http:
+                response = RelayClient(http).send(
+                    weights_call(), headers={"Authorization": request.all_headers().get("authorization", "")})
+            global_header, global_weights = wire.decode(response.content)
+        except Exception as error:  # noqa: BLE001 (the page must not hang on a failed interception)
+            self.passed.append(f"{type(error).__name__}: {error}")
+            route.continue_()
+            return
+        if global_header.round != header.round:
+            self.passed.append(f"round {header.round} result, weights of round {global_header.round}")
+            route.continue_()
+            return
+        self.poisoned.append((header.round, int(header.meta.get("slot", -1))))
+        route.continue_(post_data=wire.encode(self.poison(global_weights, result), header))
+
+
+def open_pages(browser: Browser, url: str, count: int, poisoner: Poisoner) -> list[Page]:
+    """``count`` pages in their own contexts; the first one's result uploads go through ``poisoner``."""
+    pages = []
+    for index in range(count):
+        page = browser.new_context().new_page()
+        if index == 0:
+            page.route("**/api/result?*", poisoner)
+        page.goto(join_url(url))
+        pages.append(page)
+    return pages
