@@ -57,7 +57,7 @@ def test_runtime_imports_only_numpy_and_stdlib() -> None:
     assert problems == []
 
 
-def test_the_import_check_catches_violations(tmp_path: Path) -> None:
+def test_the_import_check_catches_violations() -> None:
     """The rule above must be able to fail: feed it a module that breaks it."""
     bad = REPO_ROOT / "runtime" / "_shape_probe_tmp.py"
     bad.write_text("import os\nimport starlette\nfrom server import app\n\ndef f():\n    import js\n")
@@ -66,6 +66,35 @@ def test_the_import_check_catches_violations(tmp_path: Path) -> None:
     finally:
         bad.unlink()
     assert [p.split(" imports ")[1] for p in problems] == ["starlette", "server", "js"]
+
+
+def imports_of_test_modules(folder: Path) -> list[str]:
+    """``file:line imports name`` for every import, anywhere under ``folder``, of a test module (``test_*``) or of
+    ``conftest``. pytest imports both itself: a test module imported by another is imported twice (once by that
+    module under its own name) and what it shares hides among tests; ``import conftest`` gets whichever
+    conftest.py was loaded last. Shared code goes in a helper module, shared set-up in a conftest fixture."""
+    problems = []
+    for path in sorted(folder.rglob("*.py")):
+        for module, line, _ in top_level_imports(ast.parse(path.read_text())):
+            if module == "conftest" or module.startswith("test_"):
+                problems.append(f"{path.relative_to(folder).as_posix()}:{line} imports {module}")
+    return problems
+
+
+def test_no_test_module_imports_another_or_a_conftest() -> None:
+    assert imports_of_test_modules(REPO_ROOT / "tests") == []
+
+
+def test_the_test_import_check_catches_a_test_importing_a_test(tmp_path: Path) -> None:
+    """The rule above must be able to fail: modules that import test modules and conftest in every way it counts
+    (module level, ``from`` and plain, inside a function, a dotted name) beside helpers it allows."""
+    (tmp_path / "server").mkdir()
+    (tmp_path / "server" / "test_a.py").write_text("import numpy\nfrom relay_fixtures import x\nfrom test_b import y\n")
+    (tmp_path / "server" / "test_b.py").write_text("def later():\n    import test_a\n\ny = 1\n")
+    (tmp_path / "helpers.py").write_text("from conftest import start_relay\nimport test_c.inner\n")
+    (tmp_path / "test_clean.py").write_text("import helpers\nfrom testing_tools import z\n")
+    assert imports_of_test_modules(tmp_path) == ["helpers.py:1 imports conftest", "helpers.py:2 imports test_c",
+                                             "server/test_a.py:3 imports test_b", "server/test_b.py:2 imports test_a"]
 
 
 def test_no_import_cycles_among_the_projects_modules() -> None:
