@@ -14,10 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from server.relay.context import RelayContext
+from server.relay.options import RelayOptions
 from server.relay.refusal import Refusal
 from server.relay.sqlite_store import Store
 from server.session.archive import archive_session
 from server.session.config import SessionConfig, config_from_request
+from server.session.rules import resolve
 from server.session.session import Session
 
 # Passes x units a session request may plan: starting a session builds its whole schedule
@@ -31,8 +33,11 @@ class SessionAdmin:
     relay's merge lock: a replacement waits for a merge in flight and no merge starts during one."""
 
     def __init__(self, context: RelayContext, *, merge_lock: asyncio.Lock,
-                 start_session: Callable[[Session, Store], None]) -> None:
+                 start_session: Callable[[Session, Store, RelayOptions], None]) -> None:
         self.context, self.merge_lock, self.start_session = context, merge_lock, start_session
+        # The options the relay started with: every new session is resolved against them (a session in async mode
+        # turns host replays off for itself, not for the sync session after it).
+        self.asked_options = context.options
         self.paused = False
         self.replacing = False
 
@@ -46,6 +51,10 @@ class SessionAdmin:
         session, package = self.context.session, self.context.package
         try:
             config = config_from_request(request, session.config)
+            # The rules every way of starting a session goes through (serve and simulate call them too). Replays
+            # the relay started with stay allowed: serve already applied the engines' rule (or was forced).
+            resolution = resolve(config, self.asked_options, package, force_verify=self.asked_options.verify)
+            config = resolution.config
             if not session.done and not request.get("replace"):
                 raise Refusal(409, "session_running", "the current session is still running; stop it first or "
                               'send "replace": true')
@@ -61,19 +70,19 @@ class SessionAdmin:
         async with self.merge_lock:
             self.replacing = True
             try:
-                archived = await asyncio.to_thread(self.replace_blocking, config, directory)
+                archived = await asyncio.to_thread(self.replace_blocking, config, directory, resolution.options)
             finally:
                 self.replacing = False
         self.context.notices.work_changed()
         return archived
 
-    def replace_blocking(self, config: SessionConfig, directory: Path) -> Path:
+    def replace_blocking(self, config: SessionConfig, directory: Path, options: RelayOptions) -> Path:
         """Archive the old session's files and start the new session in their folder (a worker thread)."""
         old = self.context.store
         old.close()
         archived = archive_session(directory)
         self.start_session(Session.create(self.context.package, config, directory=directory),
-                           Store(directory / "relay.sqlite3", clock=old.clock))
+                           Store(directory / "relay.sqlite3", clock=old.clock), options)
         return archived
 
     def admin_action(self, action: str) -> None:

@@ -110,11 +110,14 @@ class Relay:
                           replays=self.verification, copies=self.copies, bans=self.bans, pacing=self.pacing,
                           on_round_opened=self.watch_deadline)
 
-    def start_session(self, session: Session, store: Store) -> None:
-        """Serve ``session`` (with its own store) from now on, forgetting what belonged to the previous one. (The
-        caller announces the change: this may run in a worker thread.)"""
+    def start_session(self, session: Session, store: Store, options: RelayOptions | None = None) -> None:
+        """Serve ``session`` (with its own store, and ``options`` where the rules changed them) from now on,
+        forgetting what belonged to the previous one. (The caller announces the change: this may run in a worker
+        thread.)"""
         self.session = self.context.session = session
         self.store = self.context.store = store
+        if options is not None:
+            self.options = self.context.options = options
         self.admin.paused = False
         self.latest_samples, self.samples_round = [], None
         self.jobs.forget()
@@ -207,12 +210,6 @@ class Relay:
         """What a peer should know of the relay's limits (``GET /api/task``'s ``limits``)."""
         return {"hold_seconds": self.max_hold_seconds, "lease_seconds": self.options.lease_seconds,
                 "peer_timeout": self.options.peer_timeout, "result_bytes": self.result_body_limit}
-
-    def changed(self) -> None:
-        self.notices.changed()
-
-    def work_changed(self) -> None:
-        self.notices.work_changed()
 
     # -- joining and who a request is from (server.relay.admission) ---------------------------------------
     def join(self, address: str, *, agent: str = "", join_code: str = "") -> tuple[str, str]:

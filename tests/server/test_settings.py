@@ -274,8 +274,6 @@ def test_the_admin_api_checks_a_value_as_a_flag_and_a_file_do(package: Package, 
         assert not (tmp_path / "session" / "archive").exists()
 
 
-@pytest.mark.xfail(strict=True, reason="until SessionAdmin.replace_session calls server.session.rules.resolve (the "
-                   "relay's admin part, being rewritten): remove this mark then")
 def test_the_admin_api_applies_the_rules(package: Package, tmp_path: Path) -> None:
     relay = make_relay(package, tmp_path / "session", k=2, passes=1, redundancy=0.5)
     with serving(relay) as client:
