@@ -12,7 +12,6 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -27,18 +26,8 @@ from server.relay.app import RelayPaths, create_app
 from server.relay.options import RelayOptions
 from server.relay.sqlite_store import Store
 from server.relay.state import Relay
-from server.session.package import TASK_FIELDS, Package, build_package
+from server.session.package import TASK_FIELDS, Package
 from server.session.session import Session, SessionConfig
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
-# 4 chunks of 256 rows, 2 local epochs: a unit trains in milliseconds and still learns the majority.
-SMALL_SETTINGS: dict[str, Any] = {"chunks": 4, "examples": 1024, "epochs": 2}
-
-
-@pytest.fixture(scope="module")
-def package(tmp_path_factory: pytest.TempPathFactory) -> Package:
-    return build_package(str(REPO_ROOT / "examples" / "majority_task.py"), SMALL_SETTINGS,
-                         tmp_path_factory.mktemp("package") / "package", seed=0, log=lambda _: None)
 
 
 def task_info(package: Package) -> str:

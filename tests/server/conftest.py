@@ -1,12 +1,12 @@
-"""Fixtures the relay tests share (plain helpers are in ``relay_fixtures.py`` and ``relay_process.py``)."""
+"""Fixtures the relay tests share (plain helpers are in ``relay_fixtures.py`` and ``relay_process.py``;
+``majority_importable`` is in tests/conftest.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from relay_fixtures import EXAMPLE, build_small_package
+from relay_fixtures import build_small_package
 
 from server.session.package import Package
 
@@ -23,11 +23,3 @@ def package(tmp_path_factory: pytest.TempPathFactory, package_settings: dict[str
     """The majority example's small package, built once per module (4 chunks of 256 rows unless the module's
     ``package_settings`` say otherwise). Relays made on it keep their sessions in the test's own folder."""
     return build_small_package(tmp_path_factory.mktemp("package"), **package_settings)
-
-
-@pytest.fixture
-def majority_importable(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """``examples/`` on sys.path for this test: native peers import ``majority_task`` as a relay started with
-    ``--task majority_task:MajorityTask`` (and PYTHONPATH=examples) does."""
-    monkeypatch.syspath_prepend(str(EXAMPLE.parent))
-    yield

@@ -139,11 +139,8 @@ def test_a_result_too_many_versions_behind_is_refused(package: Package, tmp_path
 
 
 @pytest.mark.skipif(bool(RelayPaths().missing()), reason="set-up has not built web/node_modules and wheels/")
-def test_sigkill_mid_async_resumes_with_nothing_lost_and_replays_exactly(tmp_path: Path,
-                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    from relay_fixtures import EXAMPLE
-
-    monkeypatch.syspath_prepend(str(EXAMPLE.parent))
+@pytest.mark.usefixtures("majority_importable")  # the peers import majority_task as the relay does
+def test_sigkill_mid_async_resumes_with_nothing_lost_and_replays_exactly(tmp_path: Path) -> None:
     session_dir, log = tmp_path / "session", tmp_path / "serve.log"
     relayd = Relayd(session_dir, free_port(), log, "--mode", "async", "--buffer", "2", "--aggregate", "mean",
                     "--keep-results", "all")  # (the replay of the arrivals reads every message)

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-from relay_fixtures import EXAMPLE
 
 from runtime.peer import Peer
 from server.bench.load import relay_process, run_async
@@ -126,9 +125,8 @@ async def too_large(host: str, port: int, auth: str) -> tuple[int, bytes, bool]:
 
 
 @pytest.mark.skipif(bool(RelayPaths().missing()), reason="set-up has not built web/node_modules and wheels/")
-def test_a_trickled_upload_gets_408_at_the_deadline_while_others_are_answered_at_once(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.syspath_prepend(str(EXAMPLE.parent))  # the peer imports majority_task as the relay does
+@pytest.mark.usefixtures("majority_importable")  # the peer imports majority_task as the relay does
+def test_a_trickled_upload_gets_408_at_the_deadline_while_others_are_answered_at_once(tmp_path: Path) -> None:
     arguments = ["--task", "majority_task:MajorityTask", "--set", "chunks=4", "--set", "examples=1024",
                  "--session-dir", str(tmp_path / "session"), "-k", "1", "--passes", "2", "--admin-token", "a",
                  "--body-timeout", str(DEADLINE), "--header-timeout", str(DEADLINE)]
