@@ -137,7 +137,7 @@ class Killer:
         self.relay, self.session_dir, self.uploads = relay, session_dir, uploads
         self.rng = random.Random(seed)
         self.k = k
-        self.merge_seconds = 0.05  # the last observed time from a round's last result to its checkpoint
+        self.merge_seconds = 0.01  # the window a merge kill aims into: the first half of the merge timed last
         self.observer = httpx.Client(base_url=relay.url, timeout=5)
 
     def status(self) -> dict[str, Any] | None:
@@ -199,15 +199,15 @@ class Killer:
         return Kill(trigger, interrupted, latest, restart)
 
     def learn_merge_time(self) -> None:
-        """Time one merge, from its round's last result to its checkpoint (the window the ``merge`` trigger aims
-        into)."""
+        """Time one merge, from its round's last result to its checkpoint; the ``merge`` trigger aims into its
+        first half (a moment drawn past the checkpoint would be a kill between requests)."""
         before, _ = disk_state(self.session_dir)
         if not self.next_full_round(10):
             return
         full_at, deadline = time.monotonic(), time.monotonic() + 10
         while time.monotonic() < deadline:  # (the checkpoint's ``latest`` changing on disk)
             if disk_state(self.session_dir)[0] > before:
-                self.merge_seconds = max(0.01, 1.5 * (time.monotonic() - full_at))
+                self.merge_seconds = max(0.001, 0.5 * (time.monotonic() - full_at))
                 return
             time.sleep(0.001)
 
