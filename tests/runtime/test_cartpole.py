@@ -17,7 +17,7 @@ def balancing_action(obs: np.ndarray) -> int:
     return int(sum(g * float(o) for g, o in zip(GAINS, obs, strict=True)) > 0)
 
 
-def action_for(seed: int, step: int, obs: np.ndarray, rng: np.random.Generator) -> int:
+def action_for(seed: int, obs: np.ndarray, rng: np.random.Generator) -> int:
     """Even seeds balance (and reach truncation), odd seeds act at random, every fifth mixes both."""
     if seed % 5 == 0:
         return balancing_action(obs) if rng.random() < 0.9 else int(rng.integers(2))
@@ -35,7 +35,7 @@ def test_matches_gymnasium_step_for_step() -> None:
         assert obs.tobytes() == ref_obs.tobytes()
         rng = np.random.default_rng(10_000 + seed)
         for step in range(600):
-            action = action_for(seed, step, obs, rng)
+            action = action_for(seed, obs, rng)
             ref_obs, ref_reward, ref_term, ref_trunc, _ = reference.step(action)
             obs, reward, term, trunc = ours.step(action)
             assert obs.tobytes() == ref_obs.tobytes(), (seed, step)

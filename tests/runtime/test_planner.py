@@ -186,11 +186,12 @@ def test_guard_allows_fedavg_and_forced_runs() -> None:
 
 
 def test_guard_threshold() -> None:
-    assert STATEFUL_MERGE_MAX_SHARE == 0.5
     check_merge_guard("fedavgm", RoundPlan(55, 5, 3, 0))  # 9% per round: the setting FedAvgM is made for
     check_merge_guard("fedadam", RoundPlan(11, 5, 3, 0))  # 45%: below the limit
+    at_the_limit = RoundPlan(10, 5, 3, 0)
+    assert at_the_limit.share_of_data_per_round() == STATEFUL_MERGE_MAX_SHARE  # (the case below is the boundary)
     with pytest.raises(MergeGuardRefused, match="50%"):
-        check_merge_guard("fedadam", RoundPlan(10, 5, 3, 0))  # exactly half: refused
+        check_merge_guard("fedadam", at_the_limit)  # exactly half: refused
 
 
 def test_guard_unknown_merge() -> None:

@@ -29,7 +29,7 @@ from relay_fixtures import EXAMPLE, REPO_ROOT, build_small_package
 
 from runtime import wire
 from runtime.weights import WeightSpec
-from server.bench import BENCHES
+from server.bench import run_bench, summary
 from server.bench.attack_peers import (
     CLAIMED_EXAMPLES,
     RunSpec,
@@ -312,8 +312,14 @@ def test_the_default_aggregator_is_read_from_serve_help() -> None:
     assert sections[0].aggregators == ("mean", "default")
 
 
-def test_attacks_is_a_registered_bench() -> None:
-    assert BENCHES["attacks"] == ("server.bench.attacks",)
+def test_attacks_is_a_registered_bench(capsys: pytest.CaptureFixture[str]) -> None:
+    """``peertrain bench attacks`` reaches this bench: listed as built, its --help shows the bench's own options."""
+    assert re.search(r"^\s+attacks\s+built$", summary(), flags=re.M), summary()
+    with pytest.raises(SystemExit) as exited:
+        run_bench("attacks", ["--help"])
+    assert exited.value.code == 0
+    shown = capsys.readouterr().out
+    assert "peertrain bench attacks" in shown and "--aggregators" in shown and "--attacks" in shown, shown
 
 
 def test_native_peers_drive_a_real_relay_with_a_flipping_attacker_and_sybils(tmp_path: Path) -> None:

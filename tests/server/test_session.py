@@ -285,7 +285,7 @@ def test_carried_units_keep_every_unit_once_per_pass_and_survive_a_restart(tmp_p
     assert moved and all(r > from_round for r, _, from_round in moved)
 
 
-def test_without_carrying_a_missing_unit_is_dropped_as_before(tmp_path: Path) -> None:
+def test_without_carrying_a_missing_unit_is_dropped_as_before() -> None:
     package = toy_package(6)
     session = Session.create(package, SessionConfig(merge="fedavg", participants=2, passes=1, seed=3))
     first = session.assignments()
