@@ -129,6 +129,9 @@ def one_session(browser: Browser, tmp_path: Path, name: str, *relay_args: str) -
             "worker_throttle": answer}
 
 
+# Three whole sessions in a row (each: three pages join one after another, then 4 rounds with a page slowed 4x):
+# two took 510 s on the loaded 2 cores, more than half the suite's 900 s per test.
+@pytest.mark.timeout(2400)
 def test_a_slowed_page_and_backups_merge_every_unit_once(browser: Browser, tmp_path: Path) -> None:
     without = one_session(browser, tmp_path, "no-backups", "--no-backups")
     default = one_session(browser, tmp_path, "backups")
