@@ -1,9 +1,11 @@
 """``peertrain bench tasks`` (CartPole part): rounds until the greedy return first reaches 500.
 
-The claim under test: with two participants playing 32 episodes each per round and FedAvg merging, the
-greedy return went from about 9 to 500 within 25 to 30 rounds. Here, per seed, an in-process session
-runs the planner's assignments: every participant trains its unit from the same global weights, the
-results are merged with FedAvg and the merged policy is evaluated on the task's fixed seeded episodes.
+The claim under test: with two participants playing 32 episodes each per round, the greedy return went from
+about 9 to 500 within 25 to 30 rounds. Here, per seed, an in-process ``server.session.Session`` runs the round
+``peertrain serve`` runs: the package built with that seed, the session's own config (``SessionConfig``: the
+merge, FedAvg by default, after serve's default aggregator, centered clipping), every participant training its
+unit from the same global weights (``server.simulation.sweep_worker.run_round``, what the simulator runs), the
+merged policy validated by the session on the task's fixed seeded episodes.
 Printed per seed: the first round (counting from 1) whose greedy return is 500, the final greedy
 return, seconds per round; then how many seeds reached 500 within the round limit (target: 4 of 5).
 """
@@ -12,15 +14,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from runtime.merge import Result, make_merge
-from runtime.planner import RoundPlan
-from runtime.tasks.cartpole import CartPoleTask
+from server.session.config import DEFAULT_AGGREGATE
+from server.session.package import build_package
+from server.session.session import Session, SessionConfig
+from server.simulation.sweep_worker import one_blas_thread, run_round
 
 SOLVED_RETURN = 500.0
 TARGET_SEEDS = 4
@@ -43,28 +47,26 @@ class SessionRecord:
 
 def run_session(
     settings: Mapping[str, Any], seed: int, *, rounds: int, participants: int = 2, merge: str = "fedavg",
-    stop_when_solved: bool = False,
+    stop_when_solved: bool = False, aggregate: str = DEFAULT_AGGREGATE,
 ) -> SessionRecord:
-    """One in-process session of ``rounds`` rounds: planner assignments -> train_unit -> merge -> validate."""
-    task = CartPoleTask(settings)
-    data = task.prepare()
-    passes = -(-rounds * participants // data.num_units)
-    plan = RoundPlan(num_units=data.num_units, participants_per_round=participants, passes=passes, seed=seed)
-    method = make_merge(merge)
-    weights = task.initial_weights(seed)
+    """One in-process session of ``rounds`` rounds, as ``serve`` runs it: the session's assignments -> train_unit
+    -> aggregate and merge -> validate."""
     record = SessionRecord(seed)
-    for round_index in range(rounds):
-        start = time.perf_counter()
-        results = []
-        for assignment in plan.units_for_round(round_index):
-            unit = task.work_unit(data, assignment.unit_index, assignment.unit_seed)
-            result = task.train_unit(weights, unit)
-            results.append(Result(result.weights, result.num_examples))
-        weights = method.merge(weights, results)
-        record.greedy_returns.append(task.validate(weights, data.validation)["greedy_return"])
-        record.seconds.append(time.perf_counter() - start)
-        if stop_when_solved and record.greedy_returns[-1] >= SOLVED_RETURN:
-            break
+    with tempfile.TemporaryDirectory(prefix="peertrain-cartpole-") as folder:
+        package = build_package("cartpole", dict(settings), Path(folder) / "package", seed=seed, check=False,
+                                log=lambda _: None)
+        passes = -(-rounds * participants // package.data.num_units)
+        config = SessionConfig(merge=merge, aggregate=aggregate, participants=participants, passes=passes, seed=seed,
+                               max_rounds=rounds)
+        with one_blas_thread():
+            session = Session.create(package, config)
+            while not session.done:
+                start = time.perf_counter()
+                entry = run_round(session)
+                record.seconds.append(time.perf_counter() - start)
+                record.greedy_returns.append(float(entry["metrics"]["greedy_return"]))
+                if stop_when_solved and record.greedy_returns[-1] >= SOLVED_RETURN:
+                    break
     return record
 
 
@@ -86,7 +88,8 @@ def run(args: argparse.Namespace) -> int:
 
     settings: dict[str, Any] = {"episodes_per_unit": args.cartpole_episodes, **parse_sets(args.cartpole_sets)}
     rounds, participants, merge = args.cartpole_rounds, args.cartpole_participants, args.cartpole_merge
-    print(f"cartpole: {participants} participants x {settings['episodes_per_unit']} episodes per round, {merge}, "
+    print(f"cartpole: {participants} participants x {settings['episodes_per_unit']} episodes per round, {merge} "
+          f"after {DEFAULT_AGGREGATE} (serve's round), "
           f"up to {rounds} rounds; settings {json.dumps(settings)}")
     solved, figures = 0, []
     for seed in range(args.cartpole_seeds):
