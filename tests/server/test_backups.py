@@ -62,8 +62,8 @@ def test_a_lying_backup_is_caught_by_the_comparison(package: Package, tmp_path: 
                        ban_addresses=False)
     with serving(relay) as client:
         first, slow, other, liar = (HttpPeer(client) for _ in range(4))
-        assert relay.replays is not None
-        relay.replays.first_queued.add(liar.peer_id)  # (a liar whose first result was honest, long ago)
+        assert relay.verification.queue is not None
+        relay.verification.queue.first_queued.add(liar.peer_id)  # (a liar whose first result was honest, long ago)
         job, slow_job, other_job = first.assignment(), slow.assignment(), other.assignment()
         assert first.train_and_upload(job).status_code == 200
         backup = liar.assignment()
@@ -90,7 +90,7 @@ def test_no_backup_before_a_unit_is_slower_than_the_median(package: Package, tmp
         started = time.time()
         assert first.train_and_upload(job).status_code == 200
         took = time.time() - started
-        median = relay.backup_after_seconds()
+        median = relay.copies.backup_after_seconds()
         assert median is not None and median >= took * 0.5
         time.sleep(max(0.0, median - (time.time() - started)) + 0.05)  # the slow unit is out longer than that
         assert idle.work()["copy"] == "backup"
@@ -113,7 +113,7 @@ def test_a_held_request_wakes_when_a_unit_crosses_the_backup_threshold(package: 
         first, slow, idle = HttpPeer(client), HttpPeer(client), HttpPeer(client)
         job, _ = first.assignment(), slow.assignment()
         assert first.train_and_upload(job).status_code == 200
-        threshold = relay.backup_after_seconds()
+        threshold = relay.copies.backup_after_seconds()
         assert threshold is not None and threshold < 5
         asked = time.monotonic()
         answer = idle.work(hold=15)
@@ -130,8 +130,8 @@ def test_an_honest_backup_that_won_is_not_banned_when_the_original_lies(package:
         first, liar, other, idle = (HttpPeer(client) for _ in range(4))
         job, liar_job, other_job = first.assignment(), liar.assignment(), other.assignment()
         assert first.train_and_upload(job).status_code == 200
-        assert relay.replays is not None
-        relay.replays.first_queued.add(idle.peer_id)  # (its first result was checked long ago)
+        assert relay.verification.queue is not None
+        relay.verification.queue.first_queued.add(idle.peer_id)  # (its first result was checked long ago)
         backup = idle.assignment()
         assert backup["slot"] == liar_job["slot"] and backup["copy"] == "backup"
         assert idle.train_and_upload(backup).status_code == 200  # the backup wins the race
@@ -153,10 +153,10 @@ def test_when_both_copies_of_a_unit_lie_both_are_banned_and_an_honest_peer_train
                        ban_addresses=False)
     with serving(relay) as client:
         first, liar, other, backup_liar = (HttpPeer(client) for _ in range(4))
-        assert relay.replays is not None
+        assert relay.verification.queue is not None
         job, liar_job, other_job = first.assignment(), liar.assignment(), other.assignment()
         assert first.train_and_upload(job).status_code == 200
-        relay.replays.first_queued.add(backup_liar.peer_id)
+        relay.verification.queue.first_queued.add(backup_liar.peer_id)
         backup = backup_liar.assignment()
         assert backup["slot"] == liar_job["slot"] and backup["copy"] == "backup"
         assert backup_liar.upload(backup["round"], backup["slot"], flipped(backup_liar, backup, relay)).status_code \
