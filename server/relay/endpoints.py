@@ -27,7 +27,7 @@ shape under ``/api`` (``not_found``, ``method_not_allowed``: ``routing_refusal``
 
 Each endpoint declares what it takes and answers, every refusal code included (``@operation``,
 ``server.relay.openapi``); ``GET /api/openapi.json`` is built from those declarations and ``API``, and
-``tests/server/test_openapi.py`` fails when a ``Refusal`` code raised in ``server/relay`` is not declared.
+``tests/server/relay/test_openapi.py`` fails when a ``Refusal`` code raised in ``server/relay`` is not declared.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Each endpoint function in ``server.relay.endpoints`` carries an ``Operation`` (`
 who may call it, its query and path parameters, its request body and its answers, every refusal among them as
 (status, ``error`` code). ``document(API)`` walks the ``Mount``'s routes, takes each route's path and methods
 from Starlette and the rest from its endpoint's declaration, so the document cannot drift from the code the way
-a hand-kept file would: a route without a declaration fails the build (and ``tests/server/test_openapi.py``),
+a hand-kept file would: a route without a declaration fails the build (and ``tests/server/relay/test_openapi.py``),
 and that test also greps every ``Refusal`` code out of ``server/relay/*.py`` and asks the document for it.
 
 A refusal is documented per status as a JSON object whose ``error`` is an ``enum`` of the codes the operation

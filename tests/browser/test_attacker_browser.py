@@ -58,7 +58,7 @@ def test_a_page_uploading_flipped_updates_is_refused_or_outvoted(browser: Browse
     # --no-backups: the intercepted page is the slow one (each of its uploads waits for the weights the route
     # handler fetches), so with backups on an idle honest page could train its unit again, the round could merge
     # without it and every flipped upload arrive for a round already merged (passed on unchanged, nothing
-    # poisoned). Backups are not what this test is about (tests/server/test_backups.py is); without them a round
+    # poisoned). Backups are not what this test is about (tests/server/relay/test_backups.py is); without them a round
     # cannot merge before the intercepted page's upload for it is answered, so that upload is for the open round.
     relay, url = start_relay(*task_args("arith", ARITH_SETTINGS, "-k", "3", "--passes", "2", "--min-peers", "1",
                                         "--no-backups", "--session-dir", str(session_dir)),

@@ -41,7 +41,7 @@ def test_a_subtly_poisoning_page_is_banned_after_its_first_checked_result(browse
     relay, url = start_relay(*task_args("arith", ARITH_SETTINGS, "-k", "3", "--passes", "2", "--min-peers", "1",
                                         "--no-ban-addresses",  # all three pages come from 127.0.0.1
                                         # The intercepted page is the slow one: a backup would race it and turn
-                                        # its first check into a copy comparison (tests/server/test_backups.py).
+                                        # its first check into a copy comparison (tests/server/relay/test_backups.py).
                                         "--no-backups",
                                         "--session-dir", str(session_dir)), log_name="relay-replay-ban.log")
     poisoner = Poisoner(url, poison=subtle)

@@ -55,7 +55,7 @@ def test_closed_page_mid_unit_is_covered_by_lease_expiry(browser: Browser, tmp_p
     # One round of two units of 60 steps each (~3 s in Pyodide); a lease lasts 20 s, ample on busy cores.
     session_dir = tmp_path / "session"
     settings = {**ARITH_SETTINGS, "chunks": 2, "steps": 60}
-    # --no-backups: an idle page would race the closed page's unit first (tests/server/test_backups.py); this
+    # --no-backups: an idle page would race the closed page's unit first (tests/server/relay/test_backups.py); this
     # test is about the lease running out
     relay, url = start_relay(*task_args("arith", settings, "-k", "2", "--passes", "1", "--lease-seconds", "20",
                                         "--no-backups", "--session-dir", str(session_dir)),

@@ -45,7 +45,7 @@ def make_relay(package: Package, session_dir: Path | None, *, k: int = 2, passes
                config: dict[str, Any] | None = None, **options: Any) -> Relay:
     """A fresh session on ``package`` (checkpoints in ``session_dir`` when given) behind a relay; ``config``:
     more session settings (``aggregate``, ...), ``options``: relay options. Backups of slow units are off
-    unless ``backup_after`` is given: these tests script who trains what (tests/server/test_backups.py). Every
+    unless ``backup_after`` is given: these tests script who trains what (tests/server/relay/test_backups.py). Every
     result message is kept unless ``keep_results`` is given: these tests replay whole sessions."""
     session = Session.create(package, SessionConfig(participants=k, passes=passes, **(config or {})),
                              directory=session_dir)

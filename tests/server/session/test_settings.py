@@ -34,7 +34,7 @@ from server.session.settings import (
     setting,
 )
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 EXAMPLE_CONFIG = REPO_ROOT / "examples" / "session.toml"
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 

@@ -13,7 +13,7 @@ from server import cli
 from server.session.local_files import folder_files, peer_folders
 from server.simulation.local_sim import LocalPeers
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 CSV_TASK = REPO_ROOT / "examples" / "csv_task.py"
 DATA = REPO_ROOT / "examples" / "data" / "csv"
 

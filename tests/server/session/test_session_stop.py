@@ -7,7 +7,7 @@ from pathlib import Path
 from server.session.package import build_package
 from server.session.session import Session, SessionConfig
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "majority_task.py"
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "majority_task.py"
 
 
 def test_stop_survives_a_restart(tmp_path: Path) -> None:

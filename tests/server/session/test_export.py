@@ -22,9 +22,9 @@ from server.session.export import exported_weights, flat_vector, named_tensors
 from server.session.package import Package, build_package
 from server.session.session import Session, SessionConfig
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 TORCH_PYTHON = Path(os.environ.get("PEERTRAIN_TORCH_PYTHON", ROOT / ".venv-torch" / "bin" / "python"))
-ORACLE = Path(__file__).with_name("hf_oracle.py")
+ORACLE = Path(__file__).resolve().parents[1] / "hf_oracle.py"
 ARITH = {"tokenizer": "char", "num_examples": 400, "chunks": 4, "n_layer": 2, "n_embd": 32, "epochs": 1,
          "validation_size": 20, "generalization_size": 10, "beyond_range_size": 5}
 

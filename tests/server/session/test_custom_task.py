@@ -13,7 +13,7 @@ from runtime.tasks import TaskError, load_task, task_class
 from server import cli
 from server.session.package import Package, build_package
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 EXAMPLE = REPO_ROOT / "examples" / "majority_task.py"
 
 

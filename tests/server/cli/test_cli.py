@@ -12,7 +12,7 @@ from server import cli
 from server.browser.launcher import relay_process
 from server.relay.app import RelayPaths
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_help_lists_every_command(capsys: pytest.CaptureFixture[str]) -> None:

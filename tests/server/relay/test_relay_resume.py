@@ -47,7 +47,7 @@ def test_restart_after_the_last_result_but_before_the_merge_merges(tmp_path: Pat
         job_a, job_b = a.assignment(), b.assignment()
         assert a.train_and_upload(job_a).status_code == 200
         # The last result reaches SQLite, then the process dies before the merge task runs.
-        relay.accept_result(b.peer_id, 0, job_b["slot"], b.train(job_b))
+        relay.mode.accept(b.peer_id, 0, job_b["slot"], b.train(job_b))
         assert relay.session.round == 0
     restarted = Relay(session=Session.restore(session_dir, package), package=package,
                       store=Store(session_dir / "relay.sqlite3"), options=relay.options)

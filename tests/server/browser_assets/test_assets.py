@@ -81,7 +81,7 @@ def test_wrong_pyodide_version_is_refused(tmp_path: Path) -> None:
 
 
 def test_real_lock_pins_the_numpy_build_from_design() -> None:
-    core = Path(__file__).resolve().parents[2] / "web" / "node_modules" / "pyodide"
+    core = Path(__file__).resolve().parents[3] / "web" / "node_modules" / "pyodide"
     if not (core / "pyodide-lock.json").is_file():
         pytest.skip("web/node_modules/pyodide is not installed (run `make setup`)")
     numpy = assets.load_official_lock(core)["packages"]["numpy"]

@@ -21,7 +21,7 @@ from server.relay.checks import LOCAL_NOT_COVERED
 from server.session.package import Package, build_package
 from server.session.session import Session, SessionConfig
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 CSV_TASK = REPO_ROOT / "examples" / "csv_task.py"
 DATA = REPO_ROOT / "examples" / "data" / "csv"
 PEER_FILES = [DATA / "peers" / f"peer-{n}" / "rows.csv" for n in (1, 2, 3)]
