@@ -29,10 +29,16 @@ def with_test_flag(url: str) -> str:
     return urlunsplit((parts.scheme, parts.netloc, parts.path or "/", urlencode(query), parts.fragment))
 
 
+# How long a relay may take to print its URL and answer /healthz. It builds the session's package first (a custom
+# task's tokenizer, a local task's files): seconds alone, but past 60 s under a loaded CI machine (seen here, three
+# browser tests at once at load 13). An event ends the wait; this only bounds it.
+RELAY_START_SECONDS = 240
+
+
 def launch_relay(*extra_args: str, log_path: Path) -> tuple[subprocess.Popen[bytes], str]:
     """Start ``peertrain serve --port 0`` (``server.harness.RelayProcess``) with its output in ``log_path``;
     returns the process, once ``/healthz`` answers, and the URL it printed. The caller stops the process."""
-    relay = RelayProcess(extra_args, log=log_path, start_timeout_s=60)
+    relay = RelayProcess(extra_args, log=log_path, start_timeout_s=RELAY_START_SECONDS)
     relay.start()
     assert relay.process is not None
     return relay.process, relay.page_url
@@ -41,7 +47,7 @@ def launch_relay(*extra_args: str, log_path: Path) -> tuple[subprocess.Popen[byt
 @contextmanager
 def relay_process(*extra_args: str, log_path: Path | None = None) -> Iterator[str]:
     """Run ``peertrain serve --port 0`` in a child process; yields the URL it printed (stopped after)."""
-    with RelayProcess(extra_args, log=log_path, start_timeout_s=60) as relay:
+    with RelayProcess(extra_args, log=log_path, start_timeout_s=RELAY_START_SECONDS) as relay:
         yield relay.page_url
 
 
