@@ -23,19 +23,18 @@ import numpy as np
 from runtime.tasks import UnitResult
 from server.relay.book import RoundBook
 from server.relay.checks import check_update_norm, read_result
-from server.relay.context import RelayContext
+from server.relay.context import Part, RelayContext
 from server.relay.jobs import Jobs
 from server.relay.people import Participants
 from server.relay.refusal import Refusal
-from server.relay.sqlite_store import Store, StoredResult
+from server.relay.sqlite_store import StoredResult
 from server.session.buffered import effective_weights, entry_assignment, update_from, validates
-from server.session.session import Session
 
 ASYNC_ROUND = -1  # the leases table's round for the asynchronous stream of units
 NORMS_KEPT = 50  # accepted update norms the relative outlier check compares with
 
 
-class AsyncBuffer:
+class AsyncBuffer(Part):
     """The async stream: hand-out in schedule order, results judged against the version they started from, a
     merge of the oldest K. Its state: the weights of recent versions, the version each entry was handed out with,
     the last accepted update norms and the first schedule entry not back yet."""
@@ -46,14 +45,6 @@ class AsyncBuffer:
         self.granted: dict[int, int] = {}  # schedule entry -> the version it was handed out with
         self.norms: list[float] = []
         self.next = 0
-
-    @property
-    def session(self) -> Session:
-        return self.context.session
-
-    @property
-    def store(self) -> Store:
-        return self.context.store
 
     def start(self) -> None:
         """On start: results marked for merges the checkpoint lacks go back to the buffer; keep the weights."""

@@ -74,3 +74,22 @@ class RelayContext:
     @property
     def async_mode(self) -> bool:
         return self.session.config.mode == "async"
+
+
+class Part:
+    """A part of the relay that reads the served session, its store and the options through the shared context
+    (they change in place when a new session is served)."""
+
+    context: RelayContext
+
+    @property
+    def session(self) -> Session:
+        return self.context.session
+
+    @property
+    def store(self) -> Store:
+        return self.context.store
+
+    @property
+    def options(self) -> RelayOptions:
+        return self.context.options

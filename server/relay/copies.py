@@ -39,14 +39,12 @@ from runtime import wire
 from runtime.planner import Assignment
 from server.relay.book import RoundBook
 from server.relay.checks import check_update_norm, read_result, relay_count
-from server.relay.context import RelayContext
+from server.relay.context import Part, RelayContext
 from server.relay.jobs import Jobs
-from server.relay.options import RelayOptions
 from server.relay.refusal import Refusal
 from server.relay.replay_checks import ReplayChecks
-from server.relay.sqlite_store import Lease, Store, StoredResult
+from server.relay.sqlite_store import Lease, StoredResult
 from server.relay.verify import DISPUTE, Verdict, matches, sampled
-from server.session.session import Session
 
 LOG = logging.getLogger("peertrain.relay")
 UNIT_TIMES_KEPT = 50  # merged units whose hand-out-to-result time sets the backups' yardstick
@@ -62,7 +60,7 @@ def engine_of(message: bytes) -> str:
     return str(wire.decode(message)[0].meta.get("engine", ""))
 
 
-class UnitCopies:
+class UnitCopies(Part):
     """Which slots get a second copy and who trains it, backups, and comparing a second result with the merged one.
     A dispute goes to the host's replays (``replays``); its verdict comes back through ``settle_disputes``."""
 
@@ -71,18 +69,6 @@ class UnitCopies:
         # Hand-out to result of the session's last merged units: the backups' yardstick.
         self._unit_seconds: deque[float] = deque(maxlen=UNIT_TIMES_KEPT)
         self._backups: dict[int, dict[str, list[int]]] = {}  # round -> units that got a backup, those that won
-
-    @property
-    def session(self) -> Session:
-        return self.context.session
-
-    @property
-    def store(self) -> Store:
-        return self.context.store
-
-    @property
-    def options(self) -> RelayOptions:
-        return self.context.options
 
     # -- which slots get a second copy, and who may train it ------------------------------------------
     def redundant(self, round_index: int, slot: int) -> bool:
