@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from runtime import wire
-from runtime.planner import Assignment
+from runtime.planner import Assignment, RoundOutOfRange
 from runtime.tasks import UnitResult
 from server.relay.bans import Bans
 from server.relay.book import RoundBook
@@ -28,6 +28,7 @@ from server.relay.people import Participants
 from server.relay.refusal import Refusal
 from server.relay.replay_checks import ReplayChecks
 from server.relay.sqlite_store import StoredResult
+from server.session.config import SessionError
 
 
 def min_peers(context: RelayContext) -> int:
@@ -227,15 +228,22 @@ class SyncRounds:
         return session.complete_round(results, extra=extra or None, carry_missing=True)
 
     def progress(self) -> dict[str, int]:
-        """The status's ``round_progress``: slots, results, live leases and live second copies."""
+        """The status's ``round_progress``: slots, results, live leases and live second copies. The status is read
+        while a merge runs in its worker thread, which may move the round on (or end the session) meanwhile: the
+        round is read once, and a round the plan no longer has reads as nothing to do."""
         session, store = self.context.session, self.context.store
-        if session.done:
+        round_index = session.round
+        try:
+            slots = 0 if session.done else len(session.assignments(round_index))
+        except (RoundOutOfRange, SessionError):  # (the merge ended the session, or opened a round with carried units)
+            slots = 0
+        if not slots:
             return {"slots": 0, "done": 0, "leased": 0, "copies": 0}
         now = store.clock()
-        results, leases = store.result_slots(session.round), store.leases(session.round)
-        return {"slots": len(session.assignments()), "done": len(results),
+        results, leases = store.result_slots(round_index), store.leases(round_index)
+        return {"slots": slots, "done": len(results),
                 "leased": sum(1 for s, lease in leases.items() if s not in results and lease.deadline >= now),
-                "copies": sum(1 for lease in store.leases(session.round, 1).values() if lease.deadline >= now)}
+                "copies": sum(1 for lease in store.leases(round_index, 1).values() if lease.deadline >= now)}
 
     def weights_of_version(self, version: int) -> bytes | None:
         """Only the current round's weights are served in sync mode (``Relay.weights_of``)."""
