@@ -1,7 +1,8 @@
 """Bans (``Bans``, a part of the relay): a peer whose result fails its replay, or that claims more examples than
 its unit holds, loses its token for the session; unless ``--no-ban-addresses`` its address may not join again;
-its results of the open round are dropped so their slots are handed out again (or a copy that matched one of them
-takes its place). Stored in SQLite, so a ban survives a restart; the admin API lifts one (``unban``)."""
+its results of the open round are dropped and its live leases released, so their slots are handed out again at once
+(or a copy that matched one of them takes its place): nothing waits for a banned peer. Stored in SQLite, so a ban
+survives a restart; the admin API lifts one (``unban``)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,9 @@ class Bans:
         if store.ban_reason(peer_id) is None:
             store.ban(peer_id, reason)
             store.count("peers_banned")
+        released = store.release_leases_of(peer_id)
+        if released:
+            store.count("leases_released_by_ban", released)
         for slot in store.remove_results_of(peer_id, round_index):
             self.book.drop(round_index, slot)
             store.count("results_dropped_by_ban")

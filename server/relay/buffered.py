@@ -11,7 +11,9 @@ them). Leases use round -1 and the schedule entry as their slot.
 
 Crash safety: a merge marks its results in SQLite before its checkpoint is written; on start, results marked
 for a merge the checkpoint does not hold go back to the buffer, so a SIGKILL loses nothing and merges nothing
-twice. Host replays, redundancy and backups are synchronous-mode features; ``serve`` says so.
+twice. Host replays, redundancy and backups are synchronous-mode features; ``serve`` says so. Liveness: a unit
+refused to one peer goes to another connected peer; when every connected peer was refused for it, it is handed
+out again (the weights have moved on meanwhile, or the refused peer tries once more).
 """
 
 from __future__ import annotations
@@ -81,11 +83,14 @@ class AsyncBuffer(Part):
                                 held.deadline)
         while self.next < len(schedule) and self.next in done:
             self.next += 1
+        connected = self.store.active_peers(self.context.options.peer_timeout)
         for entry in range(self.next, len(schedule)):
             lease = leases.get(entry)
-            if entry in done or (lease is not None and lease.deadline >= now) or \
-                    self.book.refused(ASYNC_ROUND, entry, peer_id):
+            if entry in done or (lease is not None and lease.deadline >= now):
                 continue
+            if self.book.refused(ASYNC_ROUND, entry, peer_id) and \
+                    not all(self.book.refused(ASYNC_ROUND, entry, peer) for peer in connected):
+                continue  # (another connected peer may take it; when none may, the stream has moved on: try again)
             if lease is not None:
                 self.store.count("leases_expired")
             granted = self.store.grant(ASYNC_ROUND, entry, schedule[entry][1], peer_id,
@@ -168,6 +173,19 @@ class AsyncBuffer(Part):
             "entries": [row[1] for row in rows], "staleness_exponent": self.staleness_exponent})
         self.keep_version()
         return entry
+
+    def waiting(self) -> str | None:
+        """What the stream waits for, in words (None: a peer asking now is handed a unit)."""
+        now, schedule = self.store.clock(), self.session.plan.schedule
+        done = self.store.arrived_entries()
+        out = sum(1 for entry, lease in self.store.leases(ASYNC_ROUND).items()
+                  if entry not in done and lease.deadline >= now)
+        unsent = len(schedule) - len(done) - out
+        if unsent > 0:
+            if not self.store.active_peers(self.context.options.peer_timeout):
+                return f"{unsent} unit{'s' if unsent > 1 else ''} wait for a peer (none is connected)"
+            return None
+        return f"every unit is out: waiting for {out} result{'s' if out > 1 else ''}" if out else None
 
     def progress(self) -> dict[str, int]:
         """The status's ``round_progress`` in async mode: results waiting in the buffer out of K."""

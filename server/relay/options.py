@@ -40,8 +40,10 @@ class RelayOptions:
     peer_timeout: float = field(default=30.0, metadata=setting(
         help="silence after which a peer no longer counts as connected", above=0, what=SECONDS, metavar="S",
         commands=("serve",)))
-    min_peers: int | None = field(default=None, metadata=setting(
-        help="peers needed before a round starts", minimum=1, metavar="N", default_text="k", commands=("serve",)))
+    min_peers: int = field(default=1, metadata=setting(
+        help="peers connected before the session's first round starts: a gate the host sets, never applied to a "
+        "later round (1: none; a lone peer trains every unit of a round in turn)", minimum=1, metavar="N",
+        commands=("serve",)))
     max_update_norm: float = field(default=1e4, metadata=setting(
         help="refuse a result whose update (result - global) has a larger L2 norm", above=0, metavar="NORM",
         commands=("serve",)))

@@ -113,6 +113,12 @@ class ReplayChecks:
         if self.queue is not None:
             await self.queue.wait(round_index)
 
+    def pending(self, round_index: int) -> int:
+        """Replays of ``round_index`` still running (the round merges after them)."""
+        if self.queue is None:
+            return 0
+        return sum(1 for (r, _), future in list(self.queue.pending.items()) if r == round_index and not future.done())
+
     def take_verdicts(self) -> list[Verdict]:
         """The verdicts not applied yet: those a full disk held back, then the replays finished since."""
         verdicts = self._unapplied + (self.queue.finished() if self.queue is not None else [])

@@ -1,10 +1,15 @@
 """Synchronous rounds (``SyncRounds``), the relay's round mode unless the session runs async.
 
 A round hands out its k slots (one lease each), takes one checked result per slot and merges when every slot has
-its result and every chosen second copy is settled, or at its deadline (``server.relay.pacing``). A result
-refused for what it holds (not for its lease) frees its slot at once for another peer, and that peer is never
-handed the slot again this round. A result of a slot that has its merged result already is a second copy
-(``server.relay.copies``): compared, never merged.
+its result and every chosen second copy is settled, or at its deadline (``server.relay.pacing``). A peer holds one
+lease at a time and takes the round's next open slot once its result is in, so a round that fewer than k peers
+can finish is finished by them (one peer alone trains every slot in turn). A result refused for what it holds (not
+for its lease) frees its slot at once for another peer, and that peer is not handed the slot again this round
+while someone else connected may take it. A slot that every connected peer in good standing was refused for is
+*blocked*: the round merges without it once the rest is in, and the unit is carried into the next round (trained
+from the new weights, still once per pass); a round with no result at all hands a blocked slot back to the peers
+it refused. A result of a slot that has its merged result already is a second copy (``server.relay.copies``):
+compared, never merged. The rules of every mode: docs/liveness.md.
 """
 
 from __future__ import annotations
@@ -32,9 +37,8 @@ from server.session.config import SessionError
 
 
 def min_peers(context: RelayContext) -> int:
-    """Peers needed before a round starts: ``--min-peers``, else k (at most the units there are)."""
-    plan = context.session.plan
-    return context.options.min_peers or min(plan.participants_per_round, plan.num_units)
+    """Peers connected before a round starts: only the gate the host set (``--min-peers``, default 1: none)."""
+    return context.options.min_peers
 
 
 class SyncRounds:
@@ -46,6 +50,7 @@ class SyncRounds:
         self.context, self.book, self.jobs, self.people = context, book, jobs, people
         self.replays, self.copies, self.bans, self.pacing = replays, copies, bans, pacing
         self.on_round_opened = on_round_opened
+        self.started = False  # a unit was handed out since the relay started: the start gate is passed
 
     # -- handing out --------------------------------------------------------------------------------------
     def next_job(self, peer_id: str) -> dict[str, Any]:
@@ -58,14 +63,10 @@ class SyncRounds:
             copy = self.copies.next_copy(peer_id)
             if copy is not None:
                 return copy
-        started = bool(results) or bool(leases)
-        connected = len(store.active_peers(options.peer_timeout))
-        needed = min_peers(self.context)
-        if not started and connected < needed:
-            missing = needed - connected
-            return {"wait": options.retry_seconds,
-                    "reason": f"waiting for {missing} more peer{'s' if missing > 1 else ''} to start round "
-                              f"{session.round + 1} ({connected}/{needed} connected)"}
+        gate = self.start_gate()
+        if gate is not None:
+            return {"wait": options.retry_seconds, "reason": gate}
+        blocked = self.blocked_slots() if not results else set()  # (no result yet: refused peers may try again)
         open_slots = []
         for assignment in session.assignments():
             if assignment.slot in results:
@@ -75,7 +76,7 @@ class SyncRounds:
                 if lease.peer_id == peer_id:
                     return self.jobs.job(assignment, lease.deadline)
                 continue
-            if self.book.refused(session.round, assignment.slot, peer_id):
+            if self.book.refused(session.round, assignment.slot, peer_id) and assignment.slot not in blocked:
                 continue
             open_slots.append((assignment, lease))
         if not open_slots:
@@ -88,12 +89,79 @@ class SyncRounds:
         assignment, expired = open_slots[0]
         if expired is not None:
             store.count("leases_expired")
+        started = bool(results) or bool(leases)
         lease = store.grant(session.round, assignment.slot, assignment.unit_index, peer_id, options.lease_seconds)
+        self.started = True
         if not started:
             self.on_round_opened()
         self.replays.prepare(peer_id, assignment.slot)
         self.context.notices.changed()
         return self.jobs.job(assignment, lease.deadline)
+
+    def start_gate(self) -> str | None:
+        """Why the session may not start yet (fewer peers connected than the host's ``--min-peers``), or None.
+        The gate holds the first round until its first hand-out, never a later round: once training began, the
+        session goes on with whoever is connected (a ban or a closed tab must not stop it for good). Banned peers
+        and peers gone past the timeout are not connected."""
+        session, store, options = self.context.session, self.context.store, self.context.options
+        needed = min_peers(self.context)
+        if needed <= 1 or self.started or session.round > 0 or store.result_slots(0) or store.leases(0):
+            return None
+        connected = len(store.active_peers(options.peer_timeout))
+        if connected >= needed:
+            return None
+        missing = needed - connected
+        return (f"waiting for {missing} more peer{'s' if missing > 1 else ''} to start round {session.round + 1} "
+                f"({connected}/{needed} connected; the host asked for --min-peers {needed})")
+
+    def blocked_slots(self) -> set[int]:
+        """Open slots (no result, no live lease) that every connected peer in good standing was refused for this
+        round. Empty while nobody is connected: the round then waits for a peer, not for a refusal."""
+        session, store, options = self.context.session, self.context.store, self.context.options
+        round_index, now = session.round, store.clock()
+        results, leases = store.result_slots(round_index), store.leases(round_index)
+        connected = store.active_peers(options.peer_timeout)
+        if not connected:
+            return set()
+        return {a.slot for a in session.assignments()
+                if a.slot not in results and not (a.slot in leases and leases[a.slot].deadline >= now)
+                and all(self.book.refused(round_index, a.slot, peer) for peer in connected)}
+
+    def carry_ready(self) -> bool:
+        """The round has results and every other slot is blocked (and no second copy is awaited): it merges now
+        and its blocked units open the next round."""
+        session, store = self.context.session, self.context.store
+        if session.done or self.copies.copies_outstanding():
+            return False
+        results = store.result_slots(session.round)
+        blocked = self.blocked_slots() if results else set()
+        return bool(blocked) and len(results) + len(blocked) >= len(session.assignments())
+
+    def waiting(self) -> str | None:
+        """What the round waits for, in words for the page and ``GET /api/session`` (None: a peer asking now is
+        handed something)."""
+        gate = self.start_gate()
+        if gate is not None:
+            return gate
+        session, store, options = self.context.session, self.context.store, self.context.options
+        round_index, now = session.round, store.clock()
+        results, leases = store.result_slots(round_index), store.leases(round_index)
+        slots = len(session.assignments())
+        out = sum(1 for s, lease in leases.items() if s not in results and lease.deadline >= now)
+        unsent = slots - len(results) - out
+        if not store.active_peers(options.peer_timeout) and unsent > 0:
+            units = f"{unsent} unit{'s' if unsent > 1 else ''}"
+            return f"round {round_index + 1}: {units} wait for a peer (none is connected)"
+        if unsent > 0:
+            return None
+        if out:
+            return f"round {round_index + 1}: waiting for {out} unit{'s' if out > 1 else ''} out with peers"
+        replays = self.replays.pending(round_index)
+        if replays:
+            return f"round {round_index + 1}: the host is replaying {replays} result{'s' if replays > 1 else ''}"
+        if self.copies.copies_outstanding():
+            return f"round {round_index + 1}: waiting for second copies of units to compare"
+        return None
 
     def holds_unit(self, peer_id: str, unit_index: int) -> bool:
         """Whether ``peer_id`` holds a live lease on ``unit_index`` in the current round (either copy)."""
@@ -193,7 +261,7 @@ class SyncRounds:
     def ready(self) -> bool:
         """Whether the round may merge now: every unit is back (and checked), or its deadline passed with enough
         results."""
-        return self.full() or self.pacing.deadline_reached()
+        return self.full() or self.pacing.deadline_reached() or self.carry_ready()
 
     def merge_blocking(self) -> dict[str, Any]:
         """Merge the stored results of the current round (runs in a worker thread, or inline without a loop).
@@ -217,6 +285,10 @@ class SyncRounds:
         if costs:
             extra["verification"] = costs
         self.copies.waive_copies()
+        blocked = self.blocked_slots() if not self.full() else set()
+        if blocked:  # carried like a deadline's missing units (Session.complete_round)
+            extra["blocked"] = sorted(by_slot[slot].unit_index for slot in blocked)
+            store.count("units_carried_when_refused", len(blocked))
         deadline = self.pacing.deadline_summary(round_full=self.full())
         if deadline is not None:
             extra["deadline"] = deadline

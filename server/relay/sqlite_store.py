@@ -186,10 +186,12 @@ class Store:
         return ok
 
     def active_peers(self, within_seconds: float) -> list[str]:
-        """Peers seen recently or holding a live lease (a peer deep in a unit does not poll)."""
+        """Peers in good standing seen recently or holding a live lease (a peer deep in a unit does not poll). A
+        banned peer never counts: nothing waits for it."""
         now = self.clock()
         rows = self._run("SELECT id FROM peers WHERE last_seen >= ? UNION "
-                         "SELECT peer_id FROM leases WHERE deadline >= ?", (now - within_seconds, now))
+                         "SELECT peer_id FROM leases WHERE deadline >= ? EXCEPT SELECT peer_id FROM bans",
+                         (now - within_seconds, now))
         return sorted(r[0] for r in rows)
 
     def peer_count(self) -> int:
@@ -223,6 +225,12 @@ class Store:
             for source, target in ((0, 2), (1, 0), (2, 1)):
                 self.db.execute("UPDATE leases SET copy = ? WHERE round = ? AND slot = ? AND copy = ?",
                                 (target, round_index, slot, source))
+
+    def release_leases_of(self, peer_id: str) -> int:
+        """Drop the live leases ``peer_id`` holds (it was banned): its units go to the next peer that asks."""
+        with self._lock:
+            return self.db.execute("DELETE FROM leases WHERE peer_id = ? AND deadline >= ?",
+                                   (peer_id, self.clock())).rowcount
 
     def release_live_leases(self) -> int:
         """After a restart nobody holds anything: every unfinished unit is handed out again."""

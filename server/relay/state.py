@@ -171,6 +171,7 @@ class Relay:
             "peers": {"connected": len(active), "joined": store.peer_count(), "needed": self.min_peers,
                       "addresses": store.addresses(self.options.peer_timeout)},
             "round_progress": self.mode.progress(),
+            "waiting": self.waiting(),
             "mode": session.config.mode,
             "history": session.history[-HISTORY_LENGTH:],
             "initial_metrics": session.initial_metrics,
@@ -183,6 +184,17 @@ class Relay:
             "storage": self.disk.report,
             "version": self.version,
         }
+
+    def waiting(self) -> str | None:
+        """What the session waits for and why, in words for the page (None: it is not waiting on anything: a peer
+        that asks is handed work, or the session is over or merging). The rules behind it: docs/liveness.md."""
+        if self.session.done or self.merging:
+            return None
+        if self.paused:
+            return "paused by the host"
+        if self.disk.problem:
+            return f"the relay cannot write ({self.disk.problem}); the session goes on when space returns"
+        return self.mode.waiting()
 
     def status_event(self) -> str:
         """The status as a server-sent event, built once per version and shared by every stream (200 pages

@@ -26,14 +26,15 @@ function showSession(session) {
   $("task-boundary").textContent = session.task.crosses_boundary;
   $("merge").textContent = `${session.merge} · ${session.plan.participants_per_round} units per round · ${session.plan.passes} passes`;
   const p = session.peers;
-  $("peers").textContent = `${p.connected} connected (${p.joined} joined); a round starts with ${p.needed}`;
+  $("peers").textContent = `${p.connected} connected (${p.joined} joined); `
+    + (p.needed > 1 ? `a round starts once ${p.needed} are connected (the host's choice)` : "no start gate: one peer alone trains every unit in turn");
   $("round").textContent = `${Math.min(session.round + 1, session.num_rounds)} of ${session.num_rounds}`;
   $("round-progress").max = session.round_progress.slots || 1;
   $("round-progress").value = session.round_progress.done;
-  const waiting = Math.max(0, p.needed - p.connected);
+  // session.waiting: what the relay says the session waits for and why (null: a peer asking now gets work)
   $("session-status").textContent = session.done ? `finished: ${session.stopped || "all rounds done"}`
-    : session.paused ? "paused by the host" : session.merging ? "merging and validating the round"
-    : waiting > 0 && session.round_progress.done === 0 ? `waiting for ${waiting} more peer${waiting > 1 ? "s" : ""}`
+    : session.merging ? "merging and validating the round"
+    : session.waiting ? session.waiting
     : `training: ${session.round_progress.done}/${session.round_progress.slots} units back`
       + (session.round_progress.copies ? `, ${session.round_progress.copies} backup or second cop${session.round_progress.copies > 1 ? "ies" : "y"} out` : "");
   const last = session.history[session.history.length - 1];

@@ -356,7 +356,7 @@ def test_join_code_is_required_when_set(package: Package, tmp_path: Path) -> Non
         assert_refused(client.post("/api/join", content=b"{not json"), 400, "bad_json", "JSON")
         assert_refused(client.post("/api/join", json=["open-sesame"]), 400, "bad_json", "JSON object")
         peer = HttpPeer(client, join_code="open-sesame")
-        assert peer.work()["wait"] > 0  # alone: waits for a second peer
+        assert "slot" in peer.work()  # admitted: a lone peer is handed a unit (no start gate by default)
         assert refusals(client) == {"refused.join_code": 3, "refused.bad_json": 2}
         assert session_status(client)["peers"]["joined"] == 1
 
@@ -394,7 +394,7 @@ def test_held_work_request_is_answered_when_the_round_opens(package: Package, tm
 
 
 def test_held_work_request_wakes_when_a_peer_joins(package: Package, tmp_path: Path) -> None:
-    relay = make_relay(package, tmp_path / "session", k=2, passes=2)
+    relay = make_relay(package, tmp_path / "session", k=2, passes=2, min_peers=2)  # (the host's start gate)
     with serving(relay) as client:
         alone = HttpPeer(client)
         with ThreadPoolExecutor(1) as pool:
@@ -408,7 +408,7 @@ def test_held_work_request_wakes_when_a_peer_joins(package: Package, tmp_path: P
 
 
 def test_hold_is_capped_by_the_peer_timeout_and_checked(package: Package, tmp_path: Path) -> None:
-    relay = make_relay(package, tmp_path / "session", k=2, peer_timeout=0.6)
+    relay = make_relay(package, tmp_path / "session", k=2, peer_timeout=0.6, min_peers=2)
     with serving(relay) as client:
         alone = HttpPeer(client)
         started = time.monotonic()
