@@ -1,0 +1,95 @@
+"""Liveness with a real ``peertrain serve`` and native peers on its HTTP API (server.harness): a session finishes
+after an attacker is banned, and after a peer closes for good in round 3."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from relay_fixtures import reference_run
+
+from runtime import wire
+from server.harness.native_peer import NativePeer, PeerHooks
+from server.harness.relay_process import RelayProcess
+from server.session.config import SessionConfig
+from server.session.package import Package
+from server.session.session import Session
+
+pytestmark = pytest.mark.slow
+
+# The issue's session: arith with the char tokenizer, 3 epochs, k = 3, 2 passes (6 rounds), serve's defaults else.
+ARITH = ["--task", "arith", "--set", "tokenizer=char", "--set", "epochs=3", "-k", "3", "--passes", "2"]
+MAJORITY = ["--task", "majority_task:MajorityTask", "-k", "3", "--passes", "3", "--set", "chunks=6"]
+
+
+class Gone(Exception):
+    """The peer closed its tab: it holds its lease and never comes back."""
+
+
+def run_peers(peers: list[NativePeer], timeout: float) -> None:
+    for peer in peers:
+        peer.start()
+    for peer in peers:
+        peer.join(timeout)
+
+
+def final_weights(session_dir: Path) -> tuple[Session, Package]:
+    package = Package.load(session_dir / "package")
+    return Session.restore(session_dir, package), package
+
+
+def test_the_attacker_is_banned_and_two_honest_peers_finish(tmp_path: Path) -> None:
+    """Three native peers, one uploading noise from its first result: its first result fails its host replay, it is
+    banned (its address too), and the two honest peers finish all 6 rounds with exactly the honest run's weights
+    (before, the session stopped at round 6 waiting for a third peer)."""
+    rng = np.random.default_rng(0)
+
+    def noise(job: dict[str, Any], honest: bytes) -> bytes:
+        header, vector = wire.decode(honest)
+        return wire.encode((vector + rng.normal(0, 0.05, vector.shape)).astype(np.float32), header)
+
+    session_dir = tmp_path / "session"
+    with RelayProcess([*ARITH, "--session-dir", str(session_dir), "--peer-timeout", "5"],
+                      log=tmp_path / "serve.log") as relay:
+        attacker = NativePeer(relay.url, hooks=PeerHooks(upload=noise), timeout_s=600)
+        honest = [NativePeer(relay.url, timeout_s=600) for _ in range(2)]
+        run_peers([attacker, *honest], timeout=600)
+        status = relay.client().status()
+    assert [peer.ended for peer in honest] == ["done", "done"], [peer.error for peer in honest]
+    assert attacker.log.refusals and attacker.log.refusals[-1] == (403, "banned"), attacker.log.refusals
+    assert status["done"] and status["counters"]["peers_banned"] == 1 and status["waiting"] is None
+    session, package = final_weights(session_dir)
+    assert session.round == 6
+    honest_run = reference_run(package, SessionConfig(participants=3, passes=2))
+    assert np.array_equal(session.weights, honest_run)  # nothing of the attacker's was merged
+
+
+@pytest.mark.usefixtures("majority_importable")
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_peer_that_closes_in_round_three_never_stops_the_session(tmp_path: Path, mode: str) -> None:
+    """k = 3, three peers; one takes a unit of round 3 and is gone (its lease runs out, or a backup takes the unit):
+    the other two finish the session, every unit merged once per pass."""
+    closed = threading.Event()
+
+    def close_in_round_three(job: dict[str, Any], send: Any) -> Any:
+        if int(job["weights_round"]) >= 2:
+            closed.set()
+            raise Gone("closed the tab")
+        return send()
+
+    session_dir = tmp_path / "session"
+    with RelayProcess([*MAJORITY, "--session-dir", str(session_dir), "--mode", mode, "--lease-seconds", "4",
+                       "--peer-timeout", "3"], log=tmp_path / "serve.log", examples=True) as relay:
+        leaving = NativePeer(relay.url, hooks=PeerHooks(send_result=close_in_round_three), timeout_s=300)
+        staying = [NativePeer(relay.url, timeout_s=300) for _ in range(2)]
+        run_peers([leaving, *staying], timeout=300)
+        status = relay.client().status()
+    assert closed.is_set() and isinstance(leaving.error, Gone), leaving.error
+    assert [peer.ended for peer in staying] == ["done", "done"], [peer.error for peer in staying]
+    assert status["done"], status["round_progress"]
+    session, _ = final_weights(session_dir)
+    units = sorted(unit for entry in session.history for unit in entry["units"])
+    assert units == sorted(unit for _, unit in session.plan.schedule)
