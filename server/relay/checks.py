@@ -86,6 +86,10 @@ LOCAL_NOT_COVERED = ("results trained on peers' own files: they cannot be verifi
                      "federated metrics are the peers' own reports")
 
 
+NO_REPLAYS = ("results are not re-trained on the host in this session (host replays are off), so a peer whose "
+              "result is wrong but not unusually large is neither caught nor banned")
+
+
 def describe_defenses(options: RelayOptions, aggregate: str, aggregate_config: Mapping[str, Any],
                       kind: str = "data") -> dict[str, Any]:
     """The page's list of what the session's settings (``RelayOptions``) defend against, and what not (a local
@@ -108,4 +112,7 @@ def describe_defenses(options: RelayOptions, aggregate: str, aggregate_config: M
     if options.redundancy > 0 and not local:
         guards.append(f"{options.redundancy:.0%} of units are trained by two different peers and compared; the "
                       "one whose result is wrong is banned")
-    return {"guards": guards, "not_covered": list(NOT_COVERED) + ([LOCAL_NOT_COVERED] if local else [])}
+    not_covered = list(NOT_COVERED) + ([LOCAL_NOT_COVERED] if local else [])
+    if not options.verify and not local:
+        not_covered.append(NO_REPLAYS)
+    return {"guards": guards, "not_covered": not_covered}

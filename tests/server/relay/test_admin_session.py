@@ -57,3 +57,25 @@ def test_new_session_over_http(package: Package, tmp_path: Path) -> None:
 
     restored = Session.restore(session_dir, package)
     assert restored.config.seed == 7 and restored.round == 1
+
+
+def test_an_async_session_from_the_admin_api_runs_without_replays_and_says_so(package: Package, tmp_path: Path) -> None:
+    """The admin API's new session goes through serve's rules: async turns host replays off on a relay that verifies
+    (and a later sync session gets them back), and the page's defences say what the session does."""
+    relay = make_relay(package, tmp_path / "session", k=2, passes=1, verify=True)
+    with serving(relay) as client:
+        def defenses() -> tuple[str, str]:
+            listed = session_status(client)["defenses"]
+            return " ".join(listed["guards"]), " ".join(listed["not_covered"])
+
+        guards, missing = defenses()
+        assert "re-trained on the host" in guards and "host replays are off" not in missing
+        created = client.post("/api/admin/session", headers=ADMIN, content=json.dumps({"mode": "async",
+                                                                                       "replace": True}))
+        assert created.status_code == 200, created.json()
+        assert relay.session.config.mode == "async" and not relay.options.verify
+        guards, missing = defenses()
+        assert "re-trained on the host" not in guards and "host replays are off" in missing
+        again = client.post("/api/admin/session", headers=ADMIN, content=json.dumps({"mode": "sync", "replace": True}))
+        assert again.status_code == 200, again.json()
+        assert relay.options.verify and "re-trained on the host" in defenses()[0]
