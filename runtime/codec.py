@@ -88,11 +88,11 @@ class Codec:
 
     def kept(self, size: int) -> np.ndarray:
         """Entries each block keeps (topk), or every entry (int8): shape (blocks,)."""
-        lengths = np.full(self.blocks(size), self.block, dtype=np.int64)
+        lengths = np.full(self.blocks(size), self.block, dtype=np.intp)
         if size % self.block:
             lengths[-1] = size % self.block
         if self.name == "topk":
-            return np.maximum(1, np.ceil(lengths * self.fraction).astype(np.int64))
+            return np.maximum(1, np.ceil(lengths * self.fraction).astype(np.intp))  # (intp: int32 in Pyodide)
         return lengths
 
     def payload_bytes(self, size: int) -> int:
@@ -143,11 +143,11 @@ class Codec:
             return q * np.repeat(scales, self.block)[:size]
         kept = self.kept(size)
         total = int(kept.sum())
-        offsets = np.frombuffer(rest, dtype=np.uint8, count=total).astype(np.int64)
+        offsets = np.frombuffer(rest, dtype=np.uint8, count=total).astype(np.intp)
         q = np.frombuffer(rest[total:], dtype=np.int8, count=total).astype(np.float32)
-        starts = np.repeat(np.arange(nb, dtype=np.int64) * self.block, kept)
+        starts = np.repeat(np.arange(nb, dtype=np.intp) * self.block, kept)
         index = starts + offsets
-        lengths = np.diff(np.append(np.arange(nb, dtype=np.int64) * self.block, size))
+        lengths = np.diff(np.append(np.arange(nb, dtype=np.intp) * self.block, size))
         if (offsets >= np.repeat(lengths, kept)).any():
             raise CodecError("a top-k offset points past the end of its block", "bad_update")
         if np.unique(index).size != total:

@@ -57,3 +57,28 @@ def test_bytelm_training_steps_match_cpython(page: Page, relay_url: str) -> None
         assert browser_loss == pytest.approx(native_loss, abs=1e-4)
     assert in_browser["losses"][-1] < in_browser["losses"][0]  # it is training, not just evaluating
     assert in_browser["weight_sum"] == pytest.approx(native["weight_sum"], rel=1e-4)
+
+
+# The update codecs must give the same bytes in a browser and natively: a host replay and a second peer's copy
+# compare encoded results, and a peer rebuilds the relay's quantized step bit for bit.
+CODEC_BYTES = """
+import hashlib, json
+import numpy as np
+from runtime.codec import Codec, ErrorFeedback
+
+rng = np.random.default_rng(9)
+update = (rng.standard_normal(50_000) * rng.uniform(0.0, 0.1, 50_000)).astype(np.float32)
+digests = {}
+for codec in (Codec("int8"), Codec("topk", 0.03)):
+    feedback = ErrorFeedback(update.size)
+    parts = [feedback.encode(codec, update * (unit + 1), seed=1000 + unit)[0] for unit in range(3)]
+    digests[codec.name] = hashlib.sha256(b"".join(parts) + feedback.residual.tobytes()).hexdigest()
+json.dumps(digests)
+"""
+
+
+def test_update_codecs_give_the_same_bytes_as_cpython(page: Page, relay_url: str) -> None:
+    page.goto(with_test_flag(relay_url))
+    page.locator(READY_SELECTOR).wait_for(timeout=90_000)
+    in_browser = json.loads(run_in_worker(page, CODEC_BYTES, timeout_s=120))
+    assert in_browser == json.loads(run_in_cpython(CODEC_BYTES))
