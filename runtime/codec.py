@@ -195,3 +195,11 @@ class ErrorFeedback:
         if codec.name == "topk":
             self.residual = (corrected - decoded).astype(np.float32)
         return payload, decoded
+
+
+def arrived(codec: Codec, base: np.ndarray, weights: np.ndarray, seed: int, feedback: ErrorFeedback) -> np.ndarray:
+    """The weights a result trained to ``weights`` from ``base`` stands for once it reached the relay in ``codec``:
+    what ``runtime.peer.Peer`` sends and the relay adds back (``runtime.wire.result_weights``), bit for bit."""
+    base = np.asarray(base, dtype=np.float32)
+    _, decoded = feedback.encode(codec, (np.asarray(weights, dtype=np.float32) - base).astype(np.float32), seed)
+    return (base + decoded).astype(np.float32)

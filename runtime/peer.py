@@ -18,6 +18,7 @@ import numpy as np
 
 from runtime import wire
 from runtime.backend import get_backend
+from runtime.codec import Codec, ErrorFeedback
 from runtime.tasks.base import Task, TaskError, WorkUnit, check_unit_result
 from runtime.tasks.loader import task_class
 from runtime.tasks.local import LocalData, train_local_unit
@@ -52,6 +53,7 @@ class Peer:
         self.weights_round: int | None = None
         self.last_metrics_json = "{}"
         self.local: LocalData | None = LocalData(self.task) if self.task.kind == "local" else None
+        self.feedback = ErrorFeedback(self.spec.size)  # what topk dropped so far (runtime.codec)
 
     def set_weights(self, message: object) -> int:
         """Decode and keep the global weights; returns their round."""
@@ -82,4 +84,11 @@ class Peer:
         header = wire.WireHeader(spec=self.spec, round=int(job["round"]), fingerprint=self.fingerprint,
                                  num_examples=int(result.num_examples), metrics=metrics,
                                  meta={"slot": int(job["slot"]), "unit_index": unit.index, "engine": engine()})
-        return wire.encode(result.weights, header)
+        codec = Codec.from_json(job["codec"]) if job.get("codec") else Codec()
+        if not codec.compresses:
+            return wire.encode(result.weights, header)
+        # The update against the weights handed out, in the session's codec (seeded by the unit: a replay or a
+        # second copy gives the same bytes); topk adds what it dropped before to it (error feedback).
+        update = (np.asarray(result.weights, dtype=np.float32) - self.weights).astype(np.float32)
+        payload, _ = self.feedback.encode(codec, update, seed=int(job["unit_seed"]))
+        return wire.encode_update(payload, header, codec, wire.weights_digest(self.weights))

@@ -14,6 +14,11 @@ The header object::
     {"spec": {"names": [...], "shapes": [[...], ...], "dtype": "float32"}, "round": 3,
      "fingerprint": "9f2c...", "num_examples": 1280, "metrics": {"loss": 2.1}, "meta": {...}}
 
+Update messages (a result sent as its update, ``runtime.codec``) use magic b"PTU2", the same framing, the weights
+header plus ``"codec": {"name": "int8", "block": 256}`` and ``"base"`` (``weights_digest`` of the weights the update
+is against), and the codec's payload; ``result_weights`` turns either kind of result into the weights it stands for
+(the base plus the decoded update, in float32).
+
 Array messages (data chunks for browsers) use magic b"PTA2", the same framing, and the header
 ``{"dtype": "int32" | "float32", "shape": [...], "meta": {...}}``.
 
@@ -40,6 +45,7 @@ contents take a third, independent damage on top of those two.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import struct
@@ -50,9 +56,11 @@ from typing import Any
 
 import numpy as np
 
+from runtime.codec import Codec, CodecError
 from runtime.weights import InvalidSpec, WeightSpec
 
 WEIGHTS_MAGIC = b"PTW2"
+UPDATE_MAGIC = b"PTU2"
 ARRAY_MAGIC = b"PTA2"
 PREAMBLE_BYTES = 12  # magic + uint32 checksum + uint32 header length
 CHECKSUM_START = 8  # the checksum covers bytes [8, end): header length, header, padding, payload
@@ -123,6 +131,20 @@ class StaleRound(WireError):
 class FingerprintMismatch(WireError):
     code = "fingerprint_mismatch"
     http_status = 409
+
+
+class WrongBase(WireError):
+    """An update against other weights than the round's (its ``base`` digest differs)."""
+
+    code = "wrong_base"
+    http_status = 409
+
+
+class WrongCodec(WireError):
+    """A result in another codec than the session's, or an update whose payload does not decode."""
+
+    code = "wrong_codec"
+    http_status = 422
 
 
 @dataclass(frozen=True)
@@ -268,6 +290,15 @@ def decode(
 ) -> tuple[WireHeader, np.ndarray]:
     """Check a weights message and return its header and a new float32 vector."""
     raw, payload = _unframe(data, WEIGHTS_MAGIC)
+    header = _checked_header(raw, expect_spec, expect_round, expect_fingerprint)
+    vector = _payload_values(payload, WIRE_FLOAT32, header.spec.size)
+    if not np.isfinite(vector).all():
+        raise NonFiniteWeights(_non_finite_message(vector, header.spec))
+    return header, vector
+
+
+def _checked_header(raw: Mapping[str, Any], expect_spec: WeightSpec | None, expect_round: int | None,
+                    expect_fingerprint: str | None) -> WireHeader:
     header = _parse_weights_header(raw)
     if expect_fingerprint is not None and header.fingerprint != expect_fingerprint:
         raise FingerprintMismatch(f"result is for task {header.fingerprint!r}, this relay runs {expect_fingerprint!r}")
@@ -277,10 +308,7 @@ def decode(
         difference = expect_spec.first_difference(header.spec)
         if difference is not None:
             raise ShapeMismatch(f"weights do not match the model's spec: {difference}")
-    vector = _payload_values(payload, WIRE_FLOAT32, header.spec.size)
-    if not np.isfinite(vector).all():
-        raise NonFiniteWeights(_non_finite_message(vector, header.spec))
-    return header, vector
+    return header
 
 
 def _parse_weights_header(raw: Mapping[str, Any]) -> WireHeader:
@@ -323,6 +351,61 @@ def _non_finite_message(vector: np.ndarray, spec: WeightSpec) -> str:
         f"{int(bad.sum())} of {vector.shape[0]} weights are not finite; "
         f"the first is {vector[first]} in entry {spec.entry_at(first)!r}"
     )
+
+
+# ---------------------------------------------------------------- updates (a result as its compressed update)
+
+
+def weights_digest(weights: np.ndarray) -> str:
+    """What names the weights an update is against: the first 16 hex digits of the sha256 of their float32 bytes."""
+    return hashlib.sha256(np.ascontiguousarray(weights, dtype=WIRE_FLOAT32).tobytes()).hexdigest()[:16]
+
+
+def encode_update(payload: bytes, header: WireHeader, codec: Codec, base: str) -> bytes:
+    """One update message: ``payload`` is ``codec.encode(update)``, ``base`` the ``weights_digest`` it is against."""
+    return _frame(UPDATE_MAGIC, {**header.to_json(), "codec": codec.to_json(), "base": base}, payload)
+
+
+def is_update(data: bytes) -> bool:
+    return bytes(memoryview(data)[:4]) == UPDATE_MAGIC
+
+
+def read_header(data: bytes) -> WireHeader:
+    """The header of a result message of either kind (its checksum checked, its payload not decoded)."""
+    raw, _ = _unframe(data, UPDATE_MAGIC if is_update(data) else WEIGHTS_MAGIC)
+    return _parse_weights_header(raw)
+
+
+def result_weights(data: bytes, base: np.ndarray, *, codec: Codec, expect_spec: WeightSpec | None = None,
+                   expect_round: int | None = None,
+                   expect_fingerprint: str | None = None) -> tuple[WireHeader, np.ndarray]:
+    """A result message of either kind as (header, the weights it stands for): a weights message decoded, or an
+    update message checked against ``base`` (the weights of the round it names) and ``codec`` (the session's), and
+    added to it in float32. A result in another codec than ``codec`` is refused (``WrongCodec``)."""
+    if not is_update(data):
+        if codec.compresses:
+            raise WrongCodec(f"this session's results travel as {codec.name} updates, not as weights")
+        return decode(data, expect_spec=expect_spec, expect_round=expect_round, expect_fingerprint=expect_fingerprint)
+    raw, payload = _unframe(data, UPDATE_MAGIC)
+    header = _checked_header(raw, expect_spec, expect_round, expect_fingerprint)
+    try:
+        sent = Codec.from_json(raw.get("codec"))
+    except CodecError as error:
+        raise WrongCodec(f"the update's codec: {error}") from error
+    if sent != codec:
+        raise WrongCodec(f"the update is in {sent.to_json()}, this session's codec is {codec.to_json()}")
+    digest = weights_digest(base)
+    if raw.get("base") != digest:
+        raise WrongBase(f"the update is against weights {raw.get('base')!r}, round {header.round}'s are {digest!r}: "
+                        "fetch the round's weights again")
+    try:
+        update = codec.decode(payload, header.spec.size)
+    except CodecError as error:
+        raise WrongCodec(f"the update does not decode: {error}") from error
+    weights = (np.asarray(base, dtype=np.float32) + update).astype(np.float32)
+    if not np.isfinite(weights).all():
+        raise NonFiniteWeights(_non_finite_message(weights, header.spec))
+    return header, weights
 
 
 # ---------------------------------------------------------------- arrays (data chunks)

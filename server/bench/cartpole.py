@@ -25,6 +25,7 @@ from server.session.config import DEFAULT_AGGREGATE
 from server.session.package import build_package
 from server.session.session import Session, SessionConfig
 from server.simulation.sweep_worker import one_blas_thread, run_round
+from server.simulation.uploads import SimulatedUploads
 
 SOLVED_RETURN = 500.0
 TARGET_SEEDS = 4
@@ -60,9 +61,10 @@ def run_session(
                                max_rounds=rounds)
         with one_blas_thread():
             session = Session.create(package, config)
+            uploads = SimulatedUploads()
             while not session.done:
                 start = time.perf_counter()
-                entry = run_round(session)
+                entry = run_round(session, uploads)
                 record.seconds.append(time.perf_counter() - start)
                 record.greedy_returns.append(float(entry["metrics"]["greedy_return"]))
                 if stop_when_solved and record.greedy_returns[-1] >= SOLVED_RETURN:

@@ -124,7 +124,7 @@ class AsyncBuffer(Part):
         assignment = entry_assignment(schedule, session.plan.seed, entry, version)
         try:
             header, vector, count, _ = read_result(body, session=session, fingerprint=self.context.package.fingerprint,
-                                                   round_index=version, unit=session.work_unit(assignment))
+                                                   round_index=version, unit=session.work_unit(assignment), base=base)
             update = update_from(vector, base)
             norm = float(np.linalg.norm(update.astype(np.float64)))
             check_update_norm(norm, self.norms, max_norm=options.max_update_norm,

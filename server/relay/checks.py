@@ -22,26 +22,32 @@ import numpy as np
 
 from runtime import wire
 from runtime.tasks import Task, WorkUnit
-from runtime.weights import WeightSpec
 from server.relay.options import RelayOptions
 from server.relay.refusal import Refusal
 from server.session.session import Session
 
 
-def decode_result(body: bytes, *, spec: WeightSpec, round_index: int,
-                  fingerprint: str) -> tuple[wire.WireHeader, np.ndarray]:
+def decode_result(body: bytes, *, session: Session, round_index: int, fingerprint: str | None = None,
+                  base: np.ndarray | None = None) -> tuple[wire.WireHeader, np.ndarray]:
+    """A result message (weights, or an update in the session's codec against ``base``: the weights of the round
+    it names, by default the current ones) as its header and the weights it stands for; a ``Refusal`` names what
+    is wrong."""
     try:
-        return wire.decode(body, expect_spec=spec, expect_round=round_index, expect_fingerprint=fingerprint)
+        return wire.result_weights(body, session.weights if base is None else base,
+                                   codec=session.config.result_codec, expect_spec=session.spec,
+                                   expect_round=round_index, expect_fingerprint=fingerprint)
     except wire.WireError as error:
         raise Refusal(int(getattr(error, "http_status", 400)), error.code, str(error)) from error
 
 
-def read_result(body: bytes, *, session: Session, fingerprint: str, round_index: int,
-                unit: WorkUnit) -> tuple[wire.WireHeader, np.ndarray, int, float]:
-    """The checks of 1-3 above: the header, the weights, the relay's example count and the update norm."""
-    header, vector = decode_result(body, spec=session.spec, round_index=round_index, fingerprint=fingerprint)
-    return header, vector, relay_count(session.task, unit, int(header.num_examples)), update_norm(vector,
-                                                                                                 session.weights)
+def read_result(body: bytes, *, session: Session, fingerprint: str, round_index: int, unit: WorkUnit,
+                base: np.ndarray | None = None) -> tuple[wire.WireHeader, np.ndarray, int, float]:
+    """The checks of 1-3 above: the header, the weights, the relay's example count and the update norm (against
+    ``base``, by default the current weights)."""
+    base = session.weights if base is None else base
+    header, vector = decode_result(body, session=session, round_index=round_index, fingerprint=fingerprint,
+                                   base=base)
+    return header, vector, relay_count(session.task, unit, int(header.num_examples)), update_norm(vector, base)
 
 
 def relay_count(task: Task, unit: WorkUnit, claimed: int) -> int:

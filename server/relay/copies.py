@@ -38,7 +38,7 @@ import numpy as np
 from runtime import wire
 from runtime.planner import Assignment
 from server.relay.book import RoundBook
-from server.relay.checks import check_update_norm, read_result, relay_count
+from server.relay.checks import check_update_norm, decode_result, read_result, relay_count
 from server.relay.context import Part, RelayContext
 from server.relay.jobs import Jobs
 from server.relay.refusal import Refusal
@@ -57,7 +57,7 @@ SETTLED = ("identical", "agreed", "not_comparable", "upheld", "replaced", "lied"
 
 def engine_of(message: bytes) -> str:
     """The engine a result message says it was trained on (``runtime.peer``: e.g. ``pyodide-numpy``)."""
-    return str(wire.decode(message)[0].meta.get("engine", ""))
+    return str(wire.read_header(message).meta.get("engine", ""))
 
 
 class UnitCopies(Part):
@@ -241,7 +241,7 @@ class UnitCopies(Part):
         if kept is not None and kept[0].engine:
             return kept
         stored = self.store.results(round_index)[slot]
-        header, vector = wire.decode(stored.message, expect_spec=self.session.spec)
+        header, vector = decode_result(stored.message, session=self.session, round_index=round_index)
         return StoredResult(stored.round, stored.slot, stored.unit_index, stored.peer_id, stored.num_examples,
                             stored.metrics, b"", str(header.meta.get("engine", ""))), vector
 
@@ -311,7 +311,7 @@ class UnitCopies(Part):
         message = self.store.copy_message(round_index, slot, peer_id)
         assert message is not None
         assignment = {a.slot: a for a in self.session.assignments()}[slot]
-        header, vector = wire.decode(message, expect_spec=self.session.spec)
+        header, vector = decode_result(message, session=self.session, round_index=round_index)
         count = relay_count(self.session.task, self.session.work_unit(assignment), int(header.num_examples))
         stored = StoredResult(round_index, slot, assignment.unit_index, peer_id, count, dict(header.metrics),
                               message, str(header.meta.get("engine", "")))

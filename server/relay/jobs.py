@@ -26,7 +26,8 @@ class Jobs:
                 "lease_deadline": deadline, "lease_seconds": max(0.0, deadline - store.clock()),
                 "weights_round": assignment.round, "num_rounds": session.num_rounds,
                 "fingerprint": self.context.package.fingerprint,
-                **({"carried_from": carried} if (carried := session.carried_from(assignment)) is not None else {})}
+                **({"carried_from": carried} if (carried := session.carried_from(assignment)) is not None else {}),
+                **({"codec": codec.to_json()} if (codec := session.config.result_codec).compresses else {})}
 
     def weights_message(self) -> bytes:
         """The current round's weights as a wire message (cached until the round changes)."""

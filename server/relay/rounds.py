@@ -19,12 +19,11 @@ from typing import Any
 
 import numpy as np
 
-from runtime import wire
 from runtime.planner import Assignment, RoundOutOfRange
 from runtime.tasks import UnitResult
 from server.relay.bans import Bans
 from server.relay.book import RoundBook
-from server.relay.checks import check_update_norm, read_result
+from server.relay.checks import check_update_norm, decode_result, read_result
 from server.relay.context import RelayContext
 from server.relay.copies import UnitCopies
 from server.relay.jobs import Jobs
@@ -203,6 +202,7 @@ class SyncRounds:
         norm; a ``Refusal`` names what is wrong (``server.relay.checks``)."""
         assignment, _ = self._leased_assignment(peer_id, round_index, slot)
         session, options = self.context.session, self.context.options
+        vector: np.ndarray | None = None
         try:
             header, vector, count, norm = read_result(body, session=session,
                                                       fingerprint=self.context.package.fingerprint,
@@ -213,9 +213,9 @@ class SyncRounds:
             self._free_slot(peer_id, round_index, slot)
             if refusal.code == "num_examples_claim":
                 self.bans.ban_for_claim(peer_id, refusal.message)
-            elif refusal.code == "update_outlier":  # replay it: a cheat is banned, an unlucky peer is not
+            elif refusal.code == "update_outlier" and vector is not None:  # replay it: a cheat is banned, an
                 self.replays.verify(StoredResult(round_index, slot, assignment.unit_index, peer_id, 0, {}, b""),
-                                    wire.decode(body)[1], outlier=True)
+                                    vector, outlier=True)  # unlucky peer is not
             raise
         return StoredResult(round_index, slot, assignment.unit_index, peer_id, count, dict(header.metrics),
                             body, str(header.meta.get("engine", ""))), vector, norm
@@ -276,7 +276,7 @@ class SyncRounds:
         if len(kept) < len(slots):
             for slot, result in store.results(round_index).items():
                 if slot not in kept:
-                    kept[slot] = (result, wire.decode(result.message, expect_spec=session.spec)[1])
+                    kept[slot] = (result, decode_result(result.message, session=session, round_index=round_index)[1])
         by_slot = {a.slot: a for a in session.assignments()}
         results = [(by_slot[slot], UnitResult(vector, result.num_examples, result.metrics))
                    for slot, (result, vector) in sorted(kept.items())]

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from runtime import wire
+from runtime.codec import Codec
 from runtime.peer import Peer
 
 # Calibrated from browser results against native replays (BENCHMARKS.md, "Replay tolerance"): the largest
@@ -138,7 +139,8 @@ class Verifier:
         if peer.weights_round != job["round"]:
             peer.set_weights(weights_message)
         assert peer.weights is not None
-        _, replay = wire.decode(peer.train(json.dumps(job), unit_message))
+        _, replay = wire.result_weights(peer.train(json.dumps(job), unit_message), peer.weights,
+                                        codec=Codec.from_json(job["codec"]) if job.get("codec") else Codec())
         return Replay(replay, peer.weights, time.perf_counter() - started)
 
     def close(self) -> None:

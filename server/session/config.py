@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
+from runtime.codec import CODECS, DEFAULT_TOPK_FRACTION, Codec
 from server.session.settings import SessionError, check, check_fields, declared, json_schema, setting
 
 # Centered clipping (radius: twice the round's median distance) equals the mean when every peer is honest and
@@ -42,8 +43,8 @@ class SessionConfig:
         default_text="its own defaults", admin=True))
     participants: int = field(default=5, metadata=setting(
         help="k: assignments per round (async: results per merge)", short="-k", minimum=1, metavar="K", admin=True,
-        command_defaults={"serve": (3, "a relay's round waits for k peers: 3 is a person with a few tabs and "
-                                       "`make demo`'s headless peers; simulate trains them all itself")},
+        command_defaults={"serve": (3, "3 units a round suit a person with a few tabs and `make demo`'s headless "
+                                       "peers (one peer alone trains them in turn); simulate trains them all itself")},
         default_text="5, or the package's units if fewer"))
     passes: int = field(default=3, metadata=setting(
         help="E: passes over the work units", minimum=1, metavar="E", admin=True))
@@ -80,6 +81,15 @@ class SessionConfig:
     validate_every: int = field(default=1, metadata=setting(
         help="async: validate (and plot) every N merges", minimum=1, metavar="N", group="async", admin=True))
 
+    # How a result travels (runtime.codec): the weights, or the update against the weights handed out, compressed.
+    codec: str = field(default="none", metadata=setting(
+        help="how a result travels: none (float32 weights), int8 (its update: an int8 per entry, a scale per 256) "
+        "or topk (the largest --topk-fraction of each block of its update, int8, with error feedback)",
+        choices=CODECS, admin=True))
+    topk_fraction: float = field(default=DEFAULT_TOPK_FRACTION, metadata=setting(
+        help="topk: the share of each block's entries a result sends", above=0, maximum=1, what="a share",
+        metavar="F", admin=True))
+
     def __post_init__(self) -> None:
         check_fields(self)
         object.__setattr__(self, "merge_config", dict(self.merge_config))
@@ -92,6 +102,11 @@ class SessionConfig:
     @property
     def name(self) -> str:
         return self.label or self.merge
+
+    @property
+    def result_codec(self) -> Codec:
+        """The codec results travel in (``runtime.codec``)."""
+        return Codec(self.codec, self.topk_fraction)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -79,6 +79,13 @@ def resolve[Options: RelaySide](config: SessionConfig, options: Options, package
                            "weights (does it read the clock or an unseeded generator?), so results cannot be "
                            "verified by replay; make train_unit depend only on (weights, unit, settings), or start "
                            "it with --no-verify (verify = false)")
+    if config.codec == "topk" and (verify or options.redundancy):
+        # A topk result carries the peer's error-feedback residual, which neither a host replay nor a second peer
+        # can reproduce: each would find it different and ban an honest peer.
+        raise SessionError("--codec topk sends what earlier units dropped along with each update (error feedback), "
+                           "which a host replay or a second peer's copy cannot reproduce; with "
+                           f"{'host replays' if verify else '--redundancy'} on, choose --codec int8 (replays and "
+                           "copies compare its bytes), or run without them (settings codec, verify, redundancy)")
     if verify != options.verify:
         changes["verify"] = verify
     resolved = dataclasses.replace(options, **changes) if changes else options  # type: ignore[type-var]

@@ -25,6 +25,7 @@ from server.session.local_files import folder_files, peer_folders
 from server.session.package import Package
 from server.session.plot import plot_metric
 from server.session.session import Session, SessionConfig
+from server.simulation.uploads import SimulatedUploads
 
 
 @dataclass
@@ -79,10 +80,11 @@ def run_local_session(package: Package, config: SessionConfig, peers: LocalPeers
     (default: the module docstring's rule)."""
     session = Session.create(package, config, directory=directory)
     k = session.plan.participants_per_round
+    uploads = SimulatedUploads()
     while not session.done:
         started = time.perf_counter()
-        results = [(a, peers.train(session, a, assign(a) if assign else peers.default_peer(a, k)))
-                   for a in session.assignments()]
+        chosen = [(a, assign(a) if assign else peers.default_peer(a, k)) for a in session.assignments()]
+        results = [(a, uploads.arrived(session, a, peers.train(session, a, peer), peer)) for a, peer in chosen]
         entry = session.complete_round(results, train_seconds=time.perf_counter() - started)
         if on_round is not None:
             on_round(entry)

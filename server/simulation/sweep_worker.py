@@ -27,6 +27,7 @@ import numpy as np
 from server.session.config import SessionConfig
 from server.session.package import Package
 from server.session.session import Session
+from server.simulation.uploads import SimulatedUploads
 
 # Environment for worker processes (a pool's spawned processes, Ray's runtime_env): no BLAS threads to start.
 WORKER_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
@@ -53,10 +54,13 @@ def one_blas_thread() -> Iterator[None]:
         yield
 
 
-def run_round(session: Session) -> dict[str, Any]:
-    """Train every assignment of the current round in-process, then complete the round."""
+def run_round(session: Session, uploads: SimulatedUploads | None = None) -> dict[str, Any]:
+    """Train every assignment of the current round in-process, pass each result through the session's codec as a
+    peer's upload (``uploads`` keeps the simulated peers' residuals from round to round), complete the round."""
     started = time.perf_counter()
-    results = [(a, session.task.train_unit(session.weights, session.work_unit(a))) for a in session.assignments()]
+    uploads = uploads or SimulatedUploads()
+    results = [(a, uploads.arrived(session, a, session.task.train_unit(session.weights, session.work_unit(a))))
+               for a in session.assignments()]
     return session.complete_round(results, train_seconds=time.perf_counter() - started)
 
 
@@ -65,8 +69,9 @@ def train_session(package: Package, config: SessionConfig, directory: Path | Non
     """A whole session (checkpoints in ``directory`` as it goes, when given) with one BLAS thread."""
     with one_blas_thread():
         session = Session.create(package, config, directory=directory)
+        uploads = SimulatedUploads()
         while not session.done:
-            entry = run_round(session)
+            entry = run_round(session, uploads)
             if on_round is not None:
                 on_round(session, entry)
     return session
