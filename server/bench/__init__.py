@@ -26,6 +26,7 @@ BENCHES: dict[str, tuple[str, ...]] = {
     "chaos": ("server.bench.chaos",),
     "disk": ("server.bench.disk",),
     "load": ("server.bench.load",),
+    "comm": ("server.bench.comm",),
 }
 
 

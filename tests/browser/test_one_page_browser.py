@@ -1,5 +1,7 @@
 """A person trying peertrain alone: the default ``peertrain serve`` (k = 3, no --min-peers) with one page open
-finishes its session; that page trains every unit of every round in turn and says there is no start gate."""
+finishes its session; that page trains every unit of every round in turn and says there is no start gate. With
+``--codec int8`` the same page uploads every result as an int8 update (a PTU2 message, under a third of the
+weights' bytes) and the session still finishes."""
 
 from __future__ import annotations
 
@@ -7,16 +9,24 @@ from pathlib import Path
 
 import pytest
 from browser_helpers import ARITH_SETTINGS, BOOT_SECONDS, start_relay, stop, task_args, wait_for_status
-from playwright.sync_api import Page
+from playwright.sync_api import Page, Request
 
 from server.browser.peers import join_url
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 
-def test_the_default_serve_with_one_page_finishes(page: Page, tmp_path: Path) -> None:
-    relay, url = start_relay(*task_args("arith", ARITH_SETTINGS, "--session-dir", str(tmp_path / "session")),
-                             log_name="relay-one-page.log")
+@pytest.mark.parametrize("codec", ["none", "int8"])
+def test_the_default_serve_with_one_page_finishes(page: Page, tmp_path: Path, codec: str) -> None:
+    relay, url = start_relay(*task_args("arith", ARITH_SETTINGS, "--session-dir", str(tmp_path / "session"),
+                                        "--codec", codec), log_name=f"relay-one-page-{codec}.log")
+    uploads: list[bytes] = []
+
+    def seen(request: Request) -> None:
+        if "/api/result" in request.url and request.method == "POST":
+            uploads.append(request.post_data_buffer or b"")
+
+    page.context.on("request", seen)  # (the worker's requests too)
     try:
         page.goto(join_url(url))
         status = wait_for_status(url, lambda s: s["done"], timeout_s=BOOT_SECONDS + 600, what="the session to end",
@@ -27,5 +37,7 @@ def test_the_default_serve_with_one_page_finishes(page: Page, tmp_path: Path) ->
         page.wait_for_function(f"window.peertrain.unitsDone === {units}")  # all of them, by this one page
         assert "no start gate" in page.inner_text("#peers")
         page.wait_for_function("document.getElementById('session-status').textContent.startsWith('finished')")
+        assert len(uploads) == units and not any(k.startswith("refused.") for k in status["counters"])
+        assert {body[:4] for body in uploads} == {b"PTU2" if codec == "int8" else b"PTW2"}
     finally:
         stop(relay)
