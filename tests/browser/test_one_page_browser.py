@@ -5,11 +5,12 @@ weights' bytes) and the session still finishes."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 from browser_helpers import ARITH_SETTINGS, BOOT_SECONDS, start_relay, stop, task_args, wait_for_status
-from playwright.sync_api import Page, Request
+from playwright.sync_api import Page, Request, Route
 
 from server.browser.peers import join_url
 
@@ -44,5 +45,30 @@ def test_the_default_serve_with_one_page_finishes(page: Page, tmp_path: Path, co
         assert "no start gate" in page.inner_text("#peers")
         assert len(uploads) == units and not any(k.startswith("refused.") for k in status["counters"])
         assert {body[:4] for body in uploads} == {b"PTU2" if codec == "int8" else b"PTW2"}
+    finally:
+        stop(relay)
+
+
+def test_a_page_that_sends_weights_to_an_int8_session_stops_and_says_reload(page: Page, tmp_path: Path) -> None:
+    """An out-of-date page (here: its jobs rewritten in flight to name no codec, so it sends float32 weights) is
+    refused ``422 wrong_codec`` once, stops asking, and tells its person to reload, instead of training and being
+    refused forever."""
+    relay, url = start_relay(*task_args("arith", ARITH_SETTINGS, "--session-dir", str(tmp_path / "session"),
+                                        "--codec", "int8"), log_name="relay-outdated-page.log")
+
+    def without_codec(route: Route) -> None:
+        response = route.fetch()
+        job = response.json()
+        job.pop("codec", None)
+        route.fulfill(response=response, body=json.dumps(job))
+
+    page.context.route("**/api/work*", without_codec)
+    try:
+        page.goto(join_url(url))
+        page.locator("#error").wait_for(state="visible", timeout=(BOOT_SECONDS + 120) * 1000)
+        assert "Reload the page" in page.inner_text("#error")
+        status = wait_for_status(url, lambda s: s["counters"].get("refused.wrong_codec", 0) >= 1, timeout_s=30,
+                                 what="the refusal", pages=[page], relay=relay)
+        assert status["counters"]["refused.wrong_codec"] == 1 and status["round"] == 0
     finally:
         stop(relay)

@@ -94,6 +94,11 @@ const handlers = {
     $("error").hidden = false;
     $("error").textContent = `This peer was banned: ${message.message}`;
   },
+  outdated(message) {
+    setActivity(`stopped: ${message.message}`, "outdated");
+    $("error").hidden = false;
+    $("error").textContent = `This page is out of date for the relay (${message.message}). Reload the page to train again.`;
+  },
   finished(message) { setActivity(`session finished: ${message.reason}`, "finished"); },
   local: showLocalFiles,
 };

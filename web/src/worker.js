@@ -14,6 +14,8 @@ import { loadPyodide } from "/pyodide/pyodide.mjs";
 const INDEX_URL = new URL("/pyodide/", self.location.origin).href;
 const STEPS = ["fetch and start Pyodide", "install numpy + runtime", "import runtime"];
 const TEST_FLAG = "test";
+// Refusals that mean this page's runtime is older than the relay's: retraining cannot help, a reload does.
+const OUT_OF_DATE = new Set(["outdated_format", "wrong_codec"]);
 
 let pyodide = null;
 let entry = null; // runtime.worker, the module's proxy
@@ -185,6 +187,10 @@ async function trainLoop(joinCode, device) {
         await api(`/api/result?round=${job.round}&slot=${job.slot}`, { method: "POST", body: result });
         report("uploaded", { job, metrics, seconds });
       } catch (error) {
+        if (OUT_OF_DATE.has(error.code)) { // the relay expects results this page's runtime does not send
+          report("outdated", { message: error.message });
+          return;
+        }
         if (error.code !== "banned" && error.status !== 401 && permanent(error)) {
           report("refused", { job, code: error.code, message: error.message });
         } else throw error;
