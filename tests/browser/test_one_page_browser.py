@@ -45,6 +45,8 @@ def test_the_default_serve_with_one_page_finishes(page: Page, tmp_path: Path, co
         assert "no start gate" in page.inner_text("#peers")
         assert len(uploads) == units and not any(k.startswith("refused.") for k in status["counters"])
         assert {body[:4] for body in uploads} == {b"PTU2" if codec == "int8" else b"PTW2"}
+        sent = page.evaluate("window.peertrain.bytes.sent")  # what the page tells its person it sent
+        assert sent == sum(len(body) for body in uploads) and "sent" in page.inner_text("#last-unit")
     finally:
         stop(relay)
 

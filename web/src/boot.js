@@ -41,6 +41,9 @@ peer.run = (code) => new Promise((resolve, reject) => {
   peer.worker.postMessage({ type: "run", id, code });
 });
 
+// Bytes in words: the volunteer's own traffic for each unit.
+const kilobytes = (bytes) => (bytes >= 1e6 ? `${(bytes / 1e6).toFixed(2)} MB` : `${(bytes / 1e3).toFixed(1)} kB`);
+
 const handlers = {
   step: showStep,
   ready(message) {
@@ -83,7 +86,9 @@ const handlers = {
     peer.unitsDone += 1;
     peer.lastMetrics = message.metrics;
     const loss = message.metrics.train_loss ?? message.metrics.mean_return;
-    $("last-unit").textContent = `unit ${message.job.unit_index}, local ${message.metrics.train_loss !== undefined ? "loss" : "return"} ${fmt(loss)}, ${message.seconds.toFixed(1)} s`;
+    peer.bytes = { sent: peer.bytes.sent + message.sent, received: peer.bytes.received + message.received };
+    $("last-unit").textContent = `unit ${message.job.unit_index}, local ${message.metrics.train_loss !== undefined ? "loss" : "return"} ${fmt(loss)}, ${message.seconds.toFixed(1)} s; `
+      + `sent ${kilobytes(message.sent)}, received ${kilobytes(message.received)} (this page so far: ${kilobytes(peer.bytes.sent)} sent, ${kilobytes(peer.bytes.received)} received)`;
     setActivity(`uploaded unit ${message.job.unit_index} (${peer.unitsDone} so far)`, "uploaded");
   },
   refused(message) { peer.refused.push(message.code); setActivity(`result refused: ${message.message}`, "refused"); },

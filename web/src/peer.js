@@ -3,7 +3,8 @@
 export const $ = (id) => document.getElementById(id);
 export const params = new URLSearchParams(location.search);
 export const peer = { state: "starting", versions: null, steps: [], worker: null, pending: new Map(), nextId: 1,
-  session: null, activity: "not joined", unitsDone: 0, lastMetrics: null, refused: [], local: null, wantsJoin: params.has("join") };
+  session: null, activity: "not joined", unitsDone: 0, lastMetrics: null, refused: [], local: null, wantsJoin: params.has("join"),
+  bytes: { sent: 0, received: 0 } }; // (bytes: this page's uploads and downloads for its units)
 window.peertrain = peer;
 
 export function fmt(value) {

@@ -175,17 +175,21 @@ async function trainLoop(joinCode, device) {
       failures = 0;
       if (job.done) { report("finished", { reason: job.reason }); return; }
       if (job.wait !== undefined) { report("waiting", { reason: job.reason }); await sleep(job.wait * 1000); continue; }
+      let received = 0; // bytes of weights and data this unit needed (shown to the volunteer)
       if (weightsRound !== job.weights_round) {
-        weightsRound = prepared.peer.set_weights(await api(`/api/weights?round=${job.weights_round}`, { binary: true }));
+        const weights = await api(`/api/weights?round=${job.weights_round}`, { binary: true });
+        received += weights.byteLength;
+        weightsRound = prepared.peer.set_weights(weights);
       }
       const unit = job.kind === "data" ? await api(`/api/unit/${job.unit_index}`, { binary: true }) : null;
+      received += unit ? unit.byteLength : 0;
       report("training", { job });
       const started = performance.now();
       const { result, metrics } = await trainUnit(prepared, job, unit);
       const seconds = (performance.now() - started) / 1000;
       try {
         await api(`/api/result?round=${job.round}&slot=${job.slot}`, { method: "POST", body: result });
-        report("uploaded", { job, metrics, seconds });
+        report("uploaded", { job, metrics, seconds, sent: result.byteLength, received });
       } catch (error) {
         if (OUT_OF_DATE.has(error.code)) { // the relay expects results this page's runtime does not send
           report("outdated", { message: error.message });
