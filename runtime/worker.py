@@ -9,6 +9,7 @@ Python source of its own; what it holds between calls is the ``WorkerPeer`` that
     build_peer(task_info)       a WorkerPeer for ``GET /api/task``'s JSON
     WorkerPeer.choose_device    (async) cpu | webgpu | auto -> the choice as JSON
     WorkerPeer.set_weights      the round's weights message -> its round
+    WorkerPeer.residual, WorkerPeer.restore_residual   topk's error-feedback residual out to IndexedDB and back
     WorkerPeer.train            one job -> (result message, metrics as JSON)
     WorkerPeer.respond          global weights + a visitor's prompt -> the task's answer as JSON
     WorkerPeer.add_local_file   local tasks: a chosen file's name and bytes -> its report as JSON
@@ -28,7 +29,7 @@ import numpy as np
 
 import runtime
 from runtime import device
-from runtime.peer import Peer
+from runtime.peer import Peer, as_bytes
 
 NUMPY_MATMUL = "numpy (no BLAS)"
 CPU_DESCRIPTION = "CPU (numpy in Pyodide)"
@@ -83,6 +84,24 @@ class WorkerPeer:
     def set_weights(self, message: object) -> int:
         """Keep the round's global weights (a wire message); returns their round."""
         return self.peer.set_weights(message)
+
+    def residual(self) -> bytes:
+        """The error-feedback residual (what topk dropped so far) as float32 bytes: the page keeps it in IndexedDB,
+        so a reload loses nothing of it."""
+        return self.peer.feedback.residual.astype("<f4").tobytes()
+
+    def restore_residual(self, message: object) -> int:
+        """A residual the page kept (``residual``'s bytes) back into the peer; returns how many entries were
+        restored (0: not this model's size, or not finite, and the residual stays zero)."""
+        data = as_bytes(message)
+        size = self.peer.spec.size
+        if len(data) != 4 * size:
+            return 0
+        residual = np.frombuffer(data, dtype="<f4").astype(np.float32)
+        if not np.isfinite(residual).all():
+            return 0
+        self.peer.feedback.residual = residual
+        return size
 
     @property
     def weights_round(self) -> int | None:

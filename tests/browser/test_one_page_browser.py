@@ -8,10 +8,20 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import httpx
 import pytest
-from browser_helpers import ARITH_SETTINGS, BOOT_SECONDS, start_relay, stop, task_args, wait_for_status
+from browser_helpers import (
+    ARITH_SETTINGS,
+    BOOT_SECONDS,
+    session_status,
+    start_relay,
+    stop,
+    task_args,
+    wait_for_status,
+)
 from playwright.sync_api import Page, Request, Route
 
+from runtime.weights import WeightSpec
 from server.browser.peers import join_url
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -72,5 +82,40 @@ def test_a_page_that_sends_weights_to_an_int8_session_stops_and_says_reload(page
         status = wait_for_status(url, lambda s: s["counters"].get("refused.wrong_codec", 0) >= 1, timeout_s=30,
                                  what="the refusal", pages=[page], relay=relay)
         assert status["counters"]["refused.wrong_codec"] == 1 and status["round"] == 0
+    finally:
+        stop(relay)
+
+
+def test_a_reloaded_page_keeps_its_topk_residual(page: Page, tmp_path: Path) -> None:
+    """topk's error feedback: the page keeps its residual in IndexedDB after every upload, and a reload (a new
+    worker, a new peer) starts from it instead of from zeros."""
+    relay, url = start_relay(*task_args("arith", ARITH_SETTINGS, "--session-dir", str(tmp_path / "session"),
+                                        "--codec", "topk", "--topk-fraction", "0.1", "--no-verify", "-k", "1",
+                                        "--passes", "3"), log_name="relay-residual.log")
+    try:
+        page.goto(join_url(url))
+        wait_for_status(url, lambda s: s["counters"].get("results_accepted", 0) >= 2, timeout_s=BOOT_SECONDS + 120,
+                        what="two results", pages=[page], relay=relay)
+        kept = page.evaluate("""() => new Promise((resolve, reject) => {
+            const opening = indexedDB.open("peertrain", 1);
+            opening.onerror = () => reject(opening.error);
+            opening.onsuccess = () => {
+              const store = opening.result.transaction("residuals").objectStore("residuals");
+              const all = store.getAll();
+              all.onsuccess = () => resolve(all.result.map((bytes) => Array.from(new Float32Array(bytes.buffer))
+                .reduce((sum, value) => sum + Math.abs(value), 0)));
+            };
+          })""")
+        assert len(kept) == 1 and kept[0] > 0  # one task's residual, not all zero
+        size = WeightSpec.from_json(httpx.get(url + "api/task", timeout=30).json()["spec"]).size
+        page.reload()
+        restored = None
+        for _ in range(4 * (BOOT_SECONDS + 60)):  # (bounded; the page's CSP forbids wait_for_function)
+            restored = page.evaluate("window.peertrain.residualRestored")
+            if restored:
+                break
+            page.wait_for_timeout(250)
+        assert restored == size  # every entry of the model's residual
+        assert "refused." not in " ".join(session_status(url)["counters"])
     finally:
         stop(relay)

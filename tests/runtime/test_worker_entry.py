@@ -138,3 +138,17 @@ def test_a_session_through_the_relay_api(package: Package, tmp_path: Path) -> No
                                   for a in reference.assignments()])
     assert np.array_equal(relay.session.weights, reference.weights)
     assert status["history"][-1]["metrics"] == reference.history[-1]["metrics"]
+
+
+def test_the_residual_goes_out_and_back_and_a_wrong_one_is_not_taken(package: Package) -> None:
+    """What the page keeps in IndexedDB: topk's residual as float32 bytes; one of another size or with a NaN is not
+    taken (the residual stays as it was)."""
+    peer = worker.build_peer(task_info(package))
+    size = package.spec.size
+    residual = np.linspace(-1, 1, size, dtype=np.float32)
+    assert peer.restore_residual(residual.tobytes()) == size
+    assert peer.residual() == residual.tobytes()
+    bad = residual.copy()
+    bad[3] = np.nan
+    assert peer.restore_residual(bad.tobytes()) == 0 and peer.restore_residual(b"\x00" * 8) == 0
+    assert peer.residual() == residual.tobytes()

@@ -99,6 +99,7 @@ const handlers = {
     $("error").hidden = false;
     $("error").textContent = `This peer was banned: ${message.message}`;
   },
+  residual(message) { peer.residualRestored = message.restored; }, // entries of topk's residual kept from before
   outdated(message) {
     setActivity(`stopped: ${message.message}`, "outdated");
     $("error").hidden = false;

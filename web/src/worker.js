@@ -89,12 +89,30 @@ const permanent = (error) => error.status >= 400 && error.status < 500 && error.
 
 // The task and its Python peer for the relay's current session (built again when a new session trains
 // another task; a local task's peer gets the chosen files again).
+// topk's error-feedback residual survives a reload: kept in IndexedDB per task package (its fingerprint).
+function residuals(mode, use) {
+  return new Promise((resolve, reject) => {
+    const opening = indexedDB.open("peertrain", 1);
+    opening.onupgradeneeded = () => opening.result.createObjectStore("residuals");
+    opening.onerror = () => reject(opening.error);
+    opening.onsuccess = () => {
+      const request = use(opening.result.transaction("residuals", mode).objectStore("residuals"));
+      request.onsuccess = () => resolve(request.result);
+      request.onerror = () => reject(request.error);
+    };
+  });
+}
+const saveResidual = (fingerprint, bytes) => residuals("readwrite", (store) => store.put(bytes, fingerprint));
+const loadResidual = (fingerprint) => residuals("readonly", (store) => store.get(fingerprint));
+
 async function buildTask(current) {
   const taskInfo = await api("/api/task");
   if (current && current.peer.fingerprint === taskInfo.fingerprint) return { ...current, taskInfo };
   if (taskInfo.wheel) await pyodide.loadPackage([taskInfo.wheel]);
   if (current) current.peer.destroy();
   const built = { taskInfo, peer: entry.build_peer(JSON.stringify(taskInfo)), mode: null, onWebgpu: false, description: "" };
+  const kept = await loadResidual(taskInfo.fingerprint).catch(() => undefined);
+  if (kept) report("residual", { restored: built.peer.restore_residual(kept) });
   if (taskInfo.kind === "local") {
     for (const [name, bytes] of localFiles) built.peer.add_local_file(name, bytes);
     reportLocal(built.peer);
@@ -190,6 +208,12 @@ async function trainLoop(joinCode, device) {
       try {
         await api(`/api/result?round=${job.round}&slot=${job.slot}`, { method: "POST", body: result });
         report("uploaded", { job, metrics, seconds, sent: result.byteLength, received });
+        if (job.codec && job.codec.name === "topk") {
+          const residual = prepared.peer.residual();
+          await saveResidual(prepared.taskInfo.fingerprint, residual.toJs()).catch((error) =>
+            report("log", { level: "error", message: `could not keep the residual: ${error}` }));
+          residual.destroy();
+        }
       } catch (error) {
         if (OUT_OF_DATE.has(error.code)) { // the relay expects results this page's runtime does not send
           report("outdated", { message: error.message });
