@@ -117,3 +117,12 @@ def test_malformed_payloads_are_refused_with_their_codes() -> None:
             Codec.from_json(bad)
         assert refused.value.code == "bad_codec"
     assert Codec.from_json(Codec("topk", 0.1).to_json()) == Codec("topk", 0.1)
+
+
+def test_topk_keeping_everything_is_int8_bit_for_bit() -> None:
+    """An independent check of top-k's bookkeeping (offsets, scales, the order its noise is drawn in): keeping every
+    entry must give exactly int8's decoding."""
+    update = np.random.default_rng(0).standard_normal(1000).astype(np.float32)
+    int8, everything = Codec("int8"), Codec("topk", fraction=1.0)
+    expected = int8.decode(int8.encode(update, 5), 1000)
+    assert np.array_equal(expected, everything.decode(everything.encode(update, 5), 1000))
