@@ -141,6 +141,9 @@ def test_char_tokenizer_learns_sums() -> None:
 
 
 @pytest.mark.slow
+# Two whole sessions of CPU-bound training: 83 s on a quiet machine, 892 s in a fresh-clone suite run while two busy
+# loops, a benchmark and browser tests shared the two cores (a hair under the global 900 s).
+@pytest.mark.timeout(2700)
 def test_bpe_pitfall_stays_low_char_reaches_99_percent() -> None:
     """The benchmark's data and model (REPORT_SETTINGS): bpe stays near 0/200 with glued fragments; char reaches
     >= 198/200.
