@@ -318,7 +318,7 @@ def test_error_codes_are_distinct_and_4xx() -> None:
     classes = [cls for cls in vars(wire).values() if isinstance(cls, type) and issubclass(cls, WireError)]
     classes.remove(WireError)
     codes = [cls.code for cls in classes]
-    assert len(set(codes)) == len(codes) == 12
+    assert len(set(codes)) == len(codes) == 14
     assert all(code.replace("_", "").isalpha() and code.islower() for code in codes)
     assert all(400 <= cls.http_status < 500 for cls in classes)
     assert all(issubclass(cls, ValueError) for cls in classes)
