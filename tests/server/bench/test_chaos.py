@@ -28,14 +28,16 @@ def majority_importable(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_ten_kills_in_a_synchronous_session_end_bit_identical(tmp_path: Path) -> None:
-    config = ChaosConfig(kills=10, passes=8, hidden=4096, timeout_s=240)  # 16 rounds: room for the ten kills
+    # 32 rounds: room for the ten kills. On a quiet machine rounds outrun the killer (each kill waits for its moment
+    # and restarts the relay): 16 rounds held only 8 kills there, where a loaded machine fitted all ten.
+    config = ChaosConfig(kills=10, passes=16, hidden=4096, timeout_s=240)
     report = run_session(config, tmp_path / "kills", kills=config.kills)
     assert len(report.kills) == 10, report.kills
     moments = Counter(kill.interrupted for kill in report.kills)
     assert moments["during an upload"] >= 1 and moments["during a merge, before its checkpoint"] >= 1, moments
     assert report.units_lost == 0 and report.units_twice == 0, report
     assert report.peer_errors == [] and report.identical, report
-    assert report.rounds == 16
+    assert report.rounds == 32
 
 
 def test_kills_in_an_asynchronous_session_end_on_the_replay_of_its_arrivals(tmp_path: Path) -> None:
