@@ -60,6 +60,10 @@ class RoundBook:
     def refused(self, round_index: int, slot: int, peer_id: str) -> bool:
         return peer_id in self._refused.get((round_index, slot), ())
 
+    def refused_by_all(self, round_index: int, slot: int, peers: list[str]) -> bool:
+        """Whether every one of ``peers`` (the connected ones) was refused for the slot: nobody here may take it."""
+        return all(self.refused(round_index, slot, peer) for peer in peers)
+
     def forget_before(self, round_index: int) -> None:
         """After a merge: norms and refusals of merged rounds are of no more use. (The async stream's refusals,
         kept under round -1, go at every merge too: a refused peer may draw that entry again from new weights.)"""

@@ -89,7 +89,7 @@ class AsyncBuffer(Part):
             if entry in done or (lease is not None and lease.deadline >= now):
                 continue
             if self.book.refused(ASYNC_ROUND, entry, peer_id) and \
-                    not all(self.book.refused(ASYNC_ROUND, entry, peer) for peer in connected):
+                    not self.book.refused_by_all(ASYNC_ROUND, entry, connected):
                 continue  # (another connected peer may take it; when none may, the stream has moved on: try again)
             if lease is not None:
                 self.store.count("leases_expired")

@@ -35,11 +35,6 @@ from server.relay.sqlite_store import StoredResult
 from server.session.config import SessionError
 
 
-def min_peers(context: RelayContext) -> int:
-    """Peers connected before a round starts: only the gate the host set (``--min-peers``, default 1: none)."""
-    return context.options.min_peers
-
-
 class SyncRounds:
     """``on_round_opened`` runs when a round hands out its first unit (the relay arms the deadline's timer)."""
 
@@ -103,7 +98,7 @@ class SyncRounds:
         session goes on with whoever is connected (a ban or a closed tab must not stop it for good). Banned peers
         and peers gone past the timeout are not connected."""
         session, store, options = self.context.session, self.context.store, self.context.options
-        needed = min_peers(self.context)
+        needed = options.min_peers
         if needed <= 1 or self.started or session.round > 0 or store.result_slots(0) or store.leases(0):
             return None
         connected = len(store.active_peers(options.peer_timeout))
@@ -124,7 +119,7 @@ class SyncRounds:
             return set()
         return {a.slot for a in session.assignments()
                 if a.slot not in results and not (a.slot in leases and leases[a.slot].deadline >= now)
-                and all(self.book.refused(round_index, a.slot, peer) for peer in connected)}
+                and self.book.refused_by_all(round_index, a.slot, connected)}
 
     def carry_ready(self) -> bool:
         """The round has results and every other slot is blocked (and no second copy is awaited): it merges now

@@ -54,7 +54,7 @@ from server.relay.pacing import RoundPacing
 from server.relay.people import Participants
 from server.relay.refusal import Refusal
 from server.relay.replay_checks import ReplayChecks
-from server.relay.rounds import SyncRounds, min_peers
+from server.relay.rounds import SyncRounds
 from server.relay.sqlite_store import Store, StoredResult
 from server.relay.storage import StorageGuard, is_storage_error
 from server.relay.verify import DISPUTE
@@ -155,10 +155,6 @@ class Relay:
     def version(self) -> int:
         return self.notices.version
 
-    @property
-    def min_peers(self) -> int:
-        return min_peers(self.context)
-
     def status(self) -> dict[str, Any]:
         session, store = self.session, self.store
         active = store.active_peers(self.options.peer_timeout)
@@ -168,7 +164,7 @@ class Relay:
             "fingerprint": self.package.fingerprint,
             "paused": self.paused,
             "merging": self.merging,
-            "peers": {"connected": len(active), "joined": store.peer_count(), "needed": self.min_peers,
+            "peers": {"connected": len(active), "joined": store.peer_count(), "needed": self.options.min_peers,
                       "addresses": store.addresses(self.options.peer_timeout)},
             "round_progress": self.mode.progress(),
             "waiting": self.waiting(),
