@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from runtime import wire
+from runtime import deltas, wire
 from runtime.backend import get_backend
 from runtime.codec import Codec, ErrorFeedback
 from runtime.tasks.base import Task, TaskError, WorkUnit, check_unit_result
@@ -51,21 +51,30 @@ class Peer:
                             f"{self.spec.fingerprint()}: the runtime or task wheel is out of date")
         self.weights: np.ndarray | None = None
         self.weights_round: int | None = None
+        self.weights_sha: str | None = None  # the digest a job names its weights by (runtime.deltas)
         self.last_metrics_json = "{}"
         self.local: LocalData | None = LocalData(self.task) if self.task.kind == "local" else None
         self.feedback = ErrorFeedback(self.spec.size)  # what topk dropped so far (runtime.codec)
 
     def set_weights(self, message: object) -> int:
-        """Decode and keep the global weights; returns their round."""
-        header, vector = wire.decode(as_bytes(message), expect_spec=self.spec, expect_fingerprint=self.fingerprint)
-        self.weights, self.weights_round = vector, header.round
-        return header.round
+        """Keep the global weights: a weights message, or a chain of steps from the weights held (each step
+        checked against the digest it names, ``runtime.deltas``); returns their round."""
+        data = as_bytes(message)
+        if deltas.is_chain(data):
+            round_index, vector = deltas.apply_chain(data, self.weights, spec=self.spec, fingerprint=self.fingerprint)
+        else:
+            header, vector = wire.decode(data, expect_spec=self.spec, expect_fingerprint=self.fingerprint)
+            round_index = header.round
+        self.weights, self.weights_round, self.weights_sha = vector, round_index, deltas.weights_sha256(vector)
+        return round_index
 
     def train(self, assignment: str | dict[str, Any], unit_message: object = None) -> bytes:
         """Train one assignment from the kept weights; returns the wire-encoded result to upload."""
         job = json.loads(assignment) if isinstance(assignment, str) else assignment
-        if self.weights is None or self.weights_round != job["round"]:
-            raise TaskError(f"weights of round {self.weights_round} held, assignment is for round {job['round']}")
+        named = job.get("weights_digest")  # (a relay before content-addressed weights names none: the round then)
+        if self.weights is None or (self.weights_sha != named if named else self.weights_round != job["round"]):
+            raise TaskError(f"weights of round {self.weights_round} held, assignment is for round {job['round']}"
+                            + (f" (weights {str(named)[:16]})" if named else ""))
         started = time.perf_counter()
         if self.local is not None:  # a local unit: this peer's own examples (their content stays here)
             unit = self.local.work_unit(int(job["unit_index"]), int(job["unit_seed"]),

@@ -8,7 +8,8 @@ Python source of its own; what it holds between calls is the ``WorkerPeer`` that
     boot(blas)                  the boot report (versions, which matmul runs) as JSON
     build_peer(task_info)       a WorkerPeer for ``GET /api/task``'s JSON
     WorkerPeer.choose_device    (async) cpu | webgpu | auto -> the choice as JSON
-    WorkerPeer.set_weights      the round's weights message -> its round
+    WorkerPeer.set_weights      the round's weights message, or a chain of steps from the weights held -> its round
+    WorkerPeer.weights_sha      the digest of the weights held (a job's weights_digest names the ones it needs)
     WorkerPeer.residual, WorkerPeer.restore_residual   topk's error-feedback residual out to IndexedDB and back
     WorkerPeer.train            one job -> (result message, metrics as JSON)
     WorkerPeer.respond          global weights + a visitor's prompt -> the task's answer as JSON
@@ -82,7 +83,7 @@ class WorkerPeer:
         return json.dumps(choice)
 
     def set_weights(self, message: object) -> int:
-        """Keep the round's global weights (a wire message); returns their round."""
+        """Keep the round's global weights (a weights message or a chain of steps); returns their round."""
         return self.peer.set_weights(message)
 
     def residual(self) -> bytes:
@@ -106,6 +107,11 @@ class WorkerPeer:
     @property
     def weights_round(self) -> int | None:
         return self.peer.weights_round
+
+    @property
+    def weights_sha(self) -> str:
+        """The digest of the weights held ("" before any): the page asks for a chain from them."""
+        return self.peer.weights_sha or ""
 
     def train(self, job: str | dict[str, Any], unit: object = None) -> tuple[bytes, str]:
         """Train one job (``POST /api/work``'s assignment, as JSON) on the chosen device, with the unit's data

@@ -27,6 +27,8 @@ from typing import Any
 
 import httpx
 
+from runtime import wire
+from runtime.deltas import is_chain
 from runtime.peer import Peer
 from server.relay.client import (
     Call,
@@ -35,6 +37,7 @@ from server.relay.client import (
     RelayRefusal,
     checked,
     join_call,
+    named_weights_call,
     result_call,
     task_call,
     unit_call,
@@ -84,6 +87,8 @@ class PeerLog:
     uploads_skipped_training: int = 0
     rejoins: int = 0
     unanswered: int = 0  # requests given up on (each a resend or a restart followed)
+    weights_bytes: int = 0  # bytes of weights received (full messages and chains of steps)
+    chains: int = 0  # weights rebuilt from a chain of steps
 
 
 class NativePeer:
@@ -104,7 +109,7 @@ class NativePeer:
         self.log = PeerLog()
         self.peer: Peer | None = None
         self.weights_message = b""
-        self._held_version: int | None = None  # the version of ``weights_message``
+        self._held: int | str | None = None  # the digest (or, from a relay that names none, the version) held
         self.ended = ""  # "done", "stopped", or why it gave up
         self.error: BaseException | None = None
         self.thread: threading.Thread | None = None
@@ -228,13 +233,28 @@ class NativePeer:
         return False
 
     def weights(self, job: Job) -> bytes:
-        """The weights message the job names (fetched when the one held is of another version)."""
-        version = int(job["weights_round"])
-        if self._held_version != version or not self.weights_message:
-            self.weights_message = self.call(weights_call(version))
+        """The weights message the job names, fetched when the one held is other weights. A peer that trains and
+        holds earlier weights asks for the chain of steps from them (``runtime.deltas``): ``weights_message`` is then
+        that chain; one that does not rebuild the named weights is dropped for the full message."""
+        digest = job.get("weights_digest")
+        wanted = digest or int(job["weights_round"])
+        if self._held != wanted or not self.weights_message:
+            if digest is None:
+                message = self.call(weights_call(int(job["weights_round"])))
+            else:
+                message = self.call(named_weights_call(digest, self.peer.weights_sha if self.peer else None))
+            self.log.weights_bytes += len(message)
             if self.peer is not None:
-                self.peer.set_weights(self.weights_message)
-            self._held_version = version
+                try:
+                    self.peer.set_weights(message)
+                    self.log.chains += is_chain(message)
+                except wire.WireError:
+                    if not is_chain(message):
+                        raise
+                    message = self.call(named_weights_call(str(digest)))
+                    self.log.weights_bytes += len(message)
+                    self.peer.set_weights(message)
+            self.weights_message, self._held = message, wanted
         return self.weights_message
 
     def trained(self, job: Job) -> bytes:

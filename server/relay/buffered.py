@@ -43,7 +43,7 @@ class AsyncBuffer(Part):
 
     def __init__(self, context: RelayContext, book: RoundBook, jobs: Jobs, people: Participants) -> None:
         self.context, self.book, self.jobs, self.people = context, book, jobs, people
-        self.versions: dict[int, np.ndarray] = {}
+        self.versions: dict[int, np.ndarray] = jobs.kept  # (jobs name them and serve their weights by digest)
         self.granted: dict[int, int] = {}  # schedule entry -> the version it was handed out with
         self.norms: list[float] = []
         self.next = 0

@@ -54,6 +54,7 @@ class Call:
     json: Any = None
     content: bytes | None = None
     authorized: bool = True
+    follow_redirects: bool = False
 
 
 def join_call(join_code: str | None = None) -> Call:
@@ -75,6 +76,13 @@ def work_call(hold: float | str | None = None) -> Call:
 def weights_call(version: int | None = None) -> Call:
     """The current weights, or (``version``) the version a job names (async mode keeps recent ones)."""
     return Call("GET", "/api/weights" if version is None else f"/api/weights?round={version}", parse=content)
+
+
+def named_weights_call(digest: str, held: str | None = None) -> Call:
+    """The weights a job names (``weights_digest``): with ``held``, the chain of steps from the weights held (or,
+    redirected, the full weights when the relay has no chain). Content-addressed: sent without credentials."""
+    return Call("GET", f"/api/weights/{digest}" + (f"/from/{held}" if held else ""), parse=content,
+                authorized=False, follow_redirects=True)
 
 
 def unit_call(index: int) -> Call:
@@ -107,7 +115,7 @@ class RelayClient:
         if headers is None:
             headers = self.credentials.headers if call.authorized and self.credentials else {}
         response: httpx.Response = self.http.request(call.method, call.path, headers=headers, json=call.json,
-                                                     content=call.content)
+                                                     content=call.content, follow_redirects=call.follow_redirects)
         return response
 
     def call(self, call: Call) -> Any:
@@ -146,7 +154,8 @@ class AsyncRelayClient:
 
     async def send(self, call: Call) -> httpx.Response:
         headers = self.credentials.headers if call.authorized and self.credentials else {}
-        return await self.http.request(call.method, call.path, headers=headers, json=call.json, content=call.content)
+        return await self.http.request(call.method, call.path, headers=headers, json=call.json, content=call.content,
+                                       follow_redirects=call.follow_redirects)
 
     async def call(self, call: Call) -> Any:
         return call.parse(await self.send(call))

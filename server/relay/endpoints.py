@@ -11,6 +11,9 @@ JSON unless noted; weights, chunks and results are binary wire messages (``runti
                                    with hold, a "wait" answer is held up to S s (at most MAX_HOLD_SECONDS and
                                    half the peer timeout) and work is answered the moment it exists
     GET  /api/weights[?round=V]              (peer) the global weights of the current round
+    GET  /api/weights/{digest}     the weights a job names (``weights_digest``): immutable, cacheable by anyone
+    GET  /api/weights/{digest}/from/{held}   the same as a chain of compressed steps from the weights held
+                                   (``runtime.deltas``), or 307 to the full weights
     GET  /api/unit/{index}         (peer, holding a lease on it) the unit's data chunk
     POST /api/result?round=&slot=  (peer) a result message; refused with 4xx and a reason, counted
     GET  /api/model[?round=best]             (anyone with serve --public-model, else admin) the model
@@ -257,6 +260,73 @@ async def weights(request: Request) -> Response:
     return Response(message, media_type="application/octet-stream")
 
 
+IMMUTABLE = "public, max-age=31536000, immutable"  # a content-addressed answer never changes
+DIGEST_PARAM = Param(name="digest", where="path", schema={"type": "string", "pattern": "^[0-9a-f]{64}$"},
+                     description="the sha256 of the weights' float32 bytes (a job's weights_digest)")
+
+
+def digest_param(request: Request, name: str) -> str:
+    text = request.path_params[name]
+    if len(text) != 64 or not all(c in "0123456789abcdef" for c in text):
+        raise Refusal(404, "unknown_weights", f"no weights {text[:70]!r}: weights are named by 64 hex digits")
+    return str(text)
+
+
+def immutable_response(request: Request, body: bytes, etag: str) -> Response:
+    """A content-addressed answer: cacheable by anyone for a year, with a strong ETag (``If-None-Match`` -> 304)."""
+    tag = f'"{etag}"'
+    headers = {"ETag": tag, "Cache-Control": IMMUTABLE}
+    if tag in [t.strip() for t in request.headers.get("if-none-match", "").split(",")]:
+        return Response(status_code=304, headers=headers)
+    return Response(body, media_type="application/octet-stream", headers=headers)
+
+
+@operation(Operation(
+    summary="the weights a digest names (the current ones, or a kept version), as a weights message",
+    description="Content-addressed and immutable: `Cache-Control: public, max-age=31536000, immutable` and a strong "
+    "ETag, so any HTTP cache in front of the relay serves the fan-out. No credentials: the digest is only "
+    "known to those handed a job (256 bits, not guessable).",
+    params=[DIGEST_PARAM],
+    answers=[Answer(description="a weights message (runtime.wire)", content={OCTET: {}},
+                    headers={"ETag": "the digest, quoted", "Cache-Control": IMMUTABLE})],
+    refusals=[*NOT_FOUND, (404, "unknown_weights")]))
+async def weights_named(request: Request) -> Response:
+    relay = relay_of(request)
+    digest = digest_param(request, "digest")
+    message = relay.jobs.named(digest)
+    if message is None:
+        raise Refusal(404, "unknown_weights", f"weights {digest[:16]} are not served now; ask POST /api/work for the "
+                      "current ones")
+    relay.store.count("weights_sent_full")
+    relay.store.count("weights_bytes_full", len(message))
+    return immutable_response(request, message, digest)
+
+
+@operation(Operation(
+    summary="the weights a digest names, as the chain of compressed steps from the weights a peer holds",
+    description="Sessions with `--codec int8|topk` move their weights by compressed steps (runtime.deltas): a peer "
+    "holding earlier weights rebuilds the newest from the chain, bit for bit. Where the relay keeps no such chain "
+    "or the chain is no smaller than the weights, a 307 redirect to the full weights.",
+    params=[DIGEST_PARAM, Param(name="held", where="path", schema={"type": "string", "pattern": "^[0-9a-f]{64}$"},
+                                description="the digest of the weights the peer holds")],
+    answers=[Answer(description="a chain message (runtime.deltas), or 307 to /api/weights/{digest}",
+                    content={OCTET: {}}, headers={"ETag": "quoted", "Cache-Control": IMMUTABLE})],
+    refusals=[*NOT_FOUND, (404, "unknown_weights")]))
+async def weights_chain(request: Request) -> Response:
+    relay = relay_of(request)
+    digest, held = digest_param(request, "digest"), digest_param(request, "held")
+    if relay.jobs.version_named(digest) is None:
+        raise Refusal(404, "unknown_weights", f"weights {digest[:16]} are not served now; ask POST /api/work for the "
+                      "current ones")
+    message = relay.jobs.chain(digest, held)
+    if message is None:
+        return Response(status_code=307, headers={"Location": f"{API_PREFIX}/weights/{digest}",
+                                                  "Cache-Control": "no-store"})
+    relay.store.count("weights_sent_chain")
+    relay.store.count("weights_bytes_chain", len(message))
+    return immutable_response(request, message, f"{digest}-from-{held}")
+
+
 @operation(Operation(
     summary="the data chunk of a unit leased to this peer, as an array message", auth="peer",
     params=[Param(name="index", where="path", schema={"type": "integer", "minimum": 0})],
@@ -436,6 +506,8 @@ API = Mount(API_PREFIX, routes=[
     Route("/join", join, methods=["POST"]),
     Route("/work", work, methods=["POST"]),
     Route("/weights", weights),
+    Route("/weights/{digest}", weights_named),
+    Route("/weights/{digest}/from/{held}", weights_chain),
     Route("/unit/{index}", unit),  # (parsed by ``unit_index``: Starlette's int convertor let huge numbers 500)
     Route("/result", result, methods=["POST"]),
     Route("/model", model),

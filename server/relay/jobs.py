@@ -1,5 +1,11 @@
 """What a peer is handed (``Jobs``): an assignment as the job JSON of ``POST /api/work``, and the weights it
-starts from as a wire message (``GET /api/weights``), encoded once per round."""
+starts from as wire messages.
+
+Weights are named by the sha256 of their bytes (``runtime.deltas.weights_sha256``). A job names its weights
+(``weights_digest``, ``weights_url``); ``GET /api/weights/<digest>`` is the full message and
+``GET /api/weights/<digest>/from/<held>`` the chain of compressed steps from the weights a peer holds (sessions
+with a compressing codec, ``server.session.downloads``). Both never change, so any HTTP cache may keep them.
+The messages are encoded once per version and kept while the version is served."""
 
 from __future__ import annotations
 
@@ -7,34 +13,99 @@ from typing import Any
 
 import numpy as np
 
-from runtime import wire
+from runtime import deltas, wire
 from runtime.planner import Assignment
 from server.relay.context import RelayContext
+
+CHAINS_KEPT = 8  # encoded chain messages kept (most peers ask for the same one: from the last round's weights)
 
 
 class Jobs:
     def __init__(self, context: RelayContext) -> None:
         self.context = context
-        self._weights: tuple[int, bytes] | None = None  # (round, message) of the current weights
+        self._current: tuple[int, bytes, str] | None = None  # (round, message, digest) of the current weights
+        # Older versions a job may still name (async mode keeps the recent ones: ``AsyncBuffer.keep_version``).
+        self.kept: dict[int, np.ndarray] = {}
+        self._digests: dict[int, str] = {}  # version -> digest of a kept version
+        self._chains: dict[tuple[str, str], bytes | None] = {}  # (from, to) -> chain message (None: too long)
 
     def job(self, assignment: Assignment, deadline: float) -> dict[str, Any]:
         """The job JSON of ``assignment``, leased until ``deadline`` (the store's clock)."""
         session, store = self.context.session, self.context.store
         unit = session.work_unit(assignment)
+        digest = self.digest_of(assignment.round)
         return {**assignment.to_json(), "kind": session.task.kind, "episodes": unit.episodes,
                 "progress": unit.progress,
                 "lease_deadline": deadline, "lease_seconds": max(0.0, deadline - store.clock()),
                 "weights_round": assignment.round, "num_rounds": session.num_rounds,
+                **({"weights_digest": digest, "weights_url": f"/api/weights/{digest}"} if digest else {}),
                 "fingerprint": self.context.package.fingerprint,
                 **({"carried_from": carried} if (carried := session.carried_from(assignment)) is not None else {}),
                 **({"codec": codec.to_json()} if (codec := session.config.result_codec).compresses else {})}
 
+    def current(self) -> tuple[int, bytes, str]:
+        """(round, weights message, digest) of the current weights, encoded once per round."""
+        session = self.context.session
+        if self._current is None or self._current[0] != session.round:
+            weights = session.weights
+            current = (session.round, self.message(weights, session.round), deltas.weights_sha256(weights))
+            if self.context.merging:  # (the merge may have moved the weights before the round: keep nothing now)
+                return current
+            self._current = current
+        return self._current
+
     def weights_message(self) -> bytes:
         """The current round's weights as a wire message (cached until the round changes)."""
+        return self.current()[1]
+
+    def digest_of(self, version: int) -> str | None:
+        """The digest of the current weights or of a kept version; None for a version not served."""
+        if version == self.context.session.round:
+            return self.current()[2]
+        weights = self.kept.get(version)
+        if weights is None:
+            return None
+        if version not in self._digests:
+            self._digests = {v: d for v, d in self._digests.items() if v in self.kept}
+            self._digests[version] = deltas.weights_sha256(weights)
+        return self._digests[version]
+
+    def version_named(self, digest: str) -> int | None:
+        """The version (newest first) whose weights ``digest`` names, among those served."""
+        for version in sorted({self.context.session.round, *self.kept}, reverse=True):
+            if self.digest_of(version) == digest:
+                return version
+        return None
+
+    def named(self, digest: str) -> bytes | None:
+        """The full weights message ``digest`` names (the current weights or a kept version), or None."""
+        version = self.version_named(digest)
+        if version is None:
+            return None
+        return self.weights_message() if version == self.context.session.round else \
+            self.message(self.kept[version], version)
+
+    def chain(self, digest: str, held: str) -> bytes | None:
+        """The chain message from the weights named ``held`` to those named ``digest`` (served ones), or None when
+        the session keeps no such chain (no compressing codec, a restart, too long ago) or it is no smaller than
+        the full message."""
+        key = (held, digest)
+        if key in self._chains:
+            return self._chains[key]
         session = self.context.session
-        if self._weights is None or self._weights[0] != session.round:
-            self._weights = (session.round, self.message(session.weights, session.round))
-        return self._weights[1]
+        version = self.version_named(digest)
+        links = session.downloads.log.chain(held, digest) if version is not None else None
+        if not links or sum(len(s.payload) for s in links) >= len(self.weights_message()):
+            return None
+        message: bytes | None = deltas.encode_chain(links, spec=session.spec, codec=session.downloads.codec,
+                                                    fingerprint=self.context.package.fingerprint,
+                                                    round_index=version or 0)
+        if message is not None and len(message) >= len(self.weights_message()):  # (the links' header counts too)
+            message = None
+        self._chains[key] = message
+        while len(self._chains) > CHAINS_KEPT:
+            self._chains.pop(next(iter(self._chains)))
+        return message
 
     def message(self, weights: np.ndarray, round_index: int) -> bytes:
         header = wire.WireHeader(spec=self.context.session.spec, round=round_index,
@@ -42,5 +113,8 @@ class Jobs:
         return wire.encode(weights, header)
 
     def forget(self) -> None:
-        """A new session (or the last checkpoint reloaded): the cached message may be of other weights."""
-        self._weights = None
+        """A new session (or the last checkpoint reloaded): the cached messages may be of other weights."""
+        self._current = None
+        self.kept.clear()
+        self._digests.clear()
+        self._chains.clear()

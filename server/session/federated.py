@@ -84,9 +84,7 @@ def judge(session: Session, entry: dict[str, Any] | None) -> tuple[bool, dict[st
 def apply_divergence(session: Session, entry: dict[str, Any], event: dict[str, Any]) -> None:
     """After the merge: stop the session, or put the best weights back in place of the merged ones."""
     if event["action"] == "rollback":
-        session.weights = session.best_weights.copy()
-        session.merge.reset()
-        session.aggregator.reset()
+        session.roll_back()
         event["restored_round"] = session.best_round
     else:
         session.stopped = f"diverged in round {session.round}: {event['reason']}"

@@ -37,6 +37,7 @@ from runtime.tasks.base import check_unit_result
 from server.session import checkpoint_files as checkpoint
 from server.session import federated
 from server.session.config import DivergenceAction, SessionConfig, SessionError
+from server.session.downloads import Downloads, split_download_state
 
 __all__ = ["DivergenceAction", "Session", "SessionConfig", "SessionError", "SessionPackage"]
 
@@ -71,6 +72,7 @@ class Session:
                                f"round; this session has k={config.participants}")
         self.spec = self.task.spec()
         self.weights = np.array(package.initial_weights, dtype=np.float32)
+        self.downloads = Downloads(config.result_codec, self.spec.size, config.seed)  # how merged steps move them
         self.directory = Path(directory) if directory is not None else None
         self.round = 0  # the next round to run = rounds completed
         self.history: list[dict[str, Any]] = []
@@ -129,7 +131,9 @@ class Session:
         latest, best = checkpoint.read_latest(directory), checkpoint.read_best(directory)
         state = latest.state
         session.weights = np.array(latest.weights, dtype=np.float32)
-        merge_state, aggregate_state = split_server_state(latest.merge_state)
+        server_state, download_state = split_download_state(dict(latest.merge_state))
+        merge_state, aggregate_state = split_server_state(server_state)
+        session.downloads.load_state_dict(download_state)
         session.merge.load_state_dict(merge_state)
         session.aggregator.load_state_dict(aggregate_state)
         session.round = int(state["round"])
@@ -279,6 +283,7 @@ class Session:
         started = time.perf_counter()
         merged = self.merge.merge(self.weights, [Result(r.weights, int(r.num_examples)) for r in results],
                                   spec=self.spec, aggregator=self.aggregator)
+        merged, download = self.downloads.apply(self.round, self.weights, merged)  # (compressed: the decoded step)
         outliers = [units[i] for i in self.aggregator.last_outliers]
         diagnostics = self._diagnostics(merged)
         merged_at = time.perf_counter()
@@ -291,9 +296,7 @@ class Session:
         if divergence is not None:
             event: dict[str, Any] = {"type": "divergence", "reason": divergence, "action": self.config.on_divergence}
             if self.config.on_divergence == "rollback":
-                self.weights = self.best_weights.copy()
-                self.merge.reset()
-                self.aggregator.reset()
+                self.roll_back()
                 event["restored_round"] = self.best_round
             else:
                 self.weights = merged
@@ -313,6 +316,7 @@ class Session:
             "units": units,
             "outliers": outliers,  # units the aggregator set aside or distrusted
             "diagnostics": diagnostics,  # the pseudo-gradient's size, spread and agreement with the last round's
+            **({"download": download} if download else {}),  # the step's codec, bytes and relative error
             **fields,
             "examples": int(sum(int(r.num_examples) for r in results)),
             "train": _mean_metrics([r.metrics for r in results]),
@@ -323,6 +327,13 @@ class Session:
             **(extra or {}),  # what the relay adds (the round's host replays)
         }
         return checkpoint.json_safe(entry), best_changed
+
+    def roll_back(self) -> None:
+        """A divergence: back to the best weights, with the server's state (merge, aggregator, steps) reset."""
+        self.weights = self.best_weights.copy()
+        self.merge.reset()
+        self.aggregator.reset()
+        self.downloads.reset()
 
     def _diagnostics(self, merged: np.ndarray) -> dict[str, Any]:
         """``runtime.merge.diagnostics`` of the round just merged (the merge method kept its delta)."""
@@ -400,7 +411,8 @@ class Session:
         assert self.directory is not None
         state = self._state_json()
         server_state = {**self.merge.state_dict(),
-                        **{AGGREGATE_PREFIX + k: v for k, v in self.aggregator.state_dict().items()}}
+                        **{AGGREGATE_PREFIX + k: v for k, v in self.aggregator.state_dict().items()},
+                        **self.downloads.state_dict()}
         current = checkpoint.Checkpoint(self.weights, self.spec, server_state, state)
         best = checkpoint.Checkpoint(self.best_weights, self.spec, server_state, state) if best_changed \
             else None

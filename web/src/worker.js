@@ -69,10 +69,11 @@ async function boot() {
 
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 
-async function api(path, { method = "GET", body = null, binary = false } = {}) {
+// cacheable: a content-addressed answer (weights by digest): no credentials, and the browser's cache may keep it.
+async function api(path, { method = "GET", body = null, binary = false, cacheable = false } = {}) {
   const headers = {};
-  if (credentials) headers.Authorization = `Bearer ${credentials.peer_id}:${credentials.token}`;
-  const response = await fetch(path, { method, headers, body, cache: "no-store" });
+  if (credentials && !cacheable) headers.Authorization = `Bearer ${credentials.peer_id}:${credentials.token}`;
+  const response = await fetch(path, { method, headers, body, cache: cacheable ? "default" : "no-store" });
   if (!response.ok) {
     let detail = {};
     try { detail = await response.json(); } catch { /* not JSON */ }
@@ -149,6 +150,29 @@ async function join(joinCode, prepared) {
   report("joined", { peerId: credentials.peer_id, device: prepared.description });
 }
 
+// The weights a job names: by digest, as the chain of compressed steps from the weights held where the relay has one
+// (it redirects to the full weights where not), the full weights otherwise; a chain that does not rebuild the named
+// weights (checked step by step in Python) is dropped for the full weights. Returns the bytes received.
+async function fetchWeights(prepared, job) {
+  if (!job.weights_url) { // (a relay that names no digest)
+    const weights = await api(`/api/weights?round=${job.weights_round}`, { binary: true });
+    prepared.peer.set_weights(weights);
+    return weights.byteLength;
+  }
+  const held = prepared.peer.weights_sha;
+  const first = await api(held ? `${job.weights_url}/from/${held}` : job.weights_url, { binary: true, cacheable: true });
+  try {
+    prepared.peer.set_weights(first);
+    return first.byteLength;
+  } catch (error) {
+    if (!held) throw error;
+    report("log", { level: "warn", message: `rebuilding the weights from steps failed, fetching them whole: ${describe(error)}` });
+  }
+  const whole = await api(job.weights_url, { binary: true, cacheable: true });
+  prepared.peer.set_weights(whole);
+  return first.byteLength + whole.byteLength;
+}
+
 async function trainUnit(prepared, job, unit) {
   const train = prepared.peer.train;
   try {
@@ -194,10 +218,9 @@ async function trainLoop(joinCode, device) {
       if (job.done) { report("finished", { reason: job.reason }); return; }
       if (job.wait !== undefined) { report("waiting", { reason: job.reason }); await sleep(job.wait * 1000); continue; }
       let received = 0; // bytes of weights and data this unit needed (shown to the volunteer)
-      if (weightsRound !== job.weights_round) {
-        const weights = await api(`/api/weights?round=${job.weights_round}`, { binary: true });
-        received += weights.byteLength;
-        weightsRound = prepared.peer.set_weights(weights);
+      if (job.weights_digest ? prepared.peer.weights_sha !== job.weights_digest : weightsRound !== job.weights_round) {
+        received += await fetchWeights(prepared, job);
+        weightsRound = job.weights_round;
       }
       const unit = job.kind === "data" ? await api(`/api/unit/${job.unit_index}`, { binary: true }) : null;
       received += unit ? unit.byteLength : 0;

@@ -197,11 +197,16 @@ def text_package(tmp_path_factory: pytest.TempPathFactory) -> Package:
     return build_package("bytetext", settings, folder / "package", log=lambda _: None)
 
 
-@pytest.mark.parametrize("merge, merge_config", [("fedavgm", {"server_momentum": 0.9}),
-                                                 ("fedadam", {"eta": 0.01})])
+@pytest.mark.parametrize("merge, merge_config, codec", [("fedavgm", {"server_momentum": 0.9}, "none"),
+                                                        ("fedadam", {"eta": 0.01}, "none"),
+                                                        ("fedavgm", {"server_momentum": 0.9}, "topk"),
+                                                        ("fedavg", {}, "int8")])
 def test_resume_mid_session_is_bit_identical(tmp_path: Path, text_package: Package, merge: str,
-                                             merge_config: dict[str, Any]) -> None:
-    config = SessionConfig(merge=merge, merge_config=merge_config, participants=2, passes=1, seed=5)
+                                             merge_config: dict[str, Any], codec: str) -> None:
+    """With a compressing codec the weights move by decoded steps; topk's server residual (what the steps dropped)
+    is in the checkpoint, so a resumed session takes the same steps."""
+    config = SessionConfig(merge=merge, merge_config=merge_config, participants=2, passes=1, seed=5, codec=codec,
+                           topk_fraction=0.1)
     straight = Session.create(text_package, config, directory=tmp_path / "straight")
     while not straight.done:
         run_round(straight)
@@ -209,9 +214,12 @@ def test_resume_mid_session_is_bit_identical(tmp_path: Path, text_package: Packa
     interrupted = Session.create(text_package, config, directory=tmp_path / "resumed")
     run_round(interrupted)
     run_round(interrupted)
+    residual = interrupted.downloads.feedback.residual.copy()
     del interrupted
     resumed = Session.restore(tmp_path / "resumed")  # the package comes from session.json
     assert resumed.round == 2 and len(resumed.history) == 2
+    assert np.array_equal(resumed.downloads.feedback.residual, residual)
+    assert (np.abs(residual).sum() > 0) == (codec == "topk")
     while not resumed.done:
         run_round(resumed)
 
@@ -223,6 +231,7 @@ def test_resume_mid_session_is_bit_identical(tmp_path: Path, text_package: Packa
         assert (value.tobytes() == other.tobytes()) if isinstance(value, np.ndarray) else value == other
     assert [e["metrics"] for e in resumed.history] == [e["metrics"] for e in straight.history]
     assert checkpoint.read_history(tmp_path / "resumed") == resumed.history
+    assert all(("download" in entry) == (codec != "none") for entry in resumed.history)
 
 
 def test_checkpoint_files_pointer_and_crash_leftovers(tmp_path: Path, text_package: Package) -> None:
