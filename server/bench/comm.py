@@ -3,10 +3,11 @@
 Per task and seed one package (the same initial weights and unit order for every codec); per codec one session of
 ``serve``'s round (``server.simulation.sweep_worker.train_session``: every result passed through the codec as a
 peer's upload, error feedback per simulated peer). Printed per task: the bytes a peer uploads per unit (a real
-result message of the codec: header and payload), the bytes a peer downloads per round (today the float32
-weights message, whatever the codec), up + down per round per peer against float32's (the anchor, same run), and
-the final validation metric (mean and spread over the seeds) against float32's. The network half (Chromium
-peers behind throttled links) is not built yet: see BENCHMARKS.md.
+result message of the codec: header and payload), the bytes a peer downloads per round (the float32 weights message,
+or with a compressing codec the relay's chain of one step, ``runtime.deltas``), up + down per round per peer
+against float32's (the anchor, same run), and the final validation metric (mean and spread over the seeds)
+against float32's. ``--network`` runs the network half instead (Chromium peers behind shaped links against
+loopback: ``server.bench.comm_network``).
 """
 
 from __future__ import annotations
@@ -24,8 +25,11 @@ import numpy as np
 
 from runtime import wire
 from runtime.codec import CODECS, DEFAULT_TOPK_FRACTION, Codec
+from runtime.deltas import encode_chain
+from server.bench import comm_network
 from server.session.config import SessionConfig
 from server.session.package import Package, build_package
+from server.session.session import Session
 from server.simulation.sweep_worker import train_session
 
 TASKS: dict[str, dict[str, Any]] = {  # the issue's sessions: bytetext k = 5 for 33 rounds; arith's demo session
@@ -44,21 +48,33 @@ class Row:
     seconds: float = 0.0
 
 
-def message_bytes(package: Package, codec: Codec) -> tuple[int, int]:
-    """(a result message's bytes in ``codec``, the weights message's bytes), built as a peer and the relay do."""
+def upload_bytes(package: Package, codec: Codec) -> int:
+    """A result message's bytes in ``codec``, built as a peer builds it."""
     spec, weights = package.task.spec(), package.initial_weights
     header = wire.WireHeader(spec=spec, round=0, fingerprint=package.fingerprint, num_examples=1,
                              metrics={"loss": 1.0, "seconds": 1.0},
                              meta={"slot": 0, "unit_index": 0, "engine": "native-numpy"})
-    down = len(wire.encode(weights, wire.WireHeader(spec=spec, round=0, fingerprint=package.fingerprint,
-                                                    num_examples=0)))
     if not codec.compresses:
-        return len(wire.encode(weights, header)), down
+        return len(wire.encode(weights, header))
     update = np.random.default_rng(0).standard_normal(spec.size).astype(np.float32)
-    return len(wire.encode_update(codec.encode(update, 0), header, codec, wire.weights_digest(weights))), down
+    return len(wire.encode_update(codec.encode(update, 0), header, codec, wire.weights_digest(weights)))
+
+
+def download_bytes(session: Session, package: Package) -> int:
+    """What a peer that trained last round downloads for the next: the full weights message (codec none), or the
+    relay's chain of one step (the session's last, as ``GET /api/weights/<digest>/from/<held>`` sends it)."""
+    weights_message = wire.encode(session.weights, wire.WireHeader(spec=session.spec, round=session.round,
+                                                                   fingerprint=package.fingerprint, num_examples=0))
+    steps = session.downloads.log.steps
+    if not session.downloads.active or not steps:
+        return len(weights_message)
+    chain = encode_chain(steps[-1:], spec=session.spec, fingerprint=package.fingerprint,
+                         codec=session.downloads.codec, round_index=session.round)
+    return min(len(chain), len(weights_message))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    comm_network.add_arguments(parser)
     parser.add_argument("--tasks", default="bytetext,arith", help="comma-separated tasks (default bytetext,arith)")
     parser.add_argument("--codecs", default=",".join(CODECS),
                         help=f"comma-separated codecs (default {','.join(CODECS)})")
@@ -70,6 +86,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.network:
+        return comm_network.run_network(args)
     codecs = [Codec(name, args.topk_fraction) for name in args.codecs.split(",")]
     report: dict[str, Any] = {}
     for task in args.tasks.split(","):
@@ -86,13 +104,14 @@ def run(args: argparse.Namespace) -> int:
                 passes = 3 if rounds is None else -(-rounds * k // package.data.num_units)
                 for codec in codecs:
                     row = rows[codec.name]
-                    row.up_bytes, row.down_bytes = message_bytes(package, codec)
+                    row.up_bytes = upload_bytes(package, codec)
                     config = SessionConfig(participants=k, passes=passes, seed=seed, max_rounds=rounds,
                                            codec=codec.name, topk_fraction=codec.fraction)
                     started = time.perf_counter()
                     session = train_session(package, config, None)
                     row.seconds += time.perf_counter() - started
                     row.metrics.append(float(session.history[-1]["metrics"][metric]))
+                    row.down_bytes = download_bytes(session, package)
                     print(f"{task} seed {seed} {codec.name}: {len(session.history)} rounds of {k}, final {metric} "
                           f"{row.metrics[-1]:.4f} ({time.perf_counter() - started:.0f} s)", flush=True)
         report[task] = print_table(task, metric, rows)

@@ -1,7 +1,9 @@
 """A person trying peertrain alone: the default ``peertrain serve`` (k = 3, no --min-peers) with one page open
 finishes its session; that page trains every unit of every round in turn and says there is no start gate. With
 ``--codec int8`` the same page uploads every result as an int8 update (a PTU2 message, under a third of the
-weights' bytes) and the session still finishes."""
+weights' bytes), downloads every round after its first as the relay's int8 step from the weights it holds (rebuilt
+in Pyodide: an update against anything but the relay's weights would be refused ``409 wrong_base``), and the session
+still finishes."""
 
 from __future__ import annotations
 
@@ -32,10 +34,13 @@ def test_the_default_serve_with_one_page_finishes(page: Page, tmp_path: Path, co
     relay, url = start_relay(*task_args("arith", ARITH_SETTINGS, "--session-dir", str(tmp_path / "session"),
                                         "--codec", codec), log_name=f"relay-one-page-{codec}.log")
     uploads: list[bytes] = []
+    weights_requests: list[tuple[str, bool]] = []  # (path, sent credentials)
 
     def seen(request: Request) -> None:
         if "/api/result" in request.url and request.method == "POST":
             uploads.append(request.post_data_buffer or b"")
+        if "/api/weights" in request.url:
+            weights_requests.append((request.url.split("/api/", 1)[1], "authorization" in request.all_headers()))
 
     page.context.on("request", seen)  # (the worker's requests too)
     try:
@@ -57,6 +62,13 @@ def test_the_default_serve_with_one_page_finishes(page: Page, tmp_path: Path, co
         assert {body[:4] for body in uploads} == {b"PTU2" if codec == "int8" else b"PTW2"}
         sent = page.evaluate("window.peertrain.bytes.sent")  # what the page tells its person it sent
         assert sent == sum(len(body) for body in uploads) and "sent" in page.inner_text("#last-unit")
+        # Weights by digest, without credentials: the full weights once, then (int8) a chain of steps each round;
+        # without a compressing codec the chain URL redirects to the full weights.
+        counters, rounds = status["counters"], status["num_rounds"]
+        assert weights_requests and not any(sent_credentials for _, sent_credentials in weights_requests)
+        assert all(path.startswith("weights/") for path, _ in weights_requests), weights_requests
+        chains = counters.get("weights_sent_chain", 0)
+        assert (chains, counters["weights_sent_full"]) == ((rounds - 1, 1) if codec == "int8" else (0, rounds))
     finally:
         stop(relay)
 
