@@ -47,6 +47,7 @@ import httpx
 import numpy as np
 
 from runtime import wire
+from runtime.codec import Codec
 from runtime.peer import Peer
 from runtime.tasks.loader import module_name_for_file, task_class
 from runtime.weights import WeightSpec
@@ -112,11 +113,32 @@ def little_is_enough(global_weights: np.ndarray, colluders: Sequence[np.ndarray]
     return (global_weights.astype(np.float64) + updates.mean(axis=0) - z * updates.std(axis=0)).astype(np.float32)
 
 
+def result_weights(message: bytes, global_weights: np.ndarray, job: dict[str, Any]) -> tuple[wire.WireHeader,
+                                                                                              np.ndarray]:
+    """A result message of either kind as (header, the weights it stands for): a session with a codec gets
+    updates (``runtime.codec``), which the attacker decodes against the weights it was handed, as the relay does."""
+    if not wire.is_update(message):
+        return wire.decode(message)
+    return wire.result_weights(message, global_weights, codec=Codec.from_json(job["codec"]))
+
+
+def as_upload(vector: np.ndarray, header: wire.WireHeader, global_weights: np.ndarray, job: dict[str, Any]) -> bytes:
+    """``vector`` as the upload the session takes: float32 weights, or the update from the weights handed out in the
+    job's codec (seeded by the unit, as an honest peer encodes: a poisoned update goes through the same quantizer)."""
+    if not job.get("codec"):
+        return wire.encode(vector, header)
+    codec = Codec.from_json(job["codec"])
+    step = (np.asarray(vector, dtype=np.float32) - global_weights).astype(np.float32)
+    return wire.encode_update(codec.encode(step, int(job["unit_seed"])), header, codec,
+                              wire.weights_digest(global_weights))
+
+
 def poisoned(attack: str, message: bytes, global_weights: np.ndarray, *, rng: np.random.Generator,
-             colluders: Sequence[np.ndarray] = (), z: float = 1.0) -> bytes:
+             colluders: Sequence[np.ndarray] = (), z: float = 1.0, job: dict[str, Any] | None = None) -> bytes:
     """The upload that replaces the honest result ``message``: the same header (round, slot, metrics), new
-    weights; ``noise_claim`` also claims CLAIMED_EXAMPLES examples."""
-    header, honest = wire.decode(message)
+    weights; ``noise_claim`` also claims CLAIMED_EXAMPLES examples. ``job``: the assignment (its codec, if any)."""
+    job = job or {}
+    header, honest = result_weights(message, global_weights, job)
     if attack == "noise_claim":
         header = dataclasses.replace(header, num_examples=CLAIMED_EXAMPLES)
         vector = noise(global_weights, rng)
@@ -130,7 +152,7 @@ def poisoned(attack: str, message: bytes, global_weights: np.ndarray, *, rng: np
         vector = little_is_enough(global_weights, list(colluders) or [honest], z)
     else:
         raise ValueError(f"unknown attack {attack!r}; known: {', '.join(UPLOAD_ATTACKS)}")
-    return wire.encode(vector, header)
+    return as_upload(vector, header, global_weights, job)
 
 
 # ---------------------------------------------------------------- training, shared by the peers of a task
@@ -442,7 +464,8 @@ def rounds_of_work(spec: RunSpec, everyone: list[BenchPeer], trainer: Trainer, o
         uploads = []
         for (peer, job, _), message in zip(fetched, messages, strict=True):
             if peer.upload is not None:
-                colluders.setdefault(job["round"], []).append(wire.decode(message)[1])
+                handed = trainer.global_weights(peer.message, peer.digest)
+                colluders.setdefault(job["round"], []).append(result_weights(message, handed, job)[1])
             uploads.append((peer, job, message))
         for index in rng.permutation(len(uploads)):
             peer, job, message = uploads[int(index)]
@@ -450,7 +473,7 @@ def rounds_of_work(spec: RunSpec, everyone: list[BenchPeer], trainer: Trainer, o
                 global_weights = trainer.global_weights(peer.message, peer.digest)
                 z = spec.z if spec.z is not None else paper_z(spec.k, spec.attackers)
                 message = poisoned(peer.upload, message, global_weights, rng=rng, colluders=colluders[job["round"]],
-                                   z=z)
+                                   z=z, job=job)
             peer.uploaded += 1
             try:
                 peer.relay.result(job["round"], job["slot"], message)

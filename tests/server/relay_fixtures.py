@@ -169,10 +169,13 @@ def work_until_done(client: httpx.Client, peers: list[HttpPeer], limit: int = 20
 
 
 def flipped(peer: HttpPeer, job: dict[str, Any], relay: Relay) -> bytes:
-    """``peer``'s result for ``job`` turned against the global weights: global - 2 * (result - global)."""
-    header, trained = wire.decode(peer.train(job))
+    """``peer``'s result for ``job`` turned against the global weights: global - 2 * (result - global), sent as the
+    session takes results (float32 weights, or an update in its codec, as an attacker speaking the API would)."""
+    from server.bench.attack_peers import as_upload, result_weights
+
     g = relay.session.weights
-    return wire.encode((g - 2 * (trained - g)).astype(np.float32), header)
+    header, trained = result_weights(peer.train(job), g, job)
+    return as_upload((g - 2 * (trained - g)).astype(np.float32), header, g, job)
 
 
 def replay(package: Package, config: SessionConfig, results: list[StoredResult]) -> Session:
@@ -194,8 +197,11 @@ def replay(package: Package, config: SessionConfig, results: list[StoredResult])
 
 def reference_run(package: Package, config: SessionConfig) -> np.ndarray:
     """The final weights of the same session with every unit trained in-process (no relay, no HTTP)."""
-    session = Session.create(package, config)
+    from server.simulation.uploads import SimulatedUploads
+
+    session, uploads = Session.create(package, config), SimulatedUploads()  # (results through the session's codec)
     while not session.done:
-        session.complete_round([(a, package.task.train_unit(session.weights, session.work_unit(a)))
+        session.complete_round([(a, uploads.arrived(session, a, package.task.train_unit(session.weights,
+                                                                                        session.work_unit(a))))
                                 for a in session.assignments()])
     return session.weights

@@ -28,12 +28,14 @@ import pytest
 from relay_fixtures import EXAMPLE, REPO_ROOT, build_small_package
 
 from runtime import wire
+from runtime.codec import Codec
 from runtime.weights import WeightSpec
 from server.bench import run_bench, summary
 from server.bench.attack_peers import (
     CLAIMED_EXAMPLES,
     RunSpec,
     Trainer,
+    as_upload,
     drive,
     flip,
     free_rider,
@@ -42,6 +44,7 @@ from server.bench.attack_peers import (
     paper_z,
     peer_listing,
     poisoned,
+    result_weights,
     scaled,
 )
 from server.bench.attack_report import (
@@ -140,6 +143,13 @@ def test_poisoned_keeps_the_header_and_claims_only_for_noise_claim() -> None:
             assert vector.tolist() == W.tolist()
     with pytest.raises(ValueError, match="unknown attack"):
         poisoned("sybil", honest, G, rng=np.random.default_rng(0))
+    # An int8 session: the attacker decodes its honest update and sends the poisoned one in int8 against the weights
+    # it was handed, as the relay reads results; it stands for the flip up to one int8 step per entry.
+    job = {"codec": Codec("int8").to_json(), "unit_seed": 5}
+    update = as_upload(W, header, G, job)
+    assert wire.is_update(update) and np.allclose(result_weights(update, G, job)[1], W, atol=4 / 127)
+    out_header, vector = result_weights(poisoned("flip", update, G, rng=np.random.default_rng(0), job=job), G, job)
+    assert out_header.meta == header.meta and np.allclose(vector, [-1.0, 6.0, -1.0, -0.5], atol=8 / 127)
 
 
 def test_relative_in_points_and_as_a_ratio() -> None:

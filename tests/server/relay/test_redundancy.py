@@ -58,9 +58,11 @@ def test_a_copy_goes_to_another_address_when_addresses_tell_people_apart(package
     assert "copies_handed_out" not in counters and counters["copies_waived"] == 2 * relay.session.num_rounds, counters
 
 
-def test_a_lying_copy_is_caught_by_the_replay_that_decides(package: Package, tmp_path: Path) -> None:
+@pytest.mark.parametrize("codec", ["none", "int8"])
+def test_a_lying_copy_is_caught_by_the_replay_that_decides(package: Package, tmp_path: Path, codec: str) -> None:
+    """int8 too: two honest copies of an update are the same bytes (the encoding is seeded by the unit)."""
     relay = make_relay(package, tmp_path / "s", k=1, passes=1, redundancy=1.0, verify_fraction=0.0,
-                       ban_addresses=False)
+                       ban_addresses=False, config={"codec": codec})
     with serving(relay) as client:
         honest, liar, helper = HttpPeer(client), HttpPeer(client), HttpPeer(client)
         job = honest.assignment()
@@ -108,9 +110,11 @@ def test_a_lying_merged_result_is_replaced_by_the_honest_copy(package: Package, 
     np.testing.assert_array_equal(relay.session.weights, reference_run(package, relay.session.config))
 
 
-def test_without_replays_a_dispute_sends_the_unit_to_a_third_peer(package: Package, tmp_path: Path) -> None:
+@pytest.mark.parametrize("codec", ["none", "int8"])
+def test_without_replays_a_dispute_sends_the_unit_to_a_third_peer(package: Package, tmp_path: Path,
+                                                                   codec: str) -> None:
     relay = make_relay(package, tmp_path / "s", k=1, passes=1, redundancy=1.0, verify=False,
-                       ban_addresses=False)
+                       ban_addresses=False, config={"codec": codec})
     with serving(relay) as client:
         first, liar, third = HttpPeer(client), HttpPeer(client), HttpPeer(client)
         job = first.assignment()

@@ -18,6 +18,7 @@ from relay_fixtures import (
 )
 
 from runtime import wire
+from server.bench.attack_peers import as_upload, result_weights
 from server.relay.app import RelayPaths
 from server.relay.sqlite_store import Store
 from server.relay.state import Relay
@@ -57,13 +58,19 @@ def test_the_sampled_share_is_seeded_and_near_its_fraction() -> None:
 
 
 def poisoned(peer: HttpPeer, job: dict, attack: str, relay: Relay) -> bytes:
-    header, trained = wire.decode(peer.train(job))
-    return wire.encode(ATTACKS[attack](relay.session.weights, trained, np.random.default_rng(0)), header)
+    """The attack's upload, sent as the session takes results (weights, or an update in the session's codec)."""
+    base = relay.session.weights
+    header, trained = result_weights(peer.train(job), base, job)
+    return as_upload(ATTACKS[attack](base, trained, np.random.default_rng(0)), header, base, job)
 
 
+@pytest.mark.parametrize("codec", ["none", "int8"])
 @pytest.mark.parametrize("attack", sorted(ATTACKS))
-def test_each_attack_is_caught_by_a_replay_and_its_peer_banned(package: Package, tmp_path: Path, attack: str) -> None:
-    relay = make_relay(package, tmp_path / "s", k=2, passes=1, verify_fraction=0.0, ban_addresses=False)
+def test_each_attack_is_caught_by_a_replay_and_its_peer_banned(package: Package, tmp_path: Path, attack: str,
+                                                               codec: str) -> None:
+    """With int8 updates too: a replay encodes its result as the peer should have, seeded by the unit, and compares."""
+    relay = make_relay(package, tmp_path / "s", k=2, passes=1, verify_fraction=0.0, ban_addresses=False,
+                       config={"codec": codec})
     with serving(relay) as client:
         attacker, honest = HttpPeer(client), HttpPeer(client)
         job = attacker.assignment()
