@@ -45,6 +45,7 @@ class Row:
     up_bytes: int  # one result message
     down_bytes: int  # one weights message
     metrics: list[float] = field(default_factory=list)
+    shown: list[float] = field(default_factory=list)  # the task's plot metric where it has another (arith: accuracy)
     seconds: float = 0.0
 
 
@@ -111,29 +112,33 @@ def run(args: argparse.Namespace) -> int:
                     session = train_session(package, config, None)
                     row.seconds += time.perf_counter() - started
                     row.metrics.append(float(session.history[-1]["metrics"][metric]))
+                    shown = getattr(package.task, "plot_metric", None) or metric
+                    row.shown.append(float(session.history[-1]["metrics"].get(shown, float("nan"))))
                     row.down_bytes = download_bytes(session, package)
                     print(f"{task} seed {seed} {codec.name}: {len(session.history)} rounds of {k}, final {metric} "
                           f"{row.metrics[-1]:.4f} ({time.perf_counter() - started:.0f} s)", flush=True)
-        report[task] = print_table(task, metric, rows)
+        report[task] = print_table(task, metric, rows, shown)
     if args.out is not None:
         args.out.write_text(json.dumps(report, indent=2))
     return 0
 
 
-def print_table(task: str, metric: str, rows: dict[str, Row]) -> dict[str, Any]:
+def print_table(task: str, metric: str, rows: dict[str, Row], shown: str) -> dict[str, Any]:
     anchor = rows.get("none")
-    print(f"\n{task}: bytes per peer (up: one result; down: one round's weights) and final {metric}")
+    other = f" | final {shown} (mean, min-max)" if shown != metric else ""
+    print(f"\n{task}: bytes per peer (up: one result; down: one round's weights or step) and final {metric}")
     print(f"| codec | up bytes / unit | down bytes / round | up + down vs float32 | final {metric} (mean, min-max) "
-          "| vs float32 |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+          f"| vs float32{other} |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |" + (" ---: |" if other else ""))
     figures = {}
     for row in rows.values():
         mean = statistics.fmean(row.metrics)
         ratio = (anchor.up_bytes + anchor.down_bytes) / (row.up_bytes + row.down_bytes) if anchor else None
         versus = mean / statistics.fmean(anchor.metrics) if anchor else None
+        extra = f" {statistics.fmean(row.shown):.4f} ({min(row.shown):.4f}-{max(row.shown):.4f}) |" if other else ""
         print(f"| {row.codec} | {row.up_bytes:,} | {row.down_bytes:,} | "
               f"{f'{ratio:.2f}x smaller' if ratio else '-'} | {mean:.4f} ({min(row.metrics):.4f}-"
-              f"{max(row.metrics):.4f}) | {f'{versus:.4f}' if versus else '-'} |")
+              f"{max(row.metrics):.4f}) | {f'{versus:.4f}' if versus else '-'} |{extra}")
         figures[row.codec] = {"up_bytes": row.up_bytes, "down_bytes": row.down_bytes, "metrics": row.metrics,
-                              "seconds": row.seconds}
+                              shown: row.shown, "seconds": row.seconds}
     return figures
