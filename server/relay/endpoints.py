@@ -36,7 +36,6 @@ Each endpoint declares what it takes and answers, every refusal code included (`
 from __future__ import annotations
 
 import asyncio
-import hmac
 import io
 import json
 from collections.abc import AsyncIterator
@@ -50,7 +49,21 @@ from server.relay import openapi
 from server.relay.admission import client_address
 from server.relay.openapi import JSON, OCTET, Answer, Body, Operation, Param, operation
 from server.relay.refusal import Refusal
+from server.relay.requests import (
+    ADMIN_REFUSALS,
+    BODY_REFUSALS,
+    JSON_REFUSALS,
+    NOT_FOUND,
+    PEER_REFUSALS,
+    credentials_of,
+    peer_of,
+    read_body,
+    read_json_object,
+    relay_of,
+    require_admin,
+)
 from server.relay.state import MAX_HOLD_SECONDS, Relay
+from server.relay.weights_endpoints import weights_chain, weights_named
 from server.session.config import session_request_schema
 
 JOIN_BODY_LIMIT = 4096  # bytes: a join body holds at most a join code
@@ -58,22 +71,7 @@ SESSION_BODY_LIMIT = 65536  # bytes: a session request is a small JSON object of
 KEEP_ALIVE_SECONDS = 10.0  # an idle event stream sends a comment this often, so proxies keep it open
 MAX_INDEX_DIGITS = 18  # a unit index in a path: int() of a longer digit string is slow or refused (4300 digits)
 
-# Refusals shared by many endpoints, as (status, code) for their declarations.
-PEER_REFUSALS = ((401, "unauthorized"), (403, "banned"))  # ``peer_of``
-ADMIN_REFUSALS = ((401, "unauthorized"),)  # ``require_admin``
-BODY_REFUSALS = ((413, "too_large"), (408, "body_timeout"))  # ``read_body``; serve's BodyLimits (limits.py)
-JSON_REFUSALS = BODY_REFUSALS + ((400, "bad_json"),)  # ``read_json_object``
-NOT_FOUND = ((404, "not_found"),)  # a path param that makes the path match no route (``routing_refusal``)
 ROUTING_CODES = {404: "not_found", 405: "method_not_allowed"}
-
-
-def relay_of(request: Request) -> Relay:
-    """The relay, unless it is between two sessions (``SessionAdmin.replacing``: its store is closed)."""
-    relay: Relay = request.app.state.relay
-    if relay.replacing:
-        raise Refusal(503, "replacing", "a new session is starting; try again in a moment",
-                      headers={"Retry-After": "1"})
-    return relay
 
 
 def refusal_response(request: Request, refusal: Exception) -> Response:
@@ -98,50 +96,6 @@ def routing_refusal(request: Request, error: Exception) -> Response:
     code = ROUTING_CODES.get(error.status_code, "http_error")
     return JSONResponse({"error": code, "message": f"{request.method} {request.url.path}: {error.detail}"},
                         status_code=error.status_code, headers=error.headers)
-
-
-def credentials_of(request: Request) -> tuple[str, str]:
-    """(peer id, token) from ``Authorization: Bearer <peer_id>:<token>``."""
-    credentials = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
-    peer_id, _, token = credentials.partition(":")
-    return peer_id, token
-
-
-def peer_of(request: Request) -> str:
-    return relay_of(request).peer(*credentials_of(request))
-
-
-def require_admin(request: Request) -> None:
-    given = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
-    if not hmac.compare_digest(given.encode(), relay_of(request).options.admin_token.encode()):
-        raise Refusal(401, "unauthorized", "this action needs the admin token")
-
-
-async def read_body(request: Request, limit: int) -> bytes:
-    """The body, refused with 413 as soon as it (declared or streamed) exceeds ``limit`` bytes."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise Refusal(413, "too_large", f"body of {declared} bytes exceeds the limit of {limit}")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise Refusal(413, "too_large", f"body exceeds the limit of {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-async def read_json_object(request: Request, limit: int, what: str) -> dict:
-    body = await read_body(request, limit)
-    try:
-        payload = json.loads(body) if body.strip() else {}
-    except ValueError as error:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        raise Refusal(400, "bad_json", f"the {what} body is not valid JSON: {error}") from error
-    except RecursionError as error:  # "[[[[..." a few thousand deep: json's parser gives up (it was a 500)
-        raise Refusal(400, "bad_json", f"the {what} body nests too deeply") from error
-    if not isinstance(payload, dict):
-        raise Refusal(400, "bad_json", f"the {what} body must be a JSON object")
-    return payload
 
 
 # -- public -------------------------------------------------------------------------------------
@@ -258,73 +212,6 @@ async def weights(request: Request) -> Response:
     if message is None:
         raise Refusal(409, "stale_round", f"weights of round {version} are not kept (current: {relay.session.round})")
     return Response(message, media_type="application/octet-stream")
-
-
-IMMUTABLE = "public, max-age=31536000, immutable"  # a content-addressed answer never changes
-DIGEST_PARAM = Param(name="digest", where="path", schema={"type": "string", "pattern": "^[0-9a-f]{64}$"},
-                     description="the sha256 of the weights' float32 bytes (a job's weights_digest)")
-
-
-def digest_param(request: Request, name: str) -> str:
-    text = request.path_params[name]
-    if len(text) != 64 or not all(c in "0123456789abcdef" for c in text):
-        raise Refusal(404, "unknown_weights", f"no weights {text[:70]!r}: weights are named by 64 hex digits")
-    return str(text)
-
-
-def immutable_response(request: Request, body: bytes, etag: str) -> Response:
-    """A content-addressed answer: cacheable by anyone for a year, with a strong ETag (``If-None-Match`` -> 304)."""
-    tag = f'"{etag}"'
-    headers = {"ETag": tag, "Cache-Control": IMMUTABLE}
-    if tag in [t.strip() for t in request.headers.get("if-none-match", "").split(",")]:
-        return Response(status_code=304, headers=headers)
-    return Response(body, media_type="application/octet-stream", headers=headers)
-
-
-@operation(Operation(
-    summary="the weights a digest names (the current ones, or a kept version), as a weights message",
-    description="Content-addressed and immutable: `Cache-Control: public, max-age=31536000, immutable` and a strong "
-    "ETag, so any HTTP cache in front of the relay serves the fan-out. No credentials: the digest is only "
-    "known to those handed a job (256 bits, not guessable).",
-    params=[DIGEST_PARAM],
-    answers=[Answer(description="a weights message (runtime.wire)", content={OCTET: {}},
-                    headers={"ETag": "the digest, quoted", "Cache-Control": IMMUTABLE})],
-    refusals=[*NOT_FOUND, (404, "unknown_weights")]))
-async def weights_named(request: Request) -> Response:
-    relay = relay_of(request)
-    digest = digest_param(request, "digest")
-    message = relay.jobs.named(digest)
-    if message is None:
-        raise Refusal(404, "unknown_weights", f"weights {digest[:16]} are not served now; ask POST /api/work for the "
-                      "current ones")
-    relay.store.count("weights_sent_full")
-    relay.store.count("weights_bytes_full", len(message))
-    return immutable_response(request, message, digest)
-
-
-@operation(Operation(
-    summary="the weights a digest names, as the chain of compressed steps from the weights a peer holds",
-    description="Sessions with `--codec int8|topk` move their weights by compressed steps (runtime.deltas): a peer "
-    "holding earlier weights rebuilds the newest from the chain, bit for bit. Where the relay keeps no such chain "
-    "or the chain is no smaller than the weights, a 307 redirect to the full weights.",
-    params=[DIGEST_PARAM, Param(name="held", where="path", schema={"type": "string", "pattern": "^[0-9a-f]{64}$"},
-                                description="the digest of the weights the peer holds")],
-    answers=[Answer(description="a chain message (runtime.deltas), or 307 to /api/weights/{digest}",
-                    content={OCTET: {}}, headers={"ETag": "quoted", "Cache-Control": IMMUTABLE})],
-    refusals=[*NOT_FOUND, (404, "unknown_weights")]))
-async def weights_chain(request: Request) -> Response:
-    relay = relay_of(request)
-    digest, held = digest_param(request, "digest"), digest_param(request, "held")
-    if relay.jobs.version_named(digest) is None:
-        raise Refusal(404, "unknown_weights", f"weights {digest[:16]} are not served now; ask POST /api/work for the "
-                      "current ones")
-    message = relay.jobs.chain(digest, held)
-    if message is None:
-        return Response(status_code=307, headers={"Location": f"{API_PREFIX}/weights/{digest}",
-                                                  "Cache-Control": "no-store"})
-    relay.store.count("weights_sent_chain")
-    relay.store.count("weights_bytes_chain", len(message))
-    return immutable_response(request, message, f"{digest}-from-{held}")
 
 
 @operation(Operation(
