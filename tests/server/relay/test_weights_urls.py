@@ -1,5 +1,6 @@
 """Weights by digest (``GET /api/weights/<digest>``), chains of compressed steps
-(``GET /api/weights/<digest>/from/<held>``), their cache headers, and gzip on JSON answers.
+(``GET /api/weights/<digest>/from/<held>``) in sync and async sessions and across a restart, their cache headers,
+and gzip on JSON answers.
 
 A session with a compressing codec moves its weights by the decoded step of each merge; a peer holding earlier
 weights rebuilds the newest bit for bit from the relay's chain, and the relay's own check (an update names the
@@ -11,12 +12,16 @@ import gzip
 import hashlib
 from pathlib import Path
 
+import httpx
 import numpy as np
-from relay_fixtures import HttpPeer, make_relay, serving, work_until_done
+from relay_fixtures import HttpPeer, make_relay, serving, wait_until, work_until_done
 
 from runtime import deltas, wire
 from server.relay.client import RelayClient, content, named_weights_call
+from server.relay.sqlite_store import Store
+from server.relay.state import Relay
 from server.session.package import Package
+from server.session.session import Session
 
 IMMUTABLE = "public, max-age=31536000, immutable"
 
@@ -126,3 +131,57 @@ def test_steps_are_the_same_with_every_peer_rebuilding_as_the_simulator_merges(p
                     assert peer.upload(job["round"], job["slot"],
                                        peer.peer.train(job, peer.unit(job["unit_index"]))).status_code == 200
     assert np.array_equal(relay.session.weights, other.session.weights)
+
+
+def test_async_peers_rebuild_from_steps_across_versions(package: Package, tmp_path: Path) -> None:
+    """Async mode: a peer whose job names an older kept version gets it by digest, and one holding an older version
+    gets the chain of the merges since; every update names the weights it trained from and is accepted."""
+    relay = make_relay(package, tmp_path / "s", k=1, passes=2, config={"mode": "async", "codec": "int8"},
+                       ban_addresses=False)
+    with serving(relay) as client:
+        slow, fast = HttpPeer(client), HttpPeer(client)
+        held = slow.assignment()  # version 0, trained late
+        rebuild(slow, held)
+        body = slow.peer.train(held, slow.unit(held["unit_index"]))
+        for _ in range(2):  # two merges (k = 1) meanwhile
+            job = fast.assignment()
+            rebuild(fast, job)
+            assert fast.upload(job["round"], job["slot"], fast.peer.train(job, fast.unit(job["unit_index"]))) \
+                .status_code == 200
+            wait_until_round(client, job["round"] + 1)
+        assert slow.upload(held["round"], held["slot"], body).status_code == 200  # 2 versions stale, kept
+        wait_until_round(client, 3)
+        job = slow.assignment()
+        message = rebuild(slow, job)  # from version 0 to 3: three steps of this small model, or the full weights
+        assert slow.peer.weights_sha == job["weights_digest"] == deltas.weights_sha256(relay.session.weights)
+        assert deltas.is_chain(message) == (len(message) < len(relay.weights_message()))
+        counters = client.get("/api/session").json()["counters"]
+    assert counters["weights_sent_chain"] >= 1 and not any(n.startswith("refused.") for n in counters), counters
+
+
+def wait_until_round(client: httpx.Client, round_index: int) -> None:
+    wait_until(client, lambda s: s["round"] >= round_index and not s["merging"])
+
+
+def test_after_a_restart_old_holders_get_full_weights_and_new_steps_chain_again(package: Package,
+                                                                                  tmp_path: Path) -> None:
+    relay = make_relay(package, tmp_path / "s", k=1, passes=3, verify=False, config={"codec": "int8"})
+    with serving(relay) as client:
+        peer = HttpPeer(client)
+        job = peer.assignment()
+        rebuild(peer, job)
+        round0 = peer.peer.weights_sha
+        assert peer.upload(0, job["slot"], peer.peer.train(job, peer.unit(job["unit_index"]))).status_code == 200
+        wait_until_round(client, 1)
+    restarted = Relay(session=Session.restore(tmp_path / "s", package), package=package,
+                      store=Store(tmp_path / "s" / "relay.sqlite3"), options=relay.options)
+    with serving(restarted) as client:
+        peer.client = client
+        job = peer.assignment()  # round 1: the step from round 0 went with the old process
+        assert client.get(f"/api/weights/{job['weights_digest']}/from/{round0}", follow_redirects=False) \
+            .status_code == 307
+        assert not deltas.is_chain(rebuild(peer, job)) and peer.peer.weights_sha == job["weights_digest"]
+        assert peer.upload(1, job["slot"], peer.peer.train(job, peer.unit(job["unit_index"]))).status_code == 200
+        wait_until_round(client, 2)
+        job = peer.assignment()  # round 2: the step this process took chains again
+        assert deltas.is_chain(rebuild(peer, job)) and peer.peer.weights_sha == job["weights_digest"]
