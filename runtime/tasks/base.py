@@ -116,6 +116,10 @@ class Task:
     # results by replay (it would ban honest peers) and relies on its other checks. Measure a task with
     # ``peertrain bench replay`` before trusting replays of it.
     replay_across_engines: ClassVar[bool] = True
+    # How results (and the merged steps peers download) travel when a session says ``--codec auto`` (the default):
+    # none (float32 weights), int8 or topk (``runtime.codec``). Chosen per task from ``peertrain bench comm``; a
+    # task that declares nothing keeps float32. (topk falls back to int8 where replays or copies compare results.)
+    default_codec: ClassVar[str] = "none"
     Settings: ClassVar[type] = dict  # a dataclass with JSON-able fields in subclasses
 
     def __init__(self, settings: Mapping[str, Any] | None = None) -> None:

@@ -11,6 +11,8 @@ from typing import Any, Literal
 from runtime.codec import CODECS, DEFAULT_TOPK_FRACTION, Codec
 from server.session.settings import SessionError, check, check_fields, declared, json_schema, setting
 
+AUTO_CODEC = "auto"  # the task's default_codec
+
 # Centered clipping (radius: twice the round's median distance) equals the mean when every peer is honest and
 # bounds what any one result can move; with the host's replays and bans it cost nothing on the honest runs of
 # `peertrain bench attacks`, where a trimmed mean (1/3 per side) cost 5-7 points of exact answers on arith.
@@ -82,10 +84,11 @@ class SessionConfig:
         help="async: validate (and plot) every N merges", minimum=1, metavar="N", group="async", admin=True))
 
     # How a result travels (runtime.codec): the weights, or the update against the weights handed out, compressed.
-    codec: str = field(default="none", metadata=setting(
+    codec: str = field(default=AUTO_CODEC, metadata=setting(
         help="how a result travels: none (float32 weights), int8 (its update: an int8 per entry, a scale per 256) "
-        "or topk (the largest --topk-fraction of each block of its update, int8, with error feedback)",
-        choices=CODECS, admin=True))
+        "or topk (the largest --topk-fraction of each block of its update, int8, with error feedback); merged "
+        "steps travel down the same way; auto: the task's default (README, \"Compressed results\")",
+        choices=(AUTO_CODEC, *CODECS), admin=True))
     topk_fraction: float = field(default=DEFAULT_TOPK_FRACTION, metadata=setting(
         help="topk: the share of each block's entries a result sends", above=0, maximum=1, what="a share",
         metavar="F", admin=True))
@@ -105,8 +108,20 @@ class SessionConfig:
 
     @property
     def result_codec(self) -> Codec:
-        """The codec results travel in (``runtime.codec``)."""
+        """The codec results travel in (``runtime.codec``); ``auto`` is the task's, decided by ``Session`` (or by
+        ``server.session.rules.resolve``, which knows whether replays need int8): read it from a session's config."""
+        if self.codec == AUTO_CODEC:
+            raise SessionError("codec 'auto' is resolved by the session (the task's default_codec): read "
+                               "session.config.result_codec")
         return Codec(self.codec, self.topk_fraction)
+
+    def with_codec_for(self, default_codec: str, *, compares: bool) -> SessionConfig:
+        """This config with ``auto`` replaced by a task's ``default_codec`` (int8 in place of topk when replays or
+        copies compare results: a topk residual cannot be reproduced)."""
+        if self.codec != AUTO_CODEC:
+            return self
+        chosen = "int8" if default_codec == "topk" and compares else default_codec
+        return dataclasses.replace(self, codec=chosen)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -79,6 +79,11 @@ def resolve[Options: RelaySide](config: SessionConfig, options: Options, package
                            "weights (does it read the clock or an unseeded generator?), so results cannot be "
                            "verified by replay; make train_unit depend only on (weights, unit, settings), or start "
                            "it with --no-verify (verify = false)")
+    if config.codec == "auto":  # (SessionConfig.with_codec_for)
+        config = config.with_codec_for(task.default_codec, compares=bool(verify or options.redundancy))
+        if config.codec != "none":
+            notes.append(f"results and merged steps travel as {config.codec} ({task.name}'s default codec; "
+                         "--codec none sends float32 weights)")
     if config.codec == "topk" and (verify or options.redundancy):
         # A topk result carries the peer's error-feedback residual, which neither a host replay nor a second peer
         # can reproduce: each would find it different and ban an honest peer.

@@ -61,7 +61,8 @@ class Session:
         self.package = package
         self.task: Task = package.task
         self.data: TaskData = package.data
-        self.config = config
+        # (--codec auto: the task's default; server.session.rules.resolve has already chosen where replays compare)
+        self.config = config = config.with_codec_for(self.task.default_codec, compares=False)
         self.plan = RoundPlan(self.data.num_units, config.participants, config.passes, config.seed)
         check_merge_guard(config.merge, self.plan, force=config.force)
         self.merge: MergeMethod = make_merge(config.merge, **config.merge_config)
