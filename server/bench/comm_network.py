@@ -47,8 +47,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="run the network half instead: Chromium peers behind shaped links against loopback")
     parser.add_argument("--link", default="10/50/20",
                         help="network half: each peer's link as UP/DOWN/DELAY in Mbit/s, Mbit/s, ms (default 10/50/20)")
-    parser.add_argument("--network-codecs", default="none,int8",
-                        help="network half: comma-separated codecs (default none,int8)")
+    parser.add_argument("--network-codecs", default="none,int8,topk",
+                        help="network half: comma-separated codecs (default none,int8,topk)")
     parser.add_argument("--network-peers", type=int, default=3, help="network half: Chromium pages (default 3)")
     parser.add_argument("--network-chunks", type=int, default=30,
                         help="network half: bytetext chunks; k = 3 and one pass make chunks / 3 rounds (default 30)")

@@ -101,7 +101,7 @@ class Session:
         if session.directory is not None:
             package_path = getattr(package, "path", None)
             checkpoint.write_session_config(session.directory, {
-                "config": config.to_json(),
+                "config": session.config.to_json(),  # (codec auto resolved to the task's)
                 "package": str(Path(package_path).resolve()) if package_path is not None else None,
                 "fingerprint": package.fingerprint,
                 "task": session.task.describe(),
@@ -132,8 +132,8 @@ class Session:
         latest, best = checkpoint.read_latest(directory), checkpoint.read_best(directory)
         state = latest.state
         session.weights = np.array(latest.weights, dtype=np.float32)
-        server_state, download_state = split_download_state(dict(latest.merge_state))
-        merge_state, aggregate_state = split_server_state(server_state)
+        merge_state, aggregate_state = split_server_state(latest.merge_state)
+        _, download_state = split_download_state(dict(latest.merge_state))
         session.downloads.load_state_dict(download_state)
         session.merge.load_state_dict(merge_state)
         session.aggregator.load_state_dict(aggregate_state)
@@ -466,7 +466,9 @@ def config_k(session: Session) -> int:
 
 
 def split_server_state(state: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """A checkpoint's server state as (the merge method's, the aggregator's)."""
+    """A checkpoint's server state as (the merge method's, the aggregator's); the downloads' residual (topk) is
+    neither's (``server.session.downloads.split_download_state``)."""
+    state, _ = split_download_state(dict(state))
     merge = {k: v for k, v in state.items() if not k.startswith(AGGREGATE_PREFIX)}
     aggregate = {k.removeprefix(AGGREGATE_PREFIX): v for k, v in state.items() if k.startswith(AGGREGATE_PREFIX)}
     return merge, aggregate
