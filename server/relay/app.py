@@ -36,6 +36,10 @@ SECURITY_HEADERS = (
     (b"x-content-type-options", b"nosniff"),
     (b"referrer-policy", b"no-referrer"),
     (b"cross-origin-resource-policy", b"same-origin"),
+    # Cross-origin isolation (the page, the worker, Pyodide, wheels and the chart library all come from this origin):
+    # SharedArrayBuffer, and with it WebAssembly threads, needs it; the page reports ``crossOriginIsolated``.
+    (b"cross-origin-opener-policy", b"same-origin"),
+    (b"cross-origin-embedder-policy", b"require-corp"),
 )
 PYODIDE_SUFFIXES = frozenset({".js", ".mjs", ".wasm", ".zip", ".json", ".whl", ".map"})
 PAGE_SUFFIXES = frozenset({".js", ".css", ".svg", ".png", ".html"})

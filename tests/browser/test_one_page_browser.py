@@ -58,6 +58,11 @@ def test_the_default_serve_with_one_page_finishes(page: Page, tmp_path: Path, co
             page.wait_for_timeout(250)
         assert (done, line.split(":")[0]) == (units, "finished")  # every unit, by this one page
         assert "no start gate" in page.inner_text("#peers")
+        # The relay's COOP/COEP headers isolate the page (this machine is a secure context), and it says so.
+        assert page.evaluate("[window.isSecureContext, window.crossOriginIsolated]") == [True, True]
+        context = page.evaluate("window.peertrain.context")
+        assert (context["secure"], context["isolated"]) == (True, True) and "cross-origin isolated" in \
+            page.inner_text("#versions")
         assert len(uploads) == units and not any(k.startswith("refused.") for k in status["counters"])
         assert {body[:4] for body in uploads} == {b"PTU2" if codec == "int8" else b"PTW2"}
         sent = page.evaluate("window.peertrain.bytes.sent")  # what the page tells its person it sent

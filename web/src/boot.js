@@ -50,7 +50,13 @@ const handlers = {
     [...$("steps").children].forEach((li) => (li.className = "done"));
     $("progress").value = $("progress").max;
     peer.versions = message.versions;
-    showVersions(message.versions, message.seconds);
+    // What this browser offers the page: WebGPU and the worker's threads need a secure context (HTTPS, or this
+    // machine) and cross-origin isolation (the relay's COOP/COEP headers).
+    peer.context = { secure: window.isSecureContext, isolated: window.crossOriginIsolated, webgpu: "gpu" in navigator };
+    showVersions({ ...message.versions,
+      "secure context": peer.context.secure ? "yes" : "no: open the page over HTTPS for WebGPU",
+      "cross-origin isolated": peer.context.isolated ? "yes" : "no",
+      WebGPU: peer.context.webgpu ? "offered" : "not offered" }, message.seconds);
     setState("ready");
   },
   failed(message) {

@@ -4,7 +4,8 @@ export const $ = (id) => document.getElementById(id);
 export const params = new URLSearchParams(location.search);
 export const peer = { state: "starting", versions: null, steps: [], worker: null, pending: new Map(), nextId: 1,
   session: null, activity: "not joined", unitsDone: 0, lastMetrics: null, refused: [], local: null, wantsJoin: params.has("join"),
-  bytes: { sent: 0, received: 0 } }; // (bytes: this page's uploads and downloads for its units)
+  bytes: { sent: 0, received: 0 }, context: null }; // (bytes: this page's uploads and downloads for its units;
+// context: a secure context, cross-origin isolation, WebGPU offered, once the worker is ready)
 window.peertrain = peer;
 
 export function fmt(value) {

@@ -52,6 +52,9 @@ def test_serves_with_content_type_and_cache_headers(client: TestClient, path: st
     assert cache in response.headers["cache-control"]
     assert "wasm-unsafe-eval" in response.headers["content-security-policy"]
     assert "unsafe-eval'" not in response.headers["content-security-policy"].replace("wasm-unsafe-eval", "")
+    # every asset the page loads isolates it: SharedArrayBuffer (WebAssembly threads) needs both
+    assert response.headers["cross-origin-opener-policy"] == "same-origin"
+    assert response.headers["cross-origin-embedder-policy"] == "require-corp"
 
 
 def test_lock_file_comes_from_wheels_not_the_official_one(client: TestClient) -> None:
