@@ -3,7 +3,7 @@ session of a real relay over HTTP.
 
 Every peer, honest or not, speaks the documented API through ``server.relay.client.RelayClient`` over its own
 ``httpx.Client`` (its own client address, sent in ``PROXY_HEADER`` for a relay started with
-``--trusted-proxy-header``): join, ask for work, fetch the global weights and the unit's chunk, train with
+``--forwarded-allow-ips 127.0.0.1``): join, ask for work, fetch the global weights and the unit's chunk, train with
 ``runtime.peer.Peer`` (the code a browser's worker runs) and upload the wire message. An attacker trains
 honestly too and then replaces its upload (``poisoned``); everything else it does is honest. Nothing here
 is a flag of the product: the relay sees clients and nothing else.

@@ -42,6 +42,11 @@ class RelayFeatures:
     def aggregate(self) -> bool:
         return "--aggregate" in self.flags
 
+    @property
+    def proxied(self) -> bool:
+        """Whether the relay reads the peers' own addresses from X-Forwarded-For (``serve_args`` sets it up)."""
+        return bool({"--forwarded-allow-ips", "--trusted-proxy-header"} & self.flags)
+
 
 def relay_features() -> RelayFeatures:
     text = subprocess.run([sys.executable, "-m", "server.cli", "serve", "--help"], cwd=REPO_ROOT, check=True,
@@ -148,7 +153,9 @@ def serve_args(package: Path, session_dir: Path, k: int, passes: int, aggregator
         args += ["--aggregate", aggregator]
         if configs and aggregator in configs:
             args += ["--aggregate-config", configs[aggregator]]
-    if "--trusted-proxy-header" in features.flags:
+    if "--forwarded-allow-ips" in features.flags:  # the bench's peers all connect from 127.0.0.1, its only proxy
+        args += ["--forwarded-allow-ips", "127.0.0.1"]
+    elif "--trusted-proxy-header" in features.flags:  # (a relay before uvicorn's proxy headers)
         args += ["--trusted-proxy-header", PROXY_HEADER]
     if checks == "off":
         args += [word for flag, words in CHECKS_OFF if flag in features.flags for word in words]

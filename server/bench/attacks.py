@@ -5,7 +5,8 @@ peers in this process that speak the documented HTTP API (``server.bench.attack_
 with ``runtime.peer.Peer``; attackers train honestly and then replace their upload (noise_claim, flip,
 free_rider, scaled, little_is_enough), or, for sybil, one client address joins 10 extra times beside the k
 honest peers and the admitted joins upload flip. Every peer has its own client address, sent as
-X-Forwarded-For to a relay started with ``--trusted-proxy-header`` (all traffic goes to 127.0.0.1).
+X-Forwarded-For to a relay that trusts 127.0.0.1 as its proxy (``--forwarded-allow-ips``; all traffic goes to
+127.0.0.1).
 
 Reported per run: the final metric against the honest run with the same aggregator (and relay checks) and
 against the honest run with ``mean`` (plain FedAvg), the relay's refusals by code (``/api/session``
@@ -355,8 +356,8 @@ def run(args: argparse.Namespace) -> int:
     trainers: dict[str, dict[str, Trainer]] = {}
     failures = 0
     print(f"relay: --aggregate {'yes' if features.aggregate else 'no'} (default "
-          f"{features.default_aggregate or 'unknown'}), trusted proxy header "
-          f"{'yes' if '--trusted-proxy-header' in features.flags else 'no'}; k={k}; "
+          f"{features.default_aggregate or 'unknown'}), client addresses through a trusted proxy "
+          f"{'yes' if features.proxied else 'no'}; k={k}; "
           f"{sum(len(planned_runs(s, k)) for s in sections)} runs planned (some shared)", flush=True)
     try:
         for section in sections:

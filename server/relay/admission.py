@@ -1,5 +1,6 @@
-"""Who may join: the client's address (optionally through a trusted proxy header), a token bucket of joins
-per address, and a cap on live peers per address.
+"""Who may join: a token bucket of joins per client address, and a cap on live peers per address. (Behind a
+reverse proxy the address is the one uvicorn's proxy-headers middleware reads for the relay's trusted proxies,
+``serve --forwarded-allow-ips``: ``server.relay.app``.)
 
 Anyone with an open session's URL can join, and one client can open thousands of identities in seconds; each
 identity can then take a unit (and hold its lease) or vote in the merge. Limiting joins per address does not
@@ -18,17 +19,6 @@ from server.relay.context import RelayContext
 from server.relay.refusal import Refusal
 
 MAX_TRACKED_ADDRESSES = 10_000  # buckets kept in memory; full (idle) ones are dropped first past this
-
-
-def client_address(peer_host: str | None, headers: dict[str, str] | None, trusted_header: str | None) -> str:
-    """The client's address: the first address in ``trusted_header`` when the relay runs behind a reverse
-    proxy that sets it (only trust it there: anyone can send the header), else the connection's peer."""
-    if trusted_header and headers:
-        forwarded = headers.get(trusted_header.lower(), "")
-        first = forwarded.split(",")[0].strip()
-        if first:
-            return first
-    return peer_host or "unknown"
 
 
 @dataclass

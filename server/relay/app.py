@@ -19,6 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from server.paths import REPO_ROOT
 from server.relay import endpoints, static, storage
@@ -176,7 +177,12 @@ def create_app(paths: RelayPaths | None = None, relay: Relay | None = None,
     # compressor would hold its events back), nor Pyodide's WebAssembly (9 MB per page load: the CPU is better spent).
     gzip = Middleware(GZipMiddleware, minimum_size=GZIP_MIN_BYTES, compresslevel=GZIP_LEVEL,
                       exclude_content_types=(*DEFAULT_EXCLUDED_CONTENT_TYPES, *GZIP_EXCLUDED))
-    app = Starlette(routes=routes, middleware=[gzip, Middleware(SecurityHeaders), body_limits], lifespan=lifespan,
+    # Behind a reverse proxy: the client's address is the right-most X-Forwarded-For address that none of the
+    # trusted proxies added (uvicorn's maintained implementation); a header from anyone else is left alone.
+    trusted = relay.options.forwarded_allow_ips if relay is not None else None
+    proxies = [Middleware(ProxyHeadersMiddleware, trusted_hosts=trusted)] if trusted else []
+    app = Starlette(routes=routes, middleware=[*proxies, gzip, Middleware(SecurityHeaders), body_limits],
+                    lifespan=lifespan,
                     exception_handlers=dict(endpoints.EXCEPTION_HANDLERS) | storage.EXCEPTION_HANDLERS)
     app.state.relay = relay
     return app

@@ -69,7 +69,10 @@ class ServerLimits:
     def uvicorn_settings(self, on_header_timeout: Callable[[], None] | None = None) -> dict[str, Any]:
         """Keyword arguments of ``uvicorn.Config``: the limits uvicorn enforces and the protocol with the head
         deadline (``on_header_timeout`` is called for each head refused)."""
-        return {"timeout_keep_alive": self.timeout_keep_alive, "limit_concurrency": self.limit_concurrency,
+        # proxy_headers off: uvicorn's own default trusts X-Forwarded-For from 127.0.0.1; the app applies the same
+        # middleware with the host's explicit list (``serve --forwarded-allow-ips``) instead.
+        return {"proxy_headers": False,
+                "timeout_keep_alive": self.timeout_keep_alive, "limit_concurrency": self.limit_concurrency,
                 "backlog": self.backlog, "h11_max_incomplete_event_size": self.max_head_bytes,
                 "http": head_timeout_protocol(self.header_timeout, on_header_timeout)}
 

@@ -64,9 +64,11 @@ class RelayOptions:
     max_peers_per_address: int = field(default=DEFAULT_MAX_PEERS_PER_ADDRESS, metadata=setting(
         help="live peers one client address may hold (0: any)", minimum=0, metavar="N", group="guards",
         commands=("serve",)))
-    trusted_proxy_header: str | None = field(default=None, metadata=setting(
-        help="behind a reverse proxy: read the client address from this header (e.g. X-Forwarded-For); never set "
-        "it on a relay reachable directly", metavar="HEADER", group="guards", commands=("serve",)))
+    forwarded_allow_ips: str | None = field(default=None, metadata=setting(
+        help="behind a reverse proxy: the proxies' addresses (comma list of IPs or networks) whose X-Forwarded-For "
+        "the relay believes; the client is the right-most address no trusted proxy added (uvicorn's proxy-headers "
+        "rule), so a header a client forged is ignored. Without it, the connection's own address", metavar="IPS",
+        group="guards", commands=("serve",)))
     verify: bool = field(default=True, metadata=setting(  # off where the task cannot replay (server.relay.verify)
         help="no host replays (and so no bans for a failed one)", group="guards", commands=("serve",)))
     verify_fraction: float = field(default=DEFAULT_VERIFY_FRACTION, metadata=setting(

@@ -358,7 +358,7 @@ def test_native_peers_drive_a_real_relay_with_a_flipping_attacker_and_sybils(tmp
             status, seen = drive(RunSpec(url=url.rstrip("/"), attack="sybil", attackers=0, k=3, sybil_joins=6,
                                          timeout_s=120), trainers)
         assert status["done"] and seen.joins["honest admitted"] == 3, seen.joins
-        if "--trusted-proxy-header" in features.flags and cap:  # one address for six sybil joins: 2 in, 4 out
+        if features.proxied and cap:  # one address for six sybil joins: 2 in, 4 out
             assert seen.joins == {"honest admitted": 3, "sybil admitted": 2, "sybil refused.too_many_peers": 4}
             assert status["counters"]["refused.too_many_peers"] == 4
         assert len(trainers) == 1 and next(iter(trainers.values())).reused >= 1  # round 0 trained once for both

@@ -7,9 +7,9 @@ import time
 from pathlib import Path
 
 import pytest
-from relay_fixtures import make_relay, serving, session_status
+from relay_fixtures import ADMIN_TOKEN, make_relay, serving, session_status
 
-from server.relay.admission import JoinLimiter, TokenBucket, client_address
+from server.relay.admission import JoinLimiter, TokenBucket
 from server.relay.refusal import Refusal
 from server.session.package import Package
 
@@ -35,11 +35,22 @@ def test_the_limiter_refuses_with_retry_after_and_keeps_addresses_apart() -> Non
     JoinLimiter(rate=0.0, burst=0).admit("anyone")  # rate 0: no limit
 
 
-def test_the_client_address_comes_from_the_proxy_header_only_when_trusted() -> None:
-    headers = {"x-forwarded-for": "203.0.113.7, 10.0.0.2"}
-    assert client_address("127.0.0.1", headers, None) == "127.0.0.1"
-    assert client_address("127.0.0.1", headers, "X-Forwarded-For") == "203.0.113.7"
-    assert client_address("127.0.0.1", {}, "X-Forwarded-For") == "127.0.0.1"
+@pytest.mark.parametrize("trusted, expected", [
+    (None, "testclient"),  # no proxy: the connection's address, whatever the header says
+    ("192.0.2.9", "testclient"),  # a header from a connection that is not a trusted proxy is ignored
+    ("testclient", "198.51.100.1"),  # the right-most address the trusted proxy did not add: the real client's
+    ("testclient, 198.51.100.0/24", "203.0.113.7"),  # (with the proxy before it trusted too, the one before)
+])
+def test_the_client_address_is_uvicorns_reading_of_the_trusted_proxies(package: Package, tmp_path: Path,
+                                                                        trusted: str | None, expected: str) -> None:
+    """A client writes its own X-Forwarded-For (203.0.113.7), the proxy appends what it saw (198.51.100.1): only
+    the appended address may be believed, and only from a trusted proxy (TestClient connects as "testclient")."""
+    relay = make_relay(package, tmp_path / "s", forwarded_allow_ips=trusted)
+    with serving(relay) as client:
+        assert client.post("/api/join", json={}, headers={"X-Forwarded-For": "203.0.113.7, 198.51.100.1"}) \
+            .status_code == 200
+        listing = client.get("/api/admin/peers", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}).json()["peers"]
+    assert [peer["address"] for peer in listing] == [expected]
 
 
 def test_a_join_flood_from_one_address_is_limited_and_the_relay_stays_responsive(
@@ -71,7 +82,7 @@ def test_a_join_flood_from_one_address_is_limited_and_the_relay_stays_responsive
 
 def test_live_peers_per_address_are_capped(package: Package, tmp_path: Path) -> None:
     relay = make_relay(package, tmp_path / "s", join_rate=0.0, max_peers_per_address=3,
-                       trusted_proxy_header="X-Forwarded-For")
+                       forwarded_allow_ips="testclient")
     with serving(relay) as client:
         for _ in range(3):
             assert client.post("/api/join", json={}, headers={"X-Forwarded-For": "198.51.100.4"}).status_code == 200
