@@ -33,6 +33,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="interface to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="TCP port (default 8000; 0 picks a free one)")
     parser.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"])
+    parser.add_argument("--tls-cert", type=Path, metavar="FILE",
+                        help="serve HTTPS with this certificate (PEM, the chain after the leaf), for a relay that "
+                        "faces the internet without a reverse proxy: a page gets a secure context (WebGPU) only over "
+                        "HTTPS")
+    parser.add_argument("--tls-key", type=Path, metavar="FILE", help="the certificate's private key (PEM)")
     add_task_options(parser, seed=False)
     parser.add_argument("--package", type=Path, help="a package built with `peertrain package` (else built here)")
     parser.add_argument("--session-dir", type=Path, help="where checkpoints and the SQLite file live "
@@ -68,11 +73,28 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def join_url(host: str, port: int) -> str:
+def join_url(host: str, port: int, *, tls: bool = False) -> str:
     shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
     if ":" in shown:
         shown = f"[{shown}]"
-    return f"http://{shown}:{port}/"
+    return f"{'https' if tls else 'http'}://{shown}:{port}/"
+
+
+def check_tls(cert: Path | None, key: Path | None) -> str | None:
+    """Why ``--tls-cert``/``--tls-key`` cannot serve (None: they can, or neither is given)."""
+    if cert is None and key is None:
+        return None
+    if cert is None or key is None:
+        return "--tls-cert and --tls-key go together: the certificate and its private key"
+    import ssl
+
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(cert, key)
+    except FileNotFoundError as error:
+        return f"cannot read {error.filename}"
+    except ssl.SSLError as error:
+        return f"--tls-cert {cert} and --tls-key {key} are not a PEM certificate and its key: {error}"
+    return None
 
 
 def build_task_wheel(package_manifest: dict, paths: RelayPaths) -> str | None:
@@ -160,6 +182,10 @@ def run(args: argparse.Namespace, paths: RelayPaths | None = None) -> int:
         print(f"peertrain serve: {error}", file=sys.stderr)
         return 2
     raise_file_limit(limits.limit_concurrency)
+    problem = check_tls(args.tls_cert, args.tls_key)
+    if problem is not None:
+        print(f"peertrain serve: {problem}", file=sys.stderr)
+        return 2
     try:
         sock = bind(args.host, args.port)
     except OSError as error:
@@ -176,7 +202,7 @@ def run(args: argparse.Namespace, paths: RelayPaths | None = None) -> int:
             sock.close()
             print(f"peertrain serve: {error}", file=sys.stderr)
             return 2
-    url = join_url(args.host, sock.getsockname()[1])
+    url = join_url(args.host, sock.getsockname()[1], tls=args.tls_cert is not None)
     print(f"peertrain relay listening. Open {url} in a browser to join.", flush=True)
     peers = None
     if args.peers > 0:
@@ -186,8 +212,9 @@ def run(args: argparse.Namespace, paths: RelayPaths | None = None) -> int:
         if relay is not None:
             relay.store.count("refused.header_timeout")
 
+    tls = {"ssl_certfile": str(args.tls_cert), "ssl_keyfile": str(args.tls_key)} if args.tls_cert else {}
     config = uvicorn.Config(create_app(paths, relay, limits), log_level=args.log_level, lifespan="on",
-                            timeout_graceful_shutdown=3, **limits.uvicorn_settings(on_header_timeout))
+                            timeout_graceful_shutdown=3, **tls, **limits.uvicorn_settings(on_header_timeout))
     try:
         uvicorn.Server(config).run(sockets=[sock])
     finally:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import ssl
 import subprocess
 import sys
 import threading
@@ -28,7 +29,7 @@ from server.paths import REPO_ROOT
 from server.relay.client import RelayClient
 
 EXAMPLES = REPO_ROOT / "examples"
-URL_LINE = re.compile(rb"(http://\S+?)/?\s+in a browser")
+URL_LINE = re.compile(rb"(https?://\S+?)/?\s+in a browser")
 TOKEN_LINE = re.compile(rb"admin token \(shown once\): (\S+)")
 TOKEN_ENV = "PEERTRAIN_ADMIN_TOKEN"
 
@@ -60,7 +61,7 @@ class RelayProcess:
     def __init__(self, arguments: Sequence[str] = (), *, log: Path | None = None,
                  env: Mapping[str, str] | None = None, examples: bool = False, python: Sequence[str] | None = None,
                  stop_signal: signal.Signals = signal.SIGTERM, stop_timeout_s: float = 10.0,
-                 start_timeout_s: float = 120.0) -> None:
+                 start_timeout_s: float = 120.0, verify: ssl.SSLContext | bool = True) -> None:
         self.arguments = list(arguments)
         self.log = log or Path(os.environ.get("TMPDIR", "/tmp")) / f"peertrain-relay-{os.getpid()}-{id(self)}.log"
         extra = dict(env or {})
@@ -71,6 +72,7 @@ class RelayProcess:
         self.env = {**os.environ, **extra, "PYTHONUNBUFFERED": "1"}
         self.python = list(python) if python else [sys.executable]
         self.stop_signal, self.stop_timeout_s, self.start_timeout_s = stop_signal, stop_timeout_s, start_timeout_s
+        self.verify = verify  # an https relay's CA (``serve --tls-cert``), for the harness's own requests
         self.process: subprocess.Popen[bytes] | None = None
         self.port: int | None = None
         self.url = ""  # http://host:port, no trailing slash (a base URL for httpx)
@@ -101,7 +103,7 @@ class RelayProcess:
 
     @property
     def host_port(self) -> tuple[str, int]:
-        host, _, port = self.url.removeprefix("http://").rpartition(":")
+        host, _, port = self.url.split("://", 1)[-1].rpartition(":")
         return host, int(port)
 
     @property
@@ -132,7 +134,7 @@ class RelayProcess:
             self._fail(f"printed no URL within {self.start_timeout_s:.0f} s")
         left = max(1.0, self.start_timeout_s - (time.monotonic() - started))
         try:  # (answered once uvicorn runs: the socket listens already)
-            health = httpx.get(self.url + "/healthz", timeout=left)
+            health = httpx.get(self.url + "/healthz", timeout=left, verify=self.verify)
         except httpx.HTTPError as error:
             self._fail(f"did not answer /healthz: {type(error).__name__}: {error}")
         if health.status_code != 200:
@@ -205,7 +207,7 @@ class RelayProcess:
     # -- talking to it -----------------------------------------------------------------------------
     def client(self, *, timeout: float = 30.0) -> RelayClient:
         """The relay's Python client over a new ``httpx.Client`` (closed when the context manager exits)."""
-        http = httpx.Client(base_url=self.url, timeout=timeout)
+        http = httpx.Client(base_url=self.url, timeout=timeout, verify=self.verify)
         self._clients.append(http)
         return RelayClient(http)
 
