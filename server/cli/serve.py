@@ -182,9 +182,9 @@ def run(args: argparse.Namespace, paths: RelayPaths | None = None) -> int:
         print(f"peertrain serve: {error}", file=sys.stderr)
         return 2
     raise_file_limit(limits.limit_concurrency)
-    problem = check_tls(args.tls_cert, args.tls_key)
-    if problem is not None:
-        print(f"peertrain serve: {problem}", file=sys.stderr)
+    unusable = check_tls(args.tls_cert, args.tls_key)
+    if unusable is not None:
+        print(f"peertrain serve: {unusable}", file=sys.stderr)
         return 2
     try:
         sock = bind(args.host, args.port)
