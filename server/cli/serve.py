@@ -212,9 +212,9 @@ def run(args: argparse.Namespace, paths: RelayPaths | None = None) -> int:
         if relay is not None:
             relay.store.count("refused.header_timeout")
 
-    tls = {"ssl_certfile": str(args.tls_cert), "ssl_keyfile": str(args.tls_key)} if args.tls_cert else {}
     config = uvicorn.Config(create_app(paths, relay, limits), log_level=args.log_level, lifespan="on",
-                            timeout_graceful_shutdown=3, **tls, **limits.uvicorn_settings(on_header_timeout))
+                            timeout_graceful_shutdown=3, ssl_certfile=args.tls_cert, ssl_keyfile=args.tls_key,
+                            **limits.uvicorn_settings(on_header_timeout))
     try:
         uvicorn.Server(config).run(sockets=[sock])
     finally:
