@@ -14,7 +14,7 @@ TORCH_VENV := .venv-torch
 
 RUNTIME_SOURCES := $(shell find runtime -name '*.py' -o -name '*.wgsl' 2>/dev/null)
 
-.PHONY: setup demo test lint chromium torch-env clean
+.PHONY: setup demo test lint chromium nginx torch-env clean
 
 setup: $(STAMPS)/venv chromium $(STAMPS)/npm wheels/pyodide-lock.json
 
@@ -28,6 +28,10 @@ $(STAMPS)/venv: pyproject.toml
 
 chromium:
 	@scripts/ensure-chromium
+
+# nginx in front of the relay (tests/browser/test_nginx_browser.py); the tests skip, saying why, without it.
+nginx:
+	@scripts/ensure-nginx
 
 $(STAMPS)/npm: web/package.json web/package-lock.json
 	@mkdir -p $(STAMPS)
@@ -63,7 +67,7 @@ demo: setup
 	$(PY) -m server.cli serve --port $(PORT) $(DEMO_SESSION) $(if $(filter-out 0,$(PEERS)),--peers $(PEERS)) $(DEMO_ARGS)
 
 # pytest exits with 5 when no test was collected (e.g. a -k filter); that is not a failure here.
-test: setup torch-env lint
+test: setup torch-env nginx lint
 	$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; [ $$rc -eq 5 ] && { echo "pytest: no tests collected"; rc=0; }; exit $$rc
 
 clean:

@@ -1,0 +1,132 @@
+"""A public session behind Debian's nginx running ``deploy/nginx.conf``: TLS from a throw-away CA, the relay on
+plain HTTP behind it with ``--forwarded-allow-ips 127.0.0.1``.
+
+- A page opened over ``https://`` in Chromium that trusts the certificate trains the session to the end; it is a
+  secure context and cross-origin isolated, and ``navigator.gpu`` exists; a status change reaches the page through
+  the proxy at once (the event stream is not buffered); weights by digest come from nginx's cache the second time.
+- A client that writes ``X-Forwarded-For: 203.0.113.7`` itself is counted and limited under the address nginx saw
+  (a client bound to 127.0.0.2), never under the one it wrote.
+"""
+
+from __future__ import annotations
+
+import ssl
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from browser_helpers import ARITH_SETTINGS, ARTIFACTS, BOOT_SECONDS, task_args
+from nginx_proxy import free_port, nginx_in_front
+from playwright.sync_api import BrowserType, Page
+
+from runtime import deltas, wire
+from server.browser.chromium import launch_options
+from server.browser.peers import join_url
+from server.harness.relay_process import RelayProcess
+from server.relay.client import RelayClient
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+ADMIN = {"Authorization": "Bearer test-admin"}  # (browser_helpers.ADMIN_TOKEN)
+LATENCY_TRIES = 3
+
+
+def relay_behind_proxy(tmp_path: Path, *more: str) -> RelayProcess:
+    relay = RelayProcess([*task_args("arith", ARITH_SETTINGS, "--session-dir", str(tmp_path / "s"), "-k", "2",
+                                     "--passes", "1", "--forwarded-allow-ips", "127.0.0.1", *more),
+                          "--port", str(free_port())], log=ARTIFACTS / f"relay-{tmp_path.name}.log")
+    relay.start()
+    return relay
+
+
+def shown_status(page: Page) -> str:
+    return str(page.evaluate("document.getElementById('session-status').textContent"))
+
+
+def status_latency(page: Page, proxy: httpx.Client, action: str, expect: str) -> float:
+    """Seconds from an admin action answered (through the proxy) to the page showing ``expect`` in its status."""
+    answered = proxy.post(f"/api/admin/{action}", headers=ADMIN)
+    assert answered.status_code == 200, answered.text
+    sent = time.monotonic()
+    for _ in range(600):  # (bounded: 60 s of 0.1 s polls; a buffered stream would never show it)
+        if expect in shown_status(page):
+            return time.monotonic() - sent
+        page.wait_for_timeout(100)
+    raise AssertionError(f"the page never showed {expect!r} after {action}: {shown_status(page)!r}")
+
+
+def test_a_page_behind_nginx_trains_securely_and_hears_the_stream_at_once(browser_type: BrowserType,
+                                                                          tmp_path: Path) -> None:
+    relay = relay_behind_proxy(tmp_path)
+    try:
+        with nginx_in_front(relay.host_port[1], tmp_path / "nginx") as (url, issued):
+            options = launch_options()
+            browser = browser_type.launch(**{**options, "args": [
+                *options["args"], f"--ignore-certificate-errors-spki-list={issued.spki}"]})
+            trusted = ssl.create_default_context(cafile=str(issued.authority))
+            try:
+                with httpx.Client(base_url=url, verify=trusted, timeout=30) as proxy:
+                    page = browser.new_page()
+                    page.goto(url + "/")  # watching first (not joined): the session waits for its first peer
+                    for _ in range(BOOT_SECONDS * 2):  # (bounded) until the stream's first status is shown
+                        if shown_status(page) not in ("", "…"):
+                            break
+                        page.wait_for_timeout(500)
+                    latencies = []
+                    for _ in range(LATENCY_TRIES):
+                        latencies.append(status_latency(page, proxy, "pause", "paused"))
+                        latencies.append(status_latency(page, proxy, "resume", "wait for a peer"))
+                    page.goto(join_url(url + "/"))
+                    status = proxy.get("/api/session").json()
+                    for _ in range(BOOT_SECONDS * 2):
+                        if status["done"]:
+                            break
+                        page.wait_for_timeout(500)
+                        status = proxy.get("/api/session").json()
+                    assert status["done"], status
+                    facts = page.evaluate("[location.protocol, isSecureContext, crossOriginIsolated, "
+                                          "'gpu' in navigator]")
+                    assert facts == ["https:", True, True, True]
+                    # The relay saw nginx's reading of the page's address (this machine), not nginx itself as a peer.
+                    listing = proxy.get("/api/admin/peers", headers=ADMIN).json()["peers"]
+                    assert [p["address"] for p in listing] == ["127.0.0.1"]
+                    digest = current_digest(proxy)
+                    first = proxy.get(f"/api/weights/{digest}")
+                    again = proxy.get(f"/api/weights/{digest}")
+                    assert (first.status_code, again.status_code) == (200, 200) and first.content == again.content
+                    assert again.headers["x-cache-status"] == "HIT", again.headers
+            finally:
+                browser.close()
+    finally:
+        relay.close()
+    # Unbuffered: a status change crossed nginx at once (the relay sends a change within its 0.5 s coalescing).
+    assert min(latencies) < 1.0, latencies
+    (ARTIFACTS / "nginx-stream-latency.txt").write_text(" ".join(f"{s:.3f}" for s in latencies) + "\n")
+
+
+def current_digest(proxy: httpx.Client) -> str:
+    """The digest a job would name for the current weights: a peer joins through the proxy and hashes them."""
+    client = RelayClient(proxy)
+    client.join()
+    _, vector = wire.decode(client.weights())
+    return deltas.weights_sha256(vector)
+
+
+def test_a_forged_forwarded_for_is_ignored_through_nginx(tmp_path: Path) -> None:
+    relay = relay_behind_proxy(tmp_path, "--join-burst", "2", "--join-rate", "0.001")
+    try:
+        with nginx_in_front(relay.host_port[1], tmp_path / "nginx") as (url, issued):
+            trusted = ssl.create_default_context(cafile=str(issued.authority))
+            # A client on 127.0.0.2 (nginx sees that address) that claims to be 203.0.113.7, then others.
+            transport = httpx.HTTPTransport(local_address="127.0.0.2", verify=trusted)
+            with httpx.Client(base_url=url, transport=transport, timeout=30) as client, \
+                    httpx.Client(base_url=url, verify=trusted, timeout=30) as admin:
+                codes = [client.post("/api/join", json={}, headers={"X-Forwarded-For": forged}).status_code
+                         for forged in ("203.0.113.7", "203.0.113.8", "198.51.100.1, 203.0.113.9")]
+                listing = admin.get("/api/admin/peers", headers=ADMIN).json()["peers"]
+                counters = admin.get("/api/session").json()["counters"]
+    finally:
+        relay.close()
+    assert codes == [200, 200, 429]  # a burst of 2 for its one real address, whatever it wrote
+    assert [p["address"] for p in listing] == ["127.0.0.2", "127.0.0.2"]
+    assert counters["refused.join_rate"] == 1
