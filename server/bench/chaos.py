@@ -73,7 +73,7 @@ class ChaosConfig:
     def serve_arguments(self, session_dir: Path) -> list[str]:
         args = ["--task", "majority_task:MajorityTask", "--session-dir", str(session_dir),
                 "-k", str(self.k), "--passes", str(self.passes), "--admin-token", ADMIN, "--lease-seconds", "10",
-                "--seed", str(self.seed), "--no-ban-addresses",  # (every peer comes from 127.0.0.1)
+                "--seed", str(self.seed),
                 "--set", f"chunks={self.chunks}", "--set", f"examples={self.examples}",
                 "--set", f"epochs={self.epochs}", "--set", f"hidden={self.hidden}",
                 "--on-divergence", "rollback"]  # (its loss falls to ~1e-4, where noise trips the watch)

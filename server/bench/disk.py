@@ -30,7 +30,7 @@ ADMIN = "disk-admin"
 
 def serve_arguments(session_dir: Path, *, passes: int, hidden: int, keep: str) -> list[str]:
     return ["--task", "majority_task:MajorityTask", "--session-dir", str(session_dir),
-            "-k", "2", "--passes", str(passes), "--admin-token", ADMIN, "--no-ban-addresses",
+            "-k", "2", "--passes", str(passes), "--admin-token", ADMIN,
             "--on-divergence", "rollback", "--keep-results", keep, "--set", "chunks=4", "--set", "examples=1024",
             "--set", "epochs=1", "--set", f"hidden={hidden}"]
 

@@ -18,6 +18,7 @@ browser's worker does after an error), with a doubling delay between tries; past
 
 from __future__ import annotations
 
+import ssl
 import threading
 import time
 from collections import Counter
@@ -46,6 +47,7 @@ from server.relay.client import (
 )
 
 Job = dict[str, Any]
+JOIN_RETRY_S = 1.0  # after a 429 on join (the relay's join rate is 2 a second per address by default)
 
 
 class Unanswered(Exception):
@@ -88,6 +90,7 @@ class PeerLog:
     rejoins: int = 0
     unanswered: int = 0  # requests given up on (each a resend or a restart followed)
     weights_bytes: int = 0  # bytes of weights received (full messages and chains of steps)
+    join_waits: int = 0  # joins refused 429 (join_rate, too_many_peers) and tried again
     chains: int = 0  # weights rebuilt from a chain of steps
 
 
@@ -98,12 +101,12 @@ class NativePeer:
                  hold_s: float | None = None, wait_cap_s: float = 0.2, max_steps: int = 100_000,
                  timeout_s: float = 600.0, deadline: float | None = None, request_timeout_s: float = 30.0,
                  join_code: str | None = None, headers: dict[str, str] | None = None,
-                 stop: threading.Event | None = None) -> None:
+                 stop: threading.Event | None = None, verify: ssl.SSLContext | bool = True) -> None:
         self.hooks, self.retry = hooks or PeerHooks(), retry or RetryPolicy()
         self.hold_s, self.wait_cap_s, self.max_steps = hold_s, wait_cap_s, max_steps
         self.deadline = deadline if deadline is not None else time.monotonic() + timeout_s
         self.join_code = join_code
-        self.http = httpx.Client(base_url=url, timeout=request_timeout_s, headers=headers)
+        self.http = httpx.Client(base_url=url, timeout=request_timeout_s, headers=headers, verify=verify)
         self.relay = RelayClient(self.http)
         self.stop_event = stop or threading.Event()
         self.log = PeerLog()
@@ -210,7 +213,14 @@ class NativePeer:
     def step(self) -> bool:
         """One ``work -> weights -> unit -> train -> result``; True when the relay says the session is done."""
         if self.relay.credentials is None:
-            self.sign_in()
+            try:
+                self.sign_in()
+            except RelayRefusal as refusal:  # too many joins from this address at once: wait, as a page does
+                if refusal.status != 429:
+                    raise
+                self.log.join_waits += 1
+                self.pause(JOIN_RETRY_S)
+                return False
         if self.peer is None and self.hooks.train is None:
             self.peer = Peer(self.call(task_call()))
         try:

@@ -1,5 +1,5 @@
 """Bans (``Bans``, a part of the relay): a peer whose result fails its replay, or that claims more examples than
-its unit holds, loses its token for the session; unless ``--no-ban-addresses`` its address may not join again;
+its unit holds, loses its token for the session; with ``--ban-addresses`` its address may not join again either;
 its results of the open round are dropped and its live leases released, so their slots are handed out again at once
 (or a copy that matched one of them takes its place): nothing waits for a banned peer. Stored in SQLite, so a ban
 survives a restart; the admin API lifts one (``unban``)."""

@@ -8,8 +8,8 @@ other, when it comes before the merge, is compared like a redundancy copy (a fre
 round never waits for a backup.
 
 Redundancy:
-A seeded share ``F`` of each round's slots is trained twice, by two different peers (different ids and, unless
-``--no-ban-addresses`` says addresses do not tell people apart, different client addresses). Whichever result
+A seeded share ``F`` of each round's slots is trained twice, by two different peers (different ids and,
+with ``--ban-addresses``, where addresses tell people apart, different client addresses). Whichever result
 passes the checks first is the one merged; the other is compared with it and never merged:
 
 - both from Pyodide on the same engine (the result header's ``meta.engine``): they must be identical, bit for

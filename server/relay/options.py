@@ -12,7 +12,7 @@ from server.session.settings import setting
 DEFAULT_OUTLIER_FACTOR = 3.0
 DEFAULT_JOIN_RATE = 2.0
 DEFAULT_JOIN_BURST = 20
-DEFAULT_MAX_PEERS_PER_ADDRESS = 32
+DEFAULT_MAX_PEERS_PER_ADDRESS = 128  # a school's or an office's NAT: one address, a class of volunteers
 DEFAULT_BACKUP_AFTER = 1.0  # a unit out for longer than the session's median unit time gets a backup
 # Merged rounds whose result messages stay in SQLite (the open round's always do: its merge, a restart and a
 # dispute read them). Older ones keep only their audit rows (sha256, peer, unit, examples, verification).
@@ -80,9 +80,10 @@ class RelayOptions:
     verify_atol: float = field(default=DEFAULT_VERIFY_ATOL, metadata=setting(
         help="the replay tolerance's absolute term (atol above)", minimum=0, metavar="ATOL", group="guards",
         commands=("serve",)))
-    ban_addresses: bool = field(default=True, metadata=setting(
-        help="a banned peer's client address may still join (e.g. many volunteers behind one NAT)", group="guards",
-        commands=("serve",)))
+    ban_addresses: bool = field(default=False, metadata=setting(
+        help="a ban also refuses the banned peer's client address (default: the peer's token only, so one attacker "
+        "behind a NAT does not lock out the volunteers who share its address); with it, a second copy of a unit "
+        "also goes to another address", group="guards", commands=("serve",)))
     redundancy: float = field(default=0.0, metadata=setting(  # (server.relay.copies)
         help="share of units also trained by a second, different peer and compared with the first result "
         "(identical from one engine; a disagreement is decided by a host replay, or the unit goes to a third "

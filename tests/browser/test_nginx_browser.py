@@ -6,6 +6,8 @@ plain HTTP behind it with ``--forwarded-allow-ips 127.0.0.1``.
   the proxy at once (the event stream is not buffered); weights by digest come from nginx's cache the second time.
 - A client that writes ``X-Forwarded-For: 203.0.113.7`` itself is counted and limited under the address nginx saw
   (a client bound to 127.0.0.2), never under the one it wrote.
+- 40 honest native peers and 2 attackers behind one address (a classroom's NAT) through nginx: the attackers are
+  banned, the honest peers all join (the join rate holds the last ones back a few seconds) and train to the end.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from playwright.sync_api import BrowserType, Page
 from runtime import deltas, wire
 from server.browser.chromium import launch_options
 from server.browser.peers import join_url
+from server.harness.native_peer import NativePeer, PeerHooks
 from server.harness.relay_process import RelayProcess
 from server.relay.client import RelayClient
 
@@ -31,9 +34,9 @@ ADMIN = {"Authorization": "Bearer test-admin"}  # (browser_helpers.ADMIN_TOKEN)
 LATENCY_TRIES = 3
 
 
-def relay_behind_proxy(tmp_path: Path, *more: str) -> RelayProcess:
-    relay = RelayProcess([*task_args("arith", ARITH_SETTINGS, "--session-dir", str(tmp_path / "s"), "-k", "2",
-                                     "--passes", "1", "--forwarded-allow-ips", "127.0.0.1", *more),
+def relay_behind_proxy(tmp_path: Path, *more: str, settings: dict | None = None, k: int = 2) -> RelayProcess:
+    relay = RelayProcess([*task_args("arith", settings or ARITH_SETTINGS, "--session-dir", str(tmp_path / "s"),
+                                     "-k", str(k), "--passes", "1", "--forwarded-allow-ips", "127.0.0.1", *more),
                           "--port", str(free_port())], log=ARTIFACTS / f"relay-{tmp_path.name}.log")
     relay.start()
     return relay
@@ -130,3 +133,40 @@ def test_a_forged_forwarded_for_is_ignored_through_nginx(tmp_path: Path) -> None
     assert codes == [200, 200, 429]  # a burst of 2 for its one real address, whatever it wrote
     assert [p["address"] for p in listing] == ["127.0.0.2", "127.0.0.2"]
     assert counters["refused.join_rate"] == 1
+
+
+@pytest.mark.timeout(1800)  # 42 peers and every peer's first result replayed, on two cores others may share
+def test_forty_volunteers_and_two_attackers_behind_one_address(tmp_path: Path) -> None:
+    def flipped(job: dict, honest: bytes) -> bytes:
+        header, vector = wire.decode(honest)  # (arith's results are float32 weights: its default codec)
+        return wire.encode((-4 * vector).astype("float32"), header)
+
+    settings = {**ARITH_SETTINGS, "num_examples": 2100, "chunks": 42}
+    relay = relay_behind_proxy(tmp_path, "--min-peers", "42", "--lease-seconds", "600", settings=settings, k=21)
+    try:
+        with nginx_in_front(relay.host_port[1], tmp_path / "nginx") as (url, issued):
+            trusted = ssl.create_default_context(cafile=str(issued.authority))
+            honest = [NativePeer(url, verify=trusted, timeout_s=1500) for _ in range(40)]
+            attackers = [NativePeer(url, verify=trusted, timeout_s=1500, hooks=PeerHooks(upload=flipped))
+                         for _ in range(2)]
+            started = time.monotonic()
+            for peer in [*honest, *attackers]:
+                peer.start()
+            for peer in [*honest, *attackers]:
+                peer.join(1500)
+            seconds = time.monotonic() - started
+            with httpx.Client(base_url=url, verify=trusted, timeout=30) as admin:
+                status = admin.get("/api/session").json()
+                listing = admin.get("/api/admin/peers", headers=ADMIN).json()["peers"]
+    finally:
+        relay.close()
+    assert status["done"], status["waiting"]
+    assert [peer.ended for peer in honest] == ["done"] * 40, [peer.error for peer in honest if peer.ended != "done"]
+    assert all(peer.log.refusals[-1] == (403, "banned") for peer in attackers), [p.log.refusals for p in attackers]
+    banned = {p["peer_id"] for p in listing if p["banned"]}
+    assert banned == {peer.peer_id for peer in attackers}
+    assert {p["address"] for p in listing} == {"127.0.0.1"} and len(listing) == 42  # one address, all admitted
+    trained = sum(peer.log.trained for peer in honest)
+    waits = sum(peer.log.join_waits for peer in [*honest, *attackers])
+    (ARTIFACTS / "nat-42-peers.txt").write_text(f"{seconds:.1f} s, {trained} honest units, {waits} join waits, "
+                                                f"counters {status['counters']}\n")

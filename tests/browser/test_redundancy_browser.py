@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 def test_two_honest_pyodide_copies_are_identical(browser: Browser, tmp_path: Path) -> None:
     session_dir = tmp_path / "session"
     relay, url = start_relay(*task_args("arith", {**ARITH_SETTINGS, "chunks": 4}, "-k", "2", "--passes", "1",
-                                        "--redundancy", "1", "--no-ban-addresses",  # both pages are 127.0.0.1
+                                        "--redundancy", "1",  # (address bans are off: both pages are 127.0.0.1)
                                         "--session-dir", str(session_dir)), log_name="relay-redundancy.log")
     pages: list[Page] = []
     try:

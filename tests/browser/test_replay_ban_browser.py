@@ -39,7 +39,7 @@ def subtle(global_weights: np.ndarray, result: np.ndarray) -> np.ndarray:
 def test_a_subtly_poisoning_page_is_banned_after_its_first_checked_result(browser: Browser, tmp_path: Path) -> None:
     session_dir = tmp_path / "session"
     relay, url = start_relay(*task_args("arith", ARITH_SETTINGS, "-k", "3", "--passes", "2", "--min-peers", "1",
-                                        "--no-ban-addresses",  # all three pages come from 127.0.0.1
+                                        # (address bans are off by default: all three pages come from 127.0.0.1)
                                         # The intercepted page is the slow one: a backup would race it and turn
                                         # its first check into a copy comparison (tests/server/relay/test_backups.py).
                                         "--no-backups",

@@ -94,7 +94,7 @@ def worker_throttle_answer(browser: Browser, page: Page) -> str:
 
 def one_session(browser: Browser, tmp_path: Path, name: str, *relay_args: str) -> dict[str, Any]:
     session_dir = tmp_path / name
-    relay, url = start_relay(*task_args("arith", SETTINGS, "-k", "3", "--passes", "2", "--no-ban-addresses",
+    relay, url = start_relay(*task_args("arith", SETTINGS, "-k", "3", "--passes", "2",
                                         "--session-dir", str(session_dir), *relay_args),
                              log_name=f"relay-stragglers-{name}.log")
     slow_browser = browser.browser_type.launch(**launch_options())

@@ -45,7 +45,7 @@ def final_weights(session_dir: Path) -> tuple[Session, Package]:
 @pytest.mark.timeout(1800)
 def test_the_attacker_is_banned_and_two_honest_peers_finish(tmp_path: Path) -> None:
     """Three native peers, one uploading noise from its first result: its first result fails its host replay, it is
-    banned (its address too), and the two honest peers finish all 6 rounds with exactly the honest run's weights
+    banned, and the two honest peers finish all 6 rounds with exactly the honest run's weights
     (before, the session stopped at round 6 waiting for a third peer)."""
     rng = np.random.default_rng(0)
 

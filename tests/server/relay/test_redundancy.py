@@ -48,9 +48,10 @@ def test_two_honest_copies_are_identical_and_nothing_is_arbitrated(package: Pack
 
 
 def test_a_copy_goes_to_another_address_when_addresses_tell_people_apart(package: Package, tmp_path: Path) -> None:
-    """With address bans on (the default) two peers behind one address never train both copies: the copy is
+    """With address bans on (``--ban-addresses``) two peers behind one address never train both copies: the copy is
     waived when nobody from elsewhere is connected, and the round still merges."""
-    relay = make_relay(package, tmp_path / "s", k=2, passes=1, redundancy=1.0, verify_fraction=0.0)
+    relay = make_relay(package, tmp_path / "s", k=2, passes=1, redundancy=1.0, verify_fraction=0.0,
+                       ban_addresses=True)
     with serving(relay) as client:
         peers = [HttpPeer(client), HttpPeer(client)]  # both from the test client's one address
         work_until_done(client, peers)

@@ -105,7 +105,7 @@ def attacker_work_call():  # type: ignore[no-untyped-def]
 
 
 def test_an_inflated_claim_bans_at_once(package: Package, tmp_path: Path) -> None:
-    relay = make_relay(package, tmp_path / "s", k=2, passes=1)
+    relay = make_relay(package, tmp_path / "s", k=2, passes=1, ban_addresses=True)  # (address bans: opt-in)
     with serving(relay) as client:
         liar, _ = HttpPeer(client), HttpPeer(client)
         job = liar.assignment()
@@ -114,6 +114,16 @@ def test_an_inflated_claim_bans_at_once(package: Package, tmp_path: Path) -> Non
         assert liar.upload(job["round"], job["slot"], wire.encode(vector, header)).status_code == 422
         assert liar.send(attacker_work_call()).json()["error"] == "banned"
         assert client.post("/api/join", json={}).json()["error"] == "banned"  # its address, too
+    # By default a ban is on the peer only: its address (a NAT's, maybe) may still join.
+    relay = make_relay(package, tmp_path / "t", k=2, passes=1)
+    with serving(relay) as client:
+        liar, _ = HttpPeer(client), HttpPeer(client)
+        job = liar.assignment()
+        header, vector = wire.decode(liar.train(job))
+        header = type(header)(**{**header.__dict__, "num_examples": 10**9})
+        assert liar.upload(job["round"], job["slot"], wire.encode(vector, header)).status_code == 422
+        assert liar.send(attacker_work_call()).json()["error"] == "banned"
+        assert client.post("/api/join", json={}).status_code == 200
 
 
 def test_honest_peers_are_never_banned_when_every_result_is_replayed(package: Package, tmp_path: Path) -> None:
@@ -132,7 +142,7 @@ def test_honest_peers_are_never_banned_when_every_result_is_replayed(package: Pa
 
 
 def test_bans_survive_a_restart_and_can_be_lifted(package: Package, tmp_path: Path) -> None:
-    relay = make_relay(package, tmp_path / "s", k=2, passes=1, verify_fraction=0.0)
+    relay = make_relay(package, tmp_path / "s", k=2, passes=1, verify_fraction=0.0, ban_addresses=True)
     with serving(relay) as client:
         attacker, _ = HttpPeer(client), HttpPeer(client)
         job = attacker.assignment()
