@@ -62,10 +62,10 @@ class ByteTextTask(ByteLMTask):
     # become whole steps. Measured in headless Chromium: a browser unit differed from its native replay by up
     # to 40% of its update (62 units), so a replay cannot judge a bytetext result; the other checks remain.
     replay_across_engines = False
-    # Results and merged steps as the top 3 % of each block with error feedback (``peertrain bench comm``: about 50x
-    # fewer bytes than float32 each way, the final validation loss within the float32 run's; BENCHMARKS.md). With
-    # no replays to compare its results, nothing stops a residual here; --redundancy makes it int8.
-    default_codec = "topk"
+    # Results and merged steps as int8 (``peertrain bench comm``, 3 seeds, k = 5, 33 rounds: 3.9x fewer bytes each
+    # way at +0.6 % final validation loss against float32; topk at 3 % sent 50x fewer at +1.7 %, past the 1 % this
+    # default may cost; BENCHMARKS.md, "Result codecs").
+    default_codec = "int8"
 
     def crosses_boundary(self) -> str:
         source = ", ".join(self.settings.files) or "CPython's pydoc topics (public documentation)"

@@ -397,7 +397,8 @@ def run_study(args: argparse.Namespace, sweep: Mapping[str, Any]) -> int:
         print(f"{stage}: {len(runs)} sessions")
         specs = [SessionSpec(package_for(run), SessionConfig(
             merge=run.merge, merge_config=dict(run.config), participants=5, passes=3, seed=run.seed,
-            max_rounds=args.rounds, aggregate="mean", label=run.label), run.slug()) for run in runs]
+            max_rounds=args.rounds, aggregate="mean", label=run.label,
+            codec="none"), run.slug()) for run in runs]  # (the study compares merges on float32 results)
         done = {} if args.study_fresh else {spec.name: h for spec in specs
                                             if (h := finished(out / "sessions" / spec.name, spec)) is not None}
         if done:

@@ -107,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
 
     # The server optimizers over the plain weighted mean (mean): the claim under test compares them, not aggregators.
     comparison = compare(package, SETTINGS, out=out, participants=5, passes=3, seed=args.seed, max_rounds=args.rounds,
-                         aggregate="mean",
+                         aggregate="mean", codec="none",  # (merges compared on float32 results)
                          progress=args.progress, log=lambda _: None,
                          title=f"bytelm-2.3mb, 55 chunks, k=5, {args.steps} local steps: validation loss per round")
     series = {s.config.name: s.metric_series() for s in comparison.sessions}

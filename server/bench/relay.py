@@ -113,6 +113,7 @@ def serve_arguments(package: Path, session_dir: Path, k: int, passes: int,
     return [*verify, "--no-backups", "--package", str(package), "--session-dir", str(session_dir), "--fresh",
             "-k", str(k),
             "--passes", str(passes), "--admin-token", ADMIN, "--lease-seconds", "3600", "--peer-timeout", "3600",
+            "--codec", "none",  # (the simulated peers upload float32 weights: this bench times the relay, not codecs)
             # every simulated peer joins from loopback at once: no admission limit per address here
             "--join-rate", "0", "--max-peers-per-address", "0"]
 

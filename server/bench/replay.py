@@ -311,6 +311,7 @@ def serve_arguments(package: Path, session_dir: Path, setup: TaskSetup, units: i
             "--lease-seconds", "3600", "--peer-timeout", "3600",
             "--join-rate", "0", "--max-peers-per-address", "0",
             "--outlier-factor", "0",  # one peer uploads every slot: never refuse an honest result
+            "--codec", "none",  # (browser and native float32 weights compared, not updates)
             "--no-verify"]  # measuring the tolerance, not applying it
 
 

@@ -258,6 +258,7 @@ def run(args: argparse.Namespace) -> int:
                     for mode in modes_of(args):
                         began = time.perf_counter()
                         config = SessionConfig(participants=k, passes=args.passes or task.passes, seed=args.seed,
+                                               codec="none",  # (backups and deadlines on float32 results)
                                                **dict(mode.session))
                         result = one(package, config, settings_for(mode, profile, peers, args), work, memo)
                         row = Row(name, peers, k, profile, mode.name, mode.label, result.summary(),

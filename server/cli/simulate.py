@@ -141,7 +141,8 @@ def run(args: argparse.Namespace) -> int:
                              seed=config.seed, max_rounds=config.max_rounds, force=config.force,
                              on_divergence=config.on_divergence, divergence_factor=config.divergence_factor,
                              progress=args.progress, aggregate=config.aggregate,
-                             aggregate_config=config.aggregate_config, **sweep_settings(args))
+                             aggregate_config=config.aggregate_config, codec=config.codec,
+                             topk_fraction=config.topk_fraction, **sweep_settings(args))
     except (MergeError, PlanError, TaskError, SessionError, SweepError, FileNotFoundError, ValueError) as error:
         return fail(error)
     stopped = [s for s in comparison.sessions if s.stopped]

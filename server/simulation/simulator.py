@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from runtime.codec import DEFAULT_TOPK_FRACTION
 from runtime.merge import InvalidHyperparameter, merge_class
 from runtime.planner import RoundPlan, check_merge_guard
 from server.session.config import DEFAULT_AGGREGATE
@@ -123,7 +124,8 @@ def compare(package: Package, choices: Sequence[MergeChoice], *, out: Path, part
             on_divergence: DivergenceAction = "stop", divergence_factor: float = 3.0, progress: bool = True,
             title: str = "", log: Callable[[str], Any] = print, aggregate: str = DEFAULT_AGGREGATE,
             aggregate_config: Mapping[str, Any] | None = None, engine: Engine = "local", workers: int | None = None,
-            ray_address: str | None = None) -> Comparison:
+            ray_address: str | None = None, codec: str = "auto", topk_fraction: float = DEFAULT_TOPK_FRACTION
+            ) -> Comparison:
     """Run one session per merge choice (same package, same plan), then write the plot and the table.
 
     ``engine``, ``workers``, ``ray_address``: where the sessions run (``server.simulation.sweep.run_sessions``:
@@ -135,7 +137,8 @@ def compare(package: Package, choices: Sequence[MergeChoice], *, out: Path, part
     configs = [SessionConfig(merge=c.name, merge_config=dict(c.config), participants=participants, passes=passes,
                              seed=seed, max_rounds=max_rounds, force=force, on_divergence=on_divergence,
                              divergence_factor=divergence_factor, label=c.label, aggregate=aggregate,
-                             aggregate_config=aggregate_config) for c in choices]
+                             aggregate_config=aggregate_config, codec=codec, topk_fraction=topk_fraction)
+               for c in choices]
     started = time.perf_counter()
     specs = [SessionSpec(package, config, choice.slug) for choice, config in zip(choices, configs, strict=True)]
     outcomes = run_sessions(specs, engine=engine, workers=workers, address=ray_address, progress=progress, out=out)

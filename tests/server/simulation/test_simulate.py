@@ -41,6 +41,15 @@ def test_simulate_writes_history_plot_and_table(tmp_path: Path, text_file: Path,
     out = capsys.readouterr().out
     assert "| fedavg | 3 |" in out
     assert (tmp_path / "fedavg" / "latest").is_file() and (tmp_path / "package" / "manifest.json").is_file()
+    # bytetext's default codec (--codec auto) is int8: each round's weights moved by a decoded int8 step
+    assert all(entry["download"]["codec"] == "int8" for entry in history)
+
+
+@pytest.mark.parametrize("codec", ["none", "topk"])
+def test_simulate_takes_the_codec_it_is_given(tmp_path: Path, text_file: Path, codec: str) -> None:
+    assert cli.main(tiny_args(text_file, tmp_path) + ["--codec", codec, "--rounds", "1"]) == 0
+    history = read_jsonl(tmp_path / "fedavg" / "history.jsonl")
+    assert [entry.get("download", {}).get("codec", "none") for entry in history] == [codec]
 
 
 def test_two_merges_share_one_plot_and_one_table(tmp_path: Path, text_file: Path,
