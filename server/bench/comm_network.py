@@ -4,11 +4,11 @@ on loopback.
 One package (bytetext, ``--network-chunks`` chunks, seed 0) is served by ``peertrain serve`` (k = 3, one pass, the
 codec under test, ``--min-peers`` = the peers so round 1 starts with all of them); ``--network-peers`` headless
 Chromium pages (a browser context each) open it, either directly (loopback, the anchor) or each through its own
-``server.harness.link.ShapedLink`` (``--link``, default 10/50/20: 10 Mbit/s up, 50 down, 20 ms one way). DevTools'
-network emulation does not reach a page's Web Worker, which makes every request that counts, so the link is a real
-TCP proxy. The figure: the wall time of rounds 2 to the last (the first merge's time to the last merge's: the pages'
-boot is left out), behind the links over loopback, per codec, from the same run; and the bytes each link carried per
-round in those rounds.
+``server.harness.link.ShapedLink`` (``--link``, default 10/50/20: 10 Mbit/s up, 50 down, 20 ms one way): a TCP proxy
+per peer, one queue per direction shared by the page's requests and its event stream, as an access link is (DevTools'
+emulation reaches the worker's fetches too, but throttles each request on its own). The figure: the wall time of
+rounds 2 to the last (the first merge's time to the last merge's: the pages' boot is left out), behind the links
+over loopback, per codec, from the same run; and the bytes each link carried per round in those rounds.
 """
 
 from __future__ import annotations

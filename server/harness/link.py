@@ -1,10 +1,11 @@
 """A home connection in front of the relay: a TCP proxy on 127.0.0.1 that gives one client a link of a given
 speed (``LinkSpec``: upload and download rates and a one-way delay), for ``peertrain bench comm --network``.
 
-DevTools' network emulation does not reach a page's Web Workers (Chromium: "only supported for pages, not workers",
-``tests/browser/test_stragglers_browser.py`` asks it), and the worker makes every request that matters (weights,
-units, results). So each emulated peer opens the relay through its own ``ShapedLink``: the page, its scripts,
-Pyodide and the worker's requests all cross it.
+Why a proxy and not DevTools' ``Network.emulateNetworkConditions``: the emulation set on a page does reach its
+dedicated worker's fetches (checked: with 800 ms of latency set on the page, a fetch from the worker took 0.88 s),
+but it delays and throttles each request on its own; a home link is one queue per direction that every request and
+the event stream share, which is what a proxy per peer models. The page, its scripts, Pyodide and the worker's
+requests all cross it.
 
 Each direction is one pipe shared by the link's connections, as an access link is: a chunk read from one side leaves
 the pipe when the bytes ahead of it and itself have been serialized at the pipe's rate, and arrives ``delay`` later
