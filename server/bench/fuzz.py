@@ -22,7 +22,9 @@ Checks, after every request:
 * the model's checksum (sha256 of the weights and metadata of ``GET /api/admin/export/model``, fetched after
   every request that is not a GET or HEAD and after every ``--checksum-every``-th one) is unchanged, except
   after an accepted result (once a merge it may start is over) or an accepted ``POST /api/admin/session`` (a
-  new session), which re-take it.
+  new session), which re-take it, and after a round merged because its last slot was refused to every connected
+  peer (docs/liveness.md): then the session's status must show that round merged and no more results merged in
+  all than it accepted.
 
 After a new session the peer token is void (tokens live in the session's SQLite file): the fuzzer joins again;
 after a fuzz request stopped the session, or once every round merged, it asks for a new one, so that the
@@ -94,6 +96,7 @@ class Tally:
     rejoins: int = 0
     restarts: int = 0  # new sessions after the fuzzing stopped or finished one
     results_accepted: int = 0
+    merges_without_a_new_result: int = 0  # rounds merged after their last slot was refused to everyone
     findings: list[Finding] = field(default_factory=list)
 
 
@@ -148,6 +151,8 @@ class Fuzzer:
         self.tally = Tally()
         self.peer_header = self.join()
         self.baseline = self.checksum()
+        self.merged = 0  # rounds the session had merged when the baseline was taken
+        self._history: list[dict[str, Any]] = []
         self.assignment: dict[str, Any] | None = None  # the latest one a fuzz request was answered with
 
     # -- helpers of the fuzzer's own (not counted) -------------------------------------------------
@@ -171,7 +176,7 @@ class Fuzzer:
             raise RuntimeError(f"a new session was refused: {answer.status_code} {answer.text[:300]}")
         self.tally.restarts += 1
         self.peer_header, self.assignment = self.join(), None
-        self.baseline = self.checksum()
+        self.baseline, self.merged = self.checksum(), 0
 
     def settle(self) -> None:
         """Until no merge is under way: two looks at the status, 50 ms apart, that agree and show none."""
@@ -184,6 +189,16 @@ class Fuzzer:
             seen = now
             time.sleep(0.05)
         raise RuntimeError("the relay kept merging for 10 s after an accepted result")
+
+    def merges(self) -> tuple[int, int]:
+        """(rounds the session merged, results it accepted), from its status."""
+        status = self.control.get(f"{self.url}/api/session", timeout=self.request_timeout).json()
+        self._history = status["history"]
+        return len(status["history"]), int(status["counters"].get("results_accepted", 0))
+
+    def merged_results(self) -> int:
+        """Results merged in all (the history read by the last ``merges``)."""
+        return sum(int(entry["participants"]) for entry in self._history)
 
     def checksum(self) -> str:
         answer = self.control.get(self.url + MODEL_PATH, headers={"Authorization": f"Bearer {ADMIN}"},
@@ -251,6 +266,7 @@ class Fuzzer:
                 self.tally.results_accepted += 1
                 self.settle()  # the result may have completed its round: the merge changes the model
             self.baseline = self.checksum()  # a valid result, or a new session: the model may change
+            self.merged = self.merges()[0]
             if key[1] == "/api/admin/session":
                 self.peer_header = self.join()  # the old tokens lived in the old session's SQLite file
                 self.tally.rejoins += 1
@@ -258,9 +274,17 @@ class Fuzzer:
         elif key[0] not in ("GET", "HEAD") or self.tally.requests % self.checksum_every == 0:
             now = self.checksum()
             if now != self.baseline:
-                self.fail("checksum", label, status, f"the model changed: {self.baseline[:12]} -> {now[:12]}",
-                          described)
-                self.baseline = now
+                self.settle()
+                merged, accepted = self.merges()
+                if merged > self.merged and self.merged_results() <= accepted:
+                    # A round merged without a new accepted result: its last slot was refused to every connected
+                    # peer (docs/liveness.md), so it merged the results it had, each of them accepted earlier.
+                    self.tally.merges_without_a_new_result += 1
+                    self.baseline, self.merged = self.checksum(), merged
+                else:
+                    self.fail("checksum", label, status, f"the model changed: {self.baseline[:12]} -> {now[:12]} "
+                              f"({merged - self.merged} rounds merged, {accepted} results accepted)", described)
+                    self.baseline, self.merged = now, merged
 
     def mutated_result(self, kwargs: dict[str, Any], headers: dict[str, str]) -> str:
         """Replace a result upload's body with a real result message (the round's weights, one example), flipped,
@@ -439,7 +463,8 @@ def report(summary: dict[str, Any]) -> None:
         print(f"check {text}: {failed.get(check, 0)} failures (anchor: 0)  {'FAILED' if failed.get(check) else 'ok'}")
     print(f"check model checksum unchanged by anything but a valid result: {summary['checksum_checks']} checks, "
           f"{failed.get('checksum', 0)} changes (anchor: 0), {summary['checksum_rebaselines']} new baselines after "
-          f"accepted results ({summary['results_accepted']}) or new sessions  "
+          f"accepted results ({summary['results_accepted']}) or new sessions, "
+          f"{summary['merges_without_a_new_result']} rounds merged with a slot refused to every peer  "
           f"{'ok' if not failed.get('checksum') else 'FAILED'}")
 
 
