@@ -4,14 +4,15 @@ plain HTTP behind it with ``--forwarded-allow-ips 127.0.0.1``.
 - A page opened over ``https://`` in Chromium that trusts the certificate trains the session to the end; it is a
   secure context and cross-origin isolated, and ``navigator.gpu`` exists; a status change reaches the page through
   the proxy at once (the event stream is not buffered); weights by digest come from nginx's cache the second time.
-- A client that writes ``X-Forwarded-For: 203.0.113.7`` itself is counted and limited under the address nginx saw
-  (a client bound to 127.0.0.2), never under the one it wrote.
+- A client that writes ``X-Forwarded-For: 203.0.113.7`` itself is counted, limited and banned under the address
+  nginx saw (a client bound to 127.0.0.2), never under the one it wrote.
 - 40 honest native peers and 2 attackers behind one address (a classroom's NAT) through nginx: the attackers are
   banned, the honest peers all join (the join rate holds the last ones back a few seconds) and train to the end.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import ssl
 import time
 from pathlib import Path
@@ -27,7 +28,7 @@ from server.browser.chromium import launch_options
 from server.browser.peers import join_url
 from server.harness.native_peer import NativePeer, PeerHooks
 from server.harness.relay_process import RelayProcess
-from server.relay.client import RelayClient
+from server.relay.client import Credentials, RelayClient, result_call
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 ADMIN = {"Authorization": "Bearer test-admin"}  # (browser_helpers.ADMIN_TOKEN)
@@ -124,15 +125,25 @@ def test_a_forged_forwarded_for_is_ignored_through_nginx(tmp_path: Path) -> None
             transport = httpx.HTTPTransport(local_address="127.0.0.2", verify=trusted)
             with httpx.Client(base_url=url, transport=transport, timeout=30) as client, \
                     httpx.Client(base_url=url, verify=trusted, timeout=30) as admin:
-                codes = [client.post("/api/join", json={}, headers={"X-Forwarded-For": forged}).status_code
-                         for forged in ("203.0.113.7", "203.0.113.8", "198.51.100.1, 203.0.113.9")]
+                answers = [client.post("/api/join", json={}, headers={"X-Forwarded-For": forged})
+                           for forged in ("203.0.113.7", "203.0.113.8", "198.51.100.1, 203.0.113.9")]
+                # The first one lies about its example count, still claiming 203.0.113.7: banned at once.
+                liar = RelayClient(client, Credentials(answers[0].json()["peer_id"], answers[0].json()["token"]))
+                job = liar.work()
+                header, weights = wire.decode(liar.weights())
+                lie = wire.encode(weights, dataclasses.replace(header, num_examples=10**9,
+                                                               meta={"slot": job["slot"]}))
+                refused = liar.send(result_call(job["round"], job["slot"], lie),
+                                    headers={**liar.credentials.headers, "X-Forwarded-For": "203.0.113.7"})
                 listing = admin.get("/api/admin/peers", headers=ADMIN).json()["peers"]
                 counters = admin.get("/api/session").json()["counters"]
     finally:
         relay.close()
-    assert codes == [200, 200, 429]  # a burst of 2 for its one real address, whatever it wrote
+    assert [a.status_code for a in answers] == [200, 200, 429]  # a burst of 2 for its real address, whatever it wrote
     assert [p["address"] for p in listing] == ["127.0.0.2", "127.0.0.2"]
     assert counters["refused.join_rate"] == 1
+    assert (refused.status_code, refused.json()["error"]) == (422, "num_examples_claim")
+    assert [(p["address"], p["banned"]) for p in listing] == [("127.0.0.2", True), ("127.0.0.2", False)]
 
 
 @pytest.mark.timeout(1800)  # 42 peers and every peer's first result replayed, on two cores others may share
