@@ -51,23 +51,21 @@ def test_a_shaped_link_carries_every_byte_in_order_and_no_faster_than_its_rates(
     """A local echo server behind a 2/4 Mbit/s link with 30 ms one way: bytes come back unchanged, each pipe counts
     them, and a 100 kB round trip takes at least its serialization times plus two delays (a lower bound: a busy
     machine only makes it slower)."""
-    import asyncio
+    import socketserver
     import threading
     import time
 
-    async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while data := await reader.read(65536):
-                writer.write(data)
-                await writer.drain()
-        finally:
-            writer.close()
+    class Echo(socketserver.BaseRequestHandler):
+        def handle(self) -> None:
+            while data := self.request.recv(65536):
+                self.request.sendall(data)
 
-    loop = asyncio.new_event_loop()
-    server = loop.run_until_complete(asyncio.start_server(echo, "127.0.0.1", 0))
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    # (a plain threaded server: no event loop in this thread, where an earlier test may have left one running)
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Echo)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
-    link = ShapedLink(("127.0.0.1", server.sockets[0].getsockname()[1]), LinkSpec.parse("2/4/30")).start()
+    link = ShapedLink(("127.0.0.1", server.server_address[1]), LinkSpec.parse("2/4/30")).start()
     try:
         import socket
 
@@ -87,11 +85,9 @@ def test_a_shaped_link_carries_every_byte_in_order_and_no_faster_than_its_rates(
         assert took >= len(payload) * 8 / 4e6 + 0.06  # at least the slower pipe's time and both delays
     finally:
         link.close()
-        loop.call_soon_threadsafe(server.close)
-        loop.call_soon_threadsafe(loop.stop)
+        server.shutdown()
+        server.server_close()
         thread.join(10)
-        loop.run_until_complete(server.wait_closed())
-        loop.close()
     with pytest.raises(ValueError, match="UP/DOWN/DELAY"):
         LinkSpec.parse("10/50")
     with pytest.raises(ValueError, match="only forwards to this machine"):
