@@ -144,7 +144,11 @@ def test_three_browsers_train_the_csv_example_on_their_own_files(browser: Browse
         summaries = [page.evaluate("window.peertrain.local") for page in pages]
         peer_ids = [page.evaluate("window.peertrain.peerId") for page in pages]
         report = pages[0].inner_text("#local-report")
-        federated_text = pages[0].inner_text("#federated")
+        for _ in range(120):  # (the page's event stream can trail the relay's status by a coalesced event or two)
+            federated_text = pages[0].inner_text("#federated")
+            if "held-out examples" in federated_text:
+                break
+            pages[0].wait_for_timeout(250)
         privacy = pages[0].inner_text("#local-privacy")
         not_covered = pages[0].inner_text("#not-covered")
         pages[0].screenshot(path=str(ARTIFACTS / "page-local-csv.png"), full_page=True)
