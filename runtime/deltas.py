@@ -23,7 +23,6 @@ weights it names (``ChainMismatch``): the peer then fetches the full weights.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -46,9 +45,7 @@ class ChainMismatch(wire.WireError):
     http_status = 422
 
 
-def weights_sha256(weights: np.ndarray) -> str:
-    """The name of a weights vector: the sha256 (hex) of its float32 little-endian bytes."""
-    return hashlib.sha256(np.ascontiguousarray(weights, dtype=wire.WIRE_FLOAT32).tobytes()).hexdigest()
+weights_sha256 = wire.weights_sha256  # (defined beside the update messages' shorter digest)
 
 
 @dataclass(frozen=True)

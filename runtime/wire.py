@@ -356,9 +356,14 @@ def _non_finite_message(vector: np.ndarray, spec: WeightSpec) -> str:
 # ---------------------------------------------------------------- updates (a result as its compressed update)
 
 
+def weights_sha256(weights: np.ndarray) -> str:
+    """The name of a weights vector: the sha256 (hex) of its float32 little-endian bytes (``runtime.deltas``)."""
+    return hashlib.sha256(np.ascontiguousarray(weights, dtype=WIRE_FLOAT32).tobytes()).hexdigest()
+
+
 def weights_digest(weights: np.ndarray) -> str:
-    """What names the weights an update is against: the first 16 hex digits of the sha256 of their float32 bytes."""
-    return hashlib.sha256(np.ascontiguousarray(weights, dtype=WIRE_FLOAT32).tobytes()).hexdigest()[:16]
+    """What names the weights an update is against: the first 16 hex digits of ``weights_sha256``."""
+    return weights_sha256(weights)[:16]
 
 
 def encode_update(payload: bytes, header: WireHeader, codec: Codec, base: str) -> bytes:
