@@ -124,7 +124,7 @@ def create_app(paths: RelayPaths | None = None, relay: Relay | None = None,
                                 allowed_suffixes=PYODIDE_SUFFIXES - {".json"})
 
     async def index(request: Request) -> Response:
-        return static.file_response(paths.web / "index.html", cache_control=static.REVALIDATE)
+        return static.file_response(paths.web / "index.html", cache_control=static.REVALIDATE, request=request)
 
     async def pyodide_files(request: Request) -> Response:
         """The lock file and wheels we built come first; the npm package's core files after them."""
@@ -132,7 +132,7 @@ def create_app(paths: RelayPaths | None = None, relay: Relay | None = None,
         for tree in (wheels_tree, core_tree):
             found = tree.find(relative)
             if found is not None:
-                return static.file_response(found, cache_control=tree.cache_control)
+                return static.file_response(found, cache_control=tree.cache_control, request=request)
         return static.not_found()
 
     async def vendor(request: Request) -> Response:
@@ -140,7 +140,7 @@ def create_app(paths: RelayPaths | None = None, relay: Relay | None = None,
         found = static.safe_join(paths.node_modules, relative) if relative else None
         if found is None:
             return static.not_found()
-        return static.file_response(found, cache_control=static.REVALIDATE)
+        return static.file_response(found, cache_control=static.REVALIDATE, request=request)
 
     async def healthz(request: Request) -> Response:
         problems = paths.missing()

@@ -73,6 +73,11 @@ def work_call(hold: float | str | None = None) -> Call:
     return Call("POST", "/api/work" if hold is None else f"/api/work?hold={hold}")
 
 
+def leave_call() -> Call:
+    """The peer is going: its leases are released at once (``POST /api/leave``)."""
+    return Call("POST", "/api/leave")
+
+
 def weights_call(version: int | None = None) -> Call:
     """The current weights, or (``version``) the version a job names (async mode keeps recent ones)."""
     return Call("GET", "/api/weights" if version is None else f"/api/weights?round={version}", parse=content)
@@ -134,6 +139,9 @@ class RelayClient:
 
     def work(self, hold: float | str | None = None) -> dict[str, Any]:
         return dict(self.call(work_call(hold)))
+
+    def leave(self) -> dict[str, Any]:
+        return dict(self.call(leave_call()))
 
     def weights(self, version: int | None = None) -> bytes:
         return bytes(self.call(weights_call(version)))

@@ -7,6 +7,7 @@ JSON unless noted; weights, chunks and results are binary wire messages (``runti
                                    and the relay's limits a peer should follow: ``limits``)
     GET  /api/events               server-sent events: the session status after every change
     POST /api/join                 {"join_code"?} -> {"peer_id", "token"}
+    POST /api/leave                (peer) -> {"released": n}: the peer is going; its leases are freed at once
     POST /api/work[?hold=S]        (peer) -> an assignment with a lease deadline, or {"wait": s, "reason"};
                                    with hold, a "wait" answer is held up to S s (at most MAX_HOLD_SECONDS and
                                    half the peer timeout) and work is answered the moment it exists
@@ -264,6 +265,17 @@ async def result(request: Request) -> Response:
     return JSONResponse({"accepted": True, "round": round_index, "slot": slot})
 
 
+@operation(Operation(
+    summary="the peer is going (its page closes, or it gives a core fewer): its leases are released at once",
+    auth="peer",
+    answers=[Answer(description="how many leases were released; the peer no longer counts as connected (asking for "
+                    "work again brings it back)", content={JSON: {
+                        "type": "object", "properties": {"released": {"type": "integer"}}}})],
+    refusals=list(PEER_REFUSALS)))
+async def leave(request: Request) -> Response:
+    return JSONResponse({"released": relay_of(request).leave(*credentials_of(request))})
+
+
 # -- admin --------------------------------------------------------------------------------------
 ADMIN_ACTIONS = ("pause", "resume", "stop")
 
@@ -390,6 +402,7 @@ API = Mount(API_PREFIX, routes=[
     Route("/openapi.json", openapi_document),
     Route("/join", join, methods=["POST"]),
     Route("/work", work, methods=["POST"]),
+    Route("/leave", leave, methods=["POST"]),
     Route("/weights", weights),
     Route("/weights/{digest}", weights_named),
     Route("/weights/{digest}/from/{held}", weights_chain),

@@ -185,6 +185,11 @@ class Store:
             self._run("UPDATE peers SET last_seen = ? WHERE id = ?", (now, peer_id))
         return ok
 
+    def depart(self, peer_id: str) -> None:
+        """``peer_id`` said it is leaving (its page closed): it stops counting as connected and against its
+        address's cap at once. Its token stays valid: asking for work again brings it back."""
+        self._run("UPDATE peers SET last_seen = 0 WHERE id = ?", (peer_id,))
+
     def active_peers(self, within_seconds: float) -> list[str]:
         """Peers in good standing seen recently or holding a live lease (a peer deep in a unit does not poll). A
         banned peer never counts: nothing waits for it."""
@@ -227,7 +232,8 @@ class Store:
                                 (target, round_index, slot, source))
 
     def release_leases_of(self, peer_id: str) -> int:
-        """Drop the live leases ``peer_id`` holds (it was banned): its units go to the next peer that asks."""
+        """Drop the live leases ``peer_id`` holds (it was banned, or left): its units go to the next peer that
+        asks."""
         with self._lock:
             return self.db.execute("DELETE FROM leases WHERE peer_id = ? AND deadline >= ?",
                                    (peer_id, self.clock())).rowcount

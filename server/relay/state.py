@@ -226,6 +226,20 @@ class Relay:
     def peer(self, peer_id: str, token: str) -> str:
         return self.admission.peer(peer_id, token)
 
+    def leave(self, peer_id: str, token: str) -> int:
+        """The peer is going (its page closes, or its volunteer gave one core fewer): its live leases are released at
+        once, so their units go to the next peer that asks instead of waiting out the lease, and it no longer counts
+        as connected. Returns how many leases were released."""
+        peer_id = self.peer(peer_id, token)
+        released = self.store.release_leases_of(peer_id)
+        self.store.depart(peer_id)
+        self.store.count("peers_left")
+        if released:
+            self.store.count("leases_released_on_leave", released)
+        self.notices.work_changed()
+        self.notices.changed()
+        return released
+
     # -- handing out work ---------------------------------------------------------------------------------------
     def next_work(self, peer_id: str) -> dict[str, Any]:
         """The peer's next job, or why it waits, or that the session is done. A round that became ready without a

@@ -9,8 +9,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.responses import FileResponse, PlainTextResponse, Response
+from starlette.staticfiles import NotModifiedResponse, StaticFiles
 
 CONTENT_TYPES = {
     ".wasm": "application/wasm",
@@ -45,9 +47,20 @@ def safe_join(root: Path, relative: str) -> Path | None:
     return candidate
 
 
-def file_response(path: Path, *, cache_control: str) -> Response:
+# Starlette's own conditional-request rules (If-None-Match, If-Modified-Since), as its StaticFiles applies them.
+_CONDITIONS = StaticFiles(directory=".", check_dir=False)
+
+
+def file_response(path: Path, *, cache_control: str, request: Request | None = None) -> Response:
+    """The file with its content type, cache headers and validators (FileResponse's ETag and Last-Modified); ``304``
+    to a ``request`` that already holds it. A "no-cache" file is revalidated on each use, so a second worker of a
+    page (or a reload) gets its wheels from the browser's cache for a header's worth of bytes."""
     media_type = CONTENT_TYPES.get(path.suffix.lower(), "application/octet-stream")
-    return FileResponse(path, media_type=media_type, headers={"Cache-Control": cache_control})
+    response = FileResponse(path, media_type=media_type, headers={"Cache-Control": cache_control},
+                            stat_result=path.stat())
+    if request is not None and _CONDITIONS.is_not_modified(Headers(raw=response.raw_headers), request.headers):
+        return NotModifiedResponse(Headers(raw=response.raw_headers))
+    return response
 
 
 def not_found() -> Response:
@@ -74,4 +87,4 @@ class FileTree:
         path = self.find(request.path_params.get("path", ""))
         if path is None:
             return not_found()
-        return file_response(path, cache_control=self.cache_control)
+        return file_response(path, cache_control=self.cache_control, request=request)

@@ -94,3 +94,16 @@ def test_healthz_reports_versions_and_missing_setup(client: TestClient, tmp_path
     response = bare.get("/healthz")
     assert response.status_code == 503
     assert any("make setup" in problem for problem in response.json()["problems"])
+
+
+@pytest.mark.parametrize("path", ["/", "/src/main.js", "/pyodide/pyodide-lock.json",
+                                  "/wheels/peertrain_runtime-0.1.0-cp312-none-any.whl", "/pyodide/pyodide.js"])
+def test_a_file_the_browser_holds_is_revalidated_for_a_304_without_its_bytes(client: TestClient, path: str) -> None:
+    first = client.get(path)
+    etag, modified = first.headers["etag"], first.headers["last-modified"]
+    again = client.get(path, headers={"If-None-Match": etag})
+    assert again.status_code == 304 and again.content == b""
+    assert again.headers["etag"] == etag and again.headers["cache-control"] == first.headers["cache-control"]
+    assert client.get(path, headers={"If-Modified-Since": modified}).status_code == 304
+    changed = client.get(path, headers={"If-None-Match": '"another"'})
+    assert changed.status_code == 200 and changed.content == first.content

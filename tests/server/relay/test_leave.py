@@ -1,0 +1,57 @@
+"""``POST /api/leave``: a peer that goes (its page closes, its volunteer gives a core fewer) frees its leases at once,
+so its units go to the next peer that asks instead of waiting out the lease, and it stops counting as connected."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from relay_fixtures import HttpPeer, build_small_package, make_relay, serving, session_status, work_until_done
+
+LONG_LEASE = 3600.0  # a lease that cannot run out during the test: only leaving frees it
+
+
+def test_a_peer_that_leaves_frees_its_unit_for_the_next_peer_at_once(tmp_path: Path) -> None:
+    package = build_small_package(tmp_path / "package")
+    relay = make_relay(package, tmp_path / "session", k=2, passes=1, lease_seconds=LONG_LEASE, verify=False)
+    with serving(relay) as client:
+        going, staying = HttpPeer(client), HttpPeer(client)
+        held = going.assignment()
+        first = staying.assignment()
+        assert first["slot"] != held["slot"]
+        assert staying.train_and_upload(first).status_code == 200
+        # Every other slot of the round is leased or done: the one held by the going peer is not handed out.
+        assert "wait" in staying.work()
+        assert session_status(client)["peers"]["connected"] == 2
+        trained = going.train(held)  # (what it had in flight when it went)
+
+        assert going.leave() == {"released": 1}
+
+        assert session_status(client)["peers"]["connected"] == 1
+        taken = staying.assignment()
+        assert (taken["round"], taken["slot"], taken["unit_index"]) == (held["round"], held["slot"],
+                                                                         held["unit_index"])
+        assert staying.train_and_upload(taken).status_code == 200
+        # The peer that left may still upload what it trained: its slot is now someone else's.
+        late = going.upload(held["round"], held["slot"], trained)
+        assert late.status_code in (403, 409), late.text
+        work_until_done(client, [staying])
+        assert session_status(client)["done"]
+        counters = relay.store.counters()
+        assert counters["peers_left"] == 1 and counters["leases_released_on_leave"] == 1
+
+
+def test_leaving_needs_the_peers_credentials_and_changes_nothing_without_them(tmp_path: Path) -> None:
+    package = build_small_package(tmp_path / "package")
+    relay = make_relay(package, tmp_path / "session", k=2, passes=1, lease_seconds=LONG_LEASE, verify=False)
+    with serving(relay) as client:
+        peer = HttpPeer(client)
+        peer.assignment()
+        forged = client.post("/api/leave", headers={"Authorization": f"Bearer {peer.peer_id}:not-the-token"})
+        assert forged.status_code == 401 and forged.json()["error"] == "unauthorized"
+        assert client.post("/api/leave").status_code == 401
+        assert session_status(client)["peers"]["connected"] == 1
+        assert relay.store.counters().get("peers_left", 0) == 0
+        # A peer that left and asks again is back: leaving is not a ban.
+        assert peer.leave() == {"released": 1}
+        assert "slot" in peer.work()
+        assert session_status(client)["peers"]["connected"] == 1
