@@ -46,6 +46,7 @@ def from_relay(url: str, token: str | None, which: str) -> bytes:
 def from_folder(directory: Path, which: str) -> tuple[np.ndarray, dict[str, str]]:
     from server.session import checkpoint_files as checkpoint
     from server.session.package import Package
+    from server.session.privacy import of_weights
 
     stored = checkpoint.read_session_config(directory)
     point = checkpoint.read_latest(directory) if which == "latest" else checkpoint.read_best(directory)
@@ -54,9 +55,13 @@ def from_folder(directory: Path, which: str) -> tuple[np.ndarray, dict[str, str]
     package = Package.load(Path(stored["package"])) if stored.get("package") else None
     if package is None:
         raise ExportError(f"{directory}: session.json names no package folder")
+    rounds = int(point.state["round"])
+    config = stored["config"]
     metadata = model_metadata(spec=point.spec, task_info=package.task_description(),
-                              model_config=package.task.model_config(), round_index=int(point.state["round"]),
-                              fingerprint=package.fingerprint)
+                              model_config=package.task.model_config(), round_index=rounds,
+                              fingerprint=package.fingerprint,
+                              privacy=of_weights(checkpoint.read_history(directory), rounds,
+                                                 config.get("dp_noise_multiplier") is not None))
     return point.weights, metadata
 
 

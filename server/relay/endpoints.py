@@ -337,6 +337,7 @@ async def create_session(request: Request) -> Response:
 def model_response(request: Request) -> Response:
     """The model as named-tensor safetensors, with what a loader needs in the metadata (server.session.export)."""
     from server.session.export import model_metadata, safetensors_bytes
+    from server.session.privacy import of_weights
 
     relay = relay_of(request)
     session, which = relay.session, request.query_params.get("round", "latest")
@@ -346,7 +347,8 @@ def model_response(request: Request) -> Response:
     rounds = session.round if which == "latest" else (session.best_round or -1) + 1
     metadata = model_metadata(spec=session.spec, task_info=relay.package.task_description(),
                               model_config=session.task.model_config(), round_index=rounds,
-                              fingerprint=relay.package.fingerprint)
+                              fingerprint=relay.package.fingerprint,
+                              privacy=of_weights(session.history, rounds, session.privacy is not None))
     name = f"{session.task.name}-round{rounds}.safetensors"
     return Response(safetensors_bytes(weights, metadata), media_type="application/octet-stream",
                     headers={"Content-Disposition": f'attachment; filename="{name}"'})

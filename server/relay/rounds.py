@@ -292,7 +292,8 @@ class SyncRounds:
             extra["redundancy"] = redundancy
         if backups is not None:
             extra["backups"] = backups
-        return session.complete_round(results, extra=extra or None, carry_missing=True)
+        return session.complete_round(results, extra=extra or None, carry_missing=True,  # (whose data: DP's unit)
+                                      contributors={slot: result.peer_id for slot, (result, _) in kept.items()})
 
     def progress(self) -> dict[str, int]:
         """The status's ``round_progress``: slots, results, live leases and live second copies. The status is read

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
 from runtime.codec import CODECS, DEFAULT_TOPK_FRACTION, Codec
+from server.session.privacy import PrivacySettings, check_aggregator, settings_of
 from server.session.settings import SessionError, check, check_fields, declared, json_schema, setting
 
 AUTO_CODEC = "auto"  # the task's default_codec
@@ -93,8 +94,34 @@ class SessionConfig:
         help="topk: the share of each block's entries a result sends", above=0, maximum=1, what="a share",
         metavar="F", admin=True))
 
+    # User-level differential privacy (server.session.privacy, README "Differential privacy"): each update clipped,
+    # the clipped updates averaged, Gaussian noise added; epsilon from Google's dp-accounting after every round.
+    dp_noise_multiplier: float | None = field(default=None, metadata=setting(
+        help="differential privacy: each round adds Gaussian noise of Z times the clip to the sum of the clipped "
+        "updates (DP-FedAvg); the page shows epsilon after every round", above=0, metavar="Z",
+        default_text="off: no differential privacy", group="privacy", admin=True))
+    dp_clip: float | None = field(default=None, metadata=setting(
+        help="differential privacy: the L2 norm each update is clipped to (with --dp-adaptive-clip, its first value)",
+        above=0, metavar="C", default_text="1", group="privacy", admin=True))
+    dp_adaptive_clip: float | None = field(default=None, metadata=setting(
+        help="differential privacy: the clip follows this quantile of the update norms, itself counted with noise "
+        "(Andrew et al. 2021)", above=0, maximum=1, what="a share", metavar="QUANTILE",
+        default_text="off: the clip stays", group="privacy", admin=True))
+    dp_delta: float = field(default=1e-6, metadata=setting(
+        help="differential privacy: the delta epsilon is given at (well below 1 / the number of people)", above=0,
+        maximum=0.01, metavar="DELTA", group="privacy", admin=True))
+    dp_epsilon_budget: float | None = field(default=None, metadata=setting(
+        help="differential privacy: the session stops before a round that would take epsilon past this",
+        above=0, metavar="EPSILON", default_text="none", group="privacy", admin=True))
+
     def __post_init__(self) -> None:
         check_fields(self)
+        if privacy_settings(self) is not None:
+            check_aggregator(self.aggregate)
+            if self.mode == "async":
+                raise SessionError("differential privacy composes rounds of clipped updates; async mode's staleness "
+                                   "weights change each update's share, so it is not offered with --mode async "
+                                   "(settings mode, dp_noise_multiplier)")
         object.__setattr__(self, "merge_config", dict(self.merge_config))
         if self.aggregate_config is None:
             defaults = DEFAULT_AGGREGATE_CONFIG if self.aggregate == DEFAULT_AGGREGATE else {}
@@ -135,6 +162,12 @@ class SessionConfig:
         if "aggregate" not in data:  # a session stored before aggregators existed ran the weighted mean
             data = {**data, "aggregate": "mean", "aggregate_config": {}}
         return cls(**data)
+
+
+def privacy_settings(config: SessionConfig) -> PrivacySettings | None:
+    """The session's DP settings (None: off); a ``SessionError`` for a DP setting given without the noise."""
+    return settings_of(config.dp_noise_multiplier, config.dp_clip, config.dp_adaptive_clip, config.dp_delta,
+                       config.dp_epsilon_budget)
 
 
 # What ``POST /api/admin/session`` may change (the fields declared ``admin=True``); the package (task, data) stays

@@ -56,13 +56,16 @@ def flat_vector(spec: WeightSpec, tensors: Mapping[str, np.ndarray]) -> np.ndarr
 
 
 def model_metadata(*, spec: WeightSpec, task_info: Mapping[str, Any], model_config: Mapping[str, Any],
-                   round_index: int, fingerprint: str) -> dict[str, str]:
-    """What travels with the tensors (safetensors metadata values are strings)."""
+                   round_index: int, fingerprint: str, privacy: Mapping[str, Any] | None = None) -> dict[str, str]:
+    """What travels with the tensors (safetensors metadata values are strings); ``privacy``: the session's
+    differential privacy for these weights (``server.session.privacy.of_weights``)."""
     assets = task_info.get("assets") or {}
     metadata = {"format": "peertrain", "spec": json.dumps(spec.to_json()), "model_config": json.dumps(model_config),
                 "task": json.dumps({"task_import": task_info.get("task_import"),
                                     "settings": task_info.get("settings")}),
                 "round": str(round_index), "fingerprint": fingerprint}
+    if privacy is not None:
+        metadata["privacy"] = json.dumps(privacy)
     if isinstance(assets.get("tokenizer"), str):
         metadata["tokenizer"] = assets["tokenizer"]
     return metadata

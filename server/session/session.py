@@ -36,8 +36,9 @@ from runtime.tasks import Task, TaskData, UnitResult, WorkUnit
 from runtime.tasks.base import check_unit_result
 from server.session import checkpoint_files as checkpoint
 from server.session import federated
-from server.session.config import DivergenceAction, SessionConfig, SessionError
+from server.session.config import DivergenceAction, SessionConfig, SessionError, privacy_settings
 from server.session.downloads import Downloads, split_download_state
+from server.session.privacy import NO_PRIVACY, CentralPrivacy, privacy_units
 
 __all__ = ["DivergenceAction", "Session", "SessionConfig", "SessionError", "SessionPackage"]
 
@@ -89,6 +90,8 @@ class Session:
         self.consumed = 0
         self._previous_delta: np.ndarray | None = None  # the last round's pseudo-gradient (diagnostics' cosine)
         self.carried: list[tuple[int, int, int]] = []
+        dp = privacy_settings(config)  # user-level DP: a stage of the merge (server.session.privacy)
+        self.privacy = CentralPrivacy(dp, aggregate=config.aggregate) if dp is not None else None
 
     # -- starting and resuming ------------------------------------------------------------------
     @classmethod
@@ -145,6 +148,8 @@ class Session:
         session.best_round = state["best_round"]
         session.stopped = state["stopped"]
         session.best_weights = np.array(best.weights, dtype=np.float32)
+        if session.privacy is not None:
+            session.privacy.load_state_json(state["privacy"])
         session.history = checkpoint.read_history(directory, int(state["history_length"]))
         try:
             checkpoint.rewrite_history(directory, session.history)  # drop lines written after the checkpoint
@@ -226,13 +231,14 @@ class Session:
     # -- completing a round ---------------------------------------------------------------------
     def complete_round(self, results: Sequence[tuple[Assignment, UnitResult]], *,
                        train_seconds: float | None = None, extra: Mapping[str, Any] | None = None,
-                       carry_missing: bool = False) -> dict[str, Any]:
+                       carry_missing: bool = False, contributors: Mapping[int, str] | None = None) -> dict[str, Any]:
         """Merge the round's results, validate, watch for divergence, record and checkpoint; return the entry.
 
         ``results`` may miss some assignments (the entry lists them) but not all; their order does not
         matter: they are merged in slot order, so the relay reproduces the simulator bit for bit. With
         ``carry_missing`` (a round deadline) the missing units open the next round, which takes that many
         fewer new units: each unit is still trained once per pass, and the session grows by what was carried.
+        ``contributors``: slot -> whose data a result is (a local task's peer), for differential privacy.
         """
         if self.done:
             raise SessionError(f"the session is over ({self.stopped or f'all {self.num_rounds} rounds done'})")
@@ -246,6 +252,7 @@ class Session:
         federated_best, divergence = federated.judge(self, evaluated) if not self.host_validates else (False, None)
         entry, best_changed = self._merge_and_record(
             [federated.without_federated(r) for _, r in ordered], [a.unit_index for a, _ in ordered],
+            privacy_units=privacy_units(self.task.kind, [a for a, _ in ordered], contributors) if self.privacy else (),
             validate=self.host_validates, fields={
                 "missing": [a.unit_index for a in planned if a.slot not in done_slots],
                 **({"carried": [u for _, u, _ in carry]} if carry else {}),  # moved into the next round
@@ -278,12 +285,14 @@ class Session:
         return self._advance(entry, best_changed)
 
     def _merge_and_record(self, results: list[UnitResult], units: list[int], *, validate: bool,
-                          fields: Mapping[str, Any], train_seconds: float | None,
+                          fields: Mapping[str, Any], train_seconds: float | None, privacy_units: Sequence[str] = (),
                           extra: Mapping[str, Any] | None) -> tuple[dict[str, Any], bool]:
         """Merge, validate (or not), watch for divergence; the history entry and whether the best changed."""
         started = time.perf_counter()
+        stage = self.privacy.stage(self.aggregator, self.round, privacy_units) if self.privacy else None
         merged = self.merge.merge(self.weights, [Result(r.weights, int(r.num_examples)) for r in results],
-                                  spec=self.spec, aggregator=self.aggregator)
+                                  spec=self.spec, aggregator=stage or self.aggregator)
+        privacy = {"privacy": self.privacy.commit(stage)} if self.privacy and stage else {}  # (after the merge held)
         merged, download = self.downloads.apply(self.round, self.weights, merged)  # (compressed: the decoded step)
         outliers = [units[i] for i in self.aggregator.last_outliers]
         diagnostics = self._diagnostics(merged)
@@ -319,6 +328,7 @@ class Session:
             "diagnostics": diagnostics,  # the pseudo-gradient's size, spread and agreement with the last round's
             **({"download": download} if download else {}),  # the step's codec, bytes and relative error
             **fields,
+            **privacy,  # epsilon after this round, the clip, the noise
             "examples": int(sum(int(r.num_examples) for r in results)),
             "train": _mean_metrics([r.metrics for r in results]),
             "best": {"metric": self.best_metric, "round": self.best_round},
@@ -349,6 +359,9 @@ class Session:
         self.history.append(entry)
         self.round += 1
         self._assignments = None
+        if self.privacy is not None and not self.done:  # stop before a round that would pass the epsilon budget
+            self.stopped = self.privacy.budget_stop(self.task.kind, self.assignments())
+            entry["events"] += [{"type": "privacy_budget", "reason": self.stopped}] if self.stopped else []
         if self.directory is not None:
             self._save(new_entries=[entry], best_changed=best_changed)
         return entry
@@ -399,6 +412,7 @@ class Session:
             "merge_config": self.merge.to_config(),
             "aggregate": self.aggregator.name,
             "aggregate_config": self.aggregator.to_config(),
+            **({"privacy": self.privacy.state_json()} if self.privacy else {}),
         }
 
     def stop(self, reason: str) -> None:
@@ -455,6 +469,8 @@ class Session:
             "best": {"metric": self.best_metric, "round": self.best_round},
             "stopped": self.stopped,
             "done": self.done,
+            "privacy": self.privacy.describe(self.task.kind, self.num_rounds, self.plan.passes) if self.privacy
+            else NO_PRIVACY,  # (differential privacy: epsilon now and at the planned end, or that there is none)
         })
 
 

@@ -85,7 +85,8 @@ def run_local_session(package: Package, config: SessionConfig, peers: LocalPeers
         started = time.perf_counter()
         chosen = [(a, assign(a) if assign else peers.default_peer(a, k)) for a in session.assignments()]
         results = [(a, uploads.arrived(session, a, peers.train(session, a, peer), peer)) for a, peer in chosen]
-        entry = session.complete_round(results, train_seconds=time.perf_counter() - started)
+        entry = session.complete_round(results, train_seconds=time.perf_counter() - started,
+                                       contributors={a.slot: str(peer) for a, peer in chosen})
         if on_round is not None:
             on_round(entry)
     return session
