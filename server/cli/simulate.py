@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     from runtime.merge import MergeError
     from runtime.planner import PlanError
     from runtime.tasks import TaskError
-    from server.session.config import SessionError
+    from server.session.config import SessionError, privacy_fields
     from server.session.package import Package, build_package
     from server.simulation.simulator import MergeChoice, compare, parse_merge_choices, with_common_settings
     from server.simulation.sweep import SweepError
@@ -143,7 +143,8 @@ def run(args: argparse.Namespace) -> int:
                              on_divergence=config.on_divergence, divergence_factor=config.divergence_factor,
                              progress=args.progress, aggregate=config.aggregate,
                              aggregate_config=config.aggregate_config, codec=config.codec,
-                             topk_fraction=config.topk_fraction, **sweep_settings(args))
+                             topk_fraction=config.topk_fraction, privacy=privacy_fields(config),
+                             **sweep_settings(args))
     except (MergeError, PlanError, TaskError, SessionError, SweepError, FileNotFoundError, ValueError) as error:
         return fail(error)
     stopped = [s for s in comparison.sessions if s.stopped]
@@ -172,6 +173,7 @@ def simulated_settings(config_values: dict[str, Any], relay_values: dict[str, An
 
 def run_local(args: argparse.Namespace, package: Any, choices: list[Any], config: Any, fail: Any) -> int:
     """``simulate --local-data``: a local task's sessions, each simulated peer training on its own folder."""
+    from server.session.config import privacy_fields
     from server.simulation.local_sim import simulate_local
 
     if package.task.kind != "local":
@@ -187,7 +189,8 @@ def run_local(args: argparse.Namespace, package: Any, choices: list[Any], config
                               passes=config.passes, seed=config.seed, max_rounds=config.max_rounds,
                               force=config.force, on_divergence=config.on_divergence,
                               divergence_factor=config.divergence_factor, aggregate=config.aggregate,
-                              aggregate_config=config.aggregate_config, progress=args.progress)
+                              aggregate_config=config.aggregate_config, progress=args.progress,
+                              privacy=privacy_fields(config))
     for session in sessions:
         if session.stopped:
             print(f"{session.config.name}: stopped: {session.stopped}", file=sys.stderr)

@@ -103,7 +103,7 @@ def simulate_local(package: Package, choices: Sequence[Any], folders: Sequence[P
                    participants: int, passes: int, seed: int = 0, max_rounds: int | None = None, force: bool = False,
                    on_divergence: Any = "stop", divergence_factor: float = 3.0, aggregate: str,
                    aggregate_config: Mapping[str, Any] | None, progress: bool = True,
-                   log: Callable[[str], Any] = print) -> list[Session]:
+                   log: Callable[[str], Any] = print, privacy: Mapping[str, Any] | None = None) -> list[Session]:
     """``peertrain simulate --local-data``: one session per merge choice (``MergeChoice``: name, config, label,
     slug) on the same peers' files, one after another; a line per round, then the plot and a table in ``out``."""
     out = Path(out)
@@ -115,7 +115,7 @@ def simulate_local(package: Package, choices: Sequence[Any], folders: Sequence[P
         config = SessionConfig(merge=choice.name, merge_config=dict(choice.config), participants=participants,
                                passes=passes, seed=seed, max_rounds=max_rounds, force=force,
                                on_divergence=on_divergence, divergence_factor=divergence_factor, label=choice.label,
-                               aggregate=aggregate, aggregate_config=aggregate_config)
+                               aggregate=aggregate, aggregate_config=aggregate_config, **(privacy or {}))
 
         def report(entry: dict[str, Any], label: str = choice.label) -> None:
             federated = entry.get("federated") or {}

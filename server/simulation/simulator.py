@@ -124,12 +124,13 @@ def compare(package: Package, choices: Sequence[MergeChoice], *, out: Path, part
             on_divergence: DivergenceAction = "stop", divergence_factor: float = 3.0, progress: bool = True,
             title: str = "", log: Callable[[str], Any] = print, aggregate: str = DEFAULT_AGGREGATE,
             aggregate_config: Mapping[str, Any] | None = None, engine: Engine = "local", workers: int | None = None,
-            ray_address: str | None = None, codec: str = "auto", topk_fraction: float = DEFAULT_TOPK_FRACTION
-            ) -> Comparison:
+            ray_address: str | None = None, codec: str = "auto", topk_fraction: float = DEFAULT_TOPK_FRACTION,
+            privacy: Mapping[str, Any] | None = None) -> Comparison:
     """Run one session per merge choice (same package, same plan), then write the plot and the table.
 
     ``engine``, ``workers``, ``ray_address``: where the sessions run (``server.simulation.sweep.run_sessions``:
-    in-process one after another, a local process pool, or Ray); the results are the same bits on each."""
+    in-process one after another, a local process pool, or Ray); the results are the same bits on each (not with
+    differential privacy, ``privacy``'s ``dp_*`` settings: each session draws its noise from its own secret)."""
     out = Path(out)
     plan = RoundPlan(package.data.num_units, participants, passes, seed)
     for choice in choices:  # refuse before training anything
@@ -137,7 +138,8 @@ def compare(package: Package, choices: Sequence[MergeChoice], *, out: Path, part
     configs = [SessionConfig(merge=c.name, merge_config=dict(c.config), participants=participants, passes=passes,
                              seed=seed, max_rounds=max_rounds, force=force, on_divergence=on_divergence,
                              divergence_factor=divergence_factor, label=c.label, aggregate=aggregate,
-                             aggregate_config=aggregate_config, codec=codec, topk_fraction=topk_fraction)
+                             aggregate_config=aggregate_config, codec=codec, topk_fraction=topk_fraction,
+                             **(privacy or {}))
                for c in choices]
     started = time.perf_counter()
     specs = [SessionSpec(package, config, choice.slug) for choice, config in zip(choices, configs, strict=True)]
