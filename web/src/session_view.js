@@ -20,6 +20,20 @@ function showFederated(session) {
     : `${Object.entries(last.federated.metrics).map(([k, v]) => `${k} ${fmt(v)}`).join(", ")} on ${last.federated.examples} held-out examples of ${last.federated.results} result${last.federated.results === 1 ? "" : "s"}, of the weights after ${last.federated.of_round} round${last.federated.of_round === 1 ? "" : "s"}${judged}`;
 }
 
+// Differential privacy (server/session/privacy.py): the session's epsilon after the last round, the planned one at the
+// end and the budget, in words; or that the session adds none.
+function showPrivacy(session) {
+  const p = session.privacy || { enabled: false, words: "not reported by this relay" };
+  if (!p.enabled) { $("privacy").textContent = `no differential privacy: ${p.words}`; return; }
+  const eps = (value) => (value === null || value === undefined ? "–" : value.toFixed(2));
+  const budget = p.budget === null ? "no budget set" : `the session stops before passing epsilon ${eps(p.budget)}`;
+  $("privacy").textContent = `differential privacy: epsilon ${eps(p.epsilon)} at delta ${p.delta} so far`
+    + ` (${p.words}); ${eps(p.planned_epsilon)} if the session runs to its end; ${budget}.`
+    + ` Each update is clipped to norm ${Number(p.clip).toPrecision(3)}`
+    + (p.adaptive_quantile ? ` (following the ${p.adaptive_quantile} quantile of update norms)` : "")
+    + ` and noise of ${p.noise_multiplier} times that is added to the sum of updates, so the model says little about any one person's data; smaller epsilon is stronger.`;
+}
+
 function showSession(session) {
   peer.session = session;
   $("task-name").textContent = `${session.task.name} (${KINDS[session.task.kind] || session.task.kind})`;
@@ -53,6 +67,7 @@ function showSession(session) {
     return li;
   }));
   $("not-covered").textContent = defenses.not_covered.join("; ");
+  showPrivacy(session);
   $("samples").replaceChildren(...session.samples.map((sample) => {
     const li = document.createElement("li");
     li.textContent = sample.text;

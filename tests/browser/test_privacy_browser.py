@@ -1,0 +1,107 @@
+"""Differential privacy on the page: two Chromium peers train the CSV example on their own files in a session with
+DP-FedAvg (``--dp-noise-multiplier``, ``--dp-epsilon-budget``); after each round the page shows the session's epsilon
+(the accountant's, as the status gives it), and the session stops before the round that would pass the budget, which
+the page says.
+
+The relay is paused between rounds (the admin API) so each round's page can be read before the next one starts: a
+round is resumed, paused again once its units are out, and read once it has merged.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from browser_helpers import (
+    ARTIFACTS,
+    BOOT_SECONDS,
+    REPO_ROOT,
+    admin,
+    close_pages,
+    session_status,
+    start_relay,
+    stop,
+    task_args,
+    wait_for_status,
+)
+from playwright.sync_api import Browser, Page
+
+from server.browser.peers import join_url
+from server.session import accountant
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+CSV_TASK = REPO_ROOT / "examples" / "csv_task.py"
+DATA = REPO_ROOT / "examples" / "data" / "csv"
+Z, DELTA = 2.0, 1e-6
+# 2 units a pass, 4 passes, k = 2: 4 rounds planned; every volunteer may be in every round, so the budget (between
+# 2 and 3 rounds' epsilon) stops the session once some page has been in 2 rounds and a third would pass it.
+BUDGET = (accountant.epsilon(Z, 2, DELTA) + accountant.epsilon(Z, 3, DELTA)) / 2
+
+
+def page_text(page: Page, selector: str, wanted: str, tries: int = 200) -> str:
+    """The element's text once it holds ``wanted`` (the page's event stream can trail the status a little)."""
+    text = ""
+    for _ in range(tries):
+        text = page.inner_text(selector)
+        if wanted in text:
+            return text
+        page.wait_for_timeout(100)
+    return text
+
+
+def test_the_page_shows_epsilon_after_each_round_and_the_budget_stop(browser: Browser, tmp_path: Path) -> None:
+    relay, url = start_relay(*task_args(str(CSV_TASK), {"validation_file": str(DATA / "validation.csv"), "units": 2},
+                                        "-k", "2", "--passes", "4", "--min-peers", "2", "--aggregate", "mean",
+                                        "--dp-noise-multiplier", str(Z), "--dp-clip", "0.05",
+                                        "--divergence-factor", "1000",  # (two peers' noisy mean: not about utility)
+                                        "--dp-epsilon-budget", f"{BUDGET:.6f}", "--session-dir",
+                                        str(tmp_path / "session")), log_name="relay-privacy-csv.log")
+    pages: list[Page] = []
+    shown: dict[int, str] = {}  # rounds merged -> the page's privacy line then
+    try:
+        admin(url, "pause")
+        for number in (1, 2):
+            page = browser.new_context().new_page()
+            page.goto(join_url(url))
+            page.set_input_files("#local-files", [str(DATA / "peers" / f"peer-{number}" / "rows.csv")])
+            pages.append(page)
+        wait_for_status(url, lambda s: s["peers"]["joined"] >= 2, timeout_s=BOOT_SECONDS + 60, what="2 pages to join",
+                        pages=pages, relay=relay)
+        before = pages[0].inner_text("#privacy")
+        for _ in range(6):  # (4 rounds planned; the budget stops it sooner)
+            merged = session_status(url)["round"]
+            admin(url, "resume")
+            wait_for_status(url, lambda s, merged=merged: s["done"] or s["round"] > merged or
+                            s["round_progress"]["leased"] + s["round_progress"]["done"] >= s["round_progress"]["slots"],
+                            timeout_s=120, what="the round's units to be out", pages=pages, relay=relay, poll_s=0.05)
+            admin(url, "pause")
+            status = wait_for_status(url, lambda s, merged=merged: s["done"] or s["round"] > merged,
+                                     timeout_s=120,
+                                     what="the round to merge", pages=pages, relay=relay)
+            epsilon = status["privacy"]["epsilon"]
+            shown[status["round"]] = page_text(pages[0], "#privacy", f"epsilon {epsilon:.2f} at delta")
+            if status["done"]:
+                break
+        final = status
+        stopped_text = page_text(pages[0], "#session-status", "privacy budget reached")
+        pages[0].screenshot(path=str(ARTIFACTS / "page-privacy-csv.png"), full_page=True)
+    finally:
+        close_pages(pages)
+        stop(relay)
+
+    assert "differential privacy: epsilon 0.00" in before and "if the session runs to its end" in before
+    history = final["history"]
+    rounds_per_unit = [entry["privacy"]["rounds_per_unit"] for entry in history]
+    assert [entry["privacy"]["epsilon"] for entry in history] == \
+        pytest.approx([accountant.epsilon(Z, n, DELTA) for n in rounds_per_unit])
+    # Every round's epsilon was on the page once it merged, in the page's own words.
+    assert sorted(shown) == list(range(1, len(history) + 1)), (sorted(shown), len(history))
+    for rounds, text in shown.items():
+        assert f"epsilon {history[rounds - 1]['privacy']['epsilon']:.2f} at delta 0.000001" in text, (rounds, text)
+        assert f"stops before passing epsilon {BUDGET:.2f}" in text
+    # The budget stopped the session before a round that would pass it, and the page said so.
+    assert final["done"] and "privacy budget reached" in final["stopped"]
+    assert len(history) in (2, 3) and max(rounds_per_unit) == 2 and history[-1]["privacy"]["epsilon"] <= BUDGET
+    assert history[-1]["events"][-1]["type"] == "privacy_budget"
+    assert "privacy budget reached" in stopped_text
