@@ -10,6 +10,8 @@ same computation. A local task's peer also holds the files its person chose (``l
 from __future__ import annotations
 
 import json
+import math
+import secrets
 import sys
 import time
 from typing import Any
@@ -19,7 +21,8 @@ import numpy as np
 from runtime import deltas, wire
 from runtime.backend import get_backend
 from runtime.codec import Codec, ErrorFeedback
-from runtime.tasks.base import Task, TaskError, WorkUnit, check_unit_result
+from runtime.privacy import privatize_update
+from runtime.tasks.base import Task, TaskError, UnitResult, WorkUnit, check_unit_result
 from runtime.tasks.loader import task_class
 from runtime.tasks.local import LocalData, train_local_unit
 from runtime.weights import WeightSpec
@@ -55,6 +58,18 @@ class Peer:
         self.last_metrics_json = "{}"
         self.local: LocalData | None = LocalData(self.task) if self.task.kind == "local" else None
         self.feedback = ErrorFeedback(self.spec.size)  # what topk dropped so far (runtime.codec)
+        self.local_privacy: tuple[float, float] | None = None  # the volunteer's own DP: (noise multiplier, clip)
+
+    def set_local_privacy(self, noise_multiplier: float, clip: float) -> None:
+        """Local differential privacy, the volunteer's choice for a local task: each update is clipped to ``clip``
+        and Gaussian noise of ``noise_multiplier * clip`` is added here, before it leaves (0: off)."""
+        if noise_multiplier < 0 or not clip > 0 or not math.isfinite(noise_multiplier * clip):
+            raise TaskError(f"local privacy takes a noise multiplier >= 0 and a clip > 0, got {noise_multiplier}, "
+                            f"{clip}")
+        if self.local is None and noise_multiplier > 0:
+            raise TaskError(f"task {self.task.name!r} trains on the host's data, not yours: local privacy is for "
+                            "local tasks")
+        self.local_privacy = (float(noise_multiplier), float(clip)) if noise_multiplier > 0 else None
 
     def set_weights(self, message: object) -> int:
         """Keep the global weights: a weights message, or a chain of steps from the weights held (each step
@@ -80,6 +95,11 @@ class Peer:
             unit = self.local.work_unit(int(job["unit_index"]), int(job["unit_seed"]),
                                         float(job.get("progress") or 0.0))
             result = train_local_unit(self.task, self.weights, unit)
+            if self.local_privacy is not None:  # the volunteer's own noise; its losses are not reported either
+                z, clip = self.local_privacy
+                noised = privatize_update(self.weights, result.weights, z, clip,
+                                          np.random.default_rng(secrets.randbits(128)))
+                result = UnitResult(noised, result.num_examples, {})
         else:
             data = None
             if unit_message is not None:
@@ -92,7 +112,9 @@ class Peer:
         self.last_metrics_json = json.dumps(metrics)
         header = wire.WireHeader(spec=self.spec, round=int(job["round"]), fingerprint=self.fingerprint,
                                  num_examples=int(result.num_examples), metrics=metrics,
-                                 meta={"slot": int(job["slot"]), "unit_index": unit.index, "engine": engine()})
+                                 meta={"slot": int(job["slot"]), "unit_index": unit.index, "engine": engine(),
+                                       **({"local_dp": {"noise_multiplier": self.local_privacy[0],
+                                                        "clip": self.local_privacy[1]}} if self.local_privacy else {})})
         codec = Codec.from_json(job["codec"]) if job.get("codec") else Codec()
         if not codec.compresses:
             return wire.encode(result.weights, header)

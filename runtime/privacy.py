@@ -76,3 +76,18 @@ def local_noise_std(noise_multiplier: float, clip: float) -> float:
     """A page's own noise on its clipped update (local DP: the update alone is a Gaussian mechanism of
     sensitivity C, whoever sees it)."""
     return noise_multiplier * clip
+
+
+def noise_bound(noise_multiplier: float, clip: float, size: int) -> float:
+    """A norm an honestly noised update stays under but with probability below e^-50: C + z C (sqrt(d) + 10)
+    (the norm of d Gaussians of deviation s exceeds s (sqrt(d) + t) with probability at most e^(-t^2 / 2))."""
+    return clip + local_noise_std(noise_multiplier, clip) * (math.sqrt(size) + 10)
+
+
+def privatize_update(base: np.ndarray, trained: np.ndarray, noise_multiplier: float, clip: float,
+                     rng: np.random.Generator) -> np.ndarray:
+    """Local DP on a peer: the weights ``base + clip(trained - base) + N(0, (z C)^2)`` as float32. ``rng`` must be
+    secret (the peer seeds it from the system's randomness): noise that anyone can reproduce protects nothing."""
+    clipped, _ = clip_to_norm(np.asarray(trained, np.float64) - base, clip)
+    noise = gaussian_noise(rng, clipped.shape[0], local_noise_std(noise_multiplier, clip))
+    return (np.asarray(base, np.float64) + clipped + noise).astype(np.float32)

@@ -137,6 +137,10 @@ class WorkerPeer:
     def clear_local_files(self) -> None:
         self._local().clear()
 
+    def set_local_privacy(self, noise_multiplier: float, clip: float) -> None:
+        """The volunteer's own differential privacy (``runtime.peer.Peer.set_local_privacy``; 0: off)."""
+        self.peer.set_local_privacy(float(noise_multiplier), float(clip))
+
     def local_summary(self) -> str:
         """What the page shows beside its file picker (``runtime.tasks.local.LocalData.summary``), as JSON."""
         return json.dumps(self._local().summary())

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -21,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from runtime import wire
+from runtime.privacy import noise_bound
 from runtime.tasks import Task, WorkUnit
 from server.relay.options import RelayOptions
 from server.relay.refusal import Refusal
@@ -82,6 +84,29 @@ def check_update_norm(norm: float, accepted: Sequence[float], *, max_norm: float
         if median > 0 and norm > outlier_factor * median:
             raise Refusal(422, "update_outlier", f"update norm {norm:.4g} is more than {outlier_factor:g} times "
                           f"the median {median:.4g} of this round's {len(accepted)} accepted updates")
+
+
+def local_noise(meta: Mapping[str, Any], kind: str) -> tuple[float, float] | None:
+    """The (noise multiplier, clip) a local task's result says its peer added of its own accord (local differential
+    privacy, ``runtime.privacy.privatize_update``), or None; a malformed claim is refused (``local_dp``)."""
+    claim = meta.get("local_dp")
+    if claim is None or kind != "local":
+        return None
+    z, clip = (claim.get("noise_multiplier"), claim.get("clip")) if isinstance(claim, Mapping) else (None, None)
+    if not all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+               for v in (z, clip)):
+        raise Refusal(422, "local_dp", f"local_dp must name a noise_multiplier and a clip above 0, got {claim!r}")
+    return float(z), float(clip)  # type: ignore[arg-type]
+
+
+def check_noised_norm(norm: float, noise: tuple[float, float], size: int, *, max_norm: float) -> None:
+    """A locally noised update is not held to the round's median (its noise alone is z C sqrt(d) long), only to the
+    norm its clip and noise reach but with probability e^-50 (``runtime.privacy.noise_bound``) and the absolute
+    bound: a claim of noise buys a peer no more room than that noise takes."""
+    bound = min(max_norm, noise_bound(*noise, size))
+    if not norm <= bound:
+        raise Refusal(422, "update_norm", f"update norm {norm:.4g} exceeds {bound:.4g}, the bound of its clip "
+                      f"{noise[1]:g} and local noise multiplier {noise[0]:g} (and --max-update-norm)")
 
 
 NOT_COVERED = ("a majority of dishonest peers", "the privacy of the data sent to peers", "trusted execution")

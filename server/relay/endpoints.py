@@ -241,7 +241,7 @@ RESULT_REFUSALS = (*PEER_REFUSALS, *BODY_REFUSALS, (400, "bad_query"),
                    (403, "not_leased"), (409, "late"), (409, "too_stale"),
                    # the message itself (server.relay.checks)
                    *openapi.wire_refusals(), (422, "num_examples"), (422, "num_examples_claim"),
-                   (422, "update_norm"), (422, "update_outlier"))
+                   (422, "update_norm"), (422, "update_outlier"), (422, "local_dp"))
 
 
 @operation(Operation(

@@ -14,6 +14,7 @@ compared, never merged. The rules of every mode: docs/liveness.md.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -23,7 +24,7 @@ from runtime.planner import Assignment, RoundOutOfRange
 from runtime.tasks import UnitResult
 from server.relay.bans import Bans
 from server.relay.book import RoundBook
-from server.relay.checks import check_update_norm, decode_result, read_result
+from server.relay.checks import check_noised_norm, check_update_norm, decode_result, local_noise, read_result
 from server.relay.context import RelayContext
 from server.relay.copies import UnitCopies
 from server.relay.jobs import Jobs
@@ -188,7 +189,8 @@ class SyncRounds:
                 round_index, slot))
             self.people.note_unit(peer_id, store.clock() - lease.issued, stored.engine)
         self.book.keep(stored, vector)
-        self.book.add_norm(round_index, norm)
+        if not math.isnan(norm):
+            self.book.add_norm(round_index, norm)
         self.replays.verify(stored, vector)
         return stored
 
@@ -202,8 +204,13 @@ class SyncRounds:
             header, vector, count, norm = read_result(body, session=session,
                                                       fingerprint=self.context.package.fingerprint,
                                                       round_index=round_index, unit=session.work_unit(assignment))
-            check_update_norm(norm, self.book.norms(round_index), max_norm=options.max_update_norm,
-                              outlier_factor=options.outlier_factor, min_results=options.outlier_min_results)
+            noise = local_noise(header.meta, session.task.kind)  # (a volunteer's own DP noise: its own bound)
+            if noise is None:
+                check_update_norm(norm, self.book.norms(round_index), max_norm=options.max_update_norm,
+                                  outlier_factor=options.outlier_factor, min_results=options.outlier_min_results)
+            else:
+                check_noised_norm(norm, noise, session.spec.size, max_norm=options.max_update_norm)
+                norm = math.nan  # (kept out of the round's median: its length is its noise's)
         except Refusal as refusal:
             self._free_slot(peer_id, round_index, slot)
             if refusal.code == "num_examples_claim":

@@ -193,6 +193,26 @@ def check_aggregator(name: str) -> None:
             "clipping already bounds what any one result can do) (settings aggregate, dp_noise_multiplier)")
 
 
+# The noise a volunteer of a local task may add to their own updates on the page (local DP), and the most uploads
+# whose epsilon the status lists for it.
+LOCAL_NOISE_CHOICES = (0.5, 1.0, 2.0, 4.0)
+LOCAL_UPLOADS_LISTED = 50
+
+
+def describe(privacy: CentralPrivacy | None, *, kind: str, num_rounds: int, passes: int, clip: float | None,
+             delta: float) -> dict[str, Any]:
+    """The status's ``privacy``: the session's central DP (or that there is none) and, for a local task, what each
+    local noise choice costs a volunteer in epsilon after 1, 2, ... uploads (each upload is a Gaussian mechanism of
+    sensitivity C on their data alone: the accountant composes them as rounds)."""
+    said = privacy.describe(kind, num_rounds, passes) if privacy is not None else dict(NO_PRIVACY)
+    if kind == "local":
+        uploads = max(1, min(num_rounds, LOCAL_UPLOADS_LISTED))
+        said["local"] = {"clip": DEFAULT_CLIP if clip is None else clip, "delta": delta, "choices": [
+            {"noise_multiplier": z, "epsilon": [accountant.epsilon(z, n, delta) for n in range(1, uploads + 1)]}
+            for z in LOCAL_NOISE_CHOICES]}
+    return said
+
+
 def of_weights(history: Sequence[Mapping[str, Any]], rounds: int, enabled: bool) -> dict[str, Any]:
     """What an export's metadata says of the privacy of weights after ``rounds`` rounds: the epsilon after the last
     of them (0 before any), or that the session had no differential privacy."""

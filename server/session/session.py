@@ -38,7 +38,8 @@ from server.session import checkpoint_files as checkpoint
 from server.session import federated
 from server.session.config import DivergenceAction, SessionConfig, SessionError, privacy_settings
 from server.session.downloads import Downloads, split_download_state
-from server.session.privacy import NO_PRIVACY, CentralPrivacy, privacy_units
+from server.session.privacy import CentralPrivacy, privacy_units
+from server.session.privacy import describe as describe_privacy
 
 __all__ = ["DivergenceAction", "Session", "SessionConfig", "SessionError", "SessionPackage"]
 
@@ -469,8 +470,8 @@ class Session:
             "best": {"metric": self.best_metric, "round": self.best_round},
             "stopped": self.stopped,
             "done": self.done,
-            "privacy": self.privacy.describe(self.task.kind, self.num_rounds, self.plan.passes) if self.privacy
-            else NO_PRIVACY,  # (differential privacy: epsilon now and at the planned end, or that there is none)
+            "privacy": describe_privacy(self.privacy, kind=self.task.kind, num_rounds=self.num_rounds,
+                                        passes=self.plan.passes, clip=self.config.dp_clip, delta=self.config.dp_delta),
         })
 
 
