@@ -62,10 +62,11 @@ class ByteTextTask(ByteLMTask):
     # become whole steps. Measured in headless Chromium: a browser unit differed from its native replay by up
     # to 40% of its update (62 units), so a replay cannot judge a bytetext result; the other checks remain.
     replay_across_engines = False
-    # Results and merged steps as int8 (``peertrain bench comm``, 3 seeds, k = 5, 33 rounds: 3.9x fewer bytes each
-    # way at +0.6 % final validation loss against float32; topk at 3 % sent 50x fewer at +1.7 %, past the 1 % this
-    # default may cost; BENCHMARKS.md, "Result codecs").
-    default_codec = "int8"
+    # Results and merged steps as topk at 10 % with error feedback (``peertrain bench comm``, 3 seeds, k = 5, 33
+    # rounds: 18x fewer bytes each way, final validation loss 0.6 % *below* float32's; int8: 3.9x at +0.6 %; topk at
+    # 3 %: 50x at +1.7 %, past the 1 % a default may cost; BENCHMARKS.md, "Result codecs"). Where host replays or
+    # copies compare results the session takes int8 instead (a topk result carries its peer's residual).
+    default_codec = "topk"
 
     def crosses_boundary(self) -> str:
         source = ", ".join(self.settings.files) or "CPython's pydoc topics (public documentation)"

@@ -38,17 +38,20 @@ PAGE_PROBE = """() => ({
   activity: window.peertrain ? window.peertrain.activity : null,
   peerId: window.peertrain ? window.peertrain.peerId || null : null,
   unitsDone: window.peertrain ? window.peertrain.unitsDone : 0,
+  workers: window.peertrain ? window.peertrain.workers.filter((w) => w.peerId).map((w) => w.peerId) : [],
   error: document.getElementById('error') ? document.getElementById('error').textContent : '',
   local: window.peertrain ? window.peertrain.local : null,
 })"""
 QUIET_KINDS_START = ("waiting", "refused", "offline", "finished", "banned")  # printed when a peer enters them
 
 
-def join_url(url: str) -> str:
-    """``url`` with ``join=1`` added to its query (kept if already there)."""
+def join_url(url: str, workers: int = 0) -> str:
+    """``url`` with ``join=1`` added to its query (kept if already there), and ``workers=W`` when given."""
     parts = urlsplit(url)
     query = dict(parse_qsl(parts.query))
     query.setdefault("join", "1")
+    if workers > 0:
+        query["workers"] = str(workers)
     return urlunsplit((parts.scheme, parts.netloc, parts.path or "/", urlencode(query), parts.fragment))
 
 
@@ -67,6 +70,7 @@ class PeerView:
     kind: str = ""
     units_done: int = 0
     peer_id: str | None = None
+    workers: tuple[str, ...] = ()  # the peer ids of the page's training workers that joined
     gone: str | None = None  # why the page no longer counts (failed to boot, crashed, closed)
     local: dict[str, Any] | None = None  # a local task: the summary of the files the page was given
 
@@ -99,6 +103,10 @@ class PeerView:
         if seen.get("peerId") and not self.peer_id:
             self.peer_id = seen["peerId"]
             lines.append(f"peer {self.number}: joined as {self.peer_id}")
+        workers = tuple(seen.get("workers") or ())
+        if len(workers) > 1 and workers != self.workers:
+            lines.append(f"{self.name}: {len(workers)} training workers joined ({', '.join(workers)})")
+        self.workers = workers
         units_done = int(seen.get("unitsDone") or 0)
         if units_done != self.units_done:
             self.units_done = units_done
@@ -169,16 +177,17 @@ def describe_round(status: dict[str, Any]) -> str:
 
 
 def run_peers(count: int, url: str, *, timeout_s: float = 0.0, headless: bool = True, poll_s: float = 0.5,
-              local_data: Sequence[Path] = ()) -> int:
+              local_data: Sequence[Path] = (), workers: int = 0) -> int:
     """Start ``count`` pages at ``url?join=1`` and follow the session until it is done; returns the exit status.
-    ``local_data``: a local task's files, a folder per peer (``server.session.local_files.peer_folders``)."""
+    ``local_data``: a local task's files, a folder per peer (``server.session.local_files.peer_folders``);
+    ``workers``: training workers per page (0: the page's default)."""
     from playwright.sync_api import sync_playwright
 
     from runtime.tasks import TaskError
     from server.session.local_files import peer_folders
 
-    if count < 1:
-        print("peertrain peers: N must be at least 1", file=sys.stderr)
+    if count < 1 or workers < 0:
+        print("peertrain peers: N must be at least 1 and --workers 0 or more", file=sys.stderr)
         return 2
     try:
         folders = peer_folders(local_data) if local_data else []
@@ -190,7 +199,7 @@ def run_peers(count: int, url: str, *, timeout_s: float = 0.0, headless: bool = 
               f"{len(folders)}", file=sys.stderr)
         return 2
     deadline = time.monotonic() + timeout_s if timeout_s > 0 else None
-    target = join_url(url)
+    target = join_url(url, workers)
     with stop_flag() as caught, httpx.Client(base_url=url, timeout=5) as http, sync_playwright() as playwright:
         relay = RelayClient(http)
         try:

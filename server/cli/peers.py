@@ -15,6 +15,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", default="http://127.0.0.1:8000/", help="the relay's URL (what `serve` prints)")
     parser.add_argument("--timeout", type=float, default=0.0,
                         help="give up after this many seconds (exit 1); default 0: wait until the session is done")
+    parser.add_argument("--workers", type=int, default=0, metavar="W",
+                        help="training workers per page, each a peer of its own (default 0: the page's own default, "
+                        "one fewer than the machine's cores, at least 1)")
     parser.add_argument("--headful", action="store_true", help="show the browser windows")
     parser.add_argument("--poll", type=float, default=0.5, help="seconds between looks at the relay and the pages")
     parser.add_argument("--local-data", action="append", type=Path, default=[], metavar="DIR",
@@ -27,4 +30,4 @@ def run(args: argparse.Namespace) -> int:
     from server.browser.peers import run_peers
 
     return run_peers(args.count, args.url, timeout_s=args.timeout, headless=not args.headful, poll_s=args.poll,
-                     local_data=args.local_data)
+                     local_data=args.local_data, workers=args.workers)

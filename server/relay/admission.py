@@ -98,10 +98,11 @@ class Admission:
         self.context.notices.work_changed()
         return credentials
 
-    def peer(self, peer_id: str, token: str) -> str:
-        """``peer_id`` when its token is right and it is not banned; marks it as seen (it counts as connected)."""
+    def peer(self, peer_id: str, token: str, *, touch: bool = True) -> str:
+        """``peer_id`` when its token is right and it is not banned; marks it as seen (it counts as connected) unless
+        ``touch`` is False."""
         store = self.context.store
-        if not token or not store.authenticate(peer_id, token):
+        if not token or not store.authenticate(peer_id, token, touch=touch):
             raise Refusal(401, "unauthorized", "missing or wrong peer token; join first (POST /api/join)")
         banned = store.ban_reason(peer_id)
         if banned is not None:

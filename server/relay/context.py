@@ -25,6 +25,7 @@ class Notices:
     wakes nobody; holders see it when their hold ends (or at the next backup, ``Relay.work``)."""
 
     version: int = 0
+    holding: int = 0  # held work requests waiting now
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
     _work: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -54,10 +55,13 @@ class Notices:
 
     async def hold_for_work(self, seconds: float) -> None:
         """Return after ``work_changed`` or ``seconds``, whichever comes first."""
+        self.holding += 1
         try:
             await asyncio.wait_for(self._work.wait(), timeout=max(seconds, 0.0))
         except TimeoutError:
             pass
+        finally:
+            self.holding -= 1
 
 
 @dataclass

@@ -172,8 +172,9 @@ class Store:
         since = self.clock() - within_seconds
         return int(self._run("SELECT COUNT(DISTINCT address) FROM peers WHERE last_seen >= ?", (since,))[0][0])
 
-    def authenticate(self, peer_id: str, token: str) -> bool:
-        """Constant-time comparison of the token's hash with the stored one; refreshes last_seen.
+    def authenticate(self, peer_id: str, token: str, *, touch: bool = True) -> bool:
+        """Constant-time comparison of the token's hash with the stored one; refreshes last_seen (unless ``touch`` is
+        False: a request of a peer that left, still in flight, does not make it connected again).
 
         last_seen is written at most once per LAST_SEEN_RESOLUTION seconds per peer: each write is a
         synced commit, and a peer makes several requests per unit."""
@@ -181,7 +182,7 @@ class Store:
         expected = rows[0][0] if rows else hash_token(secrets.token_hex(8))
         ok = hmac.compare_digest(expected, hash_token(token)) and bool(rows)
         now = self.clock()
-        if ok and not now - float(rows[0][1]) < LAST_SEEN_RESOLUTION:
+        if ok and touch and not now - float(rows[0][1]) < LAST_SEEN_RESOLUTION:
             self._run("UPDATE peers SET last_seen = ? WHERE id = ?", (now, peer_id))
         return ok
 
@@ -232,11 +233,21 @@ class Store:
                                 (target, round_index, slot, source))
 
     def release_leases_of(self, peer_id: str) -> int:
-        """Drop the live leases ``peer_id`` holds (it was banned, or left): its units go to the next peer that
-        asks."""
+        """Drop the live leases ``peer_id`` holds (it was banned): its units go to the next peer that asks."""
         with self._lock:
             return self.db.execute("DELETE FROM leases WHERE peer_id = ? AND deadline >= ?",
                                    (peer_id, self.clock())).rowcount
+
+    def release_leases_on_leaving(self, peer_id: str) -> int:
+        """Drop every live lease ``peer_id`` holds (it left, so it counts as connected no longer); returns how many
+        were on units it had not delivered: those go to the next peer that asks."""
+        live = "peer_id = ? AND deadline >= ?"
+        with self._lock:
+            unfinished = self.db.execute(f"SELECT COUNT(*) FROM leases WHERE {live} AND (copy > 0 OR NOT EXISTS "
+                                         "(SELECT 1 FROM results r WHERE r.round = leases.round AND "
+                                         "r.slot = leases.slot))", (peer_id, self.clock())).fetchone()[0]
+            self.db.execute(f"DELETE FROM leases WHERE {live}", (peer_id, self.clock()))
+            return int(unfinished)
 
     def release_live_leases(self) -> int:
         """After a restart nobody holds anything: every unfinished unit is handed out again."""

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -79,6 +80,7 @@ class Relay:
     _status_event: tuple[int, str] | None = None  # (version, the status as an event), shared by every stream
     latest_samples: list[dict[str, Any]] = field(default_factory=list)
     samples_round: int | None = None  # rounds merged into the weights latest_samples come from
+    departed: dict[str, float] = field(default_factory=dict)  # peers that left, and when (until they ask again)
 
     def __post_init__(self) -> None:
         self.context = context = RelayContext(self.session, self.package, self.store, self.options)
@@ -165,7 +167,8 @@ class Relay:
             "paused": self.paused,
             "merging": self.merging,
             "peers": {"connected": len(active), "joined": store.peer_count(), "needed": self.options.min_peers,
-                      "addresses": store.addresses(self.options.peer_timeout)},
+                      "addresses": store.addresses(self.options.peer_timeout),
+                      "per_address": self.options.max_peers_per_address},  # (0: no cap; a page's workers fit in it)
             "round_progress": self.mode.progress(),
             "waiting": self.waiting(),
             "mode": session.config.mode,
@@ -224,14 +227,16 @@ class Relay:
         return self.admission.join(address, agent=agent, join_code=join_code)
 
     def peer(self, peer_id: str, token: str) -> str:
-        return self.admission.peer(peer_id, token)
+        """Who a request is from (a peer that left is not marked as seen by its requests still in flight)."""
+        return self.admission.peer(peer_id, token, touch=peer_id not in self.departed)
 
     def leave(self, peer_id: str, token: str) -> int:
         """The peer is going (its page closes, or its volunteer gave one core fewer): its live leases are released at
         once, so their units go to the next peer that asks instead of waiting out the lease, and it no longer counts
         as connected. Returns how many leases were released."""
         peer_id = self.peer(peer_id, token)
-        released = self.store.release_leases_of(peer_id)
+        self.departed[peer_id] = time.monotonic()
+        released = self.store.release_leases_on_leaving(peer_id)
         self.store.depart(peer_id)
         self.store.count("peers_left")
         if released:
@@ -261,8 +266,14 @@ class Relay:
         answered the moment work exists (``work_changed``) or a unit in flight crosses the backup threshold. A
         held answer says ``"wait": 0`` (ask again at once). Each pass authenticates again: a held peer stays
         connected, and one banned meanwhile is told so."""
-        deadline = time.monotonic() + min(hold, self.max_hold_seconds)
+        asked = time.monotonic()
+        deadline = asked + min(hold, self.max_hold_seconds)
+        if peer_id in self.departed:  # a peer that left asks again: it is back
+            self.admission.peer(peer_id, token)
+            del self.departed[peer_id]
         while True:
+            if self.departed.get(peer_id, -math.inf) >= asked:  # (a held ask of a peer that left meanwhile: no lease)
+                return {"wait": 0.0, "reason": "this peer left the session"}
             job = self.next_work(self.peer(peer_id, token))
             remaining = deadline - time.monotonic()
             if "wait" not in job or remaining <= 0:

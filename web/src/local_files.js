@@ -16,7 +16,8 @@ async function readFiles(files) {
   for (const { file, name } of files) chosen.push({ name: name || file.webkitRelativePath || file.name, bytes: await file.arrayBuffer() });
   if (!chosen.length) return;
   $("local-summary").textContent = `reading ${chosen.length} file${chosen.length === 1 ? "" : "s"}…`;
-  peer.worker.postMessage({ type: "files", files: chosen }, chosen.map((file) => file.bytes));
+  peer.localFiles.push(...chosen); // (kept for a worker started later; each worker is sent its own copy)
+  for (const record of peer.workers) record.worker.postMessage({ type: "files", files: chosen });
 }
 
 // The files under a dropped entry (a folder is read recursively), named by their path inside it.
@@ -70,5 +71,8 @@ export function listenForFiles() {
   $("local-drop").addEventListener("dragover", (event) => { event.preventDefault(); $("local-drop").classList.add("over"); });
   $("local-drop").addEventListener("dragleave", () => $("local-drop").classList.remove("over"));
   $("local-drop").addEventListener("drop", (event) => { dropped(event); });
-  $("local-clear").addEventListener("click", () => peer.worker.postMessage({ type: "clearFiles" }));
+  $("local-clear").addEventListener("click", () => {
+    peer.localFiles = [];
+    for (const record of peer.workers) record.worker.postMessage({ type: "clearFiles" });
+  });
 }

@@ -4,8 +4,13 @@ export const $ = (id) => document.getElementById(id);
 export const params = new URLSearchParams(location.search);
 export const peer = { state: "starting", versions: null, steps: [], worker: null, pending: new Map(), nextId: 1,
   session: null, activity: "not joined", unitsDone: 0, lastMetrics: null, refused: [], local: null, wantsJoin: params.has("join"),
-  bytes: { sent: 0, received: 0 }, context: null }; // (bytes: this page's uploads and downloads for its units;
-// context: a secure context, cross-origin isolation, WebGPU offered, once the worker is ready)
+  bytes: { sent: 0, received: 0 }, context: null, workers: [], cores: 0, coreLimit: 1, localFiles: [], longestTaskMs: 0,
+  onFirstReady: () => {}, onLeft: () => {}, onWorkerChange: () => {} };
+// (bytes: this page's uploads and downloads for its units; context: a secure context, cross-origin isolation, WebGPU
+// offered, once the first worker is ready; workers: a record per training worker, worker: the first one's Worker;
+// cores: how many workers train now, coreLimit: the most the control offers; localFiles: a local task's chosen
+// files, kept to hand to a worker started later; longestTaskMs: the page's longest task since it opened (over 50 ms);
+// onFirstReady, onLeft, onWorkerChange: set by workers.js)
 window.peertrain = peer;
 
 export function fmt(value) {
@@ -49,6 +54,15 @@ export function maybeJoin() {
   peer.joined = true;
   $("join").disabled = true;
   setActivity("joining", "joining");
-  peer.worker.postMessage({ type: "join", joinCode: $("join-code").value || params.get("code") || "",
-    device: params.get("device") || "cpu" });
+  peer.workers.forEach(joinWorker);
+}
+
+// A worker joins (or comes back) when the page has joined and it is booted and within the cores given. The first
+// worker takes the device the page asked for (?device=auto|webgpu); the others train on the CPU.
+export function joinWorker(record) {
+  if (!peer.joined || record.state !== "ready" || record.joined || record.stopping || record.index >= peer.cores
+      || record.banned || record.finished) return;
+  record.joined = true;
+  record.worker.postMessage({ type: "join", joinCode: $("join-code").value || params.get("code") || "",
+    device: record.index === 0 ? params.get("device") || "cpu" : "cpu" });
 }

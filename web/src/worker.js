@@ -5,6 +5,10 @@
 // their bytes over in a "files" message; they are parsed here by the task (runtime.worker's add_local_file),
 // kept for a new session's task, and never sent anywhere: only the trained weights and metrics go to the relay.
 //
+// A page may run several of these workers (one per core its volunteer gives), each a peer of its own: its own token,
+// its own leases. "stop" makes a worker finish the unit in hand, upload it, leave the session (its leases freed at
+// once) and wait, booted, until it is asked to join again.
+//
 // All Python it calls is one module, runtime.worker (boot report, the peer, the device, training); the worker
 // runs no Python source of its own and passes nothing through pyodide.globals. The one exception is the
 // "run" message, a test and benchmark hook that runs the Python source it is given: it is answered only
@@ -23,6 +27,8 @@ let options = null; // from the page's "boot" message: { blas, test }
 let booted = null; // resolves once the runtime is imported
 let credentials = null;
 let training = false;
+let stopping = false; // the page asked this worker to stop training (fewer cores given, or 0: paused)
+let wake = null; // ends a wait early when the page says stop (an abort for a held /api/work, or a sleep's timer)
 let current = null; // the prepared task of the session being trained ("Try the model" answers with it)
 const localFiles = new Map(); // name -> Uint8Array: the files chosen in the page (they stay in this worker)
 let localReady = false; // whether the chosen files give the task enough examples to train
@@ -47,6 +53,9 @@ function step(index, detail) {
 const describe = (error) => String((error && error.stack) || error);
 
 async function boot() {
+// The WebAssembly heap of this worker's Pyodide: nearly all of its memory (numpy, the runtime, the model).
+const heapBytes = () => { try { return pyodide._module.HEAP8.buffer.byteLength; } catch { return null; } };
+
   const started = performance.now();
   step(0); // (pyodide.mjs came with this module; loadPyodide fetches the interpreter and its standard library)
   pyodide = await loadPyodide({ indexURL: INDEX_URL, lockFileURL: INDEX_URL + "pyodide-lock.json" });
@@ -65,15 +74,23 @@ async function boot() {
     versions: { pyodide: pyodide.version, ...versions },
     seconds: (performance.now() - started) / 1000,
   });
+    heapBytes: heapBytes(),
 }
 
-const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+// A wait that "stop" ends at once: the sleep between asks, and a held /api/work (aborted).
+function interruptible(ms) {
+  return new Promise((resolve) => {
+    const timer = setTimeout(resolve, ms);
+    wake = () => { clearTimeout(timer); resolve(); };
+  }).finally(() => { wake = null; });
+}
+
 
 // cacheable: a content-addressed answer (weights by digest): no credentials, and the browser's cache may keep it.
-async function api(path, { method = "GET", body = null, binary = false, cacheable = false } = {}) {
+async function api(path, { method = "GET", body = null, binary = false, cacheable = false, signal = null } = {}) {
   const headers = {};
   if (credentials && !cacheable) headers.Authorization = `Bearer ${credentials.peer_id}:${credentials.token}`;
-  const response = await fetch(path, { method, headers, body, cache: cacheable ? "default" : "no-store" });
+  const response = await fetch(path, { method, headers, body, signal, cache: cacheable ? "default" : "no-store" });
   if (!response.ok) {
     let detail = {};
     try { detail = await response.json(); } catch { /* not JSON */ }
@@ -147,7 +164,19 @@ function reportLocal(peer) {
 async function join(joinCode, prepared) {
   credentials = null;
   credentials = await api("/api/join", { method: "POST", body: JSON.stringify({ join_code: joinCode || "" }) });
-  report("joined", { peerId: credentials.peer_id, device: prepared.description });
+  report("joined", { peerId: credentials.peer_id, token: credentials.token, device: prepared.description });
+}
+
+// Stopped by the page: the unit in hand is uploaded by now; the relay frees this peer's leases at once (a unit it
+// was handed but has not started goes to the next peer that asks). The credentials are kept: joining again later
+// makes the same peer come back.
+async function leave() {
+  try {
+    await api("/api/leave", { method: "POST" });
+  } catch (error) {
+    report("log", { level: "warn", message: `leaving the session: ${describe(error)} (the lease runs out instead)` });
+  }
+  report("left", {});
 }
 
 // The weights a job names: by digest, as the chain of compressed steps from the weights held where the relay has one
@@ -195,12 +224,14 @@ async function trainUnit(prepared, job, unit) {
 async function trainLoop(joinCode, device) {
   let prepared = await serialized(() => prepare(current, device));
   current = prepared;
-  await join(joinCode, prepared);
+  if (credentials) report("joined", { peerId: credentials.peer_id, token: credentials.token, device: prepared.description });
+  else await join(joinCode, prepared);
   let weightsRound = null;
   let failures = 0;
   for (;;) {
     try {
       if (!credentials) {
+    if (stopping) { await leave(); return; }
         prepared = await serialized(() => prepare(current, device));
         current = prepared;
         await join(joinCode, prepared);
@@ -209,14 +240,18 @@ async function trainLoop(joinCode, device) {
       // hold: the relay keeps a "wait" answer up to hold_seconds and answers the moment a round opens.
       if (prepared.taskInfo.kind === "local" && !localReady) { // (the person forgot the files: no work until new ones)
         report("waiting", { reason: "choose files to train on: this task trains on your own data" });
-        await sleep(1000);
+        await interruptible(1000);
         continue;
       }
       const hold = (prepared.taskInfo.limits || {}).hold_seconds || 0;
-      const job = await api(hold > 0 ? `/api/work?hold=${hold}` : "/api/work", { method: "POST" });
+      const asking = new AbortController();
+      wake = () => asking.abort();
+      const job = await api(hold > 0 ? `/api/work?hold=${hold}` : "/api/work", { method: "POST", signal: asking.signal })
+        .finally(() => { wake = null; });
       failures = 0;
       if (job.done) { report("finished", { reason: job.reason }); return; }
-      if (job.wait !== undefined) { report("waiting", { reason: job.reason }); await sleep(job.wait * 1000); continue; }
+      if (job.wait !== undefined) { report("waiting", { reason: job.reason }); await interruptible(job.wait * 1000); continue; }
+      if (stopping) continue; // (handed a unit as the page said stop: leaving frees it for another peer at once)
       let received = 0; // bytes of weights and data this unit needed (shown to the volunteer)
       if (job.weights_digest ? prepared.peer.weights_sha !== job.weights_digest : weightsRound !== job.weights_round) {
         received += await fetchWeights(prepared, job);
@@ -230,7 +265,7 @@ async function trainLoop(joinCode, device) {
       const seconds = (performance.now() - started) / 1000;
       try {
         await api(`/api/result?round=${job.round}&slot=${job.slot}`, { method: "POST", body: result });
-        report("uploaded", { job, metrics, seconds, sent: result.byteLength, received });
+        report("uploaded", { job, metrics, seconds, sent: result.byteLength, received, heapBytes: heapBytes() });
         if (job.codec && job.codec.name === "topk") {
           const residual = prepared.peer.residual();
           await saveResidual(prepared.taskInfo.fingerprint, residual.toJs()).catch((error) =>
@@ -249,12 +284,13 @@ async function trainLoop(joinCode, device) {
     } catch (error) {
       // A result that failed the host's replay bans this peer for the session: say why and stop asking.
       if (error.code === "banned") { report("banned", { message: error.message }); return; }
+      if (stopping && error.name === "AbortError") continue; // (the held ask the page's stop ended)
       if (error.status === 401) { credentials = null; continue; }
       if (!credentials && permanent(error)) throw error; // joining was refused for good
       failures += 1;
       const delay = Math.min(30, 2 ** Math.min(failures, 5)) * (0.75 + Math.random() / 2);
       report("offline", { message: String(error.message || error), retryIn: delay });
-      await sleep(delay * 1000);
+      await interruptible(delay * 1000);
     }
   }
 }
@@ -270,6 +306,7 @@ const handlers = {
   async join(message) {
     if (training) return;
     training = true;
+    stopping = false;
     try {
       await booted;
       await trainLoop(message.joinCode, message.device);
@@ -277,8 +314,16 @@ const handlers = {
       report("failed", { message: describe(error) });
     }
   },
+    } finally {
+      training = false;
   // Local tasks: files chosen in the page, as { name, bytes } (an ArrayBuffer each); parsed by the task here.
   async files(message) {
+  // The page gives this worker's core back: finish the unit in hand, upload it, leave, and wait to be asked again.
+  stop() {
+    stopping = true;
+    if (wake) wake();
+    if (!training) report("left", {});
+  },
     try {
       await booted;
       await serialized(async () => {

@@ -3,6 +3,8 @@ so its units go to the next peer that asks instead of waiting out the lease, and
 
 from __future__ import annotations
 
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from relay_fixtures import HttpPeer, build_small_package, make_relay, serving, session_status, work_until_done
@@ -55,3 +57,25 @@ def test_leaving_needs_the_peers_credentials_and_changes_nothing_without_them(tm
         assert peer.leave() == {"released": 1}
         assert "slot" in peer.work()
         assert session_status(client)["peers"]["connected"] == 1
+
+
+def test_a_held_ask_of_a_peer_that_leaves_ends_without_a_lease_and_does_not_bring_it_back(tmp_path: Path) -> None:
+    package = build_small_package(tmp_path / "package")
+    relay = make_relay(package, tmp_path / "session", k=2, passes=1, lease_seconds=LONG_LEASE, verify=False)
+    with serving(relay) as client:
+        going, staying = HttpPeer(client), HttpPeer(client)
+        mine, theirs = going.assignment(), staying.assignment()
+        assert going.train_and_upload(mine).status_code == 200
+        with ThreadPoolExecutor(1) as pool:
+            held = pool.submit(going.work, 15)  # the page's worker waits for the round (a held ask)...
+            for _ in range(2000):  # (bounded: 20 s)
+                if relay.notices.holding or held.done():
+                    break
+                time.sleep(0.01)
+            assert relay.notices.holding == 1, "the ask was not held"
+            assert going.leave() == {"released": 0}  # ...when its page closes
+            answer = held.result(timeout=20)
+        assert "slot" not in answer and answer["reason"] == "this peer left the session"
+        assert session_status(client)["peers"]["connected"] == 1  # its own ask, still held, did not bring it back
+        assert staying.train_and_upload(theirs).status_code == 200
+        assert session_status(client)["round"] == 1

@@ -41,8 +41,8 @@ def test_simulate_writes_history_plot_and_table(tmp_path: Path, text_file: Path,
     out = capsys.readouterr().out
     assert "| fedavg | 3 |" in out
     assert (tmp_path / "fedavg" / "latest").is_file() and (tmp_path / "package" / "manifest.json").is_file()
-    # bytetext's default codec (--codec auto) is int8: each round's weights moved by a decoded int8 step
-    assert all(entry["download"]["codec"] == "int8" for entry in history)
+    # bytetext's default codec (--codec auto) is topk: each round's weights moved by a decoded topk step
+    assert all(entry["download"]["codec"] == "topk" for entry in history)
 
 
 @pytest.mark.parametrize("codec", ["none", "topk"])
