@@ -18,6 +18,7 @@ from browser_helpers import (
     REPO_ROOT,
     admin,
     close_pages,
+    recorded_results,
     session_status,
     start_relay,
     stop,
@@ -26,6 +27,7 @@ from browser_helpers import (
 )
 from playwright.sync_api import Browser, Page
 
+from runtime import wire
 from server.browser.peers import join_url
 from server.session import accountant
 
@@ -105,3 +107,50 @@ def test_the_page_shows_epsilon_after_each_round_and_the_budget_stop(browser: Br
     assert len(history) in (2, 3) and max(rounds_per_unit) == 2 and history[-1]["privacy"]["epsilon"] <= BUDGET
     assert history[-1]["events"][-1]["type"] == "privacy_budget"
     assert "privacy budget reached" in stopped_text
+
+
+def test_a_volunteer_adds_noise_of_their_own_and_sees_their_epsilon(browser: Browser, tmp_path: Path) -> None:
+    """Local DP: the first page chooses noise 2 before training; its uploads carry the noise (and say so in their
+    header), the other page's do not; the page shows the epsilon of its own uploads, as dp-accounting gives it."""
+    session_dir = tmp_path / "session"
+    relay, url = start_relay(*task_args(str(CSV_TASK), {"validation_file": str(DATA / "validation.csv"), "units": 2},
+                                        "-k", "2", "--passes", "2", "--min-peers", "2", "--session-dir",
+                                        str(session_dir), "--divergence-factor", "1000"),  # (noise of 2 per weight)
+                             log_name="relay-local-dp-csv.log")
+    pages: list[Page] = []
+    try:
+        admin(url, "pause")
+        for number in (1, 2):
+            page = browser.new_context().new_page()
+            page.goto(join_url(url))
+            page.set_input_files("#local-files", [str(DATA / "peers" / f"peer-{number}" / "rows.csv")])
+            pages.append(page)
+        wait_for_status(url, lambda s: s["peers"]["joined"] >= 2, timeout_s=BOOT_SECONDS + 60, what="2 pages to join",
+                        pages=pages, relay=relay)
+        offered = page_text(pages[0], "#local-dp", "noise 2")
+        pages[0].select_option("#local-dp", "2")
+        chose = page_text(pages[0], "#local-dp-note", "on: each update is clipped")
+        admin(url, "resume")
+        final = wait_for_status(url, lambda s: s["done"], timeout_s=240, what="the session to finish", pages=pages,
+                                relay=relay)
+        records = recorded_results(session_dir)
+        noisy = {r.peer_id for r in records if "local_dp" in wire.decode(r.message)[0].meta}
+        assert len(noisy) == 1, noisy
+        sent = sum(1 for r in records if r.peer_id in noisy)
+        epsilon = accountant.epsilon(2.0, sent, DELTA)
+        note = page_text(pages[0], "#local-dp-note", f"your epsilon is {epsilon:.2f} after your {sent} upload")
+    finally:
+        close_pages(pages)
+        stop(relay)
+
+    assert "noise 0.5" in offered and "noise 4" in offered and "epsilon is 0 so far" in chose
+    assert f"your epsilon is {epsilon:.2f} after your {sent} upload" in note, note
+    assert final["done"] and final["stopped"] is None and final["privacy"]["enabled"] is False
+    assert len(final["history"]) == 2
+    headers = {r.peer_id: wire.decode(r.message)[0] for r in records}
+    for peer_id, header in headers.items():
+        if peer_id in noisy:
+            assert header.meta["local_dp"] == {"noise_multiplier": 2.0, "clip": 1.0} and set(header.metrics) == \
+                {"seconds"}
+        else:
+            assert "local_dp" not in header.meta and "train_loss" in header.metrics

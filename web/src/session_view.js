@@ -3,6 +3,7 @@
 import { drawChart, showTiming } from "./chart.js";
 import { showDownload } from "./download.js";
 import { showLocal } from "./local_files.js";
+import { showLocalPrivacy } from "./local_privacy.js";
 import { showParticipants } from "./participants.js";
 import { $, fmt, maybeJoin, mayJoin, peer } from "./peer.js";
 import { showTry } from "./try_model.js";
@@ -68,6 +69,7 @@ function showSession(session) {
   }));
   $("not-covered").textContent = defenses.not_covered.join("; ");
   showPrivacy(session);
+  showLocalPrivacy(session);
   $("samples").replaceChildren(...session.samples.map((sample) => {
     const li = document.createElement("li");
     li.textContent = sample.text;

@@ -31,6 +31,7 @@ let stopping = false; // the page asked this worker to stop training (fewer core
 let wake = null; // ends a wait early when the page says stop (an abort for a held /api/work, or a sleep's timer)
 let current = null; // the prepared task of the session being trained ("Try the model" answers with it)
 const localFiles = new Map(); // name -> Uint8Array: the files chosen in the page (they stay in this worker)
+let localNoise = { z: 0, clip: 1 }; // local differential privacy, the volunteer's choice (web/src/local_privacy.js)
 let localReady = false; // whether the chosen files give the task enough examples to train
 
 // Calls that build or change the task's Python peer run one after another (the page may send files while the
@@ -133,6 +134,7 @@ async function buildTask(current) {
   if (kept) report("residual", { restored: built.peer.restore_residual(kept) });
   if (taskInfo.kind === "local") {
     for (const [name, bytes] of localFiles) built.peer.add_local_file(name, bytes);
+    built.peer.set_local_privacy(localNoise.z, localNoise.clip);
     reportLocal(built.peer);
   } else {
     localReady = false;
@@ -351,6 +353,14 @@ const handlers = {
     } catch (error) {
       report("local", { error: describe(error) });
     }
+  },
+  // Local differential privacy: noise this peer adds to its own updates before upload (0: none).
+  async localPrivacy(message) {
+    localNoise = { z: Number(message.noise_multiplier) || 0, clip: Number(message.clip) || 1 };
+    await booted;
+    await serialized(async () => {
+      if (current && current.taskInfo.kind === "local") current.peer.set_local_privacy(localNoise.z, localNoise.clip);
+    });
   },
   // "Try the model": the task answers a visitor's prompt from the current global weights. It runs between
   // units (a unit is one Python call), and the weights it uses are fetched for it: training is left alone.
