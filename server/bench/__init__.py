@@ -27,6 +27,7 @@ BENCHES: dict[str, tuple[str, ...]] = {
     "disk": ("server.bench.disk",),
     "load": ("server.bench.load",),
     "comm": ("server.bench.comm",),
+    "privacy": ("server.bench.privacy",),
     "workers": ("server.bench.workers",),
 }
 
