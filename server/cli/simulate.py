@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     from runtime.merge import MergeError
     from runtime.planner import PlanError
     from runtime.tasks import TaskError
-    from server.session.config import SessionError, privacy_fields
+    from server.session.config import SessionConfig, SessionError, privacy_fields
     from server.session.package import Package, build_package
     from server.simulation.simulator import MergeChoice, compare, parse_merge_choices, with_common_settings
     from server.simulation.sweep import SweepError
@@ -128,6 +128,7 @@ def run(args: argparse.Namespace) -> int:
         named = parse_merge_choices(args.merge) if args.merge or merge is None else \
             [MergeChoice(merge, dict(merge_config))]
         choices = with_common_settings(named, common)
+        SessionConfig(**config_values)  # (settings that cannot go together are refused before anything is built)
         if args.package is not None:
             package = Package.load(args.package)
         else:

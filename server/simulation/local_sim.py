@@ -124,7 +124,7 @@ def simulate_local(package: Package, choices: Sequence[Any], folders: Sequence[P
             if progress:
                 log(f"{label} round {entry['round'] + 1}: host {shown or '-'}; federated (weights after "
                     f"{federated.get('of_round', '-')} rounds, {federated.get('examples', 0)} held-out examples) "
-                    f"{fed or '-'}")
+                    f"{fed or '-'}" + (f"; epsilon {entry['privacy']['epsilon']:.3g}" if "privacy" in entry else ""))
 
         started = time.perf_counter()
         session = run_local_session(package, config, peers, directory=out / choice.slug, on_round=report)
@@ -132,6 +132,7 @@ def simulate_local(package: Package, choices: Sequence[Any], folders: Sequence[P
             f"{'the host' if session.host_validates else 'federated evaluation'}: best {session.metric} "
             f"{session.best_metric if session.best_metric is not None else '-'} "
             f"(after {'the initial weights' if session.best_round is None else f'round {session.best_round + 1}'})"
+            + (f"; epsilon {session.privacy.epsilon:.3g} at delta {config.dp_delta:g}" if session.privacy else "")
             + (f"; stopped: {session.stopped}" if session.stopped else ""))
         sessions.append(session)
     task = package.task
