@@ -25,7 +25,7 @@ function showFederated(session) {
 // end and the budget, in words; or that the session adds none.
 function showPrivacy(session) {
   const p = session.privacy || { enabled: false, words: "not reported by this relay" };
-  if (!p.enabled) { $("privacy").textContent = `no differential privacy: ${p.words}`; return; }
+  if (!p.enabled) { $("privacy").textContent = p.words; return; }
   const eps = (value) => (value === null || value === undefined ? "–" : value.toFixed(2));
   const budget = p.budget === null ? "no budget set" : `the session stops before passing epsilon ${eps(p.budget)}`;
   $("privacy").textContent = `differential privacy: epsilon ${eps(p.epsilon)} at delta ${p.delta} so far`
