@@ -158,6 +158,9 @@ def train_session(browser: Browser, session_dir: Path, log_name: str,
         for workers in pages_and_workers:
             pages.append(page := browser.new_context().new_page())
             page.goto(join_url(url, workers))
+        for page, workers in zip(pages, pages_and_workers, strict=True):
+            wait_for_page(page, lambda ws, n=workers: len(ws) == n and all(w["peerId"] for w in ws),
+                          what=f"{workers} workers to join")
         status = wait_for_status(url, lambda s: s["done"], timeout_s=BOOT_SECONDS + 300, what="the session to finish",
                                  pages=pages, relay=relay)
         assert status["peers"]["joined"] == peers
