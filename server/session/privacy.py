@@ -194,19 +194,19 @@ def check_aggregator(name: str) -> None:
 
 
 # The noise a volunteer of a local task may add to their own updates on the page (local DP), and the most uploads
-# whose epsilon the status lists for it.
+# whose epsilon the status lists for it (a page may take several slots a round, and backups).
 LOCAL_NOISE_CHOICES = (0.5, 1.0, 2.0, 4.0)
-LOCAL_UPLOADS_LISTED = 50
+LOCAL_UPLOADS_LISTED = 40
 
 
-def describe(privacy: CentralPrivacy | None, *, kind: str, num_rounds: int, passes: int, clip: float | None,
-             delta: float) -> dict[str, Any]:
+def describe(privacy: CentralPrivacy | None, *, kind: str, num_rounds: int, passes: int, k: int,
+             clip: float | None, delta: float) -> dict[str, Any]:
     """The status's ``privacy``: the session's central DP (or that there is none) and, for a local task, what each
     local noise choice costs a volunteer in epsilon after 1, 2, ... uploads (each upload is a Gaussian mechanism of
     sensitivity C on their data alone: the accountant composes them as rounds)."""
     said = privacy.describe(kind, num_rounds, passes) if privacy is not None else dict(NO_PRIVACY)
     if kind == "local":
-        uploads = max(1, min(num_rounds, LOCAL_UPLOADS_LISTED))
+        uploads = max(1, min(2 * num_rounds * k, LOCAL_UPLOADS_LISTED))  # (every slot of every round, and a copy)
         said["local"] = {"clip": DEFAULT_CLIP if clip is None else clip, "delta": delta, "choices": [
             {"noise_multiplier": z, "epsilon": [accountant.epsilon(z, n, delta) for n in range(1, uploads + 1)]}
             for z in LOCAL_NOISE_CHOICES]}

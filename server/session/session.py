@@ -471,7 +471,8 @@ class Session:
             "stopped": self.stopped,
             "done": self.done,
             "privacy": describe_privacy(self.privacy, kind=self.task.kind, num_rounds=self.num_rounds,
-                                        passes=self.plan.passes, clip=self.config.dp_clip, delta=self.config.dp_delta),
+                                        passes=self.plan.passes, k=self.plan.participants_per_round,
+                                        clip=self.config.dp_clip, delta=self.config.dp_delta),
         })
 
 
