@@ -15,6 +15,7 @@ repeats it and nobody else can subtract it. The maths is ``runtime.privacy``; th
 
 from __future__ import annotations
 
+import functools
 import math
 import secrets
 from collections.abc import Mapping, Sequence
@@ -208,9 +209,15 @@ def describe(privacy: CentralPrivacy | None, *, kind: str, num_rounds: int, pass
     if kind == "local":
         uploads = max(1, min(2 * num_rounds * k, LOCAL_UPLOADS_LISTED))  # (every slot of every round, and a copy)
         said["local"] = {"clip": DEFAULT_CLIP if clip is None else clip, "delta": delta, "choices": [
-            {"noise_multiplier": z, "epsilon": [accountant.epsilon(z, n, delta) for n in range(1, uploads + 1)]}
-            for z in LOCAL_NOISE_CHOICES]}
+            {"noise_multiplier": z, "epsilon": list(local_epsilons(z, uploads, delta))} for z in LOCAL_NOISE_CHOICES]}
     return said
+
+
+@functools.lru_cache(maxsize=64)
+def local_epsilons(noise_multiplier: float, uploads: int, delta: float) -> tuple[float, ...]:
+    """Epsilon after 1 ... ``uploads`` uploads of a volunteer's own noised update. A session computes these when it
+    is made (``Session``), not on the relay's event loop at its first status (160 accountants: about a second)."""
+    return tuple(accountant.epsilon(noise_multiplier, n, delta) for n in range(1, uploads + 1))
 
 
 def of_weights(history: Sequence[Mapping[str, Any]], rounds: int, enabled: bool) -> dict[str, Any]:

@@ -93,6 +93,7 @@ class Session:
         self.carried: list[tuple[int, int, int]] = []
         dp = privacy_settings(config)  # user-level DP: a stage of the merge (server.session.privacy)
         self.privacy = CentralPrivacy(dp, aggregate=config.aggregate) if dp is not None else None
+        self.describe()  # (computes what the status says of privacy now, off any event loop: see privacy.describe)
 
     # -- starting and resuming ------------------------------------------------------------------
     @classmethod
