@@ -1,7 +1,8 @@
 """``peertrain bench workers``: units per minute of one page with 1..W training workers, against one worker.
 
 Per worker count a fresh relay (``peertrain serve`` in its own process; bytetext by default, asynchronous merging so a
-worker never waits for a round's last unit) and one headless Chromium page at ``?join=1&workers=W``. Once every
+worker never waits for a round's last unit; validation only every 1,000 merges, so the relay, on the same cores as
+the page here, takes little of their time) and one headless Chromium page at ``?join=1&workers=W``. Once every
 worker has uploaded a unit (boot, first weights and JIT warm-up behind it), the bench counts the next ``--units``
 uploads of the page and their time: units per minute, against the one-worker run of the same bench (the anchor).
 Beside it: each worker's memory (its Pyodide's WebAssembly heap, nearly all of it: numpy, the runtime, the model and
@@ -79,7 +80,8 @@ def measure(folder: Path, args: argparse.Namespace, workers: int) -> WorkersRun:
     from server.browser.chromium import launch_options
 
     settings = [item for pair in args.settings for item in ("--set", pair)]
-    relay = RelayProcess(["--task", args.task, *settings, "--mode", "async", "--passes", "100", "--fresh",
+    relay = RelayProcess(["--task", args.task, *settings, "--mode", "async", "--validate-every", "1000",
+                          "--passes", "100", "--fresh",
                           "--session-dir", str(folder / f"session-{workers}")], log=folder / f"relay-{workers}.log")
     relay.start()
     try:

@@ -13,8 +13,9 @@ import { startWorker } from "./boot.js";
 import { $, joinWorker, params, peer } from "./peer.js";
 
 const STORED = "peertrain.cores";
-// One worker's memory with the largest built-in model (bytelm-2.3mb) while it trains: Pyodide's WebAssembly heap
-// measured by `peertrain bench workers` (BENCHMARKS.md, "Workers per page"), rounded up.
+// One worker's memory with the largest built-in model (bytelm-2.3mb) while it trains: its Pyodide's WebAssembly heap
+// measured 124 MB (`peertrain bench workers`; BENCHMARKS.md, "Workers per page"), doubled for what the heap does not
+// hold (the worker's JavaScript heap, compiled code, fetched buffers).
 const WORKER_MB = 256;
 const MEMORY_SHARE = 0.5; // of the machine's memory the page's workers may take together
 
