@@ -53,10 +53,10 @@ function step(index, detail) {
 
 const describe = (error) => String((error && error.stack) || error);
 
-async function boot() {
 // The WebAssembly heap of this worker's Pyodide: nearly all of its memory (numpy, the runtime, the model).
 const heapBytes = () => { try { return pyodide._module.HEAP8.buffer.byteLength; } catch { return null; } };
 
+async function boot() {
   const started = performance.now();
   step(0); // (pyodide.mjs came with this module; loadPyodide fetches the interpreter and its standard library)
   pyodide = await loadPyodide({ indexURL: INDEX_URL, lockFileURL: INDEX_URL + "pyodide-lock.json" });
@@ -74,8 +74,8 @@ const heapBytes = () => { try { return pyodide._module.HEAP8.buffer.byteLength; 
   report("ready", {
     versions: { pyodide: pyodide.version, ...versions },
     seconds: (performance.now() - started) / 1000,
-  });
     heapBytes: heapBytes(),
+  });
 }
 
 // A wait that "stop" ends at once: the sleep between asks, and a held /api/work (aborted).
@@ -231,9 +231,9 @@ async function trainLoop(joinCode, device) {
   let weightsRound = null;
   let failures = 0;
   for (;;) {
+    if (stopping) { await leave(); return; }
     try {
       if (!credentials) {
-    if (stopping) { await leave(); return; }
         prepared = await serialized(() => prepare(current, device));
         current = prepared;
         await join(joinCode, prepared);
@@ -284,9 +284,9 @@ async function trainLoop(joinCode, device) {
         } else throw error;
       }
     } catch (error) {
+      if (stopping && error.name === "AbortError") continue; // (the held ask the page's stop ended)
       // A result that failed the host's replay bans this peer for the session: say why and stop asking.
       if (error.code === "banned") { report("banned", { message: error.message }); return; }
-      if (stopping && error.name === "AbortError") continue; // (the held ask the page's stop ended)
       if (error.status === 401) { credentials = null; continue; }
       if (!credentials && permanent(error)) throw error; // joining was refused for good
       failures += 1;
@@ -306,26 +306,26 @@ const handlers = {
     booted.catch((error) => report("failed", { message: describe(error) }));
   },
   async join(message) {
+    stopping = false;
     if (training) return;
     training = true;
-    stopping = false;
     try {
       await booted;
       await trainLoop(message.joinCode, message.device);
     } catch (error) {
       report("failed", { message: describe(error) });
-    }
-  },
     } finally {
       training = false;
-  // Local tasks: files chosen in the page, as { name, bytes } (an ArrayBuffer each); parsed by the task here.
-  async files(message) {
+    }
+  },
   // The page gives this worker's core back: finish the unit in hand, upload it, leave, and wait to be asked again.
   stop() {
     stopping = true;
     if (wake) wake();
     if (!training) report("left", {});
   },
+  // Local tasks: files chosen in the page, as { name, bytes } (an ArrayBuffer each); parsed by the task here.
+  async files(message) {
     try {
       await booted;
       await serialized(async () => {
