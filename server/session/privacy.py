@@ -194,30 +194,38 @@ def check_aggregator(name: str) -> None:
             "clipping already bounds what any one result can do) (settings aggregate, dp_noise_multiplier)")
 
 
-# The noise a volunteer of a local task may add to their own updates on the page (local DP), and the most uploads
-# whose epsilon the status lists for it (a page may take several slots a round, and backups).
+# The noise a volunteer of a local task may add to their own updates on the page (local DP), and the uploads whose
+# epsilon the status lists for it (a page may take several slots a round, and backups; past them the page says "more
+# than" the last).
 LOCAL_NOISE_CHOICES = (0.5, 1.0, 2.0, 4.0)
 LOCAL_UPLOADS_LISTED = 40
 
 
-def describe(privacy: CentralPrivacy | None, *, kind: str, num_rounds: int, passes: int, k: int,
-             clip: float | None, delta: float) -> dict[str, Any]:
+def describe(privacy: CentralPrivacy | None, *, kind: str, num_rounds: int, passes: int, clip: float | None,
+             delta: float) -> dict[str, Any]:
     """The status's ``privacy``: the session's central DP (or that there is none) and, for a local task, what each
     local noise choice costs a volunteer in epsilon after 1, 2, ... uploads (each upload is a Gaussian mechanism of
     sensitivity C on their data alone: the accountant composes them as rounds)."""
     said = privacy.describe(kind, num_rounds, passes) if privacy is not None else dict(NO_PRIVACY)
     if kind == "local":
-        uploads = max(1, min(2 * num_rounds * k, LOCAL_UPLOADS_LISTED))  # (every slot of every round, and a copy)
         said["local"] = {"clip": DEFAULT_CLIP if clip is None else clip, "delta": delta, "choices": [
-            {"noise_multiplier": z, "epsilon": list(local_epsilons(z, uploads, delta))} for z in LOCAL_NOISE_CHOICES]}
+            {"noise_multiplier": z, "epsilon": list(local_epsilons(z, delta))} for z in LOCAL_NOISE_CHOICES]}
     return said
 
 
 @functools.lru_cache(maxsize=64)
-def local_epsilons(noise_multiplier: float, uploads: int, delta: float) -> tuple[float, ...]:
-    """Epsilon after 1 ... ``uploads`` uploads of a volunteer's own noised update. A session computes these when it
-    is made (``Session``), not on the relay's event loop at its first status (160 accountants: about a second)."""
-    return tuple(accountant.epsilon(noise_multiplier, n, delta) for n in range(1, uploads + 1))
+def local_epsilons(noise_multiplier: float, delta: float) -> tuple[float, ...]:
+    """Epsilon after 1 ... ``LOCAL_UPLOADS_LISTED`` uploads of a volunteer's own noised update. A local session
+    computes them when it is made (``warm``), not on the relay's event loop at its first status (160 accountants:
+    about a second)."""
+    return tuple(accountant.epsilon(noise_multiplier, n, delta) for n in range(1, LOCAL_UPLOADS_LISTED + 1))
+
+
+def warm(kind: str, delta: float) -> None:
+    """Compute what the status will list of local DP (``local_epsilons``) now, for a local task."""
+    if kind == "local":
+        for z in LOCAL_NOISE_CHOICES:
+            local_epsilons(z, delta)
 
 
 def of_weights(history: Sequence[Mapping[str, Any]], rounds: int, enabled: bool) -> dict[str, Any]:

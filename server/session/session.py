@@ -40,6 +40,7 @@ from server.session.config import DivergenceAction, SessionConfig, SessionError,
 from server.session.downloads import Downloads, split_download_state
 from server.session.privacy import CentralPrivacy, privacy_units
 from server.session.privacy import describe as describe_privacy
+from server.session.privacy import warm as warm_privacy
 
 __all__ = ["DivergenceAction", "Session", "SessionConfig", "SessionError", "SessionPackage"]
 
@@ -93,7 +94,7 @@ class Session:
         self.carried: list[tuple[int, int, int]] = []
         dp = privacy_settings(config)  # user-level DP: a stage of the merge (server.session.privacy)
         self.privacy = CentralPrivacy(dp, aggregate=config.aggregate) if dp is not None else None
-        self.describe()  # (computes what the status says of privacy now, off any event loop: see privacy.describe)
+        warm_privacy(self.task.kind, config.dp_delta)  # (the status's local-DP list, computed off any event loop)
 
     # -- starting and resuming ------------------------------------------------------------------
     @classmethod
@@ -472,8 +473,7 @@ class Session:
             "stopped": self.stopped,
             "done": self.done,
             "privacy": describe_privacy(self.privacy, kind=self.task.kind, num_rounds=self.num_rounds,
-                                        passes=self.plan.passes, k=self.plan.participants_per_round,
-                                        clip=self.config.dp_clip, delta=self.config.dp_delta),
+                                        passes=self.plan.passes, clip=self.config.dp_clip, delta=self.config.dp_delta),
         })
 
 
