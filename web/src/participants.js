@@ -11,12 +11,13 @@ export function showParticipants(session) {
     tr.dataset.peer = p.peer;
     // One of this page's workers? (the table shows the first characters of a peer's id)
     const mine = peer.workers.find((record) => record.peerId && record.peerId.startsWith(p.peer));
-    if (mine) tr.dataset.mine = String(mine.index + 1);
-    for (const value of [mine ? `${p.peer} (this page, worker ${mine.index + 1})` : p.peer, p.device || "–", String(p.units_done),
+    if (mine) tr.dataset.mine = String(mine.index + 1); // (style.css marks the row "this page, worker N")
+    for (const value of [p.peer, p.device || "–", String(p.units_done),
       p.median_unit_seconds === null ? "–" : `${p.median_unit_seconds.toFixed(1)} s`, ago(p.last_seen_seconds),
       String(p.refusals), p.banned ? "banned" : "no"]) {
       const td = document.createElement("td");
       td.textContent = value;
+      if (mine) td.dataset.mine = String(mine.index + 1);
       tr.append(td);
     }
     return tr;
