@@ -133,6 +133,11 @@ def test_a_reloaded_page_keeps_its_topk_residual(page: Page, tmp_path: Path) -> 
                 break
             page.wait_for_timeout(250)
         assert restored == size  # every entry of the model's residual
-        assert "refused." not in " ".join(session_status(url)["counters"])
+        counters = session_status(url)["counters"]
+        # The page going away leaves the session (its lease is freed at once), so what its worker still had in
+        # flight (the unit's data, or its upload) may be refused as not leased; nothing else may be.
+        refused = {name for name in counters if name.startswith("refused.")}
+        assert refused <= {"refused.not_leased"}, counters
+        assert not refused or counters["leases_released_on_leave"] >= 1, counters
     finally:
         stop(relay)

@@ -10,6 +10,7 @@ round is resumed, paused again once its units are out, and read once it has merg
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from browser_helpers import (
@@ -52,6 +53,18 @@ def page_text(page: Page, selector: str, wanted: str, tries: int = 200) -> str:
     return text
 
 
+def open_csv_pages(browser: Browser, url: str, relay: Any, pages: list[Page]) -> None:
+    """Pause the relay, open two pages (into ``pages``) that each choose their own CSV file, wait until both joined."""
+    admin(url, "pause")
+    for number in (1, 2):
+        page = browser.new_context().new_page()
+        page.goto(join_url(url))
+        page.set_input_files("#local-files", [str(DATA / "peers" / f"peer-{number}" / "rows.csv")])
+        pages.append(page)
+    wait_for_status(url, lambda s: s["peers"]["joined"] >= 2, timeout_s=BOOT_SECONDS + 60, what="2 pages to join",
+                    pages=pages, relay=relay)
+
+
 def test_the_page_shows_epsilon_after_each_round_and_the_budget_stop(browser: Browser, tmp_path: Path) -> None:
     relay, url = start_relay(*task_args(str(CSV_TASK), {"validation_file": str(DATA / "validation.csv"), "units": 2},
                                         "-k", "2", "--passes", "4", "--min-peers", "2", "--aggregate", "mean",
@@ -62,14 +75,7 @@ def test_the_page_shows_epsilon_after_each_round_and_the_budget_stop(browser: Br
     pages: list[Page] = []
     shown: dict[int, str] = {}  # rounds merged -> the page's privacy line then
     try:
-        admin(url, "pause")
-        for number in (1, 2):
-            page = browser.new_context().new_page()
-            page.goto(join_url(url))
-            page.set_input_files("#local-files", [str(DATA / "peers" / f"peer-{number}" / "rows.csv")])
-            pages.append(page)
-        wait_for_status(url, lambda s: s["peers"]["joined"] >= 2, timeout_s=BOOT_SECONDS + 60, what="2 pages to join",
-                        pages=pages, relay=relay)
+        open_csv_pages(browser, url, relay, pages)
         before = pages[0].inner_text("#privacy")
         for _ in range(6):  # (4 rounds planned; the budget stops it sooner)
             merged = session_status(url)["round"]
@@ -119,14 +125,7 @@ def test_a_volunteer_adds_noise_of_their_own_and_sees_their_epsilon(browser: Bro
                              log_name="relay-local-dp-csv.log")
     pages: list[Page] = []
     try:
-        admin(url, "pause")
-        for number in (1, 2):
-            page = browser.new_context().new_page()
-            page.goto(join_url(url))
-            page.set_input_files("#local-files", [str(DATA / "peers" / f"peer-{number}" / "rows.csv")])
-            pages.append(page)
-        wait_for_status(url, lambda s: s["peers"]["joined"] >= 2, timeout_s=BOOT_SECONDS + 60, what="2 pages to join",
-                        pages=pages, relay=relay)
+        open_csv_pages(browser, url, relay, pages)
         offered = page_text(pages[0], "#local-dp", "noise 2")
         pages[0].select_option("#local-dp", "2")
         chose = page_text(pages[0], "#local-dp-note", "on: each update is clipped")

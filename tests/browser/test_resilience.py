@@ -1,6 +1,7 @@
 """Nothing is lost: a peer that vanishes mid-unit and a relay killed mid-round, with real browsers.
 
-- A page is closed while its worker trains a unit: the lease expires, the other peer trains the unit,
+- A page's browser crashes while its worker trains a unit (nothing says it left, unlike a page closed, which frees
+  its leases at once: tests/browser/test_workers_browser.py): the lease expires, the other peer trains the unit,
   the round completes, and every unit of the pass is trained exactly once.
 - The relay process gets SIGKILL mid-round and is started again on the same port and session folder:
   it resumes from its last checkpoint, the pages' workers reconnect with their stored tokens, the
@@ -66,7 +67,9 @@ def test_closed_page_mid_unit_is_covered_by_lease_expiry(browser: Browser, tmp_p
         victim = training_page(pages, BOOT_SECONDS)
         victim_id = victim.evaluate("window.peertrain.peerId")
         survivor = next(page for page in pages if page is not victim)
-        victim.context.close()  # the worker dies in the middle of its unit
+        # The worker dies in the middle of its unit, with its renderer: no pagehide, so no POST /api/leave.
+        victim.context.new_cdp_session(victim).send("Page.crash")
+        victim.context.close()
         status = wait_for_status(url, lambda s: s["round_progress"]["done"] >= 1, timeout_s=60,
                                  what="the surviving peer's unit", pages=[survivor], relay=relay)
         assert status["round"] == 0

@@ -98,7 +98,7 @@ const handlers = {
     record.peerId = message.peerId;
     record.token = message.token;
     record.joined = true;
-    if (!peer.peerId) peer.peerId = message.peerId;
+    if (record.index === 0 || !peer.peerId) peer.peerId = message.peerId; // (the page's id: its first worker's)
     if (record.index === 0) $("device").textContent = message.device;
     activity(record, "joined", "joined");
   },
