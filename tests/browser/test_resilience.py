@@ -1,8 +1,8 @@
 """Nothing is lost: a peer that vanishes mid-unit and a relay killed mid-round, with real browsers.
 
-- A page's browser crashes while its worker trains a unit (nothing says it left, unlike a page closed, which frees
-  its leases at once: tests/browser/test_workers_browser.py): the lease expires, the other peer trains the unit,
-  the round completes, and every unit of the pass is trained exactly once.
+- A page's browser goes away while its worker trains a unit without saying so (a crash, a lost network: unlike a page
+  closed normally, which frees its leases at once: tests/browser/test_workers_browser.py): the lease expires, the
+  other peer trains the unit, the round completes, and every unit of the pass is trained exactly once.
 - The relay process gets SIGKILL mid-round and is started again on the same port and session folder:
   it resumes from its last checkpoint, the pages' workers reconnect with their stored tokens, the
   session completes, and replaying the recorded results reproduces the final weights bit for bit.
@@ -67,8 +67,9 @@ def test_closed_page_mid_unit_is_covered_by_lease_expiry(browser: Browser, tmp_p
         victim = training_page(pages, BOOT_SECONDS)
         victim_id = victim.evaluate("window.peertrain.peerId")
         survivor = next(page for page in pages if page is not victim)
-        # The worker dies in the middle of its unit, with its renderer: no pagehide, so no POST /api/leave.
-        victim.context.new_cdp_session(victim).send("Page.crash")
+        # The worker dies in the middle of its unit and the page's goodbye never reaches the relay (a browser that
+        # crashes or loses its network sends none): its fetch is taken away before it closes.
+        victim.evaluate("() => { window.fetch = () => Promise.reject(new Error('no network')); }")
         victim.context.close()
         status = wait_for_status(url, lambda s: s["round_progress"]["done"] >= 1, timeout_s=60,
                                  what="the surviving peer's unit", pages=[survivor], relay=relay)
