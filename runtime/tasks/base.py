@@ -110,11 +110,13 @@ class Task:
     # None: the relay's default (calibrated on the built-in tasks); a task whose training amplifies float
     # rounding differences between a browser and native CPython more than those may declare its own.
     replay_rtol: ClassVar[float | None] = None
-    # False where a unit trained in a browser and the same unit trained natively can part ways for good (a
-    # float rounding difference that flips a discrete choice, as an action in an episode, or that Adam turns
-    # into whole steps on coordinates with near-zero gradients): the relay then does not verify this task's
-    # results by replay (it would ban honest peers) and relies on its other checks. Measure a task with
-    # ``peertrain bench replay`` before trusting replays of it.
+    # Whether a unit trained on one engine and replayed on another (a browser's CPU, WebGPU, native numpy) stays
+    # within the replay tolerance. False where they can part ways for good (a float rounding difference that flips
+    # a discrete choice, as an action in an episode, or that Adam turns into whole steps on coordinates with
+    # near-zero gradients). Such a task is still verified where the host replays on the browser's own engine
+    # (Pyodide under Node, bit for bit): results from any other engine are then refused and pages train on the
+    # CPU; with native replays only, it runs without replays. Every built-in task replays bit for bit on the
+    # browser's engine (``peertrain bench replay``).
     replay_across_engines: ClassVar[bool] = True
     # How results (and the merged steps peers download) travel when a session says ``--codec auto`` (the default):
     # none (float32 weights), int8 or topk (``runtime.codec``). Chosen per task from ``peertrain bench comm``; a

@@ -1,26 +1,18 @@
-"""``peertrain bench replay``: how far a browser's result is from the host's native replay of the same unit.
+"""``peertrain bench replay``: how far a browser's result is from the host's replay of the same unit.
 
-The relay verifies a result by training its unit again natively (``server.relay.verify``) and accepts it when
-``|result - replay| <= rtol * |replay - global| + atol``. This bench calibrates ``rtol`` from real browser
-results: per built-in task it serves a package from a ``peertrain serve`` subprocess (host replays off, so
-nothing is banned while measuring), opens the page in headless Chromium (``?test=1``) and, in the page's
-worker (Pyodide, through ``runtime.worker.build_peer``, the module the page trains with), joins, asks for work,
-fetches the round's weights and the unit, trains and uploads, many units per call. Uploads are honest, so
-rounds merge and later units start from other global weights. The worker hands back, per unit, the exact
-result message it uploaded and, once per round, the weights message it trained from; a host thread replays
-each unit with ``runtime.peer.Peer`` built from the same ``GET /api/task`` JSON (the verifier's code path)
-while the browser trains the next batch, and records
-
-    relative = |browser - native| / |native - global|     absolute = |browser - native|
-
-(L2 norms over the flat weights, float64: ``server.relay.verify.deviation``). Devices: ``cpu`` (numpy in
-Pyodide with the WebAssembly SIMD matmul) and ``webgpu`` (``WorkerPeer.choose_device("webgpu")``; SwiftShader
-in headless Chromium, so few units). The recommended default ``rtol`` is ``--margin`` times the largest
-relative deviation seen, rounded up to 1, 2 or 5 x 10^n, printed beside the current default.
-
-For an experience task (CartPole) the worker also plays the unit's episodes again from the same weights and
-seed and sends a digest of every action; the host compares it with its own, so a unit whose episodes forked
-(a last-bit difference in the browser's float maths, grown by the pole's instability) is counted apart.
+The relay verifies a result by training its unit again (``server.relay.verify``): on the browser's own engine
+(``--engine pyodide``, the default: Pyodide under Node, ``server.browser_assets.engines``), where a CPU unit must come
+out bit for bit, or natively (``--engine native``), accepted when ``|result - replay| <= rtol * |replay - global| +
+atol``. Per built-in task this bench serves a package from ``peertrain serve`` (replays off: nothing is banned while
+measuring), opens the page in headless Chromium (``?test=1``) and, in the page's worker (``runtime.worker``, the
+module the page trains with), joins, fetches weights and units, trains and uploads honestly, many units per call.
+The worker hands back each result message and each round's weights; a host thread replays every unit while the
+browser trains the next batch and records ``relative = |browser - replay| / |replay - global|`` and ``absolute``
+(L2, float64: ``server.relay.verify.deviation``), and whether the two are identical bit for bit. Devices: ``cpu``
+(numpy in Pyodide with the WebAssembly SIMD matmul) and ``webgpu`` (SwiftShader in headless Chromium, so few
+units; a WebGPU unit against the CPU replay keeps a tolerance). The recommended ``rtol`` is ``--margin`` times the
+largest relative deviation, rounded up to 1, 2 or 5 x 10^n. For CartPole the worker also plays the unit's episodes
+again and sends a digest of every action, compared with a native replay's: a forked episode is counted apart.
 With ``--work-dir`` each round's weights message stays in ``weights-<task>/``, to replay a unit again.
 """
 
@@ -45,6 +37,7 @@ import numpy as np
 
 from runtime import wire
 from runtime.peer import Peer
+from server.browser_assets.engines import PyodideEngine
 from server.relay.verify import DEFAULT_VERIFY_ATOL, DEFAULT_VERIFY_RTOL, deviation, matches
 
 DEVICES = ("cpu", "webgpu")
@@ -243,13 +236,16 @@ def recommend(largest: float, margin: float = MARGIN) -> float:
 
 
 class Replayer:
-    """Replays the browser's units natively in one worker thread with one ``Peer`` (as the relay's verifier)."""
+    """Replays the browser's units in one worker thread, on the browser's engine (one Pyodide worker) or natively
+    with one ``Peer`` (the relay's verifier does either)."""
 
-    def __init__(self, task: str, device: str, task_json: str, chunk: Any, weights: dict[int, bytes]) -> None:
+    def __init__(self, task: str, device: str, task_json: str, chunk: Any, weights: dict[int, bytes],
+                 engine: str = "pyodide") -> None:
         self.task, self.device, self.task_json, self.chunk = task, device, task_json, chunk
         self.weights = weights  # round -> the weights message the browser trained from (shared by a task's runs)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bench-replay")
         self._peer: Peer | None = None
+        self.engine = PyodideEngine() if engine == "pyodide" else None
         self.futures: list[Future[UnitDeviation]] = []
 
     def submit(self, batch: dict[str, Any]) -> None:
@@ -271,7 +267,9 @@ class Replayer:
             if hashlib.sha256(chunk).hexdigest() != unit["unit_sha256"]:
                 raise RuntimeError(f"unit {job['unit_index']}: the package's chunk is not what the browser got")
         started = time.perf_counter()
-        native_header, native = wire.decode(peer.train(json.dumps(job), chunk))
+        message = self.engine.train(json.loads(self.task_json), job, self.weights[int(job["round"])], chunk) \
+            if self.engine is not None else peer.train(json.dumps(job), chunk)
+        native_header, native = wire.decode(message)
         native_seconds = time.perf_counter() - started
         browser_header, browser = wire.decode(base64.b64decode(unit["result"]))
         relative, absolute, scale, accepted = compare(browser, native, peer.weights)
@@ -294,6 +292,8 @@ class Replayer:
     def wait(self) -> list[UnitDeviation]:
         rows = [f.result() for f in self.futures]
         self._pool.shutdown(wait=True)
+        if self.engine is not None:
+            self.engine.close()
         return rows
 
 
@@ -302,7 +302,6 @@ def _metrics(header: wire.WireHeader) -> dict[str, float]:
 
 
 # ---------------------------------------------------------------- the browser side
-
 
 def serve_arguments(package: Path, session_dir: Path, setup: TaskSetup, units: int, num_units: int) -> list[str]:
     passes = -(-(units + 2 * setup.k) // num_units) + 1  # more rounds than the bench trains: none ends the session
@@ -355,7 +354,7 @@ def train_in_browser(page: Any, run: Run, replayer: Replayer) -> None:
             break
 
 
-def measure_task(task: str, setup: TaskSetup, units: dict[str, int], work: Path) -> list[Run]:
+def measure_task(task: str, setup: TaskSetup, units: dict[str, int], work: Path, engine: str) -> list[Run]:
     """Every requested device of one task: one relay, one page, the devices one after another."""
     from server.browser.launcher import relay_process, run_in_worker, worker_page
     from server.session.package import build_package
@@ -375,7 +374,7 @@ def measure_task(task: str, setup: TaskSetup, units: dict[str, int], work: Path)
                 run.skipped = f"{run.device} unavailable: {choice.get('description') or choice}"
                 print(f"  {task} {run.device}: skipped ({run.skipped})", flush=True)
                 continue
-            replayer = Replayer(task, run.device, task_json, package.chunk_bytes, weights)
+            replayer = Replayer(task, run.device, task_json, package.chunk_bytes, weights, engine)
             try:
                 train_in_browser(page, run, replayer)
             except Exception as error:  # a failed device (a crashed page, a timeout): report it, keep the rest
@@ -395,7 +394,7 @@ def measure_task(task: str, setup: TaskSetup, units: dict[str, int], work: Path)
 
 def table(summaries: list[dict[str, Any]]) -> str:
     lines = ["| task | device | units | rounds | median relative | p99 relative | max relative | max absolute | "
-             "bit-identical | trajectories differ | refused at rtol 1e-2 | browser s/unit | native s/unit | time (s) |",
+             "bit-identical | trajectories differ | refused at rtol 1e-2 | browser s/unit | replay s/unit | time (s) |",
              "| --- | --- |" + " ---: |" * 12]
     for s in summaries:
         if not s["units"]:
@@ -430,6 +429,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         ", ".join(f"{t} {s.webgpu_units}" for t, s in TASKS.items()) + ")")
     parser.add_argument("--tasks", default=",".join(TASKS), help="comma list of built-in tasks")
     parser.add_argument("--devices", default=",".join(DEVICES), help="comma list: cpu, webgpu")
+    parser.add_argument("--engine", choices=("pyodide", "native"), default="pyodide",
+                        help="replay on the browser's engine (Pyodide under Node) or natively")
     parser.add_argument("--margin", type=float, default=MARGIN, help="recommended rtol = margin x largest relative")
     parser.add_argument("--quick", action="store_true", help=f"{QUICK_UNITS} units of {QUICK_TASK} on the CPU only")
     parser.add_argument("--work-dir", type=Path, help="packages and sessions (default: a temporary folder)")
@@ -465,7 +466,7 @@ def run(args: argparse.Namespace) -> int:
             setup = TASKS[task]
             print(f"{task} ({json.dumps(setup.settings)}; {setup.note}): " +
                   ", ".join(f"{n} units on {d}" for d, n in units.items()), flush=True)
-            runs += measure_task(task, setup, units, work)
+            runs += measure_task(task, setup, units, work, args.engine)
     finally:
         if not args.work_dir:
             shutil.rmtree(work, ignore_errors=True)

@@ -1,2 +1,2 @@
 """What a browser installs: the verified Pyodide packages (``assets``), and the wheels with their lock file
-(``wheels``)."""
+(``wheels``); and the host's copy of the browser's engine that replays units with them (``engines``)."""

@@ -112,7 +112,9 @@ async def session_info(request: Request) -> Response:
                      answers=[Answer(description="import name, settings, assets, spec and limits")]))
 async def task_info(request: Request) -> Response:
     relay = relay_of(request)
-    return JSONResponse(relay.package.task_description() | {"limits": relay.peer_limits()})
+    # (devices: where a session's replays judge results bit for bit on the CPU, a page trains on the CPU)
+    devices = {"devices": ["cpu"]} if relay.verification.refusal("pyodide-webgpu") is not None else {}
+    return JSONResponse(relay.package.task_description() | {"limits": relay.peer_limits()} | devices)
 
 
 EVENT_INTERVAL = 0.5  # seconds: the most often one page's stream sends a status
@@ -241,7 +243,7 @@ RESULT_REFUSALS = (*PEER_REFUSALS, *BODY_REFUSALS, (400, "bad_query"),
                    (403, "not_leased"), (409, "late"), (409, "too_stale"),
                    # the message itself (server.relay.checks)
                    *openapi.wire_refusals(), (422, "num_examples"), (422, "num_examples_claim"),
-                   (422, "update_norm"), (422, "update_outlier"), (422, "local_dp"))
+                   (422, "update_norm"), (422, "update_outlier"), (422, "local_dp"), (422, "engine_not_replayable"))
 
 
 @operation(Operation(

@@ -26,6 +26,7 @@ class RelaySide(Protocol):
     verify: bool
     redundancy: float
     round_deadline: float | None
+    replay_engine: str
 
 
 @dataclass(frozen=True)
@@ -70,10 +71,18 @@ def resolve[Options: RelaySide](config: SessionConfig, options: Options, package
             notes.append("no validation split on the host: the session is judged by federated evaluation (the "
                          "peers' metrics of the weights each round starts from, on their own held-out examples)")
     if verify and not task.replay_across_engines and not force_verify:
-        notes.append(f"host replays are off: a {task.name} unit trained in a browser and natively can part ways "
-                     "(float rounding differences grow into different weights), so a replay cannot judge it; the "
-                     "other checks remain")
-        verify = False
+        from server.browser_assets import engines  # (where the host can replay: the browser's engine, or native)
+
+        engine, missing = engines.resolve(options.replay_engine)
+        if engine == "pyodide":
+            notes.append(f"host replays run on the browser's own engine (Pyodide under Node) and compare {task.name} "
+                         "results bit for bit; pages train this session on the CPU, whose bits a replay reproduces")
+        else:
+            notes.append(f"host replays are off: a {task.name} unit trained in a browser and natively can part ways "
+                         "(float rounding differences grow into different weights), so a native replay cannot judge "
+                         f"it, and the browser's engine is not available here ({missing or '--replay-engine native'});"
+                         " the other checks remain")
+            verify = False
     if verify and package.manifest.get("replayable") is False:
         raise SessionError(f"task {task.name} is not replayable: training unit 0 twice at set-up gave different "
                            "weights (does it read the clock or an unseeded generator?), so results cannot be "

@@ -1,6 +1,7 @@
 """Poisoning a page's uploads in flight: a ``page.route`` handler that replaces a page's ``POST /api/result`` body
 with a poisoned update (the real result decoded with ``runtime.wire``, rewritten from the global weights the
-page itself could fetch with its own token, re-encoded with the same header); shared by the attacker tests.
+page itself could fetch with its own token, re-encoded with the same header, as float32 weights or as an update in
+the session's codec); shared by the attacker tests.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ import numpy as np
 from playwright.sync_api import Browser, Page, Route
 
 from runtime import wire
-from server.bench.attack_peers import flip
+from runtime.codec import Codec
+from server.bench.attack_peers import as_upload, flip, result_weights
 from server.browser.peers import join_url
 from server.relay.client import RelayClient, weights_call
 
@@ -20,9 +22,11 @@ from server.relay.client import RelayClient, weights_call
 class Poisoner:
     """A ``page.route`` handler for ``POST /api/result``: the page's real result, flipped, with its header."""
 
-    def __init__(self, url: str, poison: Callable[[np.ndarray, np.ndarray], np.ndarray] = flip) -> None:
+    def __init__(self, url: str, poison: Callable[[np.ndarray, np.ndarray], np.ndarray] = flip,
+                 codec: Codec | None = None) -> None:
         self.url = url
         self.poison = poison  # (global weights, the page's real result) -> what is uploaded instead
+        self.codec = codec  # the session's result codec, where results travel as updates
         self.poisoned: list[tuple[int, int]] = []  # (round, slot) of each flipped upload
         self.passed: list[str] = []  # uploads sent on unchanged, and why
         self.answers: list[int] = []
@@ -30,12 +34,13 @@ class Poisoner:
     def __call__(self, route: Route) -> None:
         request = route.request
         try:
-            body = request.post_data_buffer
-            header, result = wire.decode(body or b"")
+            body = request.post_data_buffer or b""
             with httpx.Client(base_url=self.url, timeout=30) as http:
                 response = RelayClient(http).send(
                     weights_call(), headers={"Authorization": request.all_headers().get("authorization", "")})
             global_header, global_weights = wire.decode(response.content)
+            job = {"codec": self.codec.to_json(), "unit_seed": 0} if self.codec is not None else {}
+            header, result = result_weights(body, global_weights, job)
         except Exception as error:  # noqa: BLE001 (the page must not hang on a failed interception)
             self.passed.append(f"{type(error).__name__}: {error}")
             route.continue_()
@@ -45,7 +50,7 @@ class Poisoner:
             route.continue_()
             return
         self.poisoned.append((header.round, int(header.meta.get("slot", -1))))
-        route.continue_(post_data=wire.encode(self.poison(global_weights, result), header))
+        route.continue_(post_data=as_upload(self.poison(global_weights, result), header, global_weights, job))
 
 
 def open_pages(browser: Browser, url: str, count: int, poisoner: Poisoner) -> list[Page]:

@@ -146,8 +146,13 @@ async function buildTask(current) {
 async function prepare(current, device) {
   const built = await buildTask(current);
   // Device choice (?device=auto|webgpu; default cpu): timed on the task's own model, reported to the page.
-  // (callPromising needs JSPI, which only the GPU path needs: the CPU path never calls it.)
-  const mode = device || "cpu";
+  // (callPromising needs JSPI, which only the GPU path needs: the CPU path never calls it.) A session whose host
+  // replays compare results bit for bit names the devices it can check (the CPU): the page keeps to them.
+  const allowed = built.taskInfo.devices;
+  const mode = allowed && device && !allowed.includes(device) ? allowed[0] : device || "cpu";
+  if (mode !== (device || "cpu")) {
+    report("log", { level: "warn", message: `this session checks results on ${allowed.join(", ")} only: training there, not on ${device}` });
+  }
   if (built.mode === mode) return built;
   const peer = built.peer;
   const choice = JSON.parse(await (mode === "cpu" ? peer.choose_device(mode) : peer.choose_device.callPromising(mode)));
