@@ -67,6 +67,9 @@ CREATE TABLE IF NOT EXISTS arrivals (
 CREATE TABLE IF NOT EXISTS bans (
     peer_id TEXT PRIMARY KEY, address TEXT NOT NULL, reason TEXT NOT NULL, time REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS undos (
+    peer_id TEXT PRIMARY KEY, state TEXT NOT NULL, plan TEXT NOT NULL, time REAL NOT NULL
+);
 """
 
 
@@ -432,6 +435,57 @@ class Store:
         self._run("DELETE FROM results WHERE round = ? AND peer_id = ?", (round_index, peer_id))
         self._run("DELETE FROM leases WHERE round = ? AND peer_id = ?", (round_index, peer_id))
         return slots
+
+    # -- undoing what a banned peer's results moved (server.relay.undo) ------------------------------
+    def request_undo(self, peer_id: str) -> None:
+        """A ban asks for its peer's results to be undone (again after an unban and a second ban)."""
+        self._run("INSERT INTO undos VALUES (?, 'pending', '{}', ?) ON CONFLICT(peer_id) DO UPDATE SET state = "
+                  "'pending', plan = '{}', time = excluded.time WHERE state = 'done'", (peer_id, self.clock()))
+
+    def undos(self) -> list[tuple[str, str, dict[str, Any]]]:
+        """The undos not done, oldest first: (peer, state, plan)."""
+        rows = self._run("SELECT peer_id, state, plan FROM undos WHERE state != 'done' ORDER BY time, peer_id")
+        return [(r[0], r[1], json.loads(r[2])) for r in rows]
+
+    def set_undo(self, peer_id: str, state: str, plan: dict[str, Any]) -> None:
+        self._run("UPDATE undos SET state = ?, plan = ? WHERE peer_id = ?", (state, json.dumps(plan), peer_id))
+
+    def unverified_rounds(self, peer_id: str) -> tuple[int | None, list[int]]:
+        """(the round of ``peer_id``'s last result that passed a host replay, or None; the rounds of its results from
+        then on that did not, and are not undone yet)."""
+        verified = self._run("SELECT MAX(round) FROM results WHERE peer_id = ? AND verification LIKE "
+                             "'%replay passed%'", (peer_id,))[0][0]
+        rows = self._run("SELECT DISTINCT round FROM results WHERE peer_id = ? AND round >= ? AND verification NOT "
+                         "LIKE '%replay passed%' AND verification NOT LIKE 'undone%' ORDER BY round",
+                         (peer_id, -1 if verified is None else verified))
+        return verified, [int(r[0]) for r in rows]
+
+    def mark_undone(self, peer_id: str, first: int, end: int) -> int:
+        """Mark ``peer_id``'s unverified results of rounds ``first`` to ``end - 1`` undone (merged no more; their
+        audit rows stay); returns how many."""
+        with self._lock:
+            return self.db.execute("UPDATE results SET verification = 'undone (peer banned)' || CASE WHEN verification "
+                                   "= '' THEN '' ELSE '; ' || verification END WHERE peer_id = ? AND round >= ? AND "
+                                   "round < ? AND verification NOT LIKE '%replay passed%' AND verification NOT LIKE "
+                                   "'undone%'", (peer_id, first, end)).rowcount
+
+    def undone_slots(self, round_index: int) -> set[int]:
+        return {r[0] for r in self._run("SELECT slot FROM results WHERE round = ? AND verification LIKE 'undone%'",
+                                        (round_index,))}
+
+    def pruned_rounds(self, first: int, end: int) -> set[int]:
+        """Rounds from ``first`` to ``end - 1`` with a result whose message was emptied (``prune_before``)."""
+        return {r[0] for r in self._run("SELECT DISTINCT round FROM results WHERE round >= ? AND round < ? AND "
+                                        "length(message) = 0", (first, end))}
+
+    def reset_round(self, round_index: int) -> int:
+        """Forget the open round's results, second copies and leases (its weights changed under it: a ban's undo);
+        returns how many results went. Their units are handed out again."""
+        with self._lock:
+            dropped = self.db.execute("DELETE FROM results WHERE round = ?", (round_index,)).rowcount
+            self.db.execute("DELETE FROM copies WHERE round = ?", (round_index,))
+            self.db.execute("DELETE FROM leases WHERE round = ?", (round_index,))
+            return int(dropped)
 
     # -- counters -------------------------------------------------------------------------------
     def count(self, name: str, by: int = 1) -> None:

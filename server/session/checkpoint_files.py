@@ -36,6 +36,7 @@ from safetensors.numpy import load_file, save_file
 
 from runtime.merge import StateDict, join_state, split_state
 from runtime.weights import WeightSpec
+from server.session.downloads import split_download_state
 from server.session.export import ExportError, flat_vector, named_tensors
 
 SESSION_FILE = "session.json"
@@ -47,6 +48,24 @@ WEIGHTS_FILE = "weights.safetensors"
 MERGE_STATE_FILE = "merge_state.safetensors"
 STATE_FILE = "state.json"
 FLAT_TENSOR = "weights"  # the one tensor of a checkpoint written before named tensors (or without a spec)
+
+
+AGGREGATE_PREFIX = "aggregate."  # the aggregator's state shares the checkpoint's merge_state file
+
+
+def join_server_state(merge: StateDict, aggregate: StateDict, downloads: StateDict) -> StateDict:
+    """The server state a checkpoint keeps in its merge_state files: the merge method's, the aggregator's (prefixed)
+    and the downloads' residual (``server.session.downloads``, prefixed by it)."""
+    return {**merge, **{AGGREGATE_PREFIX + k: v for k, v in aggregate.items()}, **downloads}
+
+
+def split_server_state(state: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A checkpoint's server state as (the merge method's, the aggregator's); the downloads' residual (topk) is
+    neither's (``server.session.downloads.split_download_state``)."""
+    state, _ = split_download_state(dict(state))
+    merge = {k: v for k, v in state.items() if not k.startswith(AGGREGATE_PREFIX)}
+    aggregate = {k.removeprefix(AGGREGATE_PREFIX): v for k, v in state.items() if k.startswith(AGGREGATE_PREFIX)}
+    return merge, aggregate
 
 
 class CheckpointError(ValueError):
@@ -176,21 +195,30 @@ def save_round(directory: Path, checkpoint: Checkpoint, *, fingerprint: str, new
     directory = Path(directory)
     folder = round_folder(directory, int(checkpoint.state["round"]))
     write_point(folder, checkpoint, fingerprint=fingerprint)
-    if best is not None:  # staged in full, then swapped in by renames (a crash between them: see read_best)
-        staging, previous = directory / (BEST_DIR + ".partial"), directory / (BEST_DIR + ".old")
-        write_point(staging, best, fingerprint=fingerprint)
-        shutil.rmtree(previous, ignore_errors=True)
-        if (directory / BEST_DIR).exists():
-            os.replace(directory / BEST_DIR, previous)
-        os.replace(staging, directory / BEST_DIR)
-        shutil.rmtree(previous, ignore_errors=True)
+    if best is not None:
+        write_best(directory, best, fingerprint=fingerprint)
     append_history(directory, new_history)
-    write_text_atomic(directory / LATEST_FILE, folder.relative_to(directory).as_posix() + "\n")
+    point_latest(directory, folder)
     kept = sorted((directory / ROUNDS_DIR).iterdir())
     for old in kept[:-keep] if keep > 0 else []:
         if old != folder:
             shutil.rmtree(old, ignore_errors=True)
     return folder
+
+
+def write_best(directory: Path, best: Checkpoint, *, fingerprint: str) -> None:
+    """The best round's folder: staged in full, then swapped in by renames (a crash between them: see read_best)."""
+    staging, previous = directory / (BEST_DIR + ".partial"), directory / (BEST_DIR + ".old")
+    write_point(staging, best, fingerprint=fingerprint)
+    shutil.rmtree(previous, ignore_errors=True)
+    if (directory / BEST_DIR).exists():
+        os.replace(directory / BEST_DIR, previous)
+    os.replace(staging, directory / BEST_DIR)
+    shutil.rmtree(previous, ignore_errors=True)
+
+
+def point_latest(directory: Path, folder: Path) -> None:
+    write_text_atomic(directory / LATEST_FILE, folder.relative_to(directory).as_posix() + "\n")
 
 
 def latest_folder(directory: Path) -> Path:
@@ -211,3 +239,73 @@ def read_best(directory: Path) -> Checkpoint:
     if not folder.is_dir():
         raise CheckpointError(f"{directory} has no best checkpoint ({BEST_DIR}/ is missing)")
     return read_point(folder)
+
+
+# -- rewinding to an earlier round (a ban's undo, server.relay.undo) ------------------------------------------------
+UNDONE_DIR = "undone"  # the checkpoints and history a rewind replaced, kept until their rounds are merged again
+
+
+def best_as_of(directory: Path, point: Checkpoint, initial: np.ndarray) -> np.ndarray:
+    """The best weights as ``point`` knew them: the initial weights (never beaten), best/ when it is still that best,
+    the round folder of that best, or, where none of them is on disk any more, ``point``'s own weights."""
+    best_round = point.state.get("best_round")
+    if best_round is None:
+        return np.asarray(initial, dtype=np.float32)
+    try:
+        best = read_best(directory)
+        if best.state.get("best_round") == best_round and best.state.get("round", 0) <= point.state["round"]:
+            return best.weights
+    except CheckpointError:
+        pass
+    folder = round_folder(directory, int(best_round) + 1)
+    return read_point(folder).weights if folder.is_dir() else point.weights
+
+
+def rewind_files(directory: Path, best: Checkpoint, *, history: list[dict[str, Any]], kept: list[dict[str, Any]],
+                 fingerprint: str) -> None:
+    """Move a session's files back to round ``best.state["round"]`` (``Session.rewind``), in an order a crash can
+    interrupt anywhere: the history as it was is set aside, best/ becomes the best as of then (``best``), ``latest``
+    points at that round, the history is cut to ``kept``, and the later round folders move aside. Calling it again
+    after a crash finishes what is left."""
+    rounds_done = int(best.state["round"])
+    keep_history_aside(directory, history)
+    write_best(directory, best, fingerprint=fingerprint)
+    point_latest(directory, round_folder(directory, rounds_done))
+    rewrite_history(directory, kept)
+    set_aside(directory, rounds_done)
+
+
+def keep_history_aside(directory: Path, history: list[dict[str, Any]]) -> None:
+    """Before a rewind: the history as it was goes to ``undone/`` (once: a second call after a crash keeps it)."""
+    aside = directory / UNDONE_DIR
+    aside.mkdir(exist_ok=True)
+    if not (aside / HISTORY_FILE).is_file():
+        rewrite_history(aside, history)
+
+
+def set_aside(directory: Path, rounds_done: int) -> None:
+    """After ``latest`` moved back to ``rounds_done``: the later round folders (the weights the later results were
+    trained from) move to ``undone/``, until their rounds are merged again. A second call after a crash moves what
+    is left."""
+    aside = directory / UNDONE_DIR / ROUNDS_DIR
+    aside.mkdir(parents=True, exist_ok=True)
+    for folder in sorted((directory / ROUNDS_DIR).iterdir()):
+        if folder.name.isdigit() and int(folder.name) > rounds_done:
+            if (aside / folder.name).exists():
+                shutil.rmtree(folder)  # (one an interrupted merge began again: the original is aside)
+            else:
+                os.replace(folder, aside / folder.name)
+
+
+def set_aside_weights(directory: Path, rounds_done: int) -> np.ndarray | None:
+    """The weights after ``rounds_done`` rounds as they were before the rewind (None: not set aside)."""
+    folder = directory / UNDONE_DIR / ROUNDS_DIR / f"{rounds_done:06d}"
+    return read_point(folder).weights if folder.is_dir() else None
+
+
+def set_aside_history(directory: Path) -> list[dict[str, Any]]:
+    return read_history(directory / UNDONE_DIR)
+
+
+def discard_set_aside(directory: Path) -> None:
+    shutil.rmtree(directory / UNDONE_DIR, ignore_errors=True)

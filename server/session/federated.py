@@ -21,8 +21,10 @@ are the peers' own reports, which the relay cannot check; with host validation t
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
+
+import numpy as np
 
 from runtime.tasks import UnitResult
 from runtime.tasks.local import FEDERATED_EXAMPLES, FEDERATED_PREFIX
@@ -89,3 +91,9 @@ def apply_divergence(session: Session, entry: dict[str, Any], event: dict[str, A
     else:
         session.stopped = f"diverged in round {session.round}: {event['reason']}"
     entry["events"] = [*entry.get("events", []), event]
+
+
+def mean_metrics(per_unit: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """Mean of each numeric local metric the units reported (e.g. train_loss): a history entry's ``train``."""
+    names = sorted({k for metrics in per_unit for k, v in metrics.items() if isinstance(v, int | float)})
+    return {name: float(np.mean([m[name] for m in per_unit if name in m])) for name in names}

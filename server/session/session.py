@@ -20,6 +20,7 @@ resets the merge method's state. Either way the history records it as an event.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Mapping, Sequence
@@ -36,13 +37,14 @@ from runtime.tasks import Task, TaskData, UnitResult, WorkUnit
 from runtime.tasks.base import check_unit_result
 from server.session import checkpoint_files as checkpoint
 from server.session import federated
+from server.session.checkpoint_files import split_server_state
 from server.session.config import DivergenceAction, SessionConfig, SessionError, privacy_settings
 from server.session.downloads import Downloads, split_download_state
 from server.session.privacy import CentralPrivacy, privacy_units
 from server.session.privacy import describe as describe_privacy
 from server.session.privacy import warm as warm_privacy
 
-__all__ = ["DivergenceAction", "Session", "SessionConfig", "SessionError", "SessionPackage"]
+__all__ = ["DivergenceAction", "Session", "SessionConfig", "SessionError", "SessionPackage", "split_server_state"]
 
 
 class SessionPackage(Protocol):
@@ -54,7 +56,6 @@ class SessionPackage(Protocol):
 
     @property
     def fingerprint(self) -> str: ...
-
 
 
 class Session:
@@ -78,6 +79,7 @@ class Session:
         self.weights = np.array(package.initial_weights, dtype=np.float32)
         self.downloads = Downloads(config.result_codec, self.spec.size, config.seed)  # how merged steps move them
         self.directory = Path(directory) if directory is not None else None
+        self.checkpoints_kept = config.keep_checkpoints  # (the relay keeps more while a ban may undo rounds)
         self.round = 0  # the next round to run = rounds completed
         self.history: list[dict[str, Any]] = []
         self.initial_metrics: dict[str, Any] | None = None
@@ -135,30 +137,41 @@ class Session:
             raise checkpoint.CheckpointError(
                 f"{directory} was trained on package {stored['fingerprint']}, not {package.fingerprint}")
         session = cls(package, SessionConfig.from_json(stored["config"]), directory=directory)
-        latest, best = checkpoint.read_latest(directory), checkpoint.read_best(directory)
-        state = latest.state
-        session.weights = np.array(latest.weights, dtype=np.float32)
-        merge_state, aggregate_state = split_server_state(latest.merge_state)
-        _, download_state = split_download_state(dict(latest.merge_state))
-        session.downloads.load_state_dict(download_state)
-        session.merge.load_state_dict(merge_state)
-        session.aggregator.load_state_dict(aggregate_state)
-        session.round = int(state["round"])
-        session.consumed = int(state.get("consumed", session.round * config_k(session)))
-        session.carried = [(int(p), int(u), int(r)) for p, u, r in state.get("carried", [])]
-        session.initial_metrics = state["initial_metrics"]
-        session.best_metric = state["best_metric"]
-        session.best_round = state["best_round"]
-        session.stopped = state["stopped"]
-        session.best_weights = np.array(best.weights, dtype=np.float32)
-        if session.privacy is not None:
-            session.privacy.load_state_json(state["privacy"])
+        state = session._load_point(checkpoint.read_latest(directory), checkpoint.read_best(directory).weights)
         session.history = checkpoint.read_history(directory, int(state["history_length"]))
-        try:
+        with contextlib.suppress(OSError):  # (a full disk: the next checkpoint writes the history whole, see _save)
             checkpoint.rewrite_history(directory, session.history)  # drop lines written after the checkpoint
-        except OSError:  # (a full disk: the next checkpoint writes the history whole, see _save)
-            pass
         return session
+
+    def _load_point(self, point: checkpoint.Checkpoint, best_weights: np.ndarray) -> dict[str, Any]:
+        """The state as of ``point`` (``restore``, ``rewind``); returns the point's JSON state."""
+        state = point.state
+        self.roll_back()  # (reset first: a checkpoint without momentum leaves none)
+        self.weights, self.best_weights = (np.array(w, dtype=np.float32) for w in (point.weights, best_weights))
+        merge_state, aggregate_state = split_server_state(point.merge_state)
+        self.downloads.load_state_dict(split_download_state(dict(point.merge_state))[1])
+        self.merge.load_state_dict(merge_state)
+        self.aggregator.load_state_dict(aggregate_state)
+        self.round, self.stopped, self.initial_metrics = int(state["round"]), state["stopped"], state["initial_metrics"]
+        self.consumed = int(state.get("consumed", self.round * self.plan.participants_per_round))
+        self.carried = [(int(p), int(u), int(r)) for p, u, r in state.get("carried", [])]
+        self.best_metric, self.best_round = state["best_metric"], state["best_round"]
+        if self.privacy is not None:
+            self.privacy.load_state_json(state["privacy"])
+        self._assignments, self._previous_delta = None, None
+        return state
+
+    def rewind(self, rounds_done: int) -> None:
+        """Back to the checkpoint after ``rounds_done`` rounds, to merge the later ones again (a ban's undo,
+        ``server.relay.undo``); the files move crash-safely (``checkpoint_files.rewind_files``)."""
+        assert self.directory is not None
+        point = checkpoint.read_point(checkpoint.round_folder(self.directory, rounds_done))
+        best = checkpoint.best_as_of(self.directory, point, self.package.initial_weights)
+        history, self.history = self.history, self.history[:int(point.state["history_length"])]
+        checkpoint.rewind_files(self.directory, checkpoint.Checkpoint(best, self.spec, point.merge_state, point.state),
+                                history=history, kept=self.history, fingerprint=self.package.fingerprint)
+        self._load_point(point, best)
+        self.downloads.log.clear()  # (no chain may start from weights no longer served: peers fetch them whole)
 
     # -- the plan -------------------------------------------------------------------------------
     @property
@@ -234,22 +247,24 @@ class Session:
     # -- completing a round ---------------------------------------------------------------------
     def complete_round(self, results: Sequence[tuple[Assignment, UnitResult]], *,
                        train_seconds: float | None = None, extra: Mapping[str, Any] | None = None,
-                       carry_missing: bool = False, contributors: Mapping[int, str] | None = None) -> dict[str, Any]:
+                       carry_missing: bool = False, contributors: Mapping[int, str] | None = None,
+                       carry: Sequence[tuple[int, int, int]] | None = None) -> dict[str, Any]:
         """Merge the round's results, validate, watch for divergence, record and checkpoint; return the entry.
 
         ``results`` may miss some assignments (the entry lists them) but not all; their order does not
         matter: they are merged in slot order, so the relay reproduces the simulator bit for bit. With
         ``carry_missing`` (a round deadline) the missing units open the next round, which takes that many
         fewer new units: each unit is still trained once per pass, and the session grows by what was carried.
-        ``contributors``: slot -> whose data a result is (a local task's peer), for differential privacy.
+        ``contributors``: slot -> whose data a result is (a local task's peer), for differential privacy. ``carry``:
+        the (pass, unit, round first planned) to carry instead (a ban's undo merges a round again: server.relay.undo).
         """
         if self.done:
             raise SessionError(f"the session is over ({self.stopped or f'all {self.num_rounds} rounds done'})")
         ordered = self._checked_results(results)
         planned = self.assignments()
         done_slots = {a.slot for a, _ in ordered}
-        carry = [(a.pass_index, a.unit_index, self._first_planned(a)) for a in planned
-                 if a.slot not in done_slots] if carry_missing else []
+        carry = list(carry) if carry is not None else [(a.pass_index, a.unit_index, self._first_planned(a)) for a in
+                                                        planned if a.slot not in done_slots] if carry_missing else []
         carried_in = [{"unit": u, "from_round": r} for _, u, r in self.carried]
         evaluated = federated.summary([r for _, r in ordered], self.round)  # (local tasks: server.session.federated)
         federated_best, divergence = federated.judge(self, evaluated) if not self.host_validates else (False, None)
@@ -333,7 +348,7 @@ class Session:
             **fields,
             **privacy,  # epsilon after this round, the clip, the noise
             "examples": int(sum(int(r.num_examples) for r in results)),
-            "train": _mean_metrics([r.metrics for r in results]),
+            "train": federated.mean_metrics([r.metrics for r in results]),
             "best": {"metric": self.best_metric, "round": self.best_round},
             "seconds": {"train": train_seconds, "merge": merged_at - started, "validate": validated_at - merged_at},
             "events": events,
@@ -425,20 +440,24 @@ class Session:
             if self.directory is not None:
                 self._save(new_entries=[], best_changed=False)
 
+    def note_event(self, event: Mapping[str, Any]) -> None:
+        """Add ``event`` to the last round's history entry (a ban's undo), on disk at once."""
+        self.history[-1]["events"].append(checkpoint.json_safe(dict(event)))
+        if self.directory is not None:
+            checkpoint.rewrite_history(self.directory, self.history)
+
     def _save(self, *, new_entries: list[dict[str, Any]], best_changed: bool) -> None:
         assert self.directory is not None
         state = self._state_json()
-        server_state = {**self.merge.state_dict(),
-                        **{AGGREGATE_PREFIX + k: v for k, v in self.aggregator.state_dict().items()},
-                        **self.downloads.state_dict()}
+        server_state = checkpoint.join_server_state(self.merge.state_dict(), self.aggregator.state_dict(),
+                                                    self.downloads.state_dict())
         current = checkpoint.Checkpoint(self.weights, self.spec, server_state, state)
-        best = checkpoint.Checkpoint(self.best_weights, self.spec, server_state, state) if best_changed \
-            else None
+        best = checkpoint.Checkpoint(self.best_weights, self.spec, server_state, state) if best_changed else None
         before = self.history[:len(self.history) - len(new_entries)]
         if checkpoint.history_lines(self.directory) != len(before):  # lines of a checkpoint that failed to finish
             checkpoint.rewrite_history(self.directory, before)
         checkpoint.save_round(self.directory, current, fingerprint=self.package.fingerprint, new_history=new_entries,
-                              best=best, keep=self.config.keep_checkpoints)
+                              best=best, keep=self.checkpoints_kept)
 
     # -- reporting ------------------------------------------------------------------------------
     @property
@@ -475,25 +494,3 @@ class Session:
             "privacy": describe_privacy(self.privacy, kind=self.task.kind, num_rounds=self.num_rounds,
                                         passes=self.plan.passes, clip=self.config.dp_clip, delta=self.config.dp_delta),
         })
-
-
-AGGREGATE_PREFIX = "aggregate."  # the aggregator's state shares the checkpoint's merge_state file
-
-
-def config_k(session: Session) -> int:
-    return session.plan.participants_per_round
-
-
-def split_server_state(state: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """A checkpoint's server state as (the merge method's, the aggregator's); the downloads' residual (topk) is
-    neither's (``server.session.downloads.split_download_state``)."""
-    state, _ = split_download_state(dict(state))
-    merge = {k: v for k, v in state.items() if not k.startswith(AGGREGATE_PREFIX)}
-    aggregate = {k.removeprefix(AGGREGATE_PREFIX): v for k, v in state.items() if k.startswith(AGGREGATE_PREFIX)}
-    return merge, aggregate
-
-
-def _mean_metrics(per_unit: Sequence[Mapping[str, Any]]) -> dict[str, float]:
-    """Mean of each numeric local metric the units reported (e.g. train_loss)."""
-    names = sorted({k for metrics in per_unit for k, v in metrics.items() if isinstance(v, int | float)})
-    return {name: float(np.mean([m[name] for m in per_unit if name in m])) for name in names}
