@@ -29,6 +29,7 @@ BENCHES: dict[str, tuple[str, ...]] = {
     "comm": ("server.bench.comm",),
     "privacy": ("server.bench.privacy",),
     "workers": ("server.bench.workers",),
+    "direction": ("server.bench.direction",),
 }
 
 

@@ -2,11 +2,11 @@
 session of a real relay over HTTP.
 
 Every peer, honest or not, speaks the documented API through ``server.relay.client.RelayClient`` over its own
-``httpx.Client`` (its own client address, sent in ``PROXY_HEADER`` for a relay started with
-``--forwarded-allow-ips 127.0.0.1``): join, ask for work, fetch the global weights and the unit's chunk, train with
-``runtime.peer.Peer`` (the code a browser's worker runs) and upload the wire message. An attacker trains
-honestly too and then replaces its upload (``poisoned``); everything else it does is honest. Nothing here
-is a flag of the product: the relay sees clients and nothing else.
+``httpx.Client`` (its own client address, sent in ``PROXY_HEADER`` for a relay started with ``--forwarded-allow-ips
+127.0.0.1``): join, ask for work, fetch the global weights (again when a job names others, as after a ban's undo) and
+the unit's chunk, train with ``runtime.peer.Peer`` (the code a browser's worker runs) and upload the wire message. An
+attacker trains honestly too and then replaces its upload (``poisoned``); everything else it does is honest. Nothing
+here is a flag of the product: the relay sees clients and nothing else.
 
 The uploads (g: the round's global weights, w: the attacker's honestly trained weights, u = w - g):
 
@@ -18,6 +18,7 @@ The uploads (g: the round's global weights, w: the attacker's honestly trained w
   Learning"): the attackers collude; each uploads g + mean(u) - z std(u), per coordinate, over the honest
   updates the attackers computed in this round (their estimate of the benign updates; std with ddof 0).
   z is fixed (1.0 by default) or the paper's ``z_max`` for n peers and f attackers (``paper_z``);
+* ``inner_product`` (Xie et al. 2020, inner-product manipulation): g - 0.5 u, half an honest norm, pointing back;
 * ``sybil``: one client address joins ``sybil_joins`` extra times beside the k honest peers; the joins the
   relay admits ask for work like everyone (each pass over the peers goes in a shuffled order: who asks first
   gets the slot) and upload ``flip``. The refused joins are counted by code.
@@ -53,13 +54,14 @@ from runtime.tasks.loader import module_name_for_file, task_class
 from runtime.weights import WeightSpec
 from server.relay.client import Credentials, RelayClient, RelayRefusal, checked, join_call
 
-UPLOAD_ATTACKS = ("noise_claim", "flip", "free_rider", "scaled", "little_is_enough")
+UPLOAD_ATTACKS = ("noise_claim", "flip", "free_rider", "scaled", "little_is_enough", "inner_product")
 ATTACKS = (*UPLOAD_ATTACKS, "sybil")
 CLAIMED_EXAMPLES = 10**9
 NOISE_STD = 0.05
 FLIP_FACTOR = 4.0
 SCALE_FACTOR = 1.5
 SCALED_NOISE_STD = 0.01
+INNER_PRODUCT_EPS = 0.5
 SYBIL_UPLOAD = "flip"  # what an admitted sybil peer uploads
 PROXY_HEADER = "X-Forwarded-For"
 SYBIL_ADDRESS = "10.66.0.1"
@@ -97,6 +99,11 @@ def scaled(global_weights: np.ndarray, honest: np.ndarray, rng: np.random.Genera
     """g + 1.5 (w - g) + N(0, 0.01)."""
     moved = global_weights.astype(np.float64) + SCALE_FACTOR * update(global_weights, honest)
     return (moved + rng.normal(0.0, SCALED_NOISE_STD, global_weights.shape)).astype(np.float32)
+
+
+def inner_product(global_weights: np.ndarray, honest: np.ndarray) -> np.ndarray:
+    """g - 0.5 (w - g)."""
+    return (global_weights - INNER_PRODUCT_EPS * update(global_weights, honest)).astype(np.float32)
 
 
 def paper_z(n: int, f: int) -> float:
@@ -150,6 +157,8 @@ def poisoned(attack: str, message: bytes, global_weights: np.ndarray, *, rng: np
         vector = scaled(global_weights, honest, rng)
     elif attack == "little_is_enough":
         vector = little_is_enough(global_weights, list(colluders) or [honest], z)
+    elif attack == "inner_product":
+        vector = inner_product(global_weights, honest)
     else:
         raise ValueError(f"unknown attack {attack!r}; known: {', '.join(UPLOAD_ATTACKS)}")
     return as_upload(vector, header, global_weights, job)
@@ -287,6 +296,7 @@ class BenchPeer:
         self.message: bytes = b""
         self.digest = ""
         self.round: int | None = None
+        self.named: str | None = None  # the weights digest its job named when it fetched them
         self.active = True
         self.refused_round: int | None = None  # the round it last knew of when first refused as banned (or 401)
 
@@ -318,11 +328,11 @@ class BenchPeer:
             time.sleep(min(MAX_RETRY_AFTER, float(response.headers.get("retry-after", "1") or 1)))
         return "refused.retries"
 
-    def weights(self, round_index: int) -> None:
-        if self.round != round_index:
+    def weights(self, job: dict[str, Any]) -> None:
+        if (self.round, self.named) != (job["round"], job.get("weights_digest")):
             self.message = self.relay.weights()
             self.digest = hashlib.sha256(self.message).hexdigest()
-            self.round = wire.decode(self.message)[0].round
+            self.round, self.named = wire.decode(self.message)[0].round, job.get("weights_digest")
 
 
 def drive(spec: RunSpec, trainers: dict[str, Trainer], workers: int = 1) -> tuple[dict[str, Any], Observed]:
@@ -451,7 +461,7 @@ def rounds_of_work(spec: RunSpec, everyone: list[BenchPeer], trainer: Trainer, o
         fetched = []
         for peer, job in batch.values():
             try:
-                peer.weights(job["round"])
+                peer.weights(job)
                 unit = peer.relay.unit(job["unit_index"]) if job.get("kind", "data") == "data" else None
             except RelayRefusal as refusal:  # banned meanwhile (a replay of an earlier result), or the lease lost
                 observed.uploads[f"{peer.role} fetch_refused.{refusal.code}"] += 1

@@ -114,6 +114,8 @@ def print_progress(record: Any) -> None:
     if not record.error and record.attackers_banned is not None and record.verify is not None:
         outcome += (f", caught {caught_cell(record)} in rounds {ban_rounds_cell(record)}, honest banned "
                     f"{record.honest_banned}, replay wait {number(record.replay_wait_s, 2)} s/round")
+    if not record.error and record.lies_merged:
+        outcome += f", poisoned results merged before the ban {', '.join(map(str, record.lies_merged))}"
     setup = f"checks {record.checks}" + (f", honest first {record.honest_first}" if record.honest_first else "") \
         + (f", replay share {share_cell(record)}" if record.verify is not None else "")
     print(f"{record.task:8s} {record.aggregator:17s} {record.attack:16s} {record.fraction:4.2f} "

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from server.bench.attack_peers import PROXY_HEADER, Observed, RunSpec, Trainer, drive
 from server.browser.launcher import relay_process
 from server.paths import REPO_ROOT
@@ -122,6 +124,7 @@ class RunRecord:
     replays: int | None = None  # history verification.results, summed
     wall_round_s: float | None = None  # the session's wall time (first ask -> done) per round
     vs_no_verify: float | None = None  # wall_round_s / that of the same run at share 0
+    lies_merged: list[int] = field(default_factory=list)  # per attacker: poisoned results merged (before its ban)
 
     @property
     def key(self) -> tuple[str, str, str, float | None]:
@@ -174,12 +177,14 @@ def one_run(record: RunRecord, spec: RunSpec, arguments: list[str], work: Path, 
         with relay_process(*arguments, log_path=work / "serve.log") as url:
             spec.url = url.rstrip("/")
             status, observed = drive(spec, trainers, workers)
+            rows = audit_rows(spec.url) if spec.attack else []
     except Exception as error:  # a relay that would not start, a refused flag, a broken connection
         record.error = f"{type(error).__name__}: {error}"[:500]
         record.seconds = time.perf_counter() - started
         return
     record.seconds = time.perf_counter() - started
     fill(record, status, observed)
+    record.lies_merged = lies_merged(rows, observed.peers, spec.honest_first) if spec.attack != "sybil" else []
     shutil.rmtree(session_dir, ignore_errors=True)
 
 
@@ -220,6 +225,22 @@ def ban_round(banned_at: float, history: list[dict[str, Any]]) -> int:
         if float(entry.get("time", float("inf"))) >= banned_at:
             return int(entry["round"])
     return int(history[-1]["round"]) + 1 if history else 0
+
+
+def audit_rows(url: str) -> list[dict[str, Any]]:
+    """The relay's audit rows of the results it merged (``GET /api/admin/export/results``): rows of merged rounds
+    stay (a ban drops only the open round's; an undo marks them), so they say what reached a merge."""
+    response = httpx.get(f"{url}/api/admin/export/results", headers={"Authorization": f"Bearer {ADMIN}"}, timeout=60)
+    if response.status_code != 200:
+        return []
+    return [json.loads(line) for line in response.text.splitlines() if line.strip()]
+
+
+def lies_merged(rows: list[dict[str, Any]], peers: list[dict[str, Any]], honest_first: int) -> list[int]:
+    """Per attacker (in the order of ``peers``), its results that reached a merge after its ``honest_first`` honest
+    ones: the poisoned results merged before its ban (whatever an undo did with them afterwards)."""
+    return [max(0, sum(1 for row in rows if row.get("peer_id") == peer["peer_id"]) - honest_first)
+            for peer in peers if peer["role"] != "honest"]
 
 
 def verification_columns(record: RunRecord, peers: list[dict[str, Any]], history: list[dict[str, Any]]) -> None:

@@ -3,8 +3,8 @@
 Each run is a ``peertrain serve`` subprocess (a fresh session on a package built once per task) and k native
 peers in this process that speak the documented HTTP API (``server.bench.attack_peers``): honest peers train
 with ``runtime.peer.Peer``; attackers train honestly and then replace their upload (noise_claim, flip,
-free_rider, scaled, little_is_enough), or, for sybil, one client address joins 10 extra times beside the k
-honest peers and the admitted joins upload flip. Every peer has its own client address, sent as
+free_rider, scaled, little_is_enough, inner_product), or, for sybil, one client address joins 10 extra times
+beside the k honest peers and the admitted joins upload flip. Every peer has its own client address, sent as
 X-Forwarded-For to a relay that trusts 127.0.0.1 as its proxy (``--forwarded-allow-ips``; all traffic goes to
 127.0.0.1).
 
@@ -30,7 +30,8 @@ The grid (k = 10) is in sections (``FULL``); runs shared by sections (the honest
 1. arith, the relay as shipped (its checks: example counts, outlier factor 3, host replay of every peer's
    first result and of 10% more, bans): mean and the default aggregator, all six attacks at 30% (3 of 10);
 2. the same, attackers honest on their first upload (so the replay of first results does not catch them):
-   flip, free_rider, scaled and little_is_enough at 20% and 40%;
+   flip, free_rider, scaled, little_is_enough and inner_product (Xie et al. 2020: global - 0.5 x update) at 20%
+   and 40%;
 3. arith, the aggregators alone (``--outlier-factor 0 --no-verify``): mean, median, trimmed_mean, krum,
    multikrum, centered_clipping and default, each with its honest run, the same four attacks at 30%;
 4. bytetext, the relay as shipped: mean and default, all six attacks at 30%;
@@ -127,13 +128,16 @@ SHIPPED, PATIENT = "the relay as shipped", "the relay as shipped; attackers hone
 ALONE = "the aggregators alone: outlier check and host replays off"
 VERIFYING = "host replays at each share; attackers honest on their first upload"
 # noise_claim's claim is refused by a check without a switch (and its peer banned), whatever comes first or after
-MOVING = tuple(a for a in UPLOAD_ATTACKS if a != "noise_claim")
+MOVING = tuple(a for a in UPLOAD_ATTACKS if a not in ("noise_claim", "inner_product"))
+# inner_product (a patient attacker's, issue 26) runs where attackers wait: in the section of those honest at first
+SHIPPED_ATTACKS = tuple(a for a in ATTACKS if a != "inner_product")
 FULL_K = 10
 FULL = (
-    Section(SHIPPED, "arith", ("mean", "default"), ATTACKS, (0.3,), name="shipped"),
-    Section(PATIENT, "arith", ("mean", "default"), MOVING, (0.2, 0.4), honest_first=1, name="honest-first"),
+    Section(SHIPPED, "arith", ("mean", "default"), SHIPPED_ATTACKS, (0.3,), name="shipped"),
+    Section(PATIENT, "arith", ("mean", "default"), (*MOVING, "inner_product"), (0.2, 0.4), honest_first=1,
+            name="honest-first"),
     Section(ALONE, "arith", AGGREGATORS, MOVING, (0.3,), checks="off", name="alone"),
-    Section(SHIPPED, "bytetext", ("mean", "default"), ATTACKS, (0.3,), name="bytetext"),
+    Section(SHIPPED, "bytetext", ("mean", "default"), SHIPPED_ATTACKS, (0.3,), name="bytetext"),
     Section(VERIFYING, "arith", ("default",), MOVING, (0.3,), honest_first=1, name="verification",
             verify_shares=VERIFY_SHARES),
 )

@@ -39,6 +39,7 @@ from server.bench.attack_peers import (
     drive,
     flip,
     free_rider,
+    inner_product,
     little_is_enough,
     noise,
     paper_z,
@@ -92,6 +93,11 @@ def test_flip_is_global_minus_four_updates() -> None:
     assert flip(G, W).dtype == np.float32
 
 
+def test_inner_product_is_global_minus_half_the_update() -> None:
+    assert inner_product(G, W).tolist() == [0.75, 2.5, -1.0, 0.375]  # g - 0.5 u: half the norm, pointing back
+    assert inner_product(G, W).dtype == np.float32
+
+
 def test_free_rider_uploads_the_global_weights_unchanged() -> None:
     out = free_rider(G)
     assert out.tolist() == G.tolist() and out is not G
@@ -131,7 +137,7 @@ def test_poisoned_keeps_the_header_and_claims_only_for_noise_claim() -> None:
     header = wire.WireHeader(spec=spec, round=3, fingerprint="abc", num_examples=200, metrics={"train_loss": 1.0},
                              meta={"slot": 2, "unit_index": 7})
     honest = wire.encode(W, header)
-    for attack in ("flip", "free_rider", "scaled", "little_is_enough", "noise_claim"):
+    for attack in ("flip", "free_rider", "scaled", "little_is_enough", "noise_claim", "inner_product"):
         out_header, vector = wire.decode(poisoned(attack, honest, G, rng=np.random.default_rng(0), colluders=[W]))
         assert (out_header.round, out_header.fingerprint, out_header.meta) == (3, "abc", header.meta)
         assert out_header.num_examples == (CLAIMED_EXAMPLES if attack == "noise_claim" else 200)
@@ -173,9 +179,10 @@ def test_the_full_grid_shares_its_honest_runs() -> None:
     sections = supported(list(FULL), features, {})
     assert "default" not in sections[2].aggregators and "default" in sections[0].aggregators
     distinct = {p.key for section in sections for p in planned_runs(section, FULL_K)}
-    # shipped arith: 2 honest + 2 x 6 attacks; patient: 2 x 4 x 2 (its honest runs are the shipped ones);
-    # aggregators alone: 6 honest + 6 x 4; shipped bytetext: 2 + 2 x 6; verification: (1 honest + 4) x 4 shares
-    assert len(distinct) == 14 + 16 + 30 + 14 + 20
+    # shipped arith: 2 honest + 2 x 6 attacks; patient: 2 x 5 x 2 (its honest runs are the shipped ones; with
+    # inner_product); aggregators alone: 6 honest + 6 x 4; shipped bytetext: 2 + 2 x 6; verification: (1 honest + 4)
+    # x 4 shares
+    assert len(distinct) == 14 + 20 + 30 + 14 + 20
     assert supported(list(FULL), features, {"centered_clipping": '{"radius": 1}'}) == list(FULL)
     assert all(p.attackers == 1 for p in planned_runs(QUICK[0], 3) if p.attack != "none")
 

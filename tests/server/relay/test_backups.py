@@ -58,8 +58,9 @@ def test_a_backup_races_and_wins_and_the_slow_original_is_compared_not_merged(pa
 
 
 def test_a_lying_backup_is_caught_by_the_comparison(package: Package, tmp_path: Path) -> None:
+    """(Replays for the coverage bound and for direction off: the flipped lie would be replayed at once.)"""
     relay = make_relay(package, tmp_path / "s", k=3, passes=1, backup_after=0.0, verify_fraction=0.0,
-                       ban_addresses=False)
+                       verify_every=0, verify_direction=None, ban_addresses=False)
     with serving(relay) as client:
         first, slow, other, liar = (HttpPeer(client) for _ in range(4))
         assert relay.verification.queue is not None

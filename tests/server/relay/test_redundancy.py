@@ -87,9 +87,10 @@ def test_a_lying_copy_is_caught_by_the_replay_that_decides(package: Package, tmp
 
 def test_a_lying_merged_result_is_replaced_by_the_honest_copy(package: Package, tmp_path: Path) -> None:
     """A patient liar: honest in round 0 (its first result passes its replay), then its round-1 result is merged
-    first and only the honest copy disagrees; the replay that decides bans it and the copy takes its place."""
+    first and only the honest copy disagrees; the replay that decides bans it and the copy takes its place. (Replays
+    for the coverage bound and for direction off: they would replay the flipped result at once.)"""
     relay = make_relay(package, tmp_path / "s", k=1, passes=1, redundancy=1.0, verify_fraction=0.0,
-                       ban_addresses=False)
+                       verify_every=0, verify_direction=None, ban_addresses=False)
     with serving(relay) as client:
         liar, honest = HttpPeer(client), HttpPeer(client)
         for round_index in (0, 1):

@@ -1,0 +1,56 @@
+"""The coverage bound (``Coverage``, held by ``server.relay.verify.ReplayQueue``): no peer goes more than N accepted
+results without a check (``--verify-every N``), whatever the random share draws.
+
+After each check of a peer's result (any reason: its first, the sampled share, a suspect's, this bound's), a seeded
+draw places the next one: the p-th accepted result after it, p uniform in 1..N, unless another check comes first
+(each check starts a new window and a new draw). So a peer is never more than N - 1 results from a check, and it
+cannot time its lies: from what it knows (a passed check is silent) each of its results may be the checked one, the
+first after a check with probability 1/N. A fixed "every N-th result" would be timeable: a peer that lies on the
+N - 1 results after its first, which is always checked, risks only the random share on them, and the one check it
+must pass is known in advance. The price of the uniform draw is more replays: 2 / (N + 1) of a peer's results from
+this bound alone (40 % at N = 4), besides the random share.
+
+Decided at hand-out: whether a peer's next result is due is known before it trains it (``due``), so its replay
+starts with the unit (``ReplayChecks.prepare``). The draw is keyed by the session's seed (as the sampled share's),
+the peer and its number of checks so far; nothing of it reaches a peer.
+
+A relay restart starts every peer's count afresh, and the first result of each peer after a restart is replayed as
+its first (``ReplayQueue`` starts empty), which closes any window left open: the bound holds across a restart. (A
+replay still running when the relay stopped is lost with it; that result's audit row stays "not checked".)
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+DEFAULT_VERIFY_EVERY = 4
+
+
+@dataclass
+class Coverage:
+    every: int  # N (0: no bound)
+    seed: int
+    _unchecked: dict[str, int] = field(default_factory=dict)  # accepted results since the peer's last check
+    _checks: dict[str, int] = field(default_factory=dict)  # checks so far: which draw places the next one
+
+    def position(self, peer_id: str) -> int:
+        """Which accepted result after the peer's last check is checked, 1..N (a seeded draw per window)."""
+        window = self._checks.get(peer_id, 0)
+        digest = hashlib.sha256(f"coverage:{self.seed}:{peer_id}:{window}".encode()).digest()
+        return 1 + int.from_bytes(digest[:8], "little") % self.every
+
+    def due(self, peer_id: str) -> bool:
+        """Whether the peer's next accepted result must be checked."""
+        return self.every > 0 and self._unchecked.get(peer_id, 0) + 1 >= self.position(peer_id)
+
+    def unchecked(self, peer_id: str) -> int:
+        return self._unchecked.get(peer_id, 0)
+
+    def note(self, peer_id: str, *, checked: bool) -> None:
+        """An accepted result of the peer: checked (a new window opens) or not (the window goes on)."""
+        if checked:
+            self._unchecked[peer_id] = 0
+            self._checks[peer_id] = self._checks.get(peer_id, 0) + 1
+        else:
+            self._unchecked[peer_id] = self._unchecked.get(peer_id, 0) + 1

@@ -1,0 +1,160 @@
+"""The coverage bound (``--verify-every N``: no peer goes more than N accepted results without a replay, the place of
+each check drawn in secret and known at hand-out) and suspicion by direction (``--verify-direction``: an update
+pointing away from its round's others is always replayed): counted from the audit rows, over the HTTP API."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from relay_fixtures import HttpPeer, make_relay, run_round, serving, session_status, wait_until, work_until_done
+
+from server.bench.attack_peers import as_upload, inner_product, result_weights
+from server.relay.coverage import Coverage
+from server.relay.direction import direction_of
+from server.relay.sqlite_store import Store
+from server.relay.state import Relay
+from server.session.package import Package
+from server.session.session import Session
+
+EVERY = 4
+# Honest results flagged by direction in ``peertrain bench direction`` at the default threshold: 0 of 200 (arith,
+# bytetext, cartpole, the CSV example's non-IID peers). Here: at most one in twenty, the small task's noise allowed.
+HONEST_FLAGGED_AT_MOST = 0.05
+
+
+@pytest.fixture(scope="module")
+def package_settings() -> dict[str, Any]:
+    return {"examples": 2048, "chunks": 8}  # eight units a pass
+
+
+def test_each_window_checks_one_of_its_n_results_drawn_in_secret() -> None:
+    coverage = Coverage(EVERY, seed=3)
+    gaps, positions = [], Counter()
+    for peer in ("a", "b", "c"):
+        run = 0
+        for _ in range(400):
+            due = coverage.due(peer)
+            if due:
+                positions[run + 1] += 1
+            coverage.note(peer, checked=due)
+            run = 0 if due else run + 1
+            gaps.append(run)
+    assert max(gaps) == EVERY - 1  # never N results without a check
+    assert set(positions) == set(range(1, EVERY + 1))  # the check may fall on any of them
+    assert min(positions.values()) > 0.5 * max(positions.values())  # about evenly
+    assert Coverage(0, seed=3).due("a") is False
+
+
+def test_direction_by_hand() -> None:
+    previous = np.array([1.0, 0.0, 0.0])
+    others = np.array([1.0, 1.0, 0.0])
+    honest = direction_of(np.array([1.0, 0.5, 0.0]), previous, others)
+    assert honest.previous == pytest.approx(1 / np.sqrt(1.25)) and not honest.suspect(0.0)
+    flipped = direction_of(-0.5 * np.array([1.0, 0.5, 0.0]), previous, others)
+    assert flipped.others is not None and flipped.others < 0 and flipped.suspect(0.0)
+    nothing = direction_of(np.zeros(3), previous, others)
+    assert nothing.empty and nothing.suspect(0.0) and nothing.others == 0.0
+    alone = direction_of(np.array([-0.1, 1.0, 0.0]), previous, None)  # the first of its round: the previous step
+    assert alone.others is None and not alone.suspect(0.0)  # -0.1 is within the previous step's slack
+    assert direction_of(np.array([-1.0, 0.2, 0.0]), previous, None).suspect(0.0)
+
+
+def unchecked_runs(rows: list[dict[str, Any]]) -> dict[str, list[int]]:
+    """Per peer, the lengths of its runs of accepted results not checked, in the order it uploaded them."""
+    runs: dict[str, list[int]] = {}
+    for row in sorted(rows, key=lambda r: (r["round"], r["slot"])):  # (one lease at a time: slot order is time)
+        peer_runs = runs.setdefault(row["peer_id"], [0])
+        if row["verification"].startswith("replay passed"):
+            peer_runs.append(0)
+        else:
+            peer_runs[-1] += 1
+    return runs
+
+
+def test_no_peer_goes_more_than_n_results_without_a_check(package: Package, tmp_path: Path) -> None:
+    """An honest session of 64 units, three peers, no random share: every peer's first result is checked, then one of
+    every N at the latest; each check of the bound was decided at hand-out (its replay started with the unit); and
+    direction flags honest results no more than the measured rate."""
+    relay = make_relay(package, tmp_path / "s", k=2, passes=8, verify_fraction=0.0, verify_every=EVERY)
+    with serving(relay) as client:
+        peers = [HttpPeer(client) for _ in range(3)]
+        work_until_done(client, peers)
+        status = session_status(client)
+    counters = status["counters"]
+    assert any("drawn in secret" in line for line in status["defenses"]["guards"])
+    relay.open()  # (the app's lifespan closed the store)
+    rows = relay.store.audit()
+    assert len(rows) == counters["results_accepted"] == 64
+    runs = unchecked_runs(rows)
+    assert set(runs) == {peer.peer_id for peer in peers}
+    assert all(max(lengths) <= EVERY - 1 for lengths in runs.values()), runs
+    assert counters.get("peers_banned", 0) == 0 and counters.get("verification_failed", 0) == 0
+    assert counters["replays_for_coverage"] >= 64 // EVERY - 3, counters  # (at least one check a window)
+    assert counters["replays_started_at_hand_out"] >= counters["replays_for_coverage"] + 3  # (+ the first results)
+    assert counters.get("replays_for_direction", 0) <= HONEST_FLAGGED_AT_MOST * 64, counters
+
+
+def test_a_restart_replays_each_peers_next_result_so_the_bound_holds_across_it(package: Package,
+                                                                              tmp_path: Path) -> None:
+    """The coverage counts live in memory: after a restart every peer's next result is replayed as its first, which
+    closes any window left open."""
+    session_dir = tmp_path / "s"
+    relay = make_relay(package, session_dir, k=2, passes=2, verify_fraction=0.0, verify_every=EVERY)
+    with serving(relay) as client:
+        peers = [HttpPeer(client), HttpPeer(client)]
+        for _ in range(3):
+            run_round(client, peers)
+    restarted = Relay(session=Session.restore(session_dir, package), package=package,
+                      store=Store(session_dir / "relay.sqlite3"), options=relay.options)
+    with serving(restarted) as client:
+        for peer in peers:
+            peer.client = client
+        run_round(client, peers)
+        work_until_done(client, peers)
+    restarted.open()
+    rows = restarted.store.audit()
+    assert sorted(r["verification"].split(",")[0] for r in rows if r["round"] == 3) == \
+        ["replay passed (first result of the peer"] * 2
+    assert all(max(lengths) <= EVERY - 1 for lengths in unchecked_runs(rows).values())
+
+
+def inner_product_upload(peer: HttpPeer, job: dict[str, Any], relay: Relay) -> bytes:
+    """``global - 0.5 x update``, sent as the session takes results."""
+    base = relay.session.weights
+    header, trained = result_weights(peer.train(job), base, job)
+    return as_upload(inner_product(base, trained), header, base, job)
+
+
+@pytest.mark.parametrize("arrives", ["last", "first"])
+def test_an_update_pointing_back_is_replayed_for_direction_and_its_peer_banned(package: Package, tmp_path: Path,
+                                                                               arrives: str) -> None:
+    """Round 0 honest (the attacker's first result passes its replay); in round 1 the attacker uploads global - 0.5 x
+    its update, after the round's other results (judged against them as it arrives) or before them (judged against
+    the previous round's step, then against all the others once the round is complete). No random share, no
+    coverage bound: only its direction gets it replayed."""
+    relay = make_relay(package, tmp_path / "s", k=3, passes=2, verify_fraction=0.0, verify_every=0,
+                       ban_addresses=False)
+    with serving(relay) as client:
+        attacker, *honest = (HttpPeer(client) for _ in range(3))
+        for peer in (attacker, *honest):
+            assert peer.train_and_upload().status_code == 200
+        wait_until(client, lambda s: s["round"] >= 1 and not s["merging"])
+        jobs = {peer.peer_id: peer.assignment() for peer in (attacker, *honest)}
+        lie = inner_product_upload(attacker, jobs[attacker.peer_id], relay)
+        order = [attacker, *honest] if arrives == "first" else [*honest, attacker]
+        for peer in order:
+            job = jobs[peer.peer_id]
+            body = lie if peer is attacker else peer.train(job)
+            assert peer.upload(job["round"], job["slot"], body).status_code == 200
+        status = wait_until(client, lambda s: s["counters"].get("peers_banned", 0) == 1)
+        assert status["counters"]["replays_for_direction"] == 1, status["counters"]
+        assert relay.store.ban_reason(attacker.peer_id) is not None
+        assert not any(relay.store.ban_reason(peer.peer_id) for peer in honest)
+        work_until_done(client, honest)
+        rows = relay.store.audit()
+    assert not [r for r in rows if r["peer_id"] == attacker.peer_id and r["round"] == 1]  # dropped, never merged
+    assert status["counters"].get("verification_failed") == 1
