@@ -130,8 +130,10 @@ def test_the_cycle_check_finds_a_synthetic_cycle(tmp_path: Path) -> None:
 # sits on top; the simulation and the benches drive the relay and the session; the relay serves a session; the
 # session (round loop, packages, checkpoints) knows nothing of HTTP or of the relay.
 # ``server.cli.options`` (argparse helpers the benches' own arguments share) is the one module any layer may use.
-# The browser launcher starts its relay through the harness: browser sits above it.
-LAYERS = {"session": 0, "relay": 1, "browser_assets": 1, "build": 1, "harness": 2, "simulation": 2, "browser": 3,
+# The browser launcher starts its relay through the harness: browser sits above it. The browser's assets (its
+# wheels, and the host's copy of the browser's engine that replays units with them) depend on no other layer: the
+# session's rules ask it whether replays can run on that engine, and the relay's verifier runs it.
+LAYERS = {"browser_assets": -1, "session": 0, "relay": 1, "build": 1, "harness": 2, "simulation": 2, "browser": 3,
           "bench": 4, "cli": 5}
 SHARED_MODULES = frozenset({"server.cli.options"})
 

@@ -40,8 +40,8 @@ import httpx
 import numpy as np
 
 from runtime import wire
-from runtime.peer import Peer
 from server.browser.launcher import relay_process
+from server.browser_assets import engines
 from server.relay.client import AsyncRelayClient, result_call, status_call, unit_call, weights_call, work_call
 from server.session.package import Package, build_package
 
@@ -105,9 +105,12 @@ class KFigures:
 
 def serve_arguments(package: Path, session_dir: Path, k: int, passes: int,
                     verify_fraction: float | None = None) -> list[str]:
-    # Made-up results would fail a host replay: verification runs only where the peers train for real.
+    # Made-up results would fail a host replay: verification runs only where the peers train for real, on the
+    # engine the relay replays on (the browser's, Pyodide under Node, where it runs; else native, forced for bytetext)
+    native = engines.pyodide_missing() is not None
     verify = ["--no-verify"] if verify_fraction is None else ["--verify-fraction", str(verify_fraction),
-                                                              "--force-verify"]  # native peers only here
+                                                              *(["--replay-engine", "native", "--force-verify"]
+                                                                if native else ["--replay-engine", "pyodide"])]
     # --no-backups: each simulated peer trains one unit a round and asks for the next at once; a backup of a
     # unit of the round being merged would be stale by the time it is fetched
     return [*verify, "--no-backups", "--package", str(package), "--session-dir", str(session_dir), "--fresh",
@@ -175,15 +178,30 @@ async def wait_for_round(relay: AsyncRelayClient, round_index: int, *, samples: 
         await asyncio.sleep(POLL_SECONDS)
 
 
-async def trained_results(peers: list[SimPeer], jobs: list[dict[str, Any]], trainer: Peer) -> list[bytes]:
-    """Each job trained natively for real (``--verify-fraction``: a host replay must find the same weights)."""
-    trainer.set_weights(await peers[0].relay.call(weights_call()))
-    return [trainer.train(job, await peer.relay.call(unit_call(job["unit_index"]))) for peer, job in zip(
-        peers, jobs, strict=True)]
+async def trained_results(peers: list[SimPeer], jobs: list[dict[str, Any]], trainer: Trainer) -> list[bytes]:
+    """Each job trained for real, on the relay's replay engine (``--verify-fraction``: a host replay must find the
+    same weights)."""
+    weights = await peers[0].relay.call(weights_call())
+    return [trainer.engine.train(trainer.task_info, job, weights, await peer.relay.call(unit_call(job["unit_index"])))
+            for peer, job in zip(peers, jobs, strict=True)]
+
+
+@dataclass
+class Trainer:
+    """The simulated peers' training where results are replayed: the browser's engine (Pyodide under Node) where it
+    runs, as the relay's replays, else native."""
+
+    engine: engines.Engine
+    task_info: dict[str, Any]
+
+    @classmethod
+    def for_package(cls, package: Package) -> Trainer:
+        engine = engines.make_engine("native" if engines.pyodide_missing() else "pyodide")
+        return cls(engine, package.task_description())
 
 
 async def drive(url: str, package: Package, k: int, rounds: int, perturbation: float,
-                figures: KFigures, trainer: Peer | None = None) -> None:
+                figures: KFigures, trainer: Trainer | None = None) -> None:
     # Idle connections are dropped here before uvicorn's 5 s keep-alive closes them: a request sent on a
     # connection the server is closing at that moment fails with ReadError.
     limits = httpx.Limits(max_connections=k + 4, max_keepalive_connections=k + 4, keepalive_expiry=2.0)
@@ -334,11 +352,13 @@ def run(args: argparse.Namespace) -> int:
             figures = KFigures(k=k, units=chunks, message_mb=len(wire.encode(package.initial_weights, wire.WireHeader(
                 spec=package.spec, round=0, fingerprint=package.fingerprint, num_examples=1000))) / 1e6,
                 check_seconds=check_seconds(package))
-            trainer = Peer(package.task_description()) if args.verify_fraction is not None else None
+            trainer = Trainer.for_package(package) if args.verify_fraction is not None else None
             with relay_process(*serve_arguments(package.path, work / f"session-k{k}", k, passes,
                                                 args.verify_fraction), log_path=work / f"serve-k{k}.log") as url:
                 print(f"k={k}: relay at {url}, {chunks} units, {passes} passes", flush=True)
                 asyncio.run(drive(url.rstrip("/"), package, k, args.rounds, args.perturbation, figures, trainer))
+            if trainer is not None:
+                trainer.engine.close()
             shutil.rmtree(work / f"session-k{k}", ignore_errors=True)  # k x 2.3 MB of results per round
             results.append(figures)
     finally:

@@ -36,8 +36,8 @@ from typing import Any, Protocol
 
 from runtime import wire
 from runtime.peer import Peer, engine
+from server.paths import REPO_ROOT
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = Path(__file__).with_name("pyodide_replay.cjs")
 PYODIDE_DIR = REPO_ROOT / "web" / "node_modules" / "pyodide"
 WHEELS_DIR = REPO_ROOT / "wheels"

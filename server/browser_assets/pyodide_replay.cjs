@@ -82,7 +82,8 @@ function reader() {
         loadedSources.add(source.module);
       }
       if (task.wheel && !loadedWheels.has(task.wheel)) {
-        await pyodide.loadPackage([path.join(wheelsDir, path.basename(task.wheel))], { messageCallback: () => {} });
+        // (by its name in the lock file, as the page installs it: serve built it into wheels/ before the relay started)
+        await pyodide.loadPackage([task.wheel], { messageCallback: () => {} });
         loadedWheels.add(task.wheel);
       }
       if (fingerprint !== task.fingerprint) {

@@ -199,6 +199,8 @@ def run(args: argparse.Namespace, paths: RelayPaths | None = None) -> int:
 
         try:
             relay = open_session(args, paths)
+            if relay.package.manifest.get("task_source") and not relay.session.done:
+                print(relay.verification.dry_run(), flush=True)  # (a task from a file: do its units replay?)
         except (TaskError, PlanError, ValueError, FileNotFoundError) as error:
             sock.close()
             print(f"peertrain serve: {error}", file=sys.stderr)

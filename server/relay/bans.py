@@ -1,19 +1,24 @@
 """Bans (``Bans``, a part of the relay): a peer whose result fails its replay, or that claims more examples than
 its unit holds, loses its token for the session; with ``--ban-addresses`` its address may not join again either;
 its results of the open round are dropped and its live leases released, so their slots are handed out again at once
-(or a copy that matched one of them takes its place): nothing waits for a banned peer. Stored in SQLite, so a ban
-survives a restart; the admin API lifts one (``unban``)."""
+(or a copy that matched one of them takes its place): nothing waits for a banned peer. What its results of merged
+rounds moved is undone before the next merge (``server.relay.undo``). Stored in SQLite, so a ban survives a restart;
+the admin API lifts one (``unban``).
+
+A ban that comes while a merge runs (a second copy's replay, a claim) leaves the round being merged alone (the merge
+has taken its results); the undo that follows the merge, under the same lock, merges that round again without it."""
 
 from __future__ import annotations
 
 from server.relay.book import RoundBook
 from server.relay.context import RelayContext
 from server.relay.copies import UnitCopies
+from server.relay.undo import BanUndo
 
 
 class Bans:
-    def __init__(self, context: RelayContext, book: RoundBook, copies: UnitCopies) -> None:
-        self.context, self.book, self.copies = context, book, copies
+    def __init__(self, context: RelayContext, book: RoundBook, copies: UnitCopies, undo: BanUndo) -> None:
+        self.context, self.book, self.copies, self.undo = context, book, copies, undo
 
     def ban(self, peer_id: str, reason: str) -> None:
         store, round_index = self.context.store, self.context.session.round
@@ -23,10 +28,12 @@ class Bans:
         released = store.release_leases_of(peer_id)
         if released:
             store.count("leases_released_by_ban", released)
-        for slot in store.remove_results_of(peer_id, round_index):
-            self.book.drop(round_index, slot)
-            store.count("results_dropped_by_ban")
-            self.copies.promote_settled_copy(round_index, slot)
+        if not (self.context.merging and self.undo.active):  # (a merge has taken the round: the undo redoes it)
+            for slot in store.remove_results_of(peer_id, round_index):
+                self.book.drop(round_index, slot)
+                store.count("results_dropped_by_ban")
+                self.copies.promote_settled_copy(round_index, slot)
+        self.undo.request(peer_id)
         self.context.notices.work_changed()
 
     def ban_for_claim(self, peer_id: str, message: str) -> None:

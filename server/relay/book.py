@@ -34,6 +34,10 @@ class RoundBook:
     def kept(self, round_index: int, slot: int) -> tuple[StoredResult, np.ndarray] | None:
         return self._decoded.get((round_index, slot))
 
+    def kept_round(self, round_index: int) -> list[tuple[StoredResult, np.ndarray]]:
+        """Every kept result of ``round_index`` (its accepted results, unless read back after a restart)."""
+        return [kept for (r, _), kept in self._decoded.items() if r == round_index]
+
     def take(self, round_index: int, slot: int) -> tuple[StoredResult, np.ndarray] | None:
         """The kept result of a slot, forgotten here (the merge takes it)."""
         return self._decoded.pop((round_index, slot), None)
@@ -63,6 +67,12 @@ class RoundBook:
     def refused_by_all(self, round_index: int, slot: int, peers: list[str]) -> bool:
         """Whether every one of ``peers`` (the connected ones) was refused for the slot: nobody here may take it."""
         return all(self.refused(round_index, slot, peer) for peer in peers)
+
+    def forget_from(self, round_index: int) -> None:
+        """A ban's undo starts the open round again from corrected weights: nothing kept of it stands."""
+        self._decoded = {k: v for k, v in self._decoded.items() if k[0] < round_index}
+        self._norms = {r: v for r, v in self._norms.items() if r < round_index}
+        self._refused = {k: v for k, v in self._refused.items() if k[0] < round_index}
 
     def forget_before(self, round_index: int) -> None:
         """After a merge: norms and refusals of merged rounds are of no more use. (The async stream's refusals,

@@ -122,7 +122,7 @@ NO_REPLAYS = ("results are not re-trained on the host in this session (host repl
 
 
 def describe_defenses(options: RelayOptions, aggregate: str, aggregate_config: Mapping[str, Any],
-                      kind: str = "data") -> dict[str, Any]:
+                      kind: str = "data", replays: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The page's list of what the session's settings (``RelayOptions``) defend against, and what not (a local
     task's results, which no replay can check, say so)."""
     settings = ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in aggregate_config.items())
@@ -137,9 +137,19 @@ def describe_defenses(options: RelayOptions, aggregate: str, aggregate_config: M
                  else "")]
     local = kind == "local"
     if options.verify and not local:
+        engine = (replays or {}).get("engine")
+        how = (" on the browser's own engine (Pyodide): a result trained on a browser's CPU must be identical, bit "
+               "for bit" if (replays or {}).get("exact") else
+               f" natively ({engine}), within a tolerance" if engine else "")
         guards.append("results are re-trained on the host and compared (every peer's first, "
-                      f"{options.verify_fraction:.0%} of the rest, and outliers); a peer whose result differs is "
+                      f"{options.verify_fraction:.0%} of the rest, and outliers){how}; a peer whose result differs is "
                       "banned")
+    if options.verify and not local:
+        guards += [f"no peer goes more than {options.verify_every} results without a replay (which one is drawn in "
+                   "secret)"] if options.verify_every > 0 else []
+        guards += [f"an update pointing away from its round's others (cosine below {options.verify_direction:g}) "
+                   "or that does not move the model is always replayed"] if options.verify_direction is not None \
+            else []
     if options.redundancy > 0 and not local:
         guards.append(f"{options.redundancy:.0%} of units are trained by two different peers and compared; the "
                       "one whose result is wrong is banned")

@@ -233,7 +233,8 @@ class UnitCopies(Part):
         if outcome == "disputed":
             LOG.warning("copies of round %d slot %d disagree: merged from %s (%s), copy from %s (%s)", round_index,
                         slot, merged.peer_id, merged.engine, peer_id, header.meta.get("engine", ""))
-            self._dispute(round_index, slot, {merged.peer_id: merged_vector, peer_id: vector})
+            self._dispute(round_index, slot, {merged.peer_id: merged_vector, peer_id: vector},
+                          {merged.peer_id: merged.engine, peer_id: str(header.meta.get("engine", ""))})
         return StoredResult(round_index, slot, assignment.unit_index, peer_id, count, dict(header.metrics), b"")
 
     def _merged(self, round_index: int, slot: int) -> tuple[StoredResult, np.ndarray]:
@@ -256,10 +257,11 @@ class UnitCopies(Part):
                         atol=self.options.verify_atol)
         return "agreed" if ok else "disputed"
 
-    def _dispute(self, round_index: int, slot: int, results: dict[str, np.ndarray]) -> None:
+    def _dispute(self, round_index: int, slot: int, results: dict[str, np.ndarray],
+                 engines: dict[str, str] | None = None) -> None:
         """Two copies disagree: a host replay decides, or, without replays, both go and a third peer trains it."""
         if self.replays.active:
-            self.replays.queue_replay(slot, results, DISPUTE, ("dispute", slot))
+            self.replays.queue_replay(slot, results, DISPUTE, ("dispute", slot), engines=engines)
             return
         self._retrain(round_index, slot, "unresolved")
         self.store.count("disputes_unresolved")

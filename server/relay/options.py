@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from server.browser_assets.engines import ENGINE_CHOICES
+from server.relay.coverage import DEFAULT_VERIFY_EVERY
+from server.relay.direction import DEFAULT_VERIFY_DIRECTION, PREVIOUS_STEP_SLACK
 from server.relay.verify import DEFAULT_VERIFY_ATOL, DEFAULT_VERIFY_FRACTION, DEFAULT_VERIFY_RTOL
 from server.session.settings import setting
 
@@ -17,6 +20,10 @@ DEFAULT_BACKUP_AFTER = 1.0  # a unit out for longer than the session's median un
 # Merged rounds whose result messages stay in SQLite (the open round's always do: its merge, a restart and a
 # dispute read them). Older ones keep only their audit rows (sha256, peer, unit, examples, verification).
 DEFAULT_KEEP_RESULTS = 1
+# Rounds a ban may merge again without the banned peer's results (server.relay.undo): their result messages and
+# checkpoints stay on disk that long. 16 rounds of arith or bytetext are a few megabytes; a patient attacker caught
+# by the default 10 % replay share has about 10 results merged before its ban, one or two a round.
+DEFAULT_UNDO_ROUNDS = 16
 
 
 SECONDS = "a number of seconds"
@@ -74,16 +81,40 @@ class RelayOptions:
     verify_fraction: float = field(default=DEFAULT_VERIFY_FRACTION, metadata=setting(
         help="share of results the host re-trains and compares, besides every peer's first result and the "
         "outliers (1: all)", minimum=0, maximum=1, what=SHARE, metavar="F", group="guards", commands=("serve",)))
+    verify_every: int = field(default=DEFAULT_VERIFY_EVERY, metadata=setting(  # (server.relay.coverage)
+        help="no peer goes more than N accepted results without a replay: after each check of a peer, one of its "
+        "next N results, drawn in secret, is replayed (besides --verify-fraction; 0: no bound)", minimum=0,
+        metavar="N", group="guards", commands=("serve",)))
+    verify_direction: float | None = field(default=DEFAULT_VERIFY_DIRECTION, metadata=setting(
+        help="replay every update whose cosine with the mean of its round's other updates is below COS (or with "
+        f"the previous round's step below COS - {PREVIOUS_STEP_SLACK:g}), and every zero update "
+        "(server.relay.direction; honest updates measured at +0.08 and above)", minimum=-1, maximum=1,
+        metavar="COS", none_flag="--no-verify-direction", none_word="off", group="guards", commands=("serve",),
+        none_help="no replays for an update's direction (a file: verify_direction = \"off\")"))
     verify_rtol: float = field(default=DEFAULT_VERIFY_RTOL, metadata=setting(
         help="replay tolerance: |result - replay| <= rtol * |replay - global| + atol", minimum=0, metavar="RTOL",
         default_text=f"the task's, else {DEFAULT_VERIFY_RTOL:g}", group="guards", commands=("serve",)))
     verify_atol: float = field(default=DEFAULT_VERIFY_ATOL, metadata=setting(
         help="the replay tolerance's absolute term (atol above)", minimum=0, metavar="ATOL", group="guards",
         commands=("serve",)))
+    replay_engine: str = field(default="auto", metadata=setting(
+        help="where the host replays units: pyodide (Pyodide under Node, the browser's own engine: a result trained "
+        "on a browser's CPU must match bit for bit, and every built-in task is replayed), native (numpy here: "
+        "within --verify-rtol, and tasks whose units part ways across engines are not replayed), or auto (pyodide "
+        "where Node and the Pyodide assets are set up, else native)", choices=ENGINE_CHOICES, group="guards",
+        commands=("serve",)))
+    replay_workers: int | None = field(default=None, metadata=setting(
+        help="replays run at once (each a Pyodide worker process of about 150 MB)", minimum=1, metavar="N",
+        default_text="half the machine's cores, 1 to 8", group="guards", commands=("serve",)))
     ban_addresses: bool = field(default=False, metadata=setting(
         help="a ban also refuses the banned peer's client address (default: the peer's token only, so one attacker "
         "behind a NAT does not lock out the volunteers who share its address); with it, a second copy of a unit "
         "also goes to another address", group="guards", commands=("serve",)))
+    undo_rounds: int = field(default=DEFAULT_UNDO_ROUNDS, metadata=setting(  # (server.relay.undo)
+        help="a ban merges again, without the banned peer's results, the rounds since its last result that passed a "
+        "host replay, within the last R rounds (older ones stay as merged; the history's undo event lists them); the "
+        "result messages of the last R rounds and R + 1 checkpoints stay on disk for it (0: a ban drops only the "
+        "open round's results)", minimum=0, metavar="R", group="guards", commands=("serve",)))
     redundancy: float = field(default=0.0, metadata=setting(  # (server.relay.copies)
         help="share of units also trained by a second, different peer and compared with the first result "
         "(identical from one engine; a disagreement is decided by a host replay, or the unit goes to a third "

@@ -11,16 +11,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
 
+from runtime import wire
+from server.browser_assets import engines
 from server.relay.context import RelayContext
+from server.relay.direction import DIRECTION, direction_of, sum_of_updates
 from server.relay.jobs import Jobs
+from server.relay.refusal import Refusal
 from server.relay.sqlite_store import StoredResult
-from server.relay.verify import Replay, ReplayQueue, Verdict, Verifier
+from server.relay.verify import COVERAGE, Replay, ReplayQueue, Verdict, Verifier, matches
 
 LOG = logging.getLogger("peertrain.relay")
 
@@ -40,6 +44,8 @@ class ReplayChecks:
     def __init__(self, context: RelayContext, jobs: Jobs, *, on_verdict: Callable[[], None]) -> None:
         self.context, self.jobs, self.on_verdict = context, jobs, on_verdict
         self.queue: ReplayQueue | None = None
+        self.engine: str = "native"  # the replays' engine
+        self.engine_note: str | None = None  # why --replay-engine auto fell back to native
         self._unapplied: list[Verdict] = []  # verdicts a full disk kept from being applied
         self.wait_seconds = 0.0  # how long the last merge waited for its round's replays (its added time)
         self.start()
@@ -49,31 +55,115 @@ class ReplayChecks:
         return self.queue is not None
 
     def start(self) -> None:
-        """For the session being served: a verifier of its own task, or none."""
+        """For the session being served: a verifier of its own task on the engine ``--replay-engine`` names, or
+        none."""
         self.close()
-        options, session = self.context.options, self.context.session
+        options, session, package = self.context.options, self.context.session, self.context.package
         replayable = options.verify and session.task.kind != "local"  # (a peer's own data: no replay)
-        verifier = Verifier(self.context.package.task_description(), rtol=options.verify_rtol,
-                            atol=options.verify_atol) if replayable else None
-        self.queue = ReplayQueue(verifier, fraction=options.verify_fraction,
-                                 seed=session.config.seed) if verifier else None
+        self.engine, self.engine_note = engines.resolve(options.replay_engine)
+        task_info = {**package.task_description(), "task_source": package.manifest.get("task_source")}
+        verifier = Verifier(task_info, rtol=options.verify_rtol, atol=options.verify_atol, engine=self.engine,
+                            workers=options.replay_workers or engines.default_workers()) if replayable else None
+        self.queue = ReplayQueue(verifier, fraction=options.verify_fraction, seed=session.config.seed,
+                                 every=options.verify_every, direction=options.verify_direction) if verifier else None
+
+    def refusal(self, engine: str) -> Refusal | None:
+        """A result this session's replays cannot judge: trained on another engine than the replays', on a task
+        whose units part ways across engines (a self-declared engine must not be a way around the checks)."""
+        if self.queue is None or self.context.session.task.replay_across_engines:
+            return None
+        if engine == self.queue.verifier.engine_name:
+            return None
+        return Refusal(422, "engine_not_replayable", f"this session checks {self.context.session.task.name} results "
+                       f"by replaying them bit for bit on {self.queue.verifier.engine_name}, and its units part ways "
+                       f"across engines; a result trained on {engine or 'an unnamed engine'} cannot be checked (a "
+                       "page trains such a session on the CPU)")
+
+    def dry_run(self) -> str:
+        """A task from a file, at set-up: one unit of the open round trained on the replays' engine twice and natively,
+        in words (whether its units replay exactly, and whether a native replay could judge them)."""
+        if self.queue is None or self.engine != "pyodide":
+            return "no dry run of the replays: " + ("host replays are off" if self.queue is None else
+                                                    f"replays run natively ({self.engine_note or 'asked for'})")
+        session, store, task_info = self.context.session, self.context.store, self.queue.verifier.task_info
+        assignment = session.assignments()[0]
+        job, weights = self.jobs.job(assignment, store.clock()), self.jobs.weights_message()
+        unit = self.context.package.chunk_bytes(assignment.unit_index) if session.task.kind == "data" else None
+        pyodide = engines.PyodideEngine()
+        try:
+            first, second = (pyodide.train(task_info, job, weights, unit) for _ in range(2))
+        except engines.EngineError as error:
+            return f"dry run: one unit of {session.task.name} could not be trained on the browser's engine: {error}"
+        finally:
+            pyodide.close()
+        native = engines.NativeEngine().train(task_info, job, weights, unit)
+        _, base = wire.decode(weights)
+        codec = session.config.result_codec
+        (_, a), (_, b), (_, c) = (wire.result_weights(m, base, codec=codec) for m in (first, second, native))
+        if a.tobytes() != b.tobytes():
+            return (f"dry run: one unit of {session.task.name} trained twice on the browser's engine gave different "
+                    "weights; replays will ban honest peers (does it read the clock or an unseeded generator?)")
+        _, relative = matches(c, a, base, rtol=0, atol=0)
+        native_word = ("natively it is identical too" if relative == 0 else
+                       f"natively it differs by {relative:.3g} of its update, "
+                       + ("within" if relative <= self.context.options.verify_rtol else "beyond")
+                       + f" the native replays' tolerance {self.context.options.verify_rtol:g}")
+        return (f"dry run: one unit of {session.task.name} replays exactly on the browser's engine (Pyodide under "
+                f"Node), so results are compared bit for bit; {native_word}")
+
+    def describe(self) -> dict[str, Any]:
+        """The page's and the status's word on how results are replayed."""
+        if self.queue is None:
+            return {"engine": None}
+        verifier = self.queue.verifier
+        return {"engine": verifier.engine_name, "exact": verifier.engine == "pyodide", "workers": verifier.workers,
+                **({"fallback": self.engine_note} if self.engine_note else {})}
 
     def close(self) -> None:
         if self.queue is not None:
             self.queue.verifier.close()
 
     # -- what gets replayed ------------------------------------------------------------------------------
-    def verify(self, stored: StoredResult, vector: np.ndarray, *, outlier: bool = False) -> None:
-        """Queue a replay of this result when the rules say so (``ReplayQueue.reason``)."""
-        reason = self.queue.reason(stored.peer_id, stored.round, stored.slot, outlier=outlier) \
-            if self.queue is not None else None
+    def verify(self, stored: StoredResult, vector: np.ndarray, *, outlier: bool = False,
+               others: Sequence[np.ndarray] = ()) -> None:
+        """Queue a replay of this result when the rules say so (``ReplayQueue.reason``); ``others``: the weights of
+        the round's other accepted results, for its direction."""
+        if self.queue is None:
+            return
+        direction = None
+        if not outlier and self.queue.direction is not None:
+            session = self.context.session
+            direction = direction_of(vector.astype(np.float64) - session.weights, session.merge.last_delta,
+                                     sum_of_updates(others, session.weights))
+        reason = self.queue.reason(stored.peer_id, stored.round, stored.slot, outlier=outlier, direction=direction)
         if reason is None:
             return
+        if reason in (COVERAGE,) or reason.startswith(DIRECTION):
+            self.context.store.count("replays_for_coverage" if reason == COVERAGE else "replays_for_direction")
         self.queue_replay(stored.slot, {stored.peer_id: vector}, reason,
-                          ("outlier" if outlier else "result", stored.slot, stored.peer_id))
+                          ("outlier" if outlier else "result", stored.slot, stored.peer_id),
+                          engines={stored.peer_id: stored.engine})
 
-    def queue_replay(self, slot: int, results: dict[str, np.ndarray], reason: str, key: Any) -> None:
-        """Replay ``slot`` of the open round once and judge ``results`` (peer -> weights) against it."""
+    def verify_round(self, kept: Sequence[tuple[StoredResult, np.ndarray]]) -> None:
+        """The round's last result is in: each result not replayed yet is judged again by its direction, now
+        against all the round's others (one that came early had few or none to compare with)."""
+        if self.queue is None or self.queue.direction is None or len(kept) < 2:
+            return
+        weights = self.context.session.weights
+        total = sum_of_updates((vector for _, vector in kept), weights)
+        assert total is not None
+        for stored, vector in kept:
+            update = vector.astype(np.float64) - weights
+            direction = direction_of(update, None, total - update)
+            if self.queue.suspect(direction) and self.queue.mark_replayed(stored.round, stored.slot, stored.peer_id):
+                self.context.store.count("replays_for_direction")
+                self.queue_replay(stored.slot, {stored.peer_id: vector}, f"{direction.describe()} (round complete)",
+                                  ("result", stored.slot, stored.peer_id), engines={stored.peer_id: stored.engine})
+
+    def queue_replay(self, slot: int, results: dict[str, np.ndarray], reason: str, key: Any,
+                     engines: dict[str, str] | None = None) -> None:
+        """Replay ``slot`` of the open round once and judge ``results`` (peer -> weights, each trained on the engine
+        ``engines`` names) against it."""
         assert self.queue is not None
         round_index = self.context.session.round
         prepared = self.queue.prepared_replay(round_index, slot)
@@ -81,7 +171,7 @@ class ReplayChecks:
             prepared = self._start_replay(slot), True
         job = {"round": round_index, "slot": slot}
         future = self.queue.verifier.judge(prepared[0], job=job, results=results, reason=reason,
-                                           count_seconds=prepared[1])
+                                           count_seconds=prepared[1], engines=engines)
         self.queue.queue(round_index, key, future)
         self.context.store.count("replays_queued")
         try:
@@ -130,21 +220,29 @@ class ReplayChecks:
         self._unapplied = verdicts
 
     def record(self, verdict: Verdict) -> bool:
-        """Count and log a verdict; a passed one goes into the result's audit row. Returns whether it passed."""
+        """Count and log a verdict; a passed one goes into the result's audit row. Returns whether it passed (a
+        replay the host failed to run passes nobody and fails nobody: counted and logged)."""
         store = self.context.store
+        if verdict.error:
+            store.count("replays_failed_on_host")
+            LOG.warning("replay of round %d slot %d (%s) for peer %s not run: %s", verdict.round, verdict.slot,
+                        verdict.reason, verdict.peer_id, verdict.error)
+            return True
         store.count("results_verified" if verdict.ok else "verification_failed")
         LOG.log(logging.INFO if verdict.ok else logging.WARNING, "replay of round %d slot %d (%s): peer %s %s, "
                 "deviation %.3g of the update", verdict.round, verdict.slot, verdict.reason, verdict.peer_id,
                 "passed" if verdict.ok else "FAILED", verdict.relative_deviation)
         if verdict.ok:
             store.set_verification(verdict.round, verdict.slot, verdict.peer_id, f"replay passed "
-                                   f"({verdict.reason}, deviation {verdict.relative_deviation:.2g})")
+                                   f"({verdict.reason}, " + ("identical bits)" if verdict.exact else
+                                                             f"deviation {verdict.relative_deviation:.2g})"))
         return verdict.ok
 
     def failure(self, verdict: Verdict) -> str:
         """Why a failed verdict bans its peer, in words for the admin listing."""
+        tolerance = "it must be identical" if verdict.exact else f"tolerance {self.context.options.verify_rtol:g}"
         return (f"a result of round {verdict.round + 1} differs from the host's replay by "
-                f"{verdict.relative_deviation:.3g} of its update (tolerance {self.context.options.verify_rtol:g})")
+                f"{verdict.relative_deviation:.3g} of its update ({tolerance})")
 
     def costs(self, round_index: int) -> dict[str, Any] | None:
         """The history's ``verification`` entry of a round (None: nothing was replayed)."""

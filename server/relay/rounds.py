@@ -191,7 +191,10 @@ class SyncRounds:
         self.book.keep(stored, vector)
         if not math.isnan(norm):
             self.book.add_norm(round_index, norm)
-        self.replays.verify(stored, vector)
+        kept = self.book.kept_round(round_index)  # (direction: against the round's others; all of them once full)
+        self.replays.verify(stored, vector, others=[v for s, v in kept if s.slot != slot])
+        if len(store.result_slots(round_index)) >= len(self.context.session.assignments()):
+            self.replays.verify_round(kept)
         return stored
 
     def check(self, peer_id: str, round_index: int, slot: int, body: bytes) -> tuple[StoredResult, np.ndarray, float]:
@@ -204,6 +207,9 @@ class SyncRounds:
             header, vector, count, norm = read_result(body, session=session,
                                                       fingerprint=self.context.package.fingerprint,
                                                       round_index=round_index, unit=session.work_unit(assignment))
+            unjudgeable = self.replays.refusal(str(header.meta.get("engine", "")))
+            if unjudgeable is not None:
+                raise unjudgeable
             noise = local_noise(header.meta, session.task.kind)  # (a volunteer's own DP noise: its own bound)
             if noise is None:
                 check_update_norm(norm, self.book.norms(round_index), max_norm=options.max_update_norm,
@@ -216,7 +222,8 @@ class SyncRounds:
             if refusal.code == "num_examples_claim":
                 self.bans.ban_for_claim(peer_id, refusal.message)
             elif refusal.code == "update_outlier" and vector is not None:  # replay it: a cheat is banned, an
-                self.replays.verify(StoredResult(round_index, slot, assignment.unit_index, peer_id, 0, {}, b""),
+                self.replays.verify(StoredResult(round_index, slot, assignment.unit_index, peer_id, 0, {}, b"",
+                                                 str(header.meta.get("engine", ""))),
                                     vector, outlier=True)  # unlucky peer is not
             raise
         return StoredResult(round_index, slot, assignment.unit_index, peer_id, count, dict(header.metrics),

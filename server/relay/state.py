@@ -8,6 +8,7 @@
     verification  host replays (replay_checks.py, verify.py)
     copies        redundancy and backups (copies.py)
     bans          bans and their effect on the open round (bans.py)
+    undo          a ban merges the banned peer's rounds again without its results (undo.py)
     pacing        round deadlines (pacing.py)
     mode          the round mode: SyncRounds (rounds.py) or AsyncBuffer (buffered.py)
     disk          pruning, disk use, a full disk (storage.py)
@@ -58,6 +59,7 @@ from server.relay.replay_checks import ReplayChecks
 from server.relay.rounds import SyncRounds
 from server.relay.sqlite_store import Store, StoredResult
 from server.relay.storage import StorageGuard, is_storage_error
+from server.relay.undo import BanUndo
 from server.relay.verify import DISPUTE
 from server.session.package import Package
 from server.session.session import Session
@@ -91,7 +93,9 @@ class Relay:
         self.people = Participants(context)
         self.verification = ReplayChecks(context, self.jobs, on_verdict=self.apply_verdicts)
         self.copies = UnitCopies(context, self.book, self.jobs, self.verification)
-        self.bans = Bans(context, self.book, self.copies)
+        self.undo = BanUndo(context, book=self.book, jobs=self.jobs, replays=self.verification,
+                            schedule=self.merge_soon)
+        self.bans = Bans(context, self.book, self.copies, self.undo)
         self.pacing = RoundPacing(context)
         self.disk = StorageGuard(context, serve_restored=self.serve_restored, retry_merge=self.merge_soon)
         self.admin = SessionAdmin(context, merge_lock=self._merge_lock, start_session=self.start_session)
@@ -99,6 +103,8 @@ class Relay:
         released = self.store.release_live_leases()
         if released:
             self.store.count("leases_released_on_start", released)
+        self.undo.retain()
+        self.undo_inline()  # (an undo a restart interrupted, or asked for just before it, ends before any hand-out)
         if not self.session.done and not self.async_mode:
             self.copies.settle_after_restart()
         self.disk.measure()
@@ -126,6 +132,7 @@ class Relay:
         self.book.clear()
         self.verification.start()
         self.mode = self._make_mode()
+        self.undo.retain()
         self.disk.measure()
 
     def open(self) -> None:
@@ -205,7 +212,7 @@ class Relay:
     def defenses(self) -> dict[str, Any]:
         """What this session defends against and what it does not, in words for the page."""
         return describe_defenses(self.options, self.session.aggregator.name, self.session.aggregator.to_config(),
-                                 self.session.task.kind)
+                                 self.session.task.kind, self.verification.describe())
 
     # -- limits peers follow ----------------------------------------------------------------------------------
     @property
@@ -377,25 +384,56 @@ class Relay:
         """Merge, inline, every round that is ready (no replays are awaited: a driver without an event loop runs
         without host replays), and return their history entries."""
         entries = []
-        while not self.merging and not self.session.done and self.round_ready():
+        self.undo_inline()
+        while not self.merging and not self.session.done and not self.undo.pending() and self.round_ready():
             self.context.merging = True
             self.notices.changed()
             try:
                 entries.append(self._merge_blocking())
             finally:
                 self._merged()
+            self.undo_inline()
         return entries
+
+    def undo_inline(self) -> None:
+        """Run the undos bans asked for (``server.relay.undo``), inline: at start-up and without an event loop."""
+        for _ in range(len(self.store.undos()) if self.undo.pending() else 0):
+            if not self.undo.begin():
+                return
+            try:
+                self.undo.redo_blocking()
+            finally:
+                self.undo.end()
+
+    async def undo_bans(self) -> None:
+        """Run the undos bans asked for, each in a worker thread while the relay says it is merging (under the
+        merge's lock: a ban during a merge is undone after it). A full disk stops one where its last checkpoint
+        stands; it goes on when space returns."""
+        for _ in range(len(self.store.undos()) if self.undo.pending() and not self.disk.problem else 0):
+            if not self.undo.begin():
+                return
+            try:
+                await asyncio.to_thread(self.undo.redo_blocking)
+            except Exception as error:
+                if not is_storage_error(error):
+                    raise
+                self.disk.merge_failed(error)
+                return
+            finally:
+                self.undo.end()
 
     async def maybe_complete_round(self) -> None:
         async with self._merge_lock:
+            await self.undo_bans()
             session = self.session
-            if not self.round_ready():
+            if self.undo.pending() or not self.round_ready():  # (an undo held back by a full disk comes first)
                 return
             waited = time.perf_counter()
             await self.verification.wait(session.round)
             self.apply_verdicts()
             self.verification.wait_seconds = time.perf_counter() - waited
-            if not self.round_ready():  # a replay banned a peer: its slots are out again
+            await self.undo_bans()  # (a replay banned a peer whose earlier results were merged)
+            if self.undo.pending() or not self.round_ready():  # a replay banned a peer: its slots are out again
                 return
             self.context.merging = True
             self.notices.changed()

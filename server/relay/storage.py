@@ -98,10 +98,13 @@ class StorageGuard:
 
     # -- bounded disk: pruning after each merge, disk use for the status ------------------------------
     def prune_results(self) -> int:
-        """After a merge is checkpointed: empty the messages of merged rounds older than ``keep_results``."""
+        """After a merge is checkpointed: empty the messages of merged rounds older than ``keep_results`` (and than
+        ``undo_rounds``)."""
         keep, store = self.context.options.keep_results, self.context.store
         if keep is None:
             return 0
+        if not self.context.async_mode:  # (a ban's undo merges the last --undo-rounds rounds again: server.relay.undo)
+            keep = max(keep, self.context.options.undo_rounds)
         before = self.context.session.round - keep
         pruned = store.prune_arrivals_before(before) if self.context.async_mode else store.prune_before(before)
         if pruned:

@@ -1,28 +1,33 @@
 """Checking results by replay: the host trains a unit again and compares.
 
 A unit is a deterministic function of (global weights, the unit's data or episode seed, the task's settings),
-so an honest result can be reproduced: bit for bit between Pyodide peers on the CPU, within a small relative
-error between a browser and native CPython (different float summation orders in the matmul kernels). The
-host replays a result with the same code a browser runs (``runtime.peer.Peer``, built from the same task
-description) and accepts it when, on the update,
+so an honest result can be reproduced. The host replays on the browser's own engine where it can
+(``server.browser_assets.engines``: Pyodide under Node, the page's npm package, lock file and wheels, calling the
+module the page's worker calls): a result a browser trained on the CPU must then be the replay **bit for bit**.
+Any other pair (a result trained on WebGPU or natively, or replays on the native fallback, where the summation
+orders of the matmul kernels differ) is accepted when, on the update,
 
     |result - replay| <= rtol * |replay - global| + atol
 
-A cheat cannot stay inside that bound and still move the model its way: noise, a flipped, scaled or zeroed
+A cheat cannot stay inside either bound and still move the model its way: noise, a flipped, scaled or zeroed
 update (a free-rider) all differ from the replay by a large fraction of the update itself. Which results are
-replayed: every peer's first result, a seeded random share (``fraction``), and every result a check or the
-aggregator flags as an outlier. Replays run in one worker thread with their own task object (the merge's
-validation uses the session's), so verification overlaps the round; a round merges only after its pending
-replays finished. A replay needs only the job, so the relay starts the replay of a unit it will check when it
-hands the unit out (the peer's first, or the sampled share: both known then); the check is a comparison.
-Host replay does not depend on who the peers are, so many identities do not help a cheat.
+replayed: every peer's first result, a seeded random share (``fraction``), one of every N accepted results of a
+peer at the latest (``server.relay.coverage``), every update pointing away from its round's others
+(``server.relay.direction``) and every result a check or the aggregator flags as an outlier. Replays run on a pool
+of worker threads, each with its own engine (the merge's validation uses the session's task), so verification
+overlaps the round; a round merges only after its pending replays finished. A replay needs only the job, so the
+relay starts the replay of a unit it will check when it hands the unit out (the peer's first, its coverage bound or
+the sampled share: all known then); the check is a comparison.
+Host replay does not depend on who the peers are, so many identities do not help a cheat. A replay the host
+itself fails to run (its engine crashed or hung) is no verdict on anyone: it is counted and logged.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
+import math
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -32,7 +37,9 @@ import numpy as np
 
 from runtime import wire
 from runtime.codec import Codec
-from runtime.peer import Peer
+from server.browser_assets.engines import NATIVE, PYODIDE_CPU, Engine, EngineError, PyodideEngine, make_engine
+from server.relay.coverage import Coverage
+from server.relay.direction import Direction
 
 # Calibrated from browser results against native replays (BENCHMARKS.md, "Replay tolerance"): the largest
 # relative deviation seen was far below this; the margin absorbs other browsers' summation orders.
@@ -40,6 +47,7 @@ DEFAULT_VERIFY_RTOL = 1e-2
 DEFAULT_VERIFY_ATOL = 1e-6
 DEFAULT_VERIFY_FRACTION = 0.1
 DISPUTE = "two copies of the unit disagree"  # the reason of a replay that decides between two copies
+FIRST, COVERAGE, SAMPLED = "first result of the peer", "coverage", "sampled"  # (and "outlier", "direction: ...")
 
 
 @dataclass(frozen=True)
@@ -53,6 +61,8 @@ class Verdict:
     relative_deviation: float
     seconds: float
     reason: str  # why this result was replayed (first, sampled, outlier)
+    exact: bool = False  # compared bit for bit (the result and the replay from the browser's engine on the CPU)
+    error: str = ""  # the host could not replay the unit (its engine failed): no verdict on the peer
 
 
 def deviation(result: np.ndarray, replay: np.ndarray, global_weights: np.ndarray) -> tuple[float, float]:
@@ -80,43 +90,71 @@ def sampled(seed: int, round_index: int, slot: int, fraction: float, purpose: st
 
 @dataclass(frozen=True)
 class Replay:
-    """A unit trained on the host: its weights, the global weights it started from, and the seconds it took."""
+    """A unit trained on the host: its weights, the global weights it started from, the seconds it took and the
+    engine that trained it (``server.browser_assets.engines``)."""
 
     weights: np.ndarray
     global_weights: np.ndarray
     seconds: float
+    engine: str = ""
+
+
+def compared_exactly(replay_engine: str, result_engine: str) -> bool:
+    """Whether a result is compared with its replay bit for bit: both from the browser's engine on the CPU (the same
+    code on the same float kernels gives the same bytes); any other pair within the tolerance."""
+    return replay_engine == result_engine == PYODIDE_CPU
 
 
 class Verifier:
-    """Replays units in one worker thread with its own ``Peer`` (the browser's code path).
+    """Replays units on a pool of ``workers`` threads, each with an engine of its own
+    (``server.browser_assets.engines``: Pyodide under Node, the browser's engine, or native numpy).
 
     A replay needs only the job, never the result, so the relay starts the replay of a unit it will check
     when it hands the unit out (``replay``), and the check (``judge``) is a comparison when the result comes."""
 
-    def __init__(self, task_info: dict[str, Any], *, rtol: float, atol: float) -> None:
+    def __init__(self, task_info: dict[str, Any], *, rtol: float, atol: float, engine: str = "native",
+                 workers: int = 1) -> None:
         self.task_info = task_info
         self.rtol, self.atol = rtol, atol
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="replay")
-        self._peer: Peer | None = None  # built in the worker thread, used only there
+        self.engine = engine  # "pyodide" or "native"
+        self.engine_name = PYODIDE_CPU if engine == "pyodide" else NATIVE  # what its replays' results would say
+        self.workers = workers
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="replay")
+        self._local = threading.local()  # each replay thread's engine
+        self._engines: list[Engine] = []
+        self._engines_lock = threading.Lock()
+        if engine == "pyodide":  # boot the workers now (seconds each), not when the first unit must be replayed
+            for _ in range(workers):
+                self._pool.submit(self._engine)
 
     def replay(self, *, job: dict[str, Any], weights_message: bytes, unit_message: bytes | None) -> Future[Replay]:
         return self._pool.submit(self._train, job, weights_message, unit_message)
 
     def judge(self, replay: Future[Replay], *, job: dict[str, Any], results: dict[str, np.ndarray],
-              reason: str, count_seconds: bool = True) -> Future[list[Verdict]]:
+              reason: str, count_seconds: bool = True, engines: dict[str, str] | None = None) -> Future[list[Verdict]]:
         """Each peer's result of ``job`` against ``replay`` once it is done (two when a unit's copies disagree);
-        ``count_seconds``: this judgement carries the replay's cost (the first judgement of a replay)."""
+        ``count_seconds``: this judgement carries the replay's cost (the first judgement of a replay); ``engines``:
+        the engine each result names (bit for bit where ``compared_exactly``, else within the tolerance)."""
         verdicts: Future[list[Verdict]] = Future()
 
         def compare(done: Future[Replay]) -> None:
             try:
-                replayed = done.result()
+                try:
+                    replayed = done.result()
+                except EngineError as error:  # the host's trouble: no verdict against anyone
+                    verdicts.set_result([Verdict(int(job["round"]), int(job["slot"]), peer_id, True, math.nan, 0.0,
+                                                 reason, error=str(error)) for peer_id in results])
+                    return
                 seconds = replayed.seconds if count_seconds else 0.0
                 found = []
                 for peer_id, result in results.items():
-                    ok, relative = matches(result, replayed.weights, replayed.global_weights, rtol=self.rtol,
-                                           atol=self.atol)
-                    found.append(Verdict(int(job["round"]), int(job["slot"]), peer_id, ok, relative, seconds, reason))
+                    exact = compared_exactly(replayed.engine, (engines or {}).get(peer_id, ""))
+                    ok, relative = matches(result, replayed.weights, replayed.global_weights,
+                                           rtol=0.0 if exact else self.rtol, atol=0.0 if exact else self.atol)
+                    if exact:
+                        ok = result.dtype == replayed.weights.dtype and result.tobytes() == replayed.weights.tobytes()
+                    found.append(Verdict(int(job["round"]), int(job["slot"]), peer_id, ok, relative, seconds, reason,
+                                         exact=exact))
                     seconds = 0.0  # one replay, counted once
                 verdicts.set_result(found)
             except BaseException as error:  # (cancelled when the relay closes)
@@ -133,25 +171,45 @@ class Verifier:
 
     def _train(self, job: dict[str, Any], weights_message: bytes, unit_message: bytes | None) -> Replay:
         started = time.perf_counter()
-        if self._peer is None:
-            self._peer = Peer(self.task_info)
-        peer = self._peer
-        if peer.weights_round != job["round"]:
-            peer.set_weights(weights_message)
-        assert peer.weights is not None
-        _, replay = wire.result_weights(peer.train(json.dumps(job), unit_message), peer.weights,
+        engine = self._engine()
+        _, global_weights = wire.decode(weights_message)
+        message = engine.train(self.task_info, job, weights_message, unit_message)
+        _, replay = wire.result_weights(message, global_weights,
                                         codec=Codec.from_json(job["codec"]) if job.get("codec") else Codec())
-        return Replay(replay, peer.weights, time.perf_counter() - started)
+        return Replay(replay, global_weights, time.perf_counter() - started, engine.name)
+
+    def _engine(self) -> Engine:
+        """This replay thread's engine (started on first use: a Pyodide worker boots)."""
+        engine: Engine | None = getattr(self._local, "engine", None)
+        if engine is None:
+            engine = self._local.engine = make_engine(self.engine)
+            with self._engines_lock:
+                self._engines.append(engine)
+        if isinstance(engine, PyodideEngine):
+            try:
+                engine.boot_report  # noqa: B018 (boots the worker)
+            except EngineError:
+                pass  # (the replay that needs it says why)
+        return engine
 
     def close(self) -> None:
+        """Stop the pool; the engines' workers exit (a Pyodide worker at the end of its input)."""
         self._pool.shutdown(wait=False, cancel_futures=True)
+        with self._engines_lock:
+            engines, self._engines = self._engines, []
+        for engine in engines:
+            threading.Thread(target=engine.close, daemon=True, name="replay-close").start()
 
 
 class ReplayQueue:
     """The replays of the open rounds: which results to replay, the pending ones, the peers already checked."""
 
-    def __init__(self, verifier: Verifier, *, fraction: float, seed: int) -> None:
+    def __init__(self, verifier: Verifier, *, fraction: float, seed: int, every: int = 0,
+                 direction: float | None = None) -> None:
         self.verifier, self.fraction, self.seed = verifier, fraction, seed
+        self.coverage = Coverage(every, seed)  # at most ``every`` accepted results of a peer between two checks
+        self.direction = direction  # replay updates pointing away (``server.relay.direction``); None: never
+        self.replayed: set[tuple[int, int, str]] = set()  # (round, slot, peer) results queued for a replay
         self.pending: dict[tuple[int, Any], Future[list[Verdict]]] = {}  # (round, which result(s))
         # (round, slot) -> a replay started when the slot was handed out, and whether a judgement counted it
         self.prepared: dict[tuple[int, int], tuple[Future[Replay], list[bool]]] = {}
@@ -160,19 +218,41 @@ class ReplayQueue:
         self.seconds: dict[int, float] = {}  # replay seconds per round (the history's costs)
         self.counts: dict[int, int] = {}  # results replayed per round
 
-    def reason(self, peer_id: str, round_index: int, slot: int, *, outlier: bool = False) -> str | None:
-        """Why this result should be replayed, or None."""
+    def reason(self, peer_id: str, round_index: int, slot: int, *, outlier: bool = False,
+               direction: Direction | None = None) -> str | None:
+        """Why this result should be replayed, or None: a refused outlier; else (an accepted result, which moves
+        the peer's coverage window) a suspect by direction, the peer's first, the coverage bound, the sampled share."""
         if outlier:
             return "outlier"
-        if peer_id not in self.first_queued:
-            self.first_queued.add(peer_id)
-            return "first result of the peer"
-        return "sampled" if self.fraction > 0 and sampled(self.seed, round_index, slot, self.fraction) else None
+        first = peer_id not in self.first_queued
+        self.first_queued.add(peer_id)
+        why = (direction.describe() if self.suspect(direction) and direction is not None else
+               FIRST if first else COVERAGE if self.coverage.due(peer_id) else
+               SAMPLED if self._sampled(round_index, slot) else None)
+        self.coverage.note(peer_id, checked=why is not None)
+        if why is not None:
+            self.replayed.add((round_index, slot, peer_id))
+        return why
+
+    def mark_replayed(self, round_index: int, slot: int, peer_id: str) -> bool:
+        """Note a result queued for a replay outside ``reason`` (a suspect once its round is complete); False when
+        it was queued already."""
+        key = (round_index, slot, peer_id)
+        if key in self.replayed:
+            return False
+        self.replayed.add(key)
+        return True
+
+    def suspect(self, direction: Direction | None) -> bool:
+        return self.direction is not None and direction is not None and direction.suspect(self.direction)
 
     def will_check(self, peer_id: str, round_index: int, slot: int) -> bool:
-        """At hand-out: whether this slot's result will be replayed (the peer's first, or the sampled share)."""
-        return peer_id not in self.first_queued or (self.fraction > 0 and
-                                                     sampled(self.seed, round_index, slot, self.fraction))
+        """At hand-out: whether this slot's result will be replayed (the peer's first, its coverage bound, or the
+        sampled share; a suspect by direction is known only when the result comes)."""
+        return peer_id not in self.first_queued or self.coverage.due(peer_id) or self._sampled(round_index, slot)
+
+    def _sampled(self, round_index: int, slot: int) -> bool:
+        return self.fraction > 0 and sampled(self.seed, round_index, slot, self.fraction)
 
     def prepare(self, round_index: int, slot: int, replay: Future[Replay]) -> None:
         self.prepared.setdefault((round_index, slot), (replay, [False]))
@@ -190,6 +270,7 @@ class ReplayQueue:
     def forget_before(self, round_index: int) -> None:
         for key in [key for key in self.prepared if key[0] < round_index]:
             self.prepared.pop(key)[0].cancel()
+        self.replayed = {key for key in self.replayed if key[0] >= round_index}
 
     def queue(self, round_index: int, key: Any, future: Future[list[Verdict]]) -> None:
         self.pending[(round_index, key)] = future
@@ -211,7 +292,7 @@ class ReplayQueue:
         for verdict in verdicts:
             self.seconds[verdict.round] = self.seconds.get(verdict.round, 0.0) + verdict.seconds
             self.counts[verdict.round] = self.counts.get(verdict.round, 0) + 1
-            if verdict.ok:
+            if verdict.ok and not verdict.error:
                 self.checked_peers.add(verdict.peer_id)
         return verdicts
 

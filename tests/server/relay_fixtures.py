@@ -46,13 +46,15 @@ def make_relay(package: Package, session_dir: Path | None, *, k: int = 2, passes
     """A fresh session on ``package`` (checkpoints in ``session_dir`` when given) behind a relay; ``config``:
     more session settings (``aggregate``, ...), ``options``: relay options. Backups of slow units are off
     unless ``backup_after`` is given: these tests script who trains what (tests/server/relay/test_backups.py). Every
-    result message is kept unless ``keep_results`` is given: these tests replay whole sessions."""
+    result message is kept unless ``keep_results`` is given: these tests replay whole sessions. Replays run natively
+    unless ``replay_engine`` is given (these peers train natively; a Pyodide worker boots in seconds, and the tests of
+    the browser's engine ask for it: tests/server/relay/test_pyodide_replays.py)."""
     session = Session.create(package, SessionConfig(participants=k, passes=passes, **(config or {})),
                              directory=session_dir)
     store_path = (session_dir or Path(package.path).parent) / "relay.sqlite3"
+    defaults = {"backup_after": None, "keep_results": None, "replay_engine": "native"}
     return Relay(session=session, package=package, store=Store(store_path),
-                 options=RelayOptions(admin_token=ADMIN_TOKEN,
-                                         **({"backup_after": None, "keep_results": None} | options)))
+                 options=RelayOptions(admin_token=ADMIN_TOKEN, **(defaults | options)))
 
 
 @contextmanager
@@ -102,7 +104,8 @@ class HttpPeer(RelayClient):
 
     def train(self, job: dict[str, Any]) -> bytes:
         """Fetch the round's weights and the unit's chunk (data tasks), train natively, return the result message."""
-        if self.peer.weights_round != job["round"]:
+        named = job.get("weights_digest")  # (a ban's undo changes a round's weights: the job names the new ones)
+        if self.peer.weights_round != job["round"] or (named and self.peer.weights_sha != named):
             self.peer.set_weights(self.weights(job["round"]))
         return self.peer.train(job, self.unit(job["unit_index"]) if job.get("kind", "data") == "data" else None)
 
@@ -154,14 +157,15 @@ def wait_until(client: httpx.Client, predicate: Callable[[dict[str, Any]], bool]
         time.sleep(0.02)
 
 
-def work_until_done(client: httpx.Client, peers: list[HttpPeer], limit: int = 200) -> None:
+def work_until_done(client: httpx.Client, peers: list[HttpPeer], limit: int = 200, hold: float | None = None) -> None:
     """The peers take turns asking for work and uploading honest results until the session is done (at most
-    ``limit`` turns each)."""
+    ``limit`` turns each); ``hold``: each ask waits up to that many seconds for work (``POST /api/work?hold=S``: a
+    round waiting for slow replays is then waited on, not asked ``limit`` times at once)."""
     for _ in range(limit):
         if session_status(client)["done"]:
             return
         for peer in peers:
-            job = peer.work()
+            job = peer.work(hold)
             if "slot" in job:
                 response = peer.train_and_upload(job)
                 assert response.status_code == 200, (response.json(), job, peer.peer_id)

@@ -38,7 +38,7 @@ def sizes_over_a_long_session(package: Package, directory: Path, keep: int | Non
                                                                                                Store, np.ndarray]:
     """(SQLite bytes after each round, session folder bytes after each round, the store, final weights)."""
     relay = make_relay(package, directory, k=2, passes=PASSES, keep_results=keep, verify_fraction=1.0,
-                       config=CONFIG)
+                       config=CONFIG, undo_rounds=keep or 0)  # (a ban's undo keeps that many rounds' messages too)
     assert relay.session.num_rounds == ROUNDS
     sqlite, folder = [], []
     with serving(relay) as client:

@@ -187,3 +187,19 @@ def test_the_engine_resolves_auto_and_refuses_pyodide_where_it_cannot_run(monkey
     with pytest.raises(ValueError, match="cannot run here: node is not on PATH"):
         engines.resolve("pyodide")
     assert json.dumps(engines.ENGINE_CHOICES)
+
+
+def test_a_task_from_a_file_is_told_at_set_up_whether_its_units_replay_exactly(package: Package,
+                                                                               tmp_path: Path) -> None:
+    relay = make_relay(package, tmp_path / "session", verify=True, replay_engine="pyodide", replay_workers=1)
+    try:
+        words = relay.verification.dry_run()
+    finally:
+        relay.close()
+    assert "majority replays exactly on the browser's engine" in words, words
+    assert "natively it differs by" in words and "within the native replays' tolerance 0.01" in words, words
+    native = make_relay(package, tmp_path / "native", verify=True, replay_engine="native")
+    try:
+        assert native.verification.dry_run() == "no dry run of the replays: replays run natively (asked for)"
+    finally:
+        native.close()
