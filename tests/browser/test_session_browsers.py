@@ -173,8 +173,11 @@ def test_serve_with_two_headless_peers_learns_cartpole(tmp_path: Path) -> None:
     initial = final["initial_metrics"]["greedy_return"]
     returns = [entry["metrics"]["greedy_return"] for entry in final["history"]]
     assert len(returns) == 5 and all(entry["participants"] == 2 for entry in final["history"])
-    # CartPole's episodes can fork between a browser and native CPython, so the relay does not replay them.
-    assert final["counters"].get("peers_banned", 0) == 0 and "replays_queued" not in final["counters"]
+    # CartPole's episodes can fork between a browser and native CPython; the relay replays them on the browser's own
+    # engine (Pyodide under Node), bit for bit, and every honest page passes.
+    counters = final["counters"]
+    assert counters.get("peers_banned", 0) == 0 and counters.get("results_verified", 0) >= 2, counters
+    assert "verification_failed" not in counters and "replays_failed_on_host" not in counters, counters
     # Policy gradient is noisy round to round; overall the greedy return must rise well above the start.
     assert returns[-1] > initial + 50, (initial, returns)
     assert np.mean(returns[len(returns) // 2:]) > 2 * initial, (initial, returns)

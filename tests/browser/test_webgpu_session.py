@@ -15,7 +15,11 @@ def test_webgpu_peer_trains_units_of_a_session(page: Page, tmp_path: Path) -> No
     process, url = start_relay("--task", "cartpole", "--set", "units=2", "--set", "episodes_per_unit=8",
                                "--set", "eval_episodes=4", "--set", "update_epochs=2", "--session-dir",
                                str(tmp_path / "session"), "-k", "1", "--passes", "1", "--min-peers", "1",
-                               "--admin-token", "test-admin", log_name="relay-webgpu.log")
+                               "--admin-token", "test-admin",
+                               # (replays on the browser's engine keep CartPole pages on the CPU, which they check bit
+                               # for bit; this test is of a page training on WebGPU, so the relay replays natively,
+                               # which leaves CartPole unreplayed, as a session without Node does)
+                               "--replay-engine", "native", log_name="relay-webgpu.log")
     try:
         page.goto(url + "?join=1&device=webgpu")
         status = wait_until_done(page, url, timeout_s=240)
