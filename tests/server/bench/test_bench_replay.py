@@ -15,7 +15,7 @@ from server.relay.verify import DEFAULT_VERIFY_RTOL
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 COLUMNS = ["task", "device", "units", "rounds", "median relative", "p99 relative", "max relative", "max absolute",
-           "bit-identical", "trajectories differ", "refused at rtol 1e-2", "browser s/unit", "native s/unit",
+           "bit-identical", "trajectories differ", "refused at rtol 1e-2", "browser s/unit", "replay s/unit",
            "time (s)"]
 
 
