@@ -210,8 +210,10 @@ def write_text_peers(root: Path) -> list[Path]:
 def test_headless_peers_on_text_files_give_the_simulated_session(tmp_path: Path) -> None:
     session_dir, root = tmp_path / "session", tmp_path / "text"
     folders = write_text_peers(root)
-    relay, url = start_relay(*task_args("bytetext-local", TEXT_SETTINGS, "-k", "2", "--passes", "2", "--session-dir",
-                                        str(session_dir)), log_name="relay-local-text.log")
+    # --min-peers 2: each peer must train on its own files, so the first round waits for both pages; without it a
+    # page that boots first can train all 8 units before the other boots (seen under load in CI).
+    relay, url = start_relay(*task_args("bytetext-local", TEXT_SETTINGS, "-k", "2", "--passes", "2", "--min-peers", "2",
+                                        "--session-dir", str(session_dir)), log_name="relay-local-text.log")
     log_path = ARTIFACTS / "peers-local-text.log"
     with log_path.open("w") as log:
         command = [sys.executable, "-m", "server.cli", "peers", "2", "--url", url, "--local-data", str(root),
