@@ -4,7 +4,8 @@ session of a real relay over HTTP.
 Every peer, honest or not, speaks the documented API through ``server.relay.client.RelayClient`` over its own
 ``httpx.Client`` (its own client address, sent in ``PROXY_HEADER`` for a relay started with ``--forwarded-allow-ips
 127.0.0.1``): join, ask for work, fetch the global weights (again when a job names others, as after a ban's undo) and
-the unit's chunk, train with ``runtime.peer.Peer`` (the code a browser's worker runs) and upload the wire message. An
+the unit's chunk, train (``attack_training``: the code a browser's worker runs, natively or on the browser's own
+engine) and upload the wire message. An
 attacker trains honestly too and then replaces its upload (``poisoned``); everything else it does is honest. Nothing
 here is a flag of the product: the relay sees clients and nothing else.
 
@@ -32,15 +33,10 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import multiprocessing
-import os
-import sys
 import time
 from collections import Counter
 from collections.abc import Sequence
-from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from statistics import NormalDist
 from typing import Any
 
@@ -49,9 +45,7 @@ import numpy as np
 
 from runtime import wire
 from runtime.codec import Codec
-from runtime.peer import Peer
-from runtime.tasks.loader import module_name_for_file, task_class
-from runtime.weights import WeightSpec
+from server.bench.attack_training import Trainer, peer_engine
 from server.relay.client import Credentials, RelayClient, RelayRefusal, checked, join_call
 
 UPLOAD_ATTACKS = ("noise_claim", "flip", "free_rider", "scaled", "little_is_enough", "inner_product")
@@ -67,9 +61,6 @@ PROXY_HEADER = "X-Forwarded-For"
 SYBIL_ADDRESS = "10.66.0.1"
 JOIN_RETRIES = 5  # an honest peer refused with 429 waits Retry-After (at most MAX_RETRY_AFTER) and tries again
 MAX_RETRY_AFTER = 5.0
-CACHE_ENTRIES = 256
-BLAS_THREADS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")
-FILE_TASK_PREFIX = module_name_for_file(Path("x")).removesuffix("x")  # "peertrain_task_"
 MAX_PASSES = 20_000  # passes over the peers in one run (each pass makes at least one request)
 
 
@@ -164,78 +155,6 @@ def poisoned(attack: str, message: bytes, global_weights: np.ndarray, *, rng: np
     return as_upload(vector, header, global_weights, job)
 
 
-# ---------------------------------------------------------------- training, shared by the peers of a task
-
-
-_worker_peer: list[Any] = []  # in a training process: [Peer, digest of the weights it holds]
-
-
-def _start_worker(task_info: dict[str, Any], source: str | None) -> None:
-    if source:  # a task from a file: import it under the name the parent's loader gave it
-        task_class(source)
-    _worker_peer[:] = [Peer(task_info), None]
-
-
-def _train_in_worker(message: bytes, digest: str, job: dict[str, Any], unit: bytes | None) -> bytes:
-    peer = _worker_peer[0]
-    if _worker_peer[1] != digest:
-        peer.set_weights(message)
-        _worker_peer[1] = digest
-    return bytes(peer.train(job, unit))
-
-
-class Trainer:
-    """Training for a run's native peers, shared by them: a unit is a function of the weights, the unit and its
-    seed, so which peer (or process) runs it does not matter. A round's units train in ``workers`` processes,
-    each with its own ``runtime.peer.Peer`` and one BLAS thread (on these small models two BLAS threads per
-    process were 2-7x slower than one, more so beside a busy relay). Round 0 starts from the package's initial
-    weights in every run, so its honest results are kept and reused: the same bytes a peer would upload (its
-    ``seconds`` metric aside)."""
-
-    def __init__(self, task_info: dict[str, Any], workers: int = 1) -> None:
-        self.spec = WeightSpec.from_json(task_info["spec"])
-        self.cache: dict[tuple[Any, ...], bytes] = {}
-        self.vectors: dict[str, np.ndarray] = {}  # the global weights by message hash (the current round's)
-        self.trained = self.reused = 0
-        for name in BLAS_THREADS:  # read by the processes started from here on (BLAS reads it when it loads)
-            os.environ.setdefault(name, "1")
-        module = sys.modules.get(str(task_info["task_import"]).partition(":")[0])
-        source = getattr(module, "__file__", None) if module and module.__name__.startswith(FILE_TASK_PREFIX) else None
-        self.pool = ProcessPoolExecutor(max_workers=max(1, workers), mp_context=multiprocessing.get_context("spawn"),
-                                        initializer=_start_worker, initargs=(task_info, source))
-
-    def close(self) -> None:
-        self.pool.shutdown(cancel_futures=True)
-
-    def global_weights(self, message: bytes, digest: str) -> np.ndarray:
-        if digest not in self.vectors:
-            self.vectors = {digest: wire.decode(message, expect_spec=self.spec)[1]}
-        return self.vectors[digest]
-
-    def train_all(self, work: list[tuple[bytes, str, dict[str, Any], bytes | None]]) -> list[bytes]:
-        """The result messages of ``work`` (weights message, its digest, assignment, unit message), in order."""
-        keys = [(digest, job["round"], job["slot"], job["unit_index"], job["unit_seed"], job.get("episodes"),
-                 job.get("progress")) for _, digest, job, _ in work]
-        results: dict[int, bytes | Future[bytes]] = {}
-        for index, (key, (message, digest, job, unit)) in enumerate(zip(keys, work, strict=True)):
-            if key in self.cache:
-                self.reused += 1
-                results[index] = self.cache[key]
-            else:
-                results[index] = self.pool.submit(_train_in_worker, message, digest, job, unit)
-        out = []
-        for index, key in enumerate(keys):
-            value = results[index]
-            if isinstance(value, Future):
-                value = value.result()
-            if key not in self.cache:
-                self.trained += 1
-                if key[1] == 0 and len(self.cache) < CACHE_ENTRIES:
-                    self.cache[key] = value
-            out.append(value)
-        return out
-
-
 # ---------------------------------------------------------------- one session driven over HTTP
 
 
@@ -253,6 +172,8 @@ class RunSpec:
     admin_token: str | None = None  # read the relay's peer listing (bans) after the session
     hold_s: float = 15.0
     request_timeout_s: float = 120.0
+    replay_engine: str = "native"  # the relay's (--replay-engine, resolved): where it refuses other engines' results
+    # on a task, the peers train on it (``attack_training.peer_engine``)
 
 
 @dataclass
@@ -364,9 +285,10 @@ def drive(spec: RunSpec, trainers: dict[str, Trainer], workers: int = 1) -> tupl
                 sybils.append(sybil)
         everyone = sybils + peers  # the order peers ask in is shuffled on every pass
         info = observer.task()
-        if info["fingerprint"] not in trainers:
-            trainers[info["fingerprint"]] = Trainer(info, workers)
-        trainer = trainers[info["fingerprint"]]
+        engine = peer_engine(info, spec.replay_engine)
+        if f"{info['fingerprint']} {engine}" not in trainers:
+            trainers[f"{info['fingerprint']} {engine}"] = Trainer(info, workers, engine)
+        trainer = trainers[f"{info['fingerprint']} {engine}"]
         trained, reused = trainer.trained, trainer.reused
         clock = time.perf_counter()
         rounds_of_work(spec, everyone, trainer, observed, rng, deadline)

@@ -147,7 +147,8 @@ def verify_row(record: Any, points: bool) -> str:
     rounds = f"{record.rounds}/{record.num_rounds}" + (" (stopped)" if record.stopped else "")
     replays = "-" if record.replays is None else str(record.replays)
     failed = record.counters.get("verification_failed", 0)
-    cells = [share_cell(record), record.attack, attackers_cell(record), value, shown(record.vs_honest, points),
+    share = "as shipped" if record.verify is None else share_cell(record)
+    cells = [share, record.attack, attackers_cell(record), value, shown(record.vs_honest, points),
              rounds, caught_cell(record) if record.attackers else "-", ban_rounds_cell(record),
              honest_banned_cell(record), codes(record.refusals), replays + (f" ({failed} failed)" if failed else ""),
              number(record.replay_wait_s, 2), number(record.wall_round_s, 2),
@@ -161,7 +162,7 @@ def tables(shown: Sequence[tuple[Any, Sequence[Any]]], tasks: Mapping[str, Any],
     out = []
     for section, rows in shown:
         grid = tasks[section.task]
-        metric = f"{grid.metric} ({'exact answers' if grid.points else 'lower is better'})"
+        metric = f"{grid.metric} ({grid.label})"
         verifying = getattr(section, "verify_shares", None) is not None
         columns = VERIFY_COLUMNS if verifying else COLUMNS
         aggregators = ", ".join(dict.fromkeys(aggregator_cell(r) for r in rows)) if verifying else ""

@@ -24,7 +24,8 @@ from typing import Any
 
 import httpx
 
-from server.bench.attack_peers import PROXY_HEADER, Observed, RunSpec, Trainer, drive
+from server.bench.attack_peers import PROXY_HEADER, Observed, RunSpec, drive
+from server.bench.attack_training import Trainer
 from server.browser.launcher import relay_process
 from server.paths import REPO_ROOT
 

@@ -37,17 +37,24 @@ The grid (k = 10) is in sections (``FULL``); runs shared by sections (the honest
 4. bytetext, the relay as shipped: mean and default, all six attacks at 30%;
 5. verification: arith, the default aggregator, attackers honest on their first upload (so only sampled
    replays, and the replays of outliers, can catch them): an honest run, flip, free_rider, scaled and
-   little_is_enough at 30%, each at every replay share.
+   little_is_enough at 30%, each at every replay share;
+6. and 7. (``patient-bytetext``, ``patient-cartpole``): bytetext and CartPole, the relay as shipped (replays on the
+   browser's engine, compared bit for bit), the default aggregator, attackers honest on their first upload:
+   free_rider, scaled, flip and little_is_enough at 30%, with the verification columns. Where the relay refuses
+   results trained on another engine than its replays' (these two tasks on Pyodide), the bench's peers train on
+   that engine too (``attack_training``), as pages do; ``--replay-engine`` picks it.
 
 (noise_claim is left out of 2, 3 and 5: its claim is refused, and its peer banned, by a check without a switch.)
 
 Tasks: arith (chars, operands 0-19, 4000 problems in 20 chunks, 3 local epochs, lr 0.01, 4 passes = 8
 rounds; honest FedAvg ends near 70% exact answers), bytetext (bytelm-2.3mb, 20 chunks, 3 steps of 8 windows
-per unit, 3 passes = 6 rounds). little_is_enough uses z = 1 (``--lie-z paper``: Baruch et al.'s z_max for n
+per unit, 3 passes = 6 rounds), cartpole (40 units of 16 episodes a pass, 2 passes = 8 rounds; greedy return
+over 20 episodes, higher is better). little_is_enough uses z = 1 (``--lie-z paper``: Baruch et al.'s z_max for n
 and f, which is 0 for one attacker in ten). Any of ``--tasks --aggregators --attacks --fractions
 --relay-checks --honest-first`` replaces the grid by one section per task crossing what they name (what they
 leave out: every task, aggregator and attack, fractions 0.1-0.4), and with ``--verify-shares`` also the replay
-shares. ``--sections`` (names: shipped, honest-first, alone, bytetext, verification) runs those sections of the
+shares. ``--sections`` (names: shipped, honest-first, alone, bytetext, verification, patient-bytetext,
+patient-cartpole) runs those sections of the
 grid alone; then those options replace what the sections name instead (e.g. ``--sections verification --attacks
 flip,scaled --verify-shares 0,0.25,1``). ``--quick`` (CI): arith, k = 3, 2 passes (14 rounds), one attacker
 in three, flip, noise_claim and free_rider, mean and default: 8 runs; and one verification run, free_rider
@@ -73,9 +80,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from server.bench.attack_peers import ATTACKS, BLAS_THREADS, UPLOAD_ATTACKS, RunSpec, Trainer
+from server.bench.attack_peers import ATTACKS, UPLOAD_ATTACKS, RunSpec
 from server.bench.attack_report import compare, print_progress, tables
 from server.bench.attack_runs import ADMIN, RelayFeatures, RunRecord, one_run, relay_features, serve_args
+from server.bench.attack_training import BLAS_THREADS, Trainer
+from server.browser_assets import engines
 from server.session.package import Package, build_package
 
 TIMINGS = ("the full grid before the verification section: 88 runs in 1,765 s, two at a time (2026-12-01); the "
@@ -94,17 +103,22 @@ class TaskGrid:
     passes: int
     quick_passes: int
     metric: str
-    points: bool  # compare in points of a 0-1 metric (higher is better), else as a ratio (lower is better)
+    points: bool  # compare in points of a 0-1 metric (higher is better), else as a ratio
+    label: str  # what the tables say of the metric
 
 
 TASKS = {
     "arith": TaskGrid("arith", {"tokenizer": "char", "epochs": 3, "num_examples": 4000, "chunks": 20,
                                 "operand_max": 19, "lr": 0.01, "validation_size": 200,
                                 "generalization_size": 50, "beyond_range_size": 10},
-                      passes=4, quick_passes=2, metric="accuracy", points=True),
+                      passes=4, quick_passes=2, metric="accuracy", points=True,
+                      label="exact answers"),
     "bytetext": TaskGrid("bytetext", {"chunks": 20, "steps": 3, "batch_size": 8, "validation_windows": 64,
                                       "sample_tokens": 8},
-                         passes=3, quick_passes=1, metric="val_loss", points=False),
+                         passes=3, quick_passes=1, metric="val_loss", points=False, label="lower is better"),
+    # 40 units of 16 episodes a pass: 4 rounds of k = 10; greedy return over 20 episodes, 500 is solved
+    "cartpole": TaskGrid("cartpole", {"units": 40, "episodes_per_unit": 16}, passes=2, quick_passes=1,
+                         metric="greedy_return", points=False, label="higher is better, 500 is solved"),
 }
 
 
@@ -120,7 +134,8 @@ class Section:
     checks: str = "on"  # "off": the relay's switchable result checks off (attack_runs.CHECKS_OFF)
     honest_first: int = 0  # attackers upload their first N results honestly
     name: str = ""  # what --sections calls it
-    verify_shares: tuple[float, ...] | None = None  # host replay shares crossed (0: --no-verify); None: the relay's
+    # host replay shares crossed (0: --no-verify; None in it: the relay's default); None: the relay's, other columns
+    verify_shares: tuple[float | None, ...] | None = None
     anchors: bool = True  # with the honest runs (a verification section: one per share)
 
 
@@ -131,6 +146,7 @@ VERIFYING = "host replays at each share; attackers honest on their first upload"
 MOVING = tuple(a for a in UPLOAD_ATTACKS if a not in ("noise_claim", "inner_product"))
 # inner_product (a patient attacker's, issue 26) runs where attackers wait: in the section of those honest at first
 SHIPPED_ATTACKS = tuple(a for a in ATTACKS if a != "inner_product")
+PATIENT_ATTACKS = ("free_rider", "scaled", "flip", "little_is_enough")
 FULL_K = 10
 FULL = (
     Section(SHIPPED, "arith", ("mean", "default"), SHIPPED_ATTACKS, (0.3,), name="shipped"),
@@ -140,6 +156,10 @@ FULL = (
     Section(SHIPPED, "bytetext", ("mean", "default"), SHIPPED_ATTACKS, (0.3,), name="bytetext"),
     Section(VERIFYING, "arith", ("default",), MOVING, (0.3,), honest_first=1, name="verification",
             verify_shares=VERIFY_SHARES),
+    # bytetext and CartPole, replayed bit for bit on the browser's engine (the peers train there too), against the
+    # attackers that wait out the replay of first results: with the verification columns, at the relay's own share
+    *(Section(PATIENT, task, ("default",), PATIENT_ATTACKS, (0.3,), honest_first=1, name=f"patient-{task}",
+              verify_shares=(None,)) for task in ("bytetext", "cartpole")),
 )
 QUICK_K = 3
 QUICK = (Section(SHIPPED, "arith", ("mean", "default"), ("flip", "noise_claim", "free_rider"), (0.34,),
@@ -190,6 +210,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="who attacks, the noise, the upload order")
     parser.add_argument("--run-timeout", type=float, default=600.0, help="seconds one run may take")
     parser.add_argument("--budget-s", type=float, default=1740.0, help="no new run starts after this many seconds")
+    parser.add_argument("--replay-engine", choices=engines.ENGINE_CHOICES, default="auto",
+                        help="the engine each relay replays on (its --replay-engine; auto: Pyodide under Node where it "
+                        "runs). Where the relay refuses results of other engines (bytetext, CartPole on Pyodide), "
+                        "the bench's peers train on it too, as pages do")
     parser.add_argument("--serve-arg", action="append", default=[], help="extra argument for every relay (repeat)")
     parser.add_argument("--work-dir", type=Path, help="packages and sessions (default: a temporary folder)")
     parser.add_argument("--out", type=Path, default=Path("runs/bench/attacks.json"), help="results as JSON")
@@ -347,10 +371,12 @@ def run(args: argparse.Namespace) -> int:
     configs = aggregate_configs(args.aggregate_config)
     sections = supported(sections, features, configs)
     z = None if str(args.lie_z) == "paper" else float(args.lie_z)
+    engine, fallback = engines.resolve(args.replay_engine) if "--replay-engine" in features.flags else ("native", None)
+    engine_args = ["--replay-engine", engine] if "--replay-engine" in features.flags else []
     work = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="peertrain-bench-attacks-"))
     work.mkdir(parents=True, exist_ok=True)
     for name in BLAS_THREADS:  # the relays and training processes started from here: one BLAS thread each, so
-        os.environ.setdefault(name, "1")  # that they never spin against each other (see attack_peers.Trainer)
+        os.environ.setdefault(name, "1")  # that they never spin against each other (see attack_training)
     started = time.perf_counter()
     records: list[RunRecord] = []
     done: dict[tuple[Any, ...], RunRecord] = {}
@@ -361,7 +387,8 @@ def run(args: argparse.Namespace) -> int:
     failures = 0
     print(f"relay: --aggregate {'yes' if features.aggregate else 'no'} (default "
           f"{features.default_aggregate or 'unknown'}), client addresses through a trusted proxy "
-          f"{'yes' if features.proxied else 'no'}; k={k}; "
+          f"{'yes' if features.proxied else 'no'}; replays on {engine}"
+          f"{' (' + fallback + ')' if fallback else ''}; k={k}; "
           f"{sum(len(planned_runs(s, k)) for s in sections)} runs planned (some shared)", flush=True)
     try:
         for section in sections:
@@ -385,10 +412,11 @@ def run(args: argparse.Namespace) -> int:
                                    verify=planned.verify)
                 spec = RunSpec(url="", attack=None if planned.attack == "none" else planned.attack,
                                attackers=planned.attackers, k=k, seed=args.seed, z=z, sybil_joins=args.sybil_joins,
-                               timeout_s=args.run_timeout, honest_first=planned.honest_first, admin_token=ADMIN)
+                               timeout_s=args.run_timeout, honest_first=planned.honest_first, admin_token=ADMIN,
+                               replay_engine=engine)
                 arguments = serve_args(packages[section.task].path, work / "session", k, passes, planned.aggregator,
                                        features, checks=section.checks, configs=configs, verify=planned.verify,
-                                       extra=args.serve_arg)
+                                       extra=engine_args + args.serve_arg)
                 one_run(record, spec, arguments, work, trainers.setdefault(section.task, {}), args.jobs)
                 done[planned.key] = record
                 rows.append(record)

@@ -34,7 +34,6 @@ from server.bench import run_bench, summary
 from server.bench.attack_peers import (
     CLAIMED_EXAMPLES,
     RunSpec,
-    Trainer,
     as_upload,
     drive,
     flip,
@@ -69,6 +68,7 @@ from server.bench.attack_runs import (
     serve_args,
     verification_columns,
 )
+from server.bench.attack_training import Trainer
 from server.bench.attacks import (
     FULL,
     FULL_K,
@@ -83,6 +83,7 @@ from server.bench.attacks import (
     supported,
 )
 from server.browser.launcher import relay_process
+from server.browser_assets import engines
 
 G = np.array([1.0, 2.0, -1.0, 0.5], dtype=np.float32)
 W = np.array([1.5, 1.0, -1.0, 0.75], dtype=np.float32)  # an honest result: update u = w - g = [0.5, -1, 0, 0.25]
@@ -417,6 +418,30 @@ def test_quick_bench_prints_a_table_per_task_and_writes_json(tmp_path: Path) -> 
     assert run["replays"] and run["replay_wait_s"] is not None and run["wall_round_s"] > 0
     assert dict(zip(VERIFY_COLUMNS, rows[2], strict=True))["attackers caught"] == "1/1"
     assert result["tables"] in result["stdout"]
+
+
+@pytest.mark.slow
+def test_cartpole_free_riders_honest_at_first_are_banned_by_bit_for_bit_replays(tmp_path: Path) -> None:
+    """CartPole on a relay that replays on the browser's engine (it refuses results of another engine): the bench's
+    peers train there too, no honest peer is banned, and three free-riders of ten, honest on their first upload, are
+    banned in round 1 with nothing of theirs merged."""
+    if engines.pyodide_missing():
+        pytest.skip(f"the browser's engine cannot run here: {engines.pyodide_missing()}")
+    out = tmp_path / "cartpole.json"
+    command = [sys.executable, "-m", "server.cli", "bench", "attacks", "--sections", "patient-cartpole", "--attacks",
+               "free_rider", "--passes", "1", "--replay-engine", "pyodide", "--out", str(out)]
+    done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert "replays on pyodide" in done.stdout
+    honest, riders = json.loads(out.read_text())["runs"]
+    assert (honest["attack"], riders["attack"], riders["attackers"], riders["honest_first"]) == \
+        ("none", "free_rider", 3, 1)
+    for run in (honest, riders):
+        assert run["error"] is None and run["rounds"] == run["num_rounds"] == 4 and run["honest_banned"] == 0, run
+        assert run["replays"] and "engine_not_replayable" not in run["refusals"], run
+    assert riders["attackers_banned"] == 3 and riders["ban_rounds"] == [1, 1, 1] and riders["lies_merged"] == [0] * 3
+    rows = table_rows(done.stdout.split("### ")[1])
+    assert rows[0][0] == "replay share" and rows[2][:2] == ["as shipped", "none"] and rows[3][6] == "3/3", rows
 
 
 def relay_has_aggregate() -> bool:
