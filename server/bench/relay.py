@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import shutil
 import statistics
@@ -178,21 +179,43 @@ async def wait_for_round(relay: AsyncRelayClient, round_index: int, *, samples: 
         await asyncio.sleep(POLL_SECONDS)
 
 
-async def trained_results(peers: list[SimPeer], jobs: list[dict[str, Any]], trainer: Trainer) -> list[bytes]:
+def unit_key(job: dict[str, Any]) -> tuple[Any, ...]:
+    """What a unit's result is a function of (the weights, the unit, its seed)."""
+    return job.get("weights_digest"), job["round"], job["unit_index"], job["unit_seed"]
+
+
+async def trained_results(peers: list[SimPeer], jobs: list[dict[str, Any]], trainer: Trainer,
+                          handed_out: float) -> list[bytes]:
     """Each job trained for real, on the relay's replay engine (``--verify-fraction``: a host replay must find the
-    same weights)."""
+    same weights), one after another; or, where ``trainer`` holds every result of the round from the first session,
+    those results when ``trainer.unit_seconds`` after the hand-out have passed: k peers training in parallel."""
+    if trainer.unit_seconds is not None and all(unit_key(job) in trainer.results for job in jobs):
+        await asyncio.sleep(max(0.0, handed_out + trainer.unit_seconds - time.perf_counter()))
+        trainer.timed_rounds += 1
+        return [trainer.results[unit_key(job)] for job in jobs]
     weights = await peers[0].relay.call(weights_call())
-    return [trainer.engine.train(trainer.task_info, job, weights, await peer.relay.call(unit_call(job["unit_index"])))
-            for peer, job in zip(peers, jobs, strict=True)]
+    out = []
+    for peer, job in zip(peers, jobs, strict=True):
+        unit = await peer.relay.call(unit_call(job["unit_index"]))
+        body = trainer.engine.train(trainer.task_info, job, weights, unit)
+        trainer.results[unit_key(job)] = body
+        out.append(body)
+    return out
 
 
 @dataclass
 class Trainer:
     """The simulated peers' training where results are replayed: the browser's engine (Pyodide under Node) where it
-    runs, as the relay's replays, else native."""
+    runs, as the relay's replays, else native. The first session trains every unit one after another (the replays
+    then have k units' time to catch up) and keeps the results; the session is deterministic (the same package,
+    seed and results give the same rounds), so a second one uploads them ``unit_seconds`` (a browser unit's time)
+    after each hand-out, as k browsers training at once would, while this machine's cores are the relay's alone."""
 
     engine: engines.Engine
     task_info: dict[str, Any]
+    results: dict[tuple[Any, ...], bytes] = field(default_factory=dict)
+    unit_seconds: float | None = None  # None: train (the first session)
+    timed_rounds: int = 0  # rounds of the second session uploaded on the browser's clock
 
     @classmethod
     def for_package(cls, package: Package) -> Trainer:
@@ -222,7 +245,7 @@ async def drive(url: str, package: Package, k: int, rounds: int, perturbation: f
             header = wire.WireHeader(spec=package.spec, round=round_index, fingerprint=package.fingerprint,
                                      num_examples=1000, metrics={"train_loss": 1.0})
             # Before the clock: the peers' own work.
-            bodies = await trained_results(peers, jobs, trainer) if trainer is not None else [
+            bodies = await trained_results(peers, jobs, trainer, available) if trainer is not None else [
                 fake_result(peer, header) for peer in peers]
             # Each peer asks for its next unit as soon as its upload is answered, as the page's worker does.
             done = await asyncio.gather(*(upload_and_ask(peer, job, body)
@@ -248,6 +271,17 @@ async def drive(url: str, package: Package, k: int, rounds: int, perturbation: f
                   f"{sampled - available:.2f} s" + (f", {figures.rounds[-1].replayed} replayed, the merge waited "
                   f"{figures.rounds[-1].replay_wait:.2f} s for them" if trainer is not None else ""), flush=True)
             available = sampled  # the fan-out of the next round starts when the bench lets it
+
+
+def one_session(package: Package, k: int, passes: int, args: argparse.Namespace, work: Path, figures: KFigures,
+                trainer: Trainer | None) -> None:
+    session = work / f"session-k{k}"
+    shutil.rmtree(session, ignore_errors=True)
+    with relay_process(*serve_arguments(package.path, session, k, passes, args.verify_fraction),
+                       log_path=work / f"serve-k{k}.log") as url:
+        print(f"k={k}: relay at {url}, {package.data.num_units} units, {passes} passes", flush=True)
+        asyncio.run(drive(url.rstrip("/"), package, k, args.rounds, args.perturbation, figures, trainer))
+    shutil.rmtree(session, ignore_errors=True)  # k x 2.3 MB of results per round
 
 
 # ---------------------------------------------------------------- in-process figures
@@ -353,13 +387,18 @@ def run(args: argparse.Namespace) -> int:
                 spec=package.spec, round=0, fingerprint=package.fingerprint, num_examples=1000))) / 1e6,
                 check_seconds=check_seconds(package))
             trainer = Trainer.for_package(package) if args.verify_fraction is not None else None
-            with relay_process(*serve_arguments(package.path, work / f"session-k{k}", k, passes,
-                                                args.verify_fraction), log_path=work / f"serve-k{k}.log") as url:
-                print(f"k={k}: relay at {url}, {chunks} units, {passes} passes", flush=True)
-                asyncio.run(drive(url.rstrip("/"), package, k, args.rounds, args.perturbation, figures, trainer))
-            if trainer is not None:
+            if trainer is not None:  # the first session trains the results; the second is timed with them
+                trained = dataclasses.replace(figures, rounds=[])
+                print(f"k={k}: a first session trains every unit, one after another", flush=True)
+                one_session(package, k, passes, args, work, trained, trainer)
                 trainer.engine.close()
-            shutil.rmtree(work / f"session-k{k}", ignore_errors=True)  # k x 2.3 MB of results per round
+                trainer.unit_seconds = browser or train
+                print(f"k={k}: the same session again, each round's results uploaded "
+                      f"{trainer.unit_seconds or 0:.2f} s (a browser unit) after the hand-out", flush=True)
+            one_session(package, k, passes, args, work, figures, trainer)
+            if trainer is not None and trainer.timed_rounds < len(figures.rounds):
+                print(f"WARNING: {len(figures.rounds) - trainer.timed_rounds} rounds of the timed session were "
+                      "trained again (the session did not repeat the first): their replays had k units' time")
             results.append(figures)
     finally:
         if not args.work_dir:

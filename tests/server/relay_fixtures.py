@@ -41,6 +41,14 @@ def build_small_package(directory: Path, task: str | Path = EXAMPLE, **settings:
     return build_package(str(task), SMALL_SETTINGS | settings, Path(directory), seed=0, log=lambda _: None)
 
 
+def build_text_package(folder: Path, chunks: int) -> Package:
+    """A tiny bytetext package on a pangram text (2 Adam steps of 4 windows a unit): the real byte-level task, small."""
+    text = folder / "text.txt"
+    text.write_text("The quick brown fox jumps over the lazy dog. Pack my box with five dozen liquor jugs.\n" * 200)
+    settings = {"files": [str(text)], "chunks": chunks, "steps": 2, "batch_size": 4, "validation_windows": 8}
+    return build_package("bytetext", settings, folder / "package", log=lambda _: None)
+
+
 def make_relay(package: Package, session_dir: Path | None, *, k: int = 2, passes: int = 2,
                config: dict[str, Any] | None = None, **options: Any) -> Relay:
     """A fresh session on ``package`` (checkpoints in ``session_dir`` when given) behind a relay; ``config``:

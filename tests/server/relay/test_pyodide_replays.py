@@ -16,12 +16,20 @@ from typing import Any
 
 import numpy as np
 import pytest
-from relay_fixtures import HttpPeer, make_relay, serving, session_status, wait_until, work_until_done
+from relay_fixtures import (
+    HttpPeer,
+    build_text_package,
+    make_relay,
+    serving,
+    session_status,
+    wait_until,
+    work_until_done,
+)
 
 from runtime import wire
 from server.browser_assets import engines
 from server.relay.state import Relay
-from server.session.package import Package, build_package
+from server.session.package import Package
 
 pytestmark = pytest.mark.skipif(engines.pyodide_missing() is not None,
                                 reason=f"the browser's engine cannot run here: {engines.pyodide_missing()}")
@@ -95,11 +103,7 @@ def test_a_session_of_peers_on_the_browsers_engine_ends_with_every_result_identi
 
 @pytest.fixture(scope="module")
 def text_package(tmp_path_factory: pytest.TempPathFactory) -> Package:
-    folder = tmp_path_factory.mktemp("text")
-    text = folder / "text.txt"
-    text.write_text("The quick brown fox jumps over the lazy dog. Pack my box with five dozen liquor jugs.\n" * 200)
-    settings = {"files": [str(text)], "chunks": 4, "steps": 2, "batch_size": 4, "validation_windows": 8}
-    return build_package("bytetext", settings, folder / "package", log=lambda _: None)
+    return build_text_package(tmp_path_factory.mktemp("text"), chunks=4)
 
 
 def test_bytetext_is_verified_and_a_native_result_is_refused_not_banned(

@@ -10,13 +10,14 @@ from typing import Any
 
 import numpy as np
 import pytest
+from relay_fixtures import build_text_package
 
 from runtime.merge import FedAvgM
 from runtime.planner import MergeGuardRefused
 from runtime.tasks import Task, TaskData, UnitResult, WorkUnit
 from runtime.weights import WeightSpec
 from server.session import checkpoint_files as checkpoint
-from server.session.package import Package, build_package
+from server.session.package import Package
 from server.session.session import Session, SessionConfig, SessionError, split_server_state
 from server.simulation.simulator import run_round
 
@@ -190,11 +191,7 @@ def test_config_round_trips_and_refuses_bad_values() -> None:
 # -- checkpoints with the real byte-level task ------------------------------------------------------------
 @pytest.fixture(scope="module")
 def text_package(tmp_path_factory: pytest.TempPathFactory) -> Package:
-    folder = tmp_path_factory.mktemp("package")
-    text = folder / "text.txt"
-    text.write_text("The quick brown fox jumps over the lazy dog. Pack my box with five dozen liquor jugs.\n" * 200)
-    settings = {"files": [str(text)], "chunks": 6, "steps": 2, "batch_size": 4, "validation_windows": 8}
-    return build_package("bytetext", settings, folder / "package", log=lambda _: None)
+    return build_text_package(tmp_path_factory.mktemp("package"), chunks=6)
 
 
 @pytest.mark.parametrize("merge, merge_config, codec", [("fedavgm", {"server_momentum": 0.9}, "none"),
