@@ -6,10 +6,12 @@ the session's codec); shared by the attacker tests.
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Callable
 
 import httpx
 import numpy as np
+from browser_helpers import BOOT_SECONDS, admin, wait_for_status
 from playwright.sync_api import Browser, Page, Route
 
 from runtime import wire
@@ -53,13 +55,18 @@ class Poisoner:
         route.continue_(post_data=as_upload(self.poison(global_weights, result), header, global_weights, job))
 
 
-def open_pages(browser: Browser, url: str, count: int, poisoner: Poisoner) -> list[Page]:
-    """``count`` pages in their own contexts; the first one's result uploads go through ``poisoner``."""
-    pages = []
+def open_pages(browser: Browser, url: str, count: int, poisoner: Poisoner, pages: list[Page],
+               relay: subprocess.Popen) -> None:
+    """``count`` pages in their own contexts, added to ``pages`` (the caller's list: the caller closes them, also when
+    this fails); the first one's result uploads go through ``poisoner``. The session is paused until all have joined,
+    so each takes a slot of the first round."""
+    admin(url, "pause")
     for index in range(count):
         page = browser.new_context().new_page()
+        pages.append(page)
         if index == 0:
             page.route("**/api/result?*", poisoner)
         page.goto(join_url(url))
-        pages.append(page)
-    return pages
+    wait_for_status(url, lambda s: s["peers"]["joined"] >= count, timeout_s=BOOT_SECONDS + 60,
+                    what=f"{count} pages to join", pages=pages, relay=relay)
+    admin(url, "resume")

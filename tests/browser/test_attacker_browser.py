@@ -19,8 +19,6 @@ import numpy as np
 import pytest
 from browser_helpers import (
     ARITH_SETTINGS,
-    BOOT_SECONDS,
-    admin,
     close_pages,
     fresh_session,
     start_relay,
@@ -66,11 +64,7 @@ def test_a_page_uploading_flipped_updates_is_refused_or_outvoted(browser: Browse
     poisoner = Poisoner(url)
     pages: list[Page] = []
     try:
-        admin(url, "pause")
-        pages = open_pages(browser, url, 3, poisoner)
-        wait_for_status(url, lambda s: s["peers"]["joined"] >= 3, timeout_s=BOOT_SECONDS + 60,
-                        what="three pages to join", pages=pages, relay=relay)
-        admin(url, "resume")
+        open_pages(browser, url, 3, poisoner, pages, relay)
         final = wait_for_status(url, lambda s: s["done"], timeout_s=240, what="the session to finish",
                                 pages=pages, relay=relay)
         page_refusals = [page.evaluate("window.peertrain.refused") for page in pages]

@@ -17,8 +17,6 @@ import numpy as np
 import pytest
 from browser_helpers import (
     ADMIN_TOKEN,
-    BOOT_SECONDS,
-    admin,
     close_pages,
     start_relay,
     stop,
@@ -51,11 +49,7 @@ def test_a_free_riding_page_is_banned_by_a_bit_for_bit_replay_and_no_honest_page
     pages: list[Page] = []
     try:
         assert httpx.get(url + "api/task", timeout=10).json().get("devices") == ["cpu"]
-        admin(url, "pause")
-        pages = open_pages(browser, url, 3, poisoner)
-        wait_for_status(url, lambda s: s["peers"]["joined"] >= 3, timeout_s=BOOT_SECONDS + 60,
-                        what="three pages to join", pages=pages, relay=relay)
-        admin(url, "resume")
+        open_pages(browser, url, 3, poisoner, pages, relay)
         final = wait_for_status(url, lambda s: s["done"], timeout_s=600, what="the session to finish",
                                 pages=pages, relay=relay)
         banned_text = [page.evaluate("window.peertrain.banned || null") for page in pages]

@@ -17,8 +17,6 @@ import pytest
 from browser_helpers import (
     ADMIN_TOKEN,
     ARITH_SETTINGS,
-    BOOT_SECONDS,
-    admin,
     close_pages,
     recorded_results,
     start_relay,
@@ -47,11 +45,7 @@ def test_a_subtly_poisoning_page_is_banned_after_its_first_checked_result(browse
     poisoner = Poisoner(url, poison=subtle)
     pages: list[Page] = []
     try:
-        admin(url, "pause")
-        pages = open_pages(browser, url, 3, poisoner)
-        wait_for_status(url, lambda s: s["peers"]["joined"] >= 3, timeout_s=BOOT_SECONDS + 60,
-                        what="three pages to join", pages=pages, relay=relay)
-        admin(url, "resume")
+        open_pages(browser, url, 3, poisoner, pages, relay)
         wait_for_status(url, lambda s: s["counters"].get("peers_banned", 0) >= 1, timeout_s=180,
                         what="the poisoning page to be banned", pages=pages, relay=relay)
         final = wait_for_status(url, lambda s: s["done"], timeout_s=240, what="the session to finish",
