@@ -222,8 +222,9 @@ class BenchPeer:
         self.refused_round: int | None = None  # the round it last knew of when first refused as banned (or 401)
 
     def refused(self, refusal: RelayRefusal) -> None:
-        """A 401/403 ends the peer; ``banned`` (or a revoked token, 401) is noted with the round it knew of."""
-        if refusal.status in (401, 403):
+        """A ban or a revoked token (401) ends the peer, noted with the round it knew of (a 403 ``not_leased``, as for a
+        result whose lease a ban's undo took back, does not: an honest page moves on to its next unit)."""
+        if refusal.code == "banned" or refusal.status == 401:
             self.active = False
         if (refusal.code == "banned" or refusal.status == 401) and self.refused_round is None:
             self.refused_round = self.round if self.round is not None else 0

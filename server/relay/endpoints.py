@@ -239,8 +239,8 @@ def unit_index(text: str) -> int:
 
 RESULT_REFUSALS = (*PEER_REFUSALS, *BODY_REFUSALS, (400, "bad_query"),
                    # the lease and the round (SyncRounds.accept; async: AsyncBuffer.accept)
-                   (409, "stale_round"), (404, "unknown_slot"), (409, "past_deadline"), (409, "duplicate"),
-                   (403, "not_leased"), (409, "late"), (409, "too_stale"),
+                   (409, "stale_round"), (404, "unknown_slot"), (409, "past_deadline"), (409, "round_redone"),
+                   (409, "duplicate"), (403, "not_leased"), (409, "late"), (409, "too_stale"),
                    # the message itself (server.relay.checks)
                    *openapi.wire_refusals(), (422, "num_examples"), (422, "num_examples_claim"),
                    (422, "update_norm"), (422, "update_outlier"), (422, "local_dp"), (422, "engine_not_replayable"))

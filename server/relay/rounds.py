@@ -241,6 +241,10 @@ class SyncRounds:
                   is not None and lease.peer_id == peer_id]
         author = store.result_peer(round_index, slot)
         has_result = author is not None
+        if self.context.merging and not has_result and self.bans.undo.running is not None:
+            raise Refusal(409, "round_redone", f"round {round_index + 1} is being merged again without a banned peer's "
+                          "results; this result was trained from weights that held them, and its unit is handed out "
+                          "again from the corrected weights")
         if self.context.merging and not has_result:
             raise Refusal(409, "past_deadline", f"round {round_index + 1} passed its deadline and is merging without "
                           f"slot {slot}; the unit is trained again in the next round")

@@ -225,3 +225,45 @@ def test_an_undo_beyond_its_bound_is_partial_and_says_so(package: Package, tmp_p
     assert [row["round"] for row in audit if row["peer_id"] == attacker.peer_id and
             not row["verification"].startswith("undone")] == [0, 1]
     np.testing.assert_array_equal(relay.session.weights, oracle(package, relay, trained_from).weights)
+
+
+def test_a_result_trained_before_the_undo_is_refused_and_its_unit_handed_out_again(package: Package,
+                                                                                  tmp_path: Path) -> None:
+    """The honest peer still trains the ban round's unit (from weights that held the attacker's results) when the
+    undo starts: its upload during the undo is refused ``409 round_redone``, and its unit comes back to it from the
+    corrected weights."""
+    ban_round = 3
+    relay = make_relay(package, tmp_path / "s", k=2, passes=PASSES, config=CONFIG,
+                       verify_fraction=fraction_catching(ban_round), **SCRIPTED)
+    trained_from: dict[Key, np.ndarray] = {}
+    during: list[Any] = []
+    with serving(relay) as client:
+        attacker, honest = HttpPeer(client), HttpPeer(client)
+        attack(client, attacker, honest, ban_round - 1, trained_from)
+        wait_for_round(client, ban_round)
+        theirs, mine = attacker.assignment(), honest.assignment()
+        late = honest.train(mine)  # (not uploaded yet: the upload lands while the undo runs)
+        redo = relay.undo.redo_blocking
+
+        def redo_with_an_upload_under_way() -> None:
+            during.append(honest.upload(mine["round"], mine["slot"], late))
+            redo()
+
+        relay.undo.redo_blocking = redo_with_an_upload_under_way  # type: ignore[method-assign]
+        upload(attacker, theirs, trained_from, poison=True)
+        status = wait_until(client, lambda s: s["counters"].get("undos", 0) == 1 and not s["merging"])
+        assert [r.status_code for r in during] == [409] and during[0].json()["error"] == "round_redone", during
+        assert status["counters"]["refused.round_redone"] == 1
+        job = honest.work()
+        assert job["round"] == ban_round and job["weights_digest"] != mine["weights_digest"]  # the corrected weights
+        handed = [job["unit_index"]]
+        upload(honest, job, trained_from)
+        for _ in range(200):  # (finish, noting the units handed out)
+            if session_status(client)["done"]:
+                break
+            job = honest.work()
+            if "slot" in job:
+                handed.append(job["unit_index"])
+                upload(honest, job, trained_from)
+    assert relay.session.done and len(undo_events(relay.session)) == 1
+    assert mine["unit_index"] in handed, handed  # the refused result's unit was trained again
