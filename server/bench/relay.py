@@ -64,6 +64,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="run the relay with host replays of this share of results (every peer's first too); "
                         "the simulated peers then train their units natively for real, before the clock (use with "
                         "--ks 5); default: no verification, made-up results")
+    parser.add_argument("--replay-workers", type=int, default=None,
+                        help="the relay's replay pool with --verify-fraction (its --replay-workers; default the "
+                        "relay's: half the cores, 2 to 8)")
 
 
 @dataclass
@@ -105,13 +108,15 @@ class KFigures:
 
 
 def serve_arguments(package: Path, session_dir: Path, k: int, passes: int,
-                    verify_fraction: float | None = None) -> list[str]:
+                    verify_fraction: float | None = None, replay_workers: int | None = None) -> list[str]:
     # Made-up results would fail a host replay: verification runs only where the peers train for real, on the
     # engine the relay replays on (the browser's, Pyodide under Node, where it runs; else native, forced for bytetext)
     native = engines.pyodide_missing() is not None
     verify = ["--no-verify"] if verify_fraction is None else ["--verify-fraction", str(verify_fraction),
                                                               *(["--replay-engine", "native", "--force-verify"]
-                                                                if native else ["--replay-engine", "pyodide"])]
+                                                                if native else ["--replay-engine", "pyodide"]),
+                                                              *(["--replay-workers", str(replay_workers)]
+                                                                if replay_workers else [])]
     # --no-backups: each simulated peer trains one unit a round and asks for the next at once; a backup of a
     # unit of the round being merged would be stale by the time it is fetched
     return [*verify, "--no-backups", "--package", str(package), "--session-dir", str(session_dir), "--fresh",
@@ -277,7 +282,7 @@ def one_session(package: Package, k: int, passes: int, args: argparse.Namespace,
                 trainer: Trainer | None) -> None:
     session = work / f"session-k{k}"
     shutil.rmtree(session, ignore_errors=True)
-    with relay_process(*serve_arguments(package.path, session, k, passes, args.verify_fraction),
+    with relay_process(*serve_arguments(package.path, session, k, passes, args.verify_fraction, args.replay_workers),
                        log_path=work / f"serve-k{k}.log") as url:
         print(f"k={k}: relay at {url}, {package.data.num_units} units, {passes} passes", flush=True)
         asyncio.run(drive(url.rstrip("/"), package, k, args.rounds, args.perturbation, figures, trainer))

@@ -63,9 +63,12 @@ class Engine(Protocol):
 
 
 def default_workers() -> int:
-    """The pool's size from the machine: half its cores (the rest serve requests and merge), 1 to 8. Each worker
-    holds a Pyodide heap (about 150 MB for the built-in tasks)."""
-    return max(1, min(8, (os.cpu_count() or 2) // 2))
+    """The pool's size from the machine: half its cores (the rest serve requests and merge), 2 to 8. At least two:
+    replays run while the peers train, when the relay's cores are otherwise idle, and a round of k = 5 at a share of
+    25 % replays 2 or 3 units; one worker on two cores made the merge wait 1.34 s a round (63 % of a browser unit),
+    two made it wait 0.00 s (``bench relay --verify-fraction 0.25``). Each worker holds a Pyodide heap (about 150 MB
+    for the built-in tasks)."""
+    return max(2, min(8, (os.cpu_count() or 2) // 2))
 
 
 def pyodide_missing(pyodide_dir: Path = PYODIDE_DIR, wheels_dir: Path = WHEELS_DIR) -> str | None:

@@ -105,7 +105,7 @@ class RelayOptions:
         commands=("serve",)))
     replay_workers: int | None = field(default=None, metadata=setting(
         help="replays run at once (each a Pyodide worker process of about 150 MB)", minimum=1, metavar="N",
-        default_text="half the machine's cores, 1 to 8", group="guards", commands=("serve",)))
+        default_text="half the machine's cores, 2 to 8", group="guards", commands=("serve",)))
     ban_addresses: bool = field(default=False, metadata=setting(
         help="a ban also refuses the banned peer's client address (default: the peer's token only, so one attacker "
         "behind a NAT does not lock out the volunteers who share its address); with it, a second copy of a unit "
