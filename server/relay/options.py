@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from server.browser_assets.engines import ENGINE_CHOICES
 from server.relay.coverage import DEFAULT_VERIFY_EVERY
 from server.relay.direction import DEFAULT_VERIFY_DIRECTION, PREVIOUS_STEP_SLACK
-from server.relay.verify import DEFAULT_VERIFY_ATOL, DEFAULT_VERIFY_FRACTION, DEFAULT_VERIFY_RTOL
+from server.relay.verify import DEFAULT_VERIFY_ATOL, DEFAULT_VERIFY_FRACTION, DEFAULT_VERIFY_RTOL, REPLAY_WAITS
 from server.session.settings import setting
 
 # Defaults of an open session (README, "What an open session defends against").
@@ -103,6 +103,12 @@ class RelayOptions:
         "within --verify-rtol, and tasks whose units part ways across engines are not replayed), or auto (pyodide "
         "where Node and the Pyodide assets are set up, else native)", choices=ENGINE_CHOICES, group="guards",
         commands=("serve",)))
+    replay_wait: str = field(default="suspects", metadata=setting(
+        help="which replays a round's merge waits for: suspects (outliers and updates suspect by direction; a routine "
+        "replay (a peer's first result, the coverage bound, the sampled share) is judged after the merge, and one that "
+        "fails bans its peer and undoes its merged results, see --undo-rounds) or all (every replay of the round, as "
+        "where bans cannot be undone: differential privacy, async mode, --undo-rounds 0)", choices=REPLAY_WAITS,
+        group="guards", commands=("serve",)))
     replay_workers: int | None = field(default=None, metadata=setting(
         help="replays run at once (each a Pyodide worker process of about 150 MB)", minimum=1, metavar="N",
         default_text="half the machine's cores, 2 to 8", group="guards", commands=("serve",)))

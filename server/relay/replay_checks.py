@@ -24,7 +24,7 @@ from server.relay.direction import DIRECTION, direction_of, sum_of_updates
 from server.relay.jobs import Jobs
 from server.relay.refusal import Refusal
 from server.relay.sqlite_store import StoredResult
-from server.relay.verify import COVERAGE, Replay, ReplayQueue, Verdict, Verifier, matches
+from server.relay.verify import COVERAGE, ROUTINE, Replay, ReplayQueue, Verdict, Verifier, matches
 
 LOG = logging.getLogger("peertrain.relay")
 
@@ -48,6 +48,9 @@ class ReplayChecks:
         self.engine_note: str | None = None  # why --replay-engine auto fell back to native
         self._unapplied: list[Verdict] = []  # verdicts a full disk kept from being applied
         self.wait_seconds = 0.0  # how long the last merge waited for its round's replays (its added time)
+        # whether a routine replay may be judged after its round's merge (a failure then undoes what the peer moved:
+        # the relay sets this to whether its bans can be undone, with --replay-wait suspects)
+        self.undoable: Callable[[], bool] = lambda: False
         self.start()
 
     @property
@@ -140,9 +143,10 @@ class ReplayChecks:
             return
         if reason in (COVERAGE,) or reason.startswith(DIRECTION):
             self.context.store.count("replays_for_coverage" if reason == COVERAGE else "replays_for_direction")
+        deferred = reason in ROUTINE and self.context.options.replay_wait == "suspects" and self.undoable()
         self.queue_replay(stored.slot, {stored.peer_id: vector}, reason,
                           ("outlier" if outlier else "result", stored.slot, stored.peer_id),
-                          engines={stored.peer_id: stored.engine})
+                          engines={stored.peer_id: stored.engine}, deferred=deferred)
 
     def verify_round(self, kept: Sequence[tuple[StoredResult, np.ndarray]]) -> None:
         """The round's last result is in: each result not replayed yet is judged again by its direction, now
@@ -161,9 +165,9 @@ class ReplayChecks:
                                   ("result", stored.slot, stored.peer_id), engines={stored.peer_id: stored.engine})
 
     def queue_replay(self, slot: int, results: dict[str, np.ndarray], reason: str, key: Any,
-                     engines: dict[str, str] | None = None) -> None:
+                     engines: dict[str, str] | None = None, *, deferred: bool = False) -> None:
         """Replay ``slot`` of the open round once and judge ``results`` (peer -> weights, each trained on the engine
-        ``engines`` names) against it."""
+        ``engines`` names) against it; ``deferred``: the round's merge does not wait for the verdict."""
         assert self.queue is not None
         round_index = self.context.session.round
         prepared = self.queue.prepared_replay(round_index, slot)
@@ -172,7 +176,7 @@ class ReplayChecks:
         job = {"round": round_index, "slot": slot}
         future = self.queue.verifier.judge(prepared[0], job=job, results=results, reason=reason,
                                            count_seconds=prepared[1], engines=engines)
-        self.queue.queue(round_index, key, future)
+        self.queue.queue(round_index, key, future, deferred=deferred)
         self.context.store.count("replays_queued")
         try:
             loop = asyncio.get_running_loop()
@@ -198,16 +202,18 @@ class ReplayChecks:
             self.context.store.count("replays_started_at_hand_out")
 
     # -- verdicts ----------------------------------------------------------------------------------------
-    async def wait(self, round_index: int) -> None:
-        """Until every replay queued for ``round_index`` has its verdict (a round merges only after them)."""
+    async def wait(self, round_index: int, *, final: bool = False) -> None:
+        """Until every replay queued for ``round_index`` that its merge waits for has its verdict (``final``: every
+        pending replay: the session ends with this merge, and nothing is undone after it)."""
         if self.queue is not None:
-            await self.queue.wait(round_index)
+            await self.queue.wait(round_index, final=final)
 
     def pending(self, round_index: int) -> int:
-        """Replays of ``round_index`` still running (the round merges after them)."""
+        """Replays of ``round_index`` still running that the round merges after."""
         if self.queue is None:
             return 0
-        return sum(1 for (r, _), future in list(self.queue.pending.items()) if r == round_index and not future.done())
+        pending = self.queue.pending
+        return sum(1 for key in self.queue.blocking(round_index) if key in pending and not pending[key].done())
 
     def take_verdicts(self) -> list[Verdict]:
         """The verdicts not applied yet: those a full disk held back, then the replays finished since."""

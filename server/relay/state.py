@@ -96,6 +96,7 @@ class Relay:
         self.undo = BanUndo(context, book=self.book, jobs=self.jobs, replays=self.verification,
                             schedule=self.merge_soon)
         self.bans = Bans(context, self.book, self.copies, self.undo)
+        self.verification.undoable = lambda: self.undo.active
         self.pacing = RoundPacing(context)
         self.disk = StorageGuard(context, serve_restored=self.serve_restored, retry_merge=self.merge_soon)
         self.admin = SessionAdmin(context, merge_lock=self._merge_lock, start_session=self.start_session)
@@ -429,7 +430,7 @@ class Relay:
             if self.undo.pending() or not self.round_ready():  # (an undo held back by a full disk comes first)
                 return
             waited = time.perf_counter()
-            await self.verification.wait(session.round)
+            await self.verification.wait(session.round, final=session.round + 1 >= session.num_rounds)
             self.apply_verdicts()
             self.verification.wait_seconds = time.perf_counter() - waited
             await self.undo_bans()  # (a replay banned a peer whose earlier results were merged)

@@ -15,7 +15,11 @@ replayed: every peer's first result, a seeded random share (``fraction``), one o
 peer at the latest (``server.relay.coverage``), every update pointing away from its round's others
 (``server.relay.direction``) and every result a check or the aggregator flags as an outlier. Replays run on a pool
 of worker threads, each with its own engine (the merge's validation uses the session's task), so verification
-overlaps the round; a round merges only after its pending replays finished. A replay needs only the job, so the
+overlaps the round. A round merges after the replays of its suspects (outliers, updates pointing away); a routine
+replay (a peer's first result, the coverage bound, the share) is judged whenever it ends, after the merge if need
+be, where a ban can undo what its peer moved (``serve --replay-wait suspects``, the default; ``server.relay.undo``),
+and before the merge where it cannot (differential privacy, async mode, ``--undo-rounds 0``, ``--replay-wait all``):
+a round then waits for its replays queued behind each other on a small machine. A replay needs only the job, so the
 relay starts the replay of a unit it will check when it hands the unit out (the peer's first, its coverage bound or
 the sampled share: all known then); the check is a comparison.
 Host replay does not depend on who the peers are, so many identities do not help a cheat. A replay the host
@@ -29,7 +33,7 @@ import hashlib
 import math
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +52,8 @@ DEFAULT_VERIFY_ATOL = 1e-6
 DEFAULT_VERIFY_FRACTION = 0.1
 DISPUTE = "two copies of the unit disagree"  # the reason of a replay that decides between two copies
 FIRST, COVERAGE, SAMPLED = "first result of the peer", "coverage", "sampled"  # (and "outlier", "direction: ...")
+ROUTINE = (FIRST, COVERAGE, SAMPLED)  # replays of results nothing made suspect (``serve --replay-wait suspects``)
+REPLAY_WAITS = ("suspects", "all")  # which replays a merge waits for
 
 
 @dataclass(frozen=True)
@@ -211,6 +217,7 @@ class ReplayQueue:
         self.direction = direction  # replay updates pointing away (``server.relay.direction``); None: never
         self.replayed: set[tuple[int, int, str]] = set()  # (round, slot, peer) results queued for a replay
         self.pending: dict[tuple[int, Any], Future[list[Verdict]]] = {}  # (round, which result(s))
+        self.deferred: set[tuple[int, Any]] = set()  # pending replays their round's merge does not wait for
         # (round, slot) -> a replay started when the slot was handed out, and whether a judgement counted it
         self.prepared: dict[tuple[int, int], tuple[Future[Replay], list[bool]]] = {}
         self.checked_peers: set[str] = set()  # peers with a result that passed a replay
@@ -268,16 +275,28 @@ class ReplayQueue:
         return entry[0], first
 
     def forget_before(self, round_index: int) -> None:
+        """Drop the replays prepared for earlier rounds; one that no judgement has taken is cancelled (one a judgement
+        took runs on: a deferred verdict waits for it)."""
         for key in [key for key in self.prepared if key[0] < round_index]:
-            self.prepared.pop(key)[0].cancel()
+            replay, judged = self.prepared.pop(key)
+            if not judged[0]:
+                replay.cancel()
         self.replayed = {key for key in self.replayed if key[0] >= round_index}
 
-    def queue(self, round_index: int, key: Any, future: Future[list[Verdict]]) -> None:
+    def queue(self, round_index: int, key: Any, future: Future[list[Verdict]], *, deferred: bool = False) -> None:
         self.pending[(round_index, key)] = future
+        if deferred:
+            self.deferred.add((round_index, key))
 
-    async def wait(self, round_index: int) -> None:
-        """Until the replays queued for ``round_index`` are done (their verdicts stay for ``finished``)."""
-        for key in [key for key in self.pending if key[0] == round_index]:
+    def blocking(self, round_index: int) -> list[tuple[int, Any]]:
+        """The replays of ``round_index`` its merge waits for, finished or not."""
+        return [key for key in self.pending if key[0] == round_index and key not in self.deferred]
+
+    async def wait(self, round_index: int, *, final: bool = False) -> None:
+        """Until the replays queued for ``round_index`` that are not deferred are done (their verdicts stay for
+        ``finished``); a deferred one is judged whenever it ends, after the merge. ``final`` (the merge that ends the
+        session, after which nothing is undone): every pending replay, of every round."""
+        for key in list(self.pending) if final else self.blocking(round_index):
             future = self.pending.get(key)  # (``finished`` may have taken it meanwhile, on the event loop)
             if future is not None:
                 await asyncio.wrap_future(future)
@@ -288,7 +307,11 @@ class ReplayQueue:
         return [verdict for key in done for verdict in self._take(key)]
 
     def _take(self, key: tuple[int, Any]) -> list[Verdict]:
-        verdicts = self.pending.pop(key).result()
+        future = self.pending.pop(key)
+        self.deferred.discard(key)
+        if future.cancelled() or isinstance(future.exception(), CancelledError):  # (its replay was dropped)
+            return []
+        verdicts = future.result()
         for verdict in verdicts:
             self.seconds[verdict.round] = self.seconds.get(verdict.round, 0.0) + verdict.seconds
             self.counts[verdict.round] = self.counts.get(verdict.round, 0) + 1
@@ -297,4 +320,9 @@ class ReplayQueue:
         return verdicts
 
     def costs(self, round_index: int) -> dict[str, float | int]:
-        return {"results": self.counts.pop(round_index, 0), "replay_seconds": self.seconds.pop(round_index, 0.0)}
+        """The replays judged for ``round_index`` by its merge, and those left to judge after it (``deferred``)."""
+        late = sum(1 for key in self.deferred if key[0] == round_index)
+        for old in [r for r in self.counts if r < round_index]:  # (verdicts of merged rounds that came late)
+            self.counts.pop(old, None), self.seconds.pop(old, None)
+        return {"results": self.counts.pop(round_index, 0), "replay_seconds": self.seconds.pop(round_index, 0.0),
+                **({"deferred": late} if late else {})}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -96,7 +97,7 @@ def oracle(package: Package, relay: Relay, trained_from: dict[Key, np.ndarray]) 
     carried after the last redone round), every other one as it is, as its update onto the weights of its round."""
     relay.store.open()  # (closed when its app stopped)
     undone = {(row["round"], row["slot"]) for row in relay.store.audit() if row["verification"].startswith("undone")}
-    redone = undo_events(relay.session)[0]["rounds"]
+    redone = next(iter(undo_events(relay.session)), {"rounds": []})["rounds"]  # (none: the ban came before a merge)
     session = Session.create(package, relay.session.config)
     codec = session.config.result_codec
     by_round: dict[int, list[Any]] = {}
@@ -267,3 +268,47 @@ def test_a_result_trained_before_the_undo_is_refused_and_its_unit_handed_out_aga
                 upload(honest, job, trained_from)
     assert relay.session.done and len(undo_events(relay.session)) == 1
     assert mine["unit_index"] in handed, handed  # the refused result's unit was trained again
+
+
+def held_replays(relay: Relay) -> threading.Event:
+    """Hold every host replay of ``relay`` until the returned event is set (the replays then run as they would)."""
+    gate = threading.Event()
+    assert relay.verification.queue is not None
+    verifier = relay.verification.queue.verifier
+    train = verifier._train
+
+    def held(*args: Any) -> Any:
+        assert gate.wait(timeout=120), "the test never released the replays"
+        return train(*args)
+
+    verifier._train = held  # type: ignore[method-assign]
+    return gate
+
+
+@pytest.mark.parametrize("wait", ["suspects", "all"])
+def test_a_round_merges_before_its_routine_replays_and_a_late_failure_undoes_it(package: Package, tmp_path: Path,
+                                                                                wait: str) -> None:
+    """Every peer's first result is replayed (a routine replay). With --replay-wait suspects round 0 merges while
+    both replays are still held; when they end, the attacker's fails, bans it and undoes round 0, and the session
+    ends on the honest oracle. With --replay-wait all the round waits, saying it is replaying 2 results."""
+    relay = make_relay(package, tmp_path / "s", k=2, passes=PASSES, config=CONFIG, verify_fraction=0.0,
+                       replay_wait=wait, **SCRIPTED)
+    gate = held_replays(relay)
+    trained_from: dict[Key, np.ndarray] = {}
+    with serving(relay) as client:
+        attacker, honest = HttpPeer(client), HttpPeer(client)
+        jobs = attacker.assignment(), honest.assignment()
+        upload(honest, jobs[1], trained_from)
+        upload(attacker, jobs[0], trained_from, poison=True)
+        if wait == "suspects":
+            status = wait_for_round(client, 1)  # (merged with both replays held)
+            assert status["history"][0]["verification"]["deferred"] == 2 and not status["counters"].get("peers_banned")
+        else:
+            status = wait_until(client, lambda s: "replaying 2 results" in (s.get("waiting") or ""))
+            assert status["round"] == 0
+        gate.set()
+        status = wait_until(client, lambda s: s["counters"].get("peers_banned", 0) == 1 and not s["merging"] and
+                            s["counters"].get("undos", 0) == (1 if wait == "suspects" else 0))
+        assert attacker.send(work_call()).status_code == 403
+        finish(client, honest, trained_from)
+    np.testing.assert_array_equal(relay.session.weights, oracle(package, relay, trained_from).weights)
