@@ -235,7 +235,7 @@ def sections_of(args: argparse.Namespace) -> tuple[list[Section], int]:
     if getattr(args, "sections", None):
         return [narrowed(s, args) for s in picked(base, args.sections) if not args.tasks or s.task in args.tasks], k
     if all(getattr(args, name) is None for name in CUSTOM):
-        return [dataclasses.replace(s, verify_shares=tuple(verify_shares)) if verify_shares and s.verify_shares
+        return [dataclasses.replace(s, verify_shares=tuple(verify_shares)) if verify_shares and crosses(s)
                 else s for s in base], k
     tasks = args.tasks or sorted({s.task for s in base})
     attacks = args.attacks or sorted({a for s in base for a in s.attacks}, key=ATTACKS.index)
@@ -252,6 +252,11 @@ def sections_of(args: argparse.Namespace) -> tuple[list[Section], int]:
     return [Section(title, task, tuple(aggregators), tuple(attacks), tuple(f for f in fractions if f > 0), checks,
                     honest_first, verify_shares=tuple(verify_shares) if verify_shares and checks == "on" else None)
             for task in tasks], k
+
+
+def crosses(section: Section) -> bool:
+    """Whether ``--verify-shares`` replaces the section's shares (a section run as shipped keeps the relay's)."""
+    return bool(section.verify_shares) and None not in (section.verify_shares or ())
 
 
 def picked(base: tuple[Section, ...], wanted: list[str]) -> list[Section]:
@@ -275,7 +280,7 @@ def narrowed(section: Section, args: argparse.Namespace) -> Section:
         changes["checks"] = args.relay_checks
     if args.honest_first is not None:
         changes["honest_first"] = args.honest_first
-    if args.verify_shares and section.verify_shares is not None:
+    if args.verify_shares and crosses(section):
         changes["verify_shares"] = tuple(args.verify_shares)
     return dataclasses.replace(section, **changes)
 

@@ -182,8 +182,8 @@ def test_the_full_grid_shares_its_honest_runs() -> None:
     distinct = {p.key for section in sections for p in planned_runs(section, FULL_K)}
     # shipped arith: 2 honest + 2 x 6 attacks; patient: 2 x 5 x 2 (its honest runs are the shipped ones; with
     # inner_product); aggregators alone: 6 honest + 6 x 4; shipped bytetext: 2 + 2 x 6; verification: (1 honest + 4)
-    # x 4 shares
-    assert len(distinct) == 14 + 20 + 30 + 14 + 20
+    # x 4 shares; patient bytetext: 4 attacks (its honest run is the shipped one); patient CartPole: 1 honest + 4
+    assert len(distinct) == 14 + 20 + 30 + 14 + 20 + 4 + 5
     assert supported(list(FULL), features, {"centered_clipping": '{"radius": 1}'}) == list(FULL)
     assert all(p.attackers == 1 for p in planned_runs(QUICK[0], 3) if p.attack != "none")
 
@@ -214,7 +214,7 @@ def test_sections_and_verify_shares_pick_and_narrow_the_grid() -> None:
     assert runs == [(a, v) for a in ("none", "flip", "scaled") for v in (0.0, 0.25, 1.0)]
     assert all(p.honest_first == (p.attack != "none") for p in planned_runs(sections[0], k))
     full, _ = sections_of(options("--verify-shares", "0,1"))  # the whole grid; only the verification section crosses
-    assert [s.verify_shares for s in full] == [None] * 4 + [(0.0, 1.0)]
+    assert [s.verify_shares for s in full] == [None] * 4 + [(0.0, 1.0)] + [(None,)] * 2  # (patient: as shipped)
     custom, _ = sections_of(options("--tasks", "arith", "--attacks", "flip", "--aggregators", "mean",
                                     "--verify-shares", "0,1"))
     assert [(p.attack, p.verify) for p in planned_runs(custom[0], 10)][:4] == [("none", 0.0), ("none", 1.0),
