@@ -105,9 +105,10 @@ class RelayOptions:
         commands=("serve",)))
     replay_wait: str = field(default="suspects", metadata=setting(
         help="which replays a round's merge waits for: suspects (outliers and updates suspect by direction; a routine "
-        "replay (a peer's first result, the coverage bound, the sampled share) is judged after the merge, and one that "
-        "fails bans its peer and undoes its merged results, see --undo-rounds) or all (every replay of the round, as "
-        "where bans cannot be undone: differential privacy, async mode, --undo-rounds 0)", choices=REPLAY_WAITS,
+        "replay (a peer's first result, the coverage bound, the sampled share) is judged after its round's merge, "
+        "before the next one, and one that fails bans its peer and undoes its merged results, see --undo-rounds) "
+        "or all (every replay of the round, as where bans cannot be undone: differential privacy, async mode, "
+        "--undo-rounds 0)", choices=REPLAY_WAITS,
         group="guards", commands=("serve",)))
     replay_workers: int | None = field(default=None, metadata=setting(
         help="replays run at once (each a Pyodide worker process of about 150 MB)", minimum=1, metavar="N",

@@ -16,10 +16,11 @@ peer at the latest (``server.relay.coverage``), every update pointing away from 
 (``server.relay.direction``) and every result a check or the aggregator flags as an outlier. Replays run on a pool
 of worker threads, each with its own engine (the merge's validation uses the session's task), so verification
 overlaps the round. A round merges after the replays of its suspects (outliers, updates pointing away); a routine
-replay (a peer's first result, the coverage bound, the share) is judged whenever it ends, after the merge if need
-be, where a ban can undo what its peer moved (``serve --replay-wait suspects``, the default; ``server.relay.undo``),
-and before the merge where it cannot (differential privacy, async mode, ``--undo-rounds 0``, ``--replay-wait all``):
-a round then waits for its replays queued behind each other on a small machine. A replay needs only the job, so the
+replay (a peer's first result, the coverage bound, the share) is judged when it ends, after its round's merge if
+need be but before the next round's, where a ban can undo what its peer moved (``serve --replay-wait suspects``, the
+default; ``server.relay.undo``), and before its own merge where it cannot (differential privacy, async mode,
+``--undo-rounds 0``, ``--replay-wait all``): a round then waits for its replays queued behind each other on a small
+machine. A replay needs only the job, so the
 relay starts the replay of a unit it will check when it hands the unit out (the peer's first, its coverage bound or
 the sampled share: all known then); the check is a comparison.
 Host replay does not depend on who the peers are, so many identities do not help a cheat. A replay the host
@@ -289,13 +290,16 @@ class ReplayQueue:
             self.deferred.add((round_index, key))
 
     def blocking(self, round_index: int) -> list[tuple[int, Any]]:
-        """The replays of ``round_index`` its merge waits for, finished or not."""
-        return [key for key in self.pending if key[0] == round_index and key not in self.deferred]
+        """The replays the merge of ``round_index`` waits for, finished or not: its own that are not deferred, and
+        every one of an earlier round (a deferred replay is judged before the next round merges, so a result that
+        fails it was merged once at most before its ban undoes it)."""
+        return [key for key in self.pending if key[0] < round_index or
+                (key[0] == round_index and key not in self.deferred)]
 
     async def wait(self, round_index: int, *, final: bool = False) -> None:
-        """Until the replays queued for ``round_index`` that are not deferred are done (their verdicts stay for
-        ``finished``); a deferred one is judged whenever it ends, after the merge. ``final`` (the merge that ends the
-        session, after which nothing is undone): every pending replay, of every round."""
+        """Until the replays the merge of ``round_index`` waits for are done (``blocking``; their verdicts stay for
+        ``finished``); a deferred one is judged when it ends, by the next merge at the latest. ``final`` (the merge
+        that ends the session, after which nothing is undone): every pending replay."""
         for key in list(self.pending) if final else self.blocking(round_index):
             future = self.pending.get(key)  # (``finished`` may have taken it meanwhile, on the event loop)
             if future is not None:

@@ -3,12 +3,14 @@
 Three Chromium pages train a small arithmetic session; Playwright rewrites one page's ``POST /api/result``
 (``page.route``) to ``global + 1.5 * update``: an update in the honest direction, 1.5 times as long, inside
 every norm bound a relay can set without refusing honest peers. The relay replays every peer's first result
-natively and the replay differs by half the update, so that page is banned (its page says so), its results
-of the open round are dropped and handed to the others, the session finishes, and no honest page is banned.
+and the replay differs by half the update, so that page is banned (its page says so), its results of the open round
+are dropped and handed to the others, and what it had merged (a routine replay is judged before the next round
+merges: once at most) is undone; the session finishes, and no honest page is banned.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import httpx
@@ -18,7 +20,6 @@ from browser_helpers import (
     ADMIN_TOKEN,
     ARITH_SETTINGS,
     close_pages,
-    recorded_results,
     start_relay,
     stop,
     task_args,
@@ -51,8 +52,10 @@ def test_a_subtly_poisoning_page_is_banned_after_its_first_checked_result(browse
         final = wait_for_status(url, lambda s: s["done"], timeout_s=240, what="the session to finish",
                                 pages=pages, relay=relay)
         banned_text = [page.evaluate("window.peertrain.banned || null") for page in pages]
-        listing = httpx.get(url + "api/admin/peers", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
-                            timeout=10).json()["peers"]
+        headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+        listing = httpx.get(url + "api/admin/peers", headers=headers, timeout=10).json()["peers"]
+        exported = httpx.get(url + "api/admin/export/results", headers=headers, timeout=10).text
+        audit = [json.loads(line) for line in exported.splitlines() if line]
     finally:
         close_pages(pages)
         stop(relay)
@@ -64,10 +67,11 @@ def test_a_subtly_poisoning_page_is_banned_after_its_first_checked_result(browse
     assert len(banned) == 1 and "differs from the host's replay" in banned[0]["ban_reason"], listing
     # The poisoning page is told why; the honest pages are not banned.
     assert banned_text[0] and "banned" in banned_text[0] and banned_text[1:] == [None, None], seen
-    # Banned after its first checked result: at most the uploads it made while that replay ran, and none of
-    # its results reached a merge.
-    assert 1 <= len(poisoner.poisoned) <= 2, seen
-    merged = recorded_results(session_dir)
-    assert banned[0]["peer_id"] not in {r.peer_id for r in merged}, seen
+    # Banned after its first checked result, which is judged before the next round merges: at most the uploads it
+    # made until then, and each of its results that reached a merge is undone.
+    assert 1 <= len(poisoner.poisoned) <= 3, seen
+    theirs = [row for row in audit if row["peer_id"] == banned[0]["peer_id"]]
+    assert all(row["verification"].startswith("undone") for row in theirs), (theirs, seen)
+    assert counters.get("undos", 0) == (1 if theirs else 0), seen
     assert [entry["round"] for entry in final["history"]] == list(range(final["num_rounds"])), seen
     assert sum(entry["participants"] for entry in final["history"]) == 3 * final["num_rounds"], seen
