@@ -40,12 +40,14 @@ lock): the round being merged keeps the banned peer's result, and the undo that 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from runtime import wire
 from runtime.planner import Assignment
 from runtime.tasks import UnitResult
 from server.relay.book import RoundBook
@@ -56,6 +58,7 @@ from server.relay.replay_checks import ReplayChecks
 from server.session import checkpoint_files as checkpoint
 
 LOG = logging.getLogger("peertrain.relay")
+REBASED = "rebased_onto"  # a kept result an undo stored: the digest of the weights it stands on (its round's)
 RELAY_FIELDS = ("verification", "deadline", "redundancy", "backups", "blocked")  # a redone entry keeps the relay's
 
 
@@ -193,13 +196,15 @@ class BanUndo(Part):
                 carry += [(p, u, r) for key in sorted(carried, key=int) for p, u, r in carried[key]]
             trained_from = session.weights if round_index == first else \
                 checkpoint.set_aside_weights(directory, round_index)
-            results = []
+            results, kept = [], {}
             for slot, result in sorted(stored.items()):
                 if slot not in undone:
-                    base = session.weights if trained_from is None else trained_from
-                    _, vector = decode_result(result.message, session=session, round_index=round_index, base=base)
-                    results.append((assignments[slot], UnitResult(rebase(vector, base, session.weights),
-                                                                  result.num_examples, result.metrics)))
+                    header, moved = self._moved(result.message, round_index, session.weights if trained_from is None
+                                                else trained_from)
+                    results.append((assignments[slot], UnitResult(moved, result.num_examples, result.metrics)))
+                    kept[slot] = wire.encode(moved, dataclasses.replace(
+                        header, meta={**header.meta, REBASED: wire.weights_digest(session.weights)}))
+            store.replace_messages(round_index, kept)  # (another undo, or this one after a crash, reads these)
             before = originals[round_index] if round_index < len(originals) else {}
             session.complete_round(results, extra={**{k: before[k] for k in RELAY_FIELDS if k in before},
                                                    "redone": {"undo_of": peer_id}}, carry_missing=True, carry=carry,
@@ -221,6 +226,22 @@ class BanUndo(Part):
         if history and not any(e.get("type") == "undo" and e.get("peer") == peer_id for e in history[-1]["events"]):
             self.session.note_event(event)
         self.store.set_undo(peer_id, "done", event)
+
+    def _moved(self, message: bytes, round_index: int, trained_from: np.ndarray) -> tuple[wire.WireHeader, np.ndarray]:
+        """A kept result of ``round_index`` moved onto the weights the round now starts from (``session.weights``):
+        its update from the weights it was trained from added to them. A message an undo stored already stands on
+        the weights it names (``REBASED``): the corrected weights of its round, those this undo set aside, or (after
+        a crash mid-round) the ones it starts from again."""
+        session = self.session
+        if wire.is_update(message):
+            header, vector = decode_result(message, session=session, round_index=round_index, base=trained_from)
+            return header, rebase(vector, trained_from, session.weights)
+        header, vector = wire.decode(message, expect_spec=session.spec, expect_round=round_index)
+        named = header.meta.get(REBASED)
+        base = session.weights if named == wire.weights_digest(session.weights) else trained_from
+        if named is not None and named != wire.weights_digest(base):  # (not expected: said, and taken as trained)
+            LOG.warning("a kept result of round %d stands on weights %s this undo does not hold", round_index, named)
+        return header, rebase(vector, base, session.weights)
 
     def _first_planned(self, assignment: Assignment) -> int:
         carried = self.session.carried_from(assignment)

@@ -23,6 +23,7 @@ from server.relay.client import work_call
 from server.relay.options import RelayOptions
 from server.relay.sqlite_store import Store
 from server.relay.state import Relay
+from server.relay.undo import REBASED
 from server.relay.verify import sampled
 from server.session.package import Package
 from server.session.session import Session
@@ -115,9 +116,12 @@ def oracle(package: Package, relay: Relay, trained_from: dict[Key, np.ndarray]) 
                 withheld.append((assignment.pass_index, assignment.unit_index, assignment.round))
                 continue
             base = trained_from[(round_index, stored.slot)]
-            _, vector = wire.result_weights(stored.message, base, codec=codec)
-            if not np.array_equal(base, session.weights):
-                vector = (session.weights + (vector - base)).astype(np.float32)
+            if not wire.is_update(stored.message) and REBASED in wire.decode(stored.message)[0].meta:
+                vector = wire.decode(stored.message)[1]  # (an undo stored it as it stands on the redone round)
+            else:
+                _, vector = wire.result_weights(stored.message, base, codec=codec)
+                if not np.array_equal(base, session.weights):
+                    vector = (session.weights + (vector - base)).astype(np.float32)
             pairs.append((assignment, UnitResult(vector, stored.num_examples, stored.metrics)))
         carry = (withheld if round_index == redone[-1] else []) if round_index in redone else None
         session.complete_round(pairs, carry_missing=True, carry=carry)
@@ -312,3 +316,37 @@ def test_a_round_merges_before_its_routine_replays_and_a_late_failure_undoes_it(
         assert attacker.send(work_call()).status_code == 403
         finish(client, honest, trained_from)
     np.testing.assert_array_equal(relay.session.weights, oracle(package, relay, trained_from).weights)
+
+
+@pytest.mark.parametrize("codec", ["none", "int8"])
+def test_a_second_undo_redoes_rounds_the_first_redid(package: Package, tmp_path: Path, codec: str) -> None:
+    """An attacker of three is caught in round 3 and its rounds 1-2 are merged again; then a second peer is banned
+    (by the relay's own ban, as a replay's failure would), whose results of rounds 1-2 the first undo kept: the
+    second undo merges those rounds again from what the first stored (each result as it stands on the corrected
+    weights). Before, it decoded an update the first undo had moved against the corrected weights, failed with
+    wrong_base at every try (int8), or took weights trained before the first undo for their update (float32)."""
+    # a share that checks slot 0 first in ``ban_round`` and slot 2 in none of the rounds before it
+    seed, ban_round, fraction = next((seed, b, f / 1000) for seed in range(50) for b in (3, 2) for f in range(10, 990)
+                                     if sampled(seed, b, 0, f / 1000) and not any(
+                                         sampled(seed, r, s, f / 1000) for r in range(1, b) for s in (0, 2)))
+    relay = make_relay(package, tmp_path / "s", k=3, passes=PASSES, config=CONFIG | {"codec": codec, "seed": seed},
+                       verify_fraction=fraction, replay_wait="all", **SCRIPTED)
+    trained_from: dict[Key, np.ndarray] = {}
+    with serving(relay) as client:
+        attacker, honest, other = HttpPeer(client), HttpPeer(client), HttpPeer(client)
+        for round_index in range(ban_round + 1):
+            jobs = attacker.assignment(), honest.assignment(), other.assignment()
+            assert [job["slot"] for job in jobs] == [0, 1, 2] and jobs[0]["round"] == round_index
+            upload(honest, jobs[1], trained_from)
+            upload(other, jobs[2], trained_from)
+            upload(attacker, jobs[0], trained_from, poison=round_index > 0)
+            if round_index < ban_round:
+                wait_for_round(client, round_index + 1)
+        wait_until(client, lambda s: s["counters"].get("undos", 0) == 1 and not s["merging"])
+        relay.bans.ban(other.peer_id, "a second ban, of a peer whose results the first undo kept")
+        finish(client, honest, trained_from)
+        status = session_status(client)
+        assert status["done"] and status["counters"]["undos"] == 2, status["counters"]
+    # (the first undo's event was in the history entry of a round the second redid: that entry is the second's now)
+    second = undo_events(relay.session)[-1]
+    assert second["peer"] == other.peer_id and set(range(1, ban_round)) <= set(second["rounds"]), second
