@@ -396,6 +396,9 @@ def rounds_of_work(spec: RunSpec, everyone: list[BenchPeer], trainer: Trainer, o
         clock = observed.spent("train", clock)
         uploads = []
         for (peer, job, _), message in zip(fetched, messages, strict=True):
+            if message is None:  # (a job whose round an undo took back while its weights were fetched: dropped)
+                observed.uploads[f"{peer.role} stale_job"] += 1
+                continue
             if peer.upload is not None:
                 handed = trainer.global_weights(peer.message, peer.digest)
                 colluders.setdefault(job["round"], []).append(result_weights(message, handed, job)[1])

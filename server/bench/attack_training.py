@@ -29,6 +29,7 @@ import numpy as np
 
 from runtime import wire
 from runtime.peer import Peer
+from runtime.tasks.base import TaskError
 from runtime.tasks.loader import module_name_for_file, task_class
 from runtime.weights import WeightSpec
 from server.browser_assets import engines
@@ -92,8 +93,10 @@ class Trainer:
             self.vectors = {digest: wire.decode(message, expect_spec=self.spec)[1]}
         return self.vectors[digest]
 
-    def train_all(self, work: list[tuple[bytes, str, dict[str, Any], bytes | None]]) -> list[bytes]:
-        """The result messages of ``work`` (weights message, its digest, assignment, unit message), in order."""
+    def train_all(self, work: list[tuple[bytes, str, dict[str, Any], bytes | None]]) -> list[bytes | None]:
+        """The result messages of ``work`` (weights message, its digest, assignment, unit message), in order; None
+        for a job the weights fetched for it cannot train (a ban's undo took its round back meanwhile: the runtime
+        refuses weights of another round, as a page's does)."""
         keys = [(digest, job["round"], job["slot"], job["unit_index"], job["unit_seed"], job.get("episodes"),
                  job.get("progress")) for _, digest, job, _ in work]
         results: dict[int, bytes | Future[bytes]] = {}
@@ -103,11 +106,17 @@ class Trainer:
                 results[index] = self.cache[key]
             else:
                 results[index] = self.pool.submit(_train_in_worker, message, digest, job, unit)
-        out = []
+        out: list[bytes | None] = []
         for index, key in enumerate(keys):
             value = results[index]
             if isinstance(value, Future):
-                value = value.result()
+                try:
+                    value = value.result()
+                except (TaskError, engines.EngineError) as error:
+                    if "assignment is for round" not in str(error):
+                        raise
+                    out.append(None)
+                    continue
             if key not in self.cache:
                 self.trained += 1
                 if key[1] == 0 and len(self.cache) < CACHE_ENTRIES:
