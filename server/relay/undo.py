@@ -197,13 +197,14 @@ class BanUndo(Part):
             trained_from = session.weights if round_index == first else \
                 checkpoint.set_aside_weights(directory, round_index)
             results, kept = [], {}
+            corrected = wire.weights_digest(session.weights)  # (once a round: the weights its kept results stand on)
             for slot, result in sorted(stored.items()):
                 if slot not in undone:
                     header, moved = self._moved(result.message, round_index, session.weights if trained_from is None
-                                                else trained_from)
+                                                else trained_from, corrected)
                     results.append((assignments[slot], UnitResult(moved, result.num_examples, result.metrics)))
-                    kept[slot] = wire.encode(moved, dataclasses.replace(
-                        header, meta={**header.meta, REBASED: wire.weights_digest(session.weights)}))
+                    kept[slot] = wire.encode(moved, dataclasses.replace(header,
+                                                                        meta={**header.meta, REBASED: corrected}))
             store.replace_messages(round_index, kept)  # (another undo, or this one after a crash, reads these)
             before = originals[round_index] if round_index < len(originals) else {}
             session.complete_round(results, extra={**{k: before[k] for k in RELAY_FIELDS if k in before},
@@ -227,19 +228,20 @@ class BanUndo(Part):
             self.session.note_event(event)
         self.store.set_undo(peer_id, "done", event)
 
-    def _moved(self, message: bytes, round_index: int, trained_from: np.ndarray) -> tuple[wire.WireHeader, np.ndarray]:
+    def _moved(self, message: bytes, round_index: int, trained_from: np.ndarray,
+               corrected: str) -> tuple[wire.WireHeader, np.ndarray]:
         """A kept result of ``round_index`` moved onto the weights the round now starts from (``session.weights``):
         its update from the weights it was trained from added to them. A message an undo stored already stands on
         the weights it names (``REBASED``): the corrected weights of its round, those this undo set aside, or (after
-        a crash mid-round) the ones it starts from again."""
+        a crash mid-round) the ones it starts from again; ``corrected``: the digest of ``session.weights``."""
         session = self.session
         if wire.is_update(message):
             header, vector = decode_result(message, session=session, round_index=round_index, base=trained_from)
             return header, rebase(vector, trained_from, session.weights)
         header, vector = wire.decode(message, expect_spec=session.spec, expect_round=round_index)
         named = header.meta.get(REBASED)
-        base = session.weights if named == wire.weights_digest(session.weights) else trained_from
-        if named is not None and named != wire.weights_digest(base):  # (not expected: said, and taken as trained)
+        base = session.weights if named == corrected else trained_from
+        if named is not None and named != corrected and named != wire.weights_digest(trained_from):  # (not expected)
             LOG.warning("a kept result of round %d stands on weights %s this undo does not hold", round_index, named)
         return header, rebase(vector, base, session.weights)
 
