@@ -283,12 +283,8 @@ class Store:
         return {row[1]: StoredResult(row[0], row[1], row[2], row[3], row[4], json.loads(row[5]), bytes(row[6]))
                 for row in rows}
 
-    def replace_messages(self, round_index: int, messages: dict[int, bytes]) -> None:
-        """Store ``messages`` (slot -> message) in place of the round's result messages, at once (a ban's undo keeps
-        each re-merged result as it stands on the corrected weights; the audit's sha256 and size stay the upload's)."""
-        with self._lock, self.db:
-            self.db.executemany("UPDATE results SET message = ? WHERE round = ? AND slot = ?",
-                                [(message, round_index, slot) for slot, message in messages.items()])
+    def replace_message(self, round_index: int, slot: int, message: bytes) -> None:  # (audit: sha256, size stay)
+        self._run("UPDATE results SET message = ? WHERE round = ? AND slot = ?", (message, round_index, slot))
 
     def all_results(self) -> list[StoredResult]:
         rows = self._run("SELECT round, slot, unit_index, peer_id, num_examples, metrics, message FROM results "

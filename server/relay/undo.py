@@ -205,7 +205,8 @@ class BanUndo(Part):
                     results.append((assignments[slot], UnitResult(moved, result.num_examples, result.metrics)))
                     kept[slot] = wire.encode(moved, dataclasses.replace(header,
                                                                         meta={**header.meta, REBASED: corrected}))
-            store.replace_messages(round_index, kept)  # (another undo, or this one after a crash, reads these)
+            for slot, message in kept.items():  # (another undo, or this one after a crash, reads these, one by one)
+                store.replace_message(round_index, slot, message)
             before = originals[round_index] if round_index < len(originals) else {}
             session.complete_round(results, extra={**{k: before[k] for k in RELAY_FIELDS if k in before},
                                                    "redone": {"undo_of": peer_id}}, carry_missing=True, carry=carry,
