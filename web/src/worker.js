@@ -21,6 +21,40 @@ const TEST_FLAG = "test";
 // Refusals that mean this page's runtime is older than the relay's: retraining cannot help, a reload does.
 const OUT_OF_DATE = new Set(["outdated_format", "wrong_codec"]);
 
+// The answers of POST /api/work, as runtime/protocol.py declares them (tests/runtime/test_protocol.py holds these
+// typedefs to its JSON Schema: a field added there must be added here, and the worker reads no other field).
+/**
+ * @typedef {Object} Job a unit to train, leased to this peer
+ * @property {number} round
+ * @property {number} slot
+ * @property {number} pass_index
+ * @property {number} unit_index
+ * @property {number} unit_seed
+ * @property {"data"|"experience"|"local"} kind
+ * @property {number} episodes
+ * @property {number} progress
+ * @property {number} lease_deadline
+ * @property {number} lease_seconds
+ * @property {number} weights_round
+ * @property {number} num_rounds
+ * @property {string} fingerprint
+ * @property {string} [weights_digest]
+ * @property {string} [weights_url]
+ * @property {number} [carried_from]
+ * @property {Object} [codec]
+ * @property {"backup"|"redundancy"} [copy]
+ */
+/**
+ * @typedef {Object} Wait no unit now: ask again after `wait` seconds
+ * @property {number} wait
+ * @property {string} reason
+ */
+/**
+ * @typedef {Object} Done the session is over
+ * @property {string} reason
+ * @property {boolean} [done]
+ */
+
 let pyodide = null;
 let entry = null; // runtime.worker, the module's proxy
 let options = null; // from the page's "boot" message: { blas, test }
@@ -253,6 +287,7 @@ async function trainLoop(joinCode, device) {
       const hold = (prepared.taskInfo.limits || {}).hold_seconds || 0;
       const asking = new AbortController();
       wake = () => asking.abort();
+      /** @type {Job|Wait|Done} */
       const job = await api(hold > 0 ? `/api/work?hold=${hold}` : "/api/work", { method: "POST", signal: asking.signal })
         .finally(() => { wake = null; });
       failures = 0;
