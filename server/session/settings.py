@@ -306,6 +306,60 @@ def flag_name(cls: type, name: str) -> str:
     return declared(cls)[name].flag
 
 
+# -- an object back to flags --------------------------------------------------------------------------------------
+
+def arguments(instance: Any, command: str = "serve") -> list[str]:
+    """The flags that make ``command``'s parser (``add_flags``, then ``combine``) build ``instance`` again: one for
+    each declared field whose value differs from what a command line without it gives (the command's default,
+    as the dataclass makes it, so a normalised default such as an empty table is not said), and every required
+    field. Each is ``--flag=VALUE`` (a value may start with a dash). A value the command cannot be given (a field
+    it has no flag for, None without a flag or a word for it) is a ``SettingError``. The environment is left out:
+    a field with an ``env`` left at its default can still be set by that variable where the command runs."""
+    said: list[str] = []
+    for item in declarations(type(instance)):
+        value = getattr(instance, item.name)
+        if item.default is not dataclasses.MISSING and is_default(instance, item, command):
+            continue
+        if command not in item.setting.commands:
+            raise SettingError(item.name, f"cannot be given to {command} (it has no flag for it), got "
+                               f"{json.dumps(value, default=repr)}")
+        said.append(flag_argument(item, value))
+    return said
+
+
+def is_default(instance: Any, item: Declared, command: str) -> bool:
+    """Whether ``instance`` is what it would be with ``item`` left at ``command``'s default: the dataclass's own
+    normalisation decides (an ``aggregate_config`` of None becomes its aggregator's defaults), in the context of the
+    other fields; a default those fields refuse means the value must be said."""
+    try:
+        return bool(dataclasses.replace(instance, **{item.name: item.default_for(command)}) == instance)
+    except (TypeError, ValueError):
+        return False
+
+
+def flag_argument(item: Declared, value: Any) -> str:
+    """The one argument that sets ``item`` to ``value``, as ``text_reader`` and the flag's action read it."""
+    if value is None:
+        if item.setting.none_flag:
+            return item.setting.none_flag
+        if item.setting.none_word:
+            return f"{item.flag}={item.setting.none_word}"
+        raise SettingError(item.name, "cannot be None on the command line (no flag or word says it)")
+    if item.kind is bool:
+        if bool(value) == bool(item.default):  # (a flag turns it away from the field's default, never back)
+            raise SettingError(item.name, f"cannot be {json.dumps(bool(value))} on this command line")
+        return item.flag
+    if item.kind is dict:
+        text = json.dumps(dict(value))
+    elif item.kind is float and isinstance(value, float):
+        text = repr(value)  # (the shortest text float() reads back to the same number)
+    else:
+        text = str(value)
+    if item.setting.none_word and text.strip().lower() == item.setting.none_word:
+        raise SettingError(item.name, f"cannot be {text!r} on the command line: it reads as None")
+    return f"{item.flag}={text}"
+
+
 # -- a settings file ----------------------------------------------------------------------------------------------
 
 def read_file(path: Path, accepted: Mapping[str, Declared], *, command: str,
