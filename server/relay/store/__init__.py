@@ -1,0 +1,22 @@
+"""The relay's store: peers, leases, results, copies, the asynchronous buffer, bans, undos and counters.
+
+``Store`` (``protocol``) is the interface every part of the relay types against, with the contract each
+implementation keeps; ``Lease`` and ``StoredResult`` (``records``) are what any store hands back;
+``open_store`` (``location``) opens one from a path or a URL. SQLite (``sqlite``) is the embedded default;
+a second database is a second implementation of the same protocol, found by its URL's scheme in
+``location.open_store``, and runs the same tests (tests/server/relay/store/, one more ``store`` fixture param).
+
+Why the protocol is flat: the relay's parts call ``store.count(...)``, ``store.leases(...)``, ... in some
+two hundred places; one flat ``Store`` keeps those calls as they are. It is still declared concept by concept
+(``PeerStore``, ``LeaseStore``, ... in ``protocol``), and the SQLite store owns one part object per concept over
+one shared connection, handing each call to its owner (``sqlite.store.SQLiteStore``), so no class is scattered
+over files and each file is one concept.
+"""
+
+from __future__ import annotations
+
+from server.relay.store.location import SCHEMES, UnsupportedStore, open_store
+from server.relay.store.protocol import LAST_SEEN_RESOLUTION, Store
+from server.relay.store.records import Lease, StoredResult
+
+__all__ = ["LAST_SEEN_RESOLUTION", "SCHEMES", "Lease", "Store", "StoredResult", "UnsupportedStore", "open_store"]

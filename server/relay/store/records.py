@@ -1,0 +1,49 @@
+"""What a store hands back, whichever store it is: a lease, a stored result, the rows of the asynchronous buffer,
+a pending undo; and the two digests every store records the same way (a token's hash, a message's sha256)."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+
+def hash_token(token: str) -> str:
+    """What a store keeps of a peer's token (never the token itself)."""
+    return sha256_hex(token.encode())
+
+
+def sha256_hex(data: bytes) -> str:
+    """A message's digest as the audit records it."""
+    return hashlib.sha256(data).hexdigest()
+
+
+@dataclass(frozen=True)
+class Lease:
+    round: int
+    slot: int
+    unit_index: int
+    peer_id: str
+    issued: float
+    deadline: float
+    copy: int = 0  # 0: the unit's own lease; 1: a second copy (redundancy, a backup)
+
+
+@dataclass(frozen=True)
+class StoredResult:
+    round: int
+    slot: int
+    unit_index: int
+    peer_id: str
+    num_examples: int
+    metrics: dict[str, Any]
+    message: bytes
+    engine: str = ""  # what the result says it trained on (header meta; not stored apart from the message)
+
+
+# Asynchronous mode: a result waiting in the buffer, (seq, entry, unit, version, examples, metrics, update vector).
+type BufferedArrival = tuple[int, int, int, int, int, dict[str, Any], bytes]
+# A result merged in asynchronous mode, (seq, entry, unit, version, merge, examples, metrics, message).
+type MergedArrival = tuple[int, int, int, int, int, int, dict[str, Any], bytes]
+# A ban's undo not finished yet, (peer, state, plan): ``server.relay.undo`` writes the state and plan.
+type PendingUndo = tuple[str, str, dict[str, Any]]

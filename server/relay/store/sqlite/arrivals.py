@@ -1,0 +1,55 @@
+"""The asynchronous buffer in SQLite (``server.relay.buffered``): results in arrival order, each marked with the
+merge that took it (none yet: it waits in the buffer)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from server.relay.store.records import BufferedArrival, MergedArrival, sha256_hex
+from server.relay.store.sqlite.connection import TablePart
+
+
+class SQLiteArrivals(TablePart):
+    """``server.relay.store.protocol.ArrivalStore`` on the ``arrivals`` table."""
+
+    def add_arrival(self, *, entry: int, unit_index: int, peer_id: str, version: int, num_examples: int,
+                    metrics: dict[str, Any], message: bytes, update: bytes) -> int:
+        with self.connection.transaction() as db:
+            cursor = db.execute(
+                "INSERT INTO arrivals (entry, unit_index, peer_id, version, num_examples, metrics, message, "
+                "update_vector, received, merge, sha256) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, ?)",
+                (entry, unit_index, peer_id, version, num_examples, json.dumps(metrics), message, update,
+                 self.clock(), sha256_hex(message)))
+            db.execute("UPDATE peers SET units_done = units_done + 1 WHERE id = ?", (peer_id,))
+            return int(cursor.lastrowid or 0)
+
+    def arrived_entries(self) -> set[int]:
+        return {int(r[0]) for r in self.connection.run("SELECT entry FROM arrivals")}
+
+    def buffered(self) -> list[BufferedArrival]:
+        rows = self.connection.run("SELECT seq, entry, unit_index, version, num_examples, metrics, update_vector "
+                                   "FROM arrivals WHERE merge IS NULL ORDER BY seq")
+        return [(r[0], r[1], r[2], r[3], r[4], json.loads(r[5]), bytes(r[6])) for r in rows]
+
+    def buffered_count(self) -> int:
+        return int(self.connection.run("SELECT COUNT(*) FROM arrivals WHERE merge IS NULL")[0][0])
+
+    def mark_merged(self, seqs: list[int], merge: int) -> None:
+        with self.connection.transaction() as db:
+            db.executemany("UPDATE arrivals SET merge = ? WHERE seq = ?", [(merge, seq) for seq in seqs])
+
+    def unmerge_from(self, merge: int) -> int:
+        return self.connection.change("UPDATE arrivals SET merge = NULL WHERE merge >= ?", (merge,))
+
+    def arrivals(self) -> list[MergedArrival]:
+        rows = self.connection.run("SELECT seq, entry, unit_index, version, merge, num_examples, metrics, message "
+                                   "FROM arrivals WHERE merge IS NOT NULL ORDER BY seq")
+        return [(r[0], r[1], r[2], r[3], r[4], r[5], json.loads(r[6]), bytes(r[7])) for r in rows]
+
+    def prune_arrivals_before(self, merge: int) -> int:
+        emptied = self.connection.change("UPDATE arrivals SET message = X'', update_vector = X'' WHERE merge IS NOT "
+                                         "NULL AND merge < ? AND length(message) > 0", (merge,))
+        if emptied:
+            self.connection.truncate_log()
+        return emptied

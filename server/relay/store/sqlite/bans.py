@@ -1,0 +1,27 @@
+"""Bans in SQLite: a banned peer (and, through it, the address it joined from), why and when."""
+
+from __future__ import annotations
+
+from server.relay.store.sqlite.connection import TablePart
+
+
+class SQLiteBans(TablePart):
+    """``server.relay.store.protocol.BanStore`` on the ``bans`` table."""
+
+    def ban(self, peer_id: str, reason: str) -> str:
+        with self.connection.locked() as db:
+            rows = db.execute("SELECT address FROM peers WHERE id = ?", (peer_id,)).fetchall()
+            address = rows[0][0] if rows else ""
+            db.execute("INSERT OR REPLACE INTO bans VALUES (?, ?, ?, ?)", (peer_id, address, reason[:500],
+                                                                          self.clock()))
+            return str(address)
+
+    def unban(self, peer_id: str) -> bool:
+        return self.connection.change("DELETE FROM bans WHERE peer_id = ?", (peer_id,)) > 0
+
+    def ban_reason(self, peer_id: str) -> str | None:
+        rows = self.connection.run("SELECT reason FROM bans WHERE peer_id = ?", (peer_id,))
+        return str(rows[0][0]) if rows else None
+
+    def address_banned(self, address: str) -> bool:
+        return bool(address) and bool(self.connection.run("SELECT 1 FROM bans WHERE address = ? LIMIT 1", (address,)))

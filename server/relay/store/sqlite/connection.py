@@ -1,0 +1,106 @@
+"""One SQLite file shared by the store's parts: its connection, the lock every call takes, a transaction for a call
+that writes more than once, and the file's size on disk."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from server.relay.store.sqlite.schema import create_or_upgrade
+
+WAL_LIMIT_BYTES = 8 << 20  # the write-ahead log is cut back to this after a checkpoint of it
+
+
+class Connection:
+    """The file's one connection, safe to share between threads (the merge runs in a worker thread): every
+    statement runs under one lock, and commits on its own unless ``transaction`` groups several."""
+
+    def __init__(self, path: Path, *, durable: bool = True) -> None:
+        self.path = Path(path)
+        self.durable = durable
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._db: sqlite3.Connection | None = None
+
+    def open(self) -> None:
+        """Connect (again, after ``close``); creates the tables of a new file and upgrades an older one."""
+        with self._lock:
+            if self._db is not None:
+                return
+            db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+            db.execute("PRAGMA journal_mode=WAL")
+            # NORMAL under WAL: a commit survives the process being killed (what the crash tests do); only a
+            # power cut may lose the last commits, whose units are then handed out again. FULL synced every
+            # commit on the event loop: 20 ms a counter under load (``peertrain bench load``). OFF: a
+            # simulation's file, which needs no durability at all.
+            db.execute(f"PRAGMA synchronous={'NORMAL' if self.durable else 'OFF'}")
+            db.execute(f"PRAGMA journal_size_limit={WAL_LIMIT_BYTES}")
+            create_or_upgrade(db)
+            self._db = db
+
+    @property
+    def closed(self) -> bool:
+        return self._db is None
+
+    def close(self) -> None:
+        with self._lock:
+            if self._db is not None:
+                self._db.close()
+                self._db = None
+
+    @property
+    def db(self) -> sqlite3.Connection:
+        if self._db is None:
+            raise sqlite3.ProgrammingError(f"the store {self.path} is closed")
+        return self._db
+
+    def run(self, sql: str, args: tuple = ()) -> list[tuple]:
+        """One statement (its own transaction); its rows."""
+        with self._lock:
+            return self.db.execute(sql, args).fetchall()
+
+    def change(self, sql: str, args: tuple = ()) -> int:
+        """One statement that writes (its own transaction); how many rows it changed."""
+        with self._lock:
+            return int(self.db.execute(sql, args).rowcount)
+
+    @contextmanager
+    def locked(self) -> Iterator[sqlite3.Connection]:
+        """Reads, then at most one write, that no other call may come between."""
+        with self._lock:
+            yield self.db
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """Statements that land together or not at all (a crash, a full disk between them leaves neither)."""
+        with self._lock:
+            db = self.db
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                yield db
+                db.execute("COMMIT")
+            except BaseException:
+                if db.in_transaction:  # (SQLite may have rolled back already: a full disk can)
+                    db.execute("ROLLBACK")
+                raise
+
+    def truncate_log(self) -> None:
+        with self._lock:
+            self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+
+    def disk_bytes(self) -> int:
+        """The SQLite file with its write-ahead log and shared-memory index."""
+        return sum(path.stat().st_size for path in (self.path, self.path.with_name(self.path.name + "-wal"),
+                                                    self.path.with_name(self.path.name + "-shm")) if path.exists())
+
+
+@dataclass(frozen=True)
+class TablePart:
+    """What each part of the SQLite store holds: the shared connection and the store's clock."""
+
+    connection: Connection
+    clock: Callable[[], float]

@@ -1,0 +1,30 @@
+"""Second copies of a unit in SQLite (redundancy, backups): compared with the merged result, never merged."""
+
+from __future__ import annotations
+
+from server.relay.store.records import sha256_hex
+from server.relay.store.sqlite.connection import TablePart
+
+
+class SQLiteCopies(TablePart):
+    """``server.relay.store.protocol.CopyStore`` on the ``copies`` table."""
+
+    def add_copy(self, round_index: int, slot: int, peer_id: str, message: bytes, outcome: str) -> None:
+        with self.connection.transaction() as db:
+            db.execute("INSERT OR REPLACE INTO copies (round, slot, peer_id, message, received, outcome, sha256) "
+                       "VALUES (?, ?, ?, ?, ?, ?, ?)", (round_index, slot, peer_id, message, self.clock(), outcome,
+                                                        sha256_hex(message)))
+            db.execute("UPDATE peers SET units_done = units_done + 1 WHERE id = ?", (peer_id,))
+
+    def set_copy_outcome(self, round_index: int, slot: int, peer_id: str, outcome: str) -> None:
+        self.connection.run("UPDATE copies SET outcome = ? WHERE round = ? AND slot = ? AND peer_id = ?",
+                            (outcome, round_index, slot, peer_id))
+
+    def copies(self, round_index: int) -> dict[tuple[int, str], str]:
+        rows = self.connection.run("SELECT slot, peer_id, outcome FROM copies WHERE round = ?", (round_index,))
+        return {(r[0], r[1]): r[2] for r in rows}
+
+    def copy_message(self, round_index: int, slot: int, peer_id: str) -> bytes | None:
+        rows = self.connection.run("SELECT message FROM copies WHERE round = ? AND slot = ? AND peer_id = ?",
+                                   (round_index, slot, peer_id))
+        return bytes(rows[0][0]) if rows else None

@@ -1,0 +1,54 @@
+"""Leases in SQLite: who trains which slot of which round (the unit's own lease, or a second copy), until when."""
+
+from __future__ import annotations
+
+from server.relay.store.records import Lease
+from server.relay.store.sqlite.connection import TablePart
+
+# A live lease of ``peer_id``: the two arguments are the peer and now.
+LIVE = "peer_id = ? AND deadline >= ?"
+# A lease whose unit has no result yet, or on a second copy (a copy's result is never the slot's).
+UNDELIVERED = "(copy > 0 OR NOT EXISTS (SELECT 1 FROM results r WHERE r.round = leases.round AND r.slot = leases.slot))"
+
+
+class SQLiteLeases(TablePart):
+    """``server.relay.store.protocol.LeaseStore`` on the ``leases`` table."""
+
+    def leases(self, round_index: int, copy: int = 0) -> dict[int, Lease]:
+        rows = self.connection.run("SELECT round, slot, unit_index, peer_id, issued, deadline, copy FROM leases "
+                                   "WHERE round = ? AND copy = ?", (round_index, copy))
+        return {row[1]: Lease(*row) for row in rows}
+
+    def grant(self, round_index: int, slot: int, unit_index: int, peer_id: str, seconds: float,
+              copy: int = 0) -> Lease:
+        now = self.clock()
+        self.connection.run("INSERT OR REPLACE INTO leases VALUES (?, ?, ?, ?, ?, ?, ?)",
+                            (round_index, slot, unit_index, peer_id, now, now + seconds, copy))
+        return Lease(round_index, slot, unit_index, peer_id, now, now + seconds, copy)
+
+    def release(self, round_index: int, slot: int, peer_id: str | None = None) -> None:
+        if peer_id is None:
+            self.connection.run("DELETE FROM leases WHERE round = ? AND slot = ?", (round_index, slot))
+        else:
+            self.connection.run("DELETE FROM leases WHERE round = ? AND slot = ? AND peer_id = ?",
+                                (round_index, slot, peer_id))
+
+    def swap_copies(self, round_index: int, slot: int) -> None:
+        with self.connection.transaction() as db:  # (through copy 2, which the primary key leaves free)
+            for source, target in ((0, 2), (1, 0), (2, 1)):
+                db.execute("UPDATE leases SET copy = ? WHERE round = ? AND slot = ? AND copy = ?",
+                           (target, round_index, slot, source))
+
+    def release_leases_of(self, peer_id: str) -> int:
+        return self.connection.change(f"DELETE FROM leases WHERE {LIVE}", (peer_id, self.clock()))
+
+    def release_leases_on_leaving(self, peer_id: str) -> int:
+        with self.connection.locked() as db:
+            now = self.clock()
+            unfinished = db.execute(f"SELECT COUNT(*) FROM leases WHERE {LIVE} AND {UNDELIVERED}",
+                                    (peer_id, now)).fetchone()[0]
+            db.execute(f"DELETE FROM leases WHERE {LIVE}", (peer_id, now))
+            return int(unfinished)
+
+    def release_live_leases(self) -> int:
+        return self.connection.change(f"DELETE FROM leases WHERE {UNDELIVERED}")

@@ -1,0 +1,68 @@
+"""Peers in SQLite: who joined (id, hashed token, address, agent), when each was last seen, units done."""
+
+from __future__ import annotations
+
+import hmac
+import secrets
+from typing import Any
+
+from server.relay.store.protocol import LAST_SEEN_RESOLUTION
+from server.relay.store.records import hash_token
+from server.relay.store.sqlite.connection import TablePart
+
+
+class SQLitePeers(TablePart):
+    """``server.relay.store.protocol.PeerStore`` on the ``peers`` table (and ``leases``, ``bans`` for who counts
+    as active)."""
+
+    def add_peer(self, agent: str = "", address: str = "") -> tuple[str, str]:
+        peer_id, token = "p-" + secrets.token_hex(4), secrets.token_urlsafe(24)
+        now = self.clock()
+        self.connection.run("INSERT INTO peers (id, token_hash, joined, last_seen, agent, address) "
+                            "VALUES (?, ?, ?, ?, ?, ?)", (peer_id, hash_token(token), now, now, agent[:200],
+                                                          address[:100]))
+        return peer_id, token
+
+    def authenticate(self, peer_id: str, token: str, *, touch: bool = True) -> bool:
+        with self.connection.locked() as db:
+            rows = db.execute("SELECT token_hash, last_seen FROM peers WHERE id = ?", (peer_id,)).fetchall()
+            expected = rows[0][0] if rows else hash_token(secrets.token_hex(8))  # (as long for an unknown peer)
+            ok = hmac.compare_digest(expected, hash_token(token)) and bool(rows)
+            now = self.clock()
+            if ok and touch and not now - float(rows[0][1]) < LAST_SEEN_RESOLUTION:
+                db.execute("UPDATE peers SET last_seen = ? WHERE id = ?", (now, peer_id))
+            return ok
+
+    def depart(self, peer_id: str) -> None:
+        self.connection.run("UPDATE peers SET last_seen = 0 WHERE id = ?", (peer_id,))
+
+    def active_peers(self, within_seconds: float) -> list[str]:
+        now = self.clock()
+        rows = self.connection.run("SELECT id FROM peers WHERE last_seen >= ? UNION "
+                                   "SELECT peer_id FROM leases WHERE deadline >= ? EXCEPT SELECT peer_id FROM bans",
+                                   (now - within_seconds, now))
+        return sorted(r[0] for r in rows)
+
+    def live_peers_at(self, address: str, within_seconds: float) -> int:
+        since = self.clock() - within_seconds
+        return int(self.connection.run("SELECT COUNT(*) FROM peers WHERE address = ? AND last_seen >= ?",
+                                       (address, since))[0][0])
+
+    def addresses(self, within_seconds: float) -> int:
+        since = self.clock() - within_seconds
+        return int(self.connection.run("SELECT COUNT(DISTINCT address) FROM peers WHERE last_seen >= ?",
+                                       (since,))[0][0])
+
+    def peer_count(self) -> int:
+        return int(self.connection.run("SELECT COUNT(*) FROM peers")[0][0])
+
+    def peer_address(self, peer_id: str) -> str:
+        rows = self.connection.run("SELECT address FROM peers WHERE id = ?", (peer_id,))
+        return str(rows[0][0]) if rows else ""
+
+    def peers_listing(self) -> list[dict[str, Any]]:
+        rows = self.connection.run("SELECT p.id, p.address, p.agent, p.joined, p.last_seen, p.units_done, b.reason, "
+                                   "b.time FROM peers p LEFT JOIN bans b ON b.peer_id = p.id ORDER BY p.joined")
+        return [{"peer_id": r[0], "address": r[1], "agent": r[2], "joined": r[3], "last_seen": r[4],
+                 "units_done": r[5], "banned": r[6] is not None, "ban_reason": r[6], "banned_at": r[7]}
+                for r in rows]

@@ -1,0 +1,66 @@
+"""The SQLite file's tables, and bringing a file written by an older relay up to date when it is opened."""
+
+from __future__ import annotations
+
+import sqlite3
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS peers (
+    id TEXT PRIMARY KEY, token_hash TEXT NOT NULL, joined REAL NOT NULL, last_seen REAL NOT NULL,
+    agent TEXT NOT NULL DEFAULT '', units_done INTEGER NOT NULL DEFAULT 0, address TEXT NOT NULL DEFAULT ''
+);
+CREATE TABLE IF NOT EXISTS leases (
+    round INTEGER NOT NULL, slot INTEGER NOT NULL, unit_index INTEGER NOT NULL, peer_id TEXT NOT NULL,
+    issued REAL NOT NULL, deadline REAL NOT NULL, copy INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (round, slot, copy)
+);
+CREATE TABLE IF NOT EXISTS results (
+    round INTEGER NOT NULL, slot INTEGER NOT NULL, unit_index INTEGER NOT NULL, peer_id TEXT NOT NULL,
+    num_examples INTEGER NOT NULL, metrics TEXT NOT NULL, message BLOB NOT NULL, received REAL NOT NULL,
+    sha256 TEXT NOT NULL DEFAULT '', size INTEGER NOT NULL DEFAULT 0, verification TEXT NOT NULL DEFAULT '',
+    PRIMARY KEY (round, slot)
+);
+CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS copies (
+    round INTEGER NOT NULL, slot INTEGER NOT NULL, peer_id TEXT NOT NULL, message BLOB NOT NULL,
+    received REAL NOT NULL, outcome TEXT NOT NULL, sha256 TEXT NOT NULL DEFAULT '',
+    PRIMARY KEY (round, slot, peer_id)
+);
+CREATE TABLE IF NOT EXISTS arrivals (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, entry INTEGER NOT NULL UNIQUE, unit_index INTEGER NOT NULL,
+    peer_id TEXT NOT NULL, version INTEGER NOT NULL, num_examples INTEGER NOT NULL, metrics TEXT NOT NULL,
+    message BLOB NOT NULL, update_vector BLOB NOT NULL, received REAL NOT NULL, merge INTEGER,
+    sha256 TEXT NOT NULL DEFAULT ''
+);
+CREATE TABLE IF NOT EXISTS bans (
+    peer_id TEXT PRIMARY KEY, address TEXT NOT NULL, reason TEXT NOT NULL, time REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS undos (
+    peer_id TEXT PRIMARY KEY, state TEXT NOT NULL, plan TEXT NOT NULL, time REAL NOT NULL
+);
+"""
+
+# Columns added since the first files (table -> column -> definition): added to an older file on open.
+ADDED_COLUMNS = {
+    "peers": {"address": "TEXT NOT NULL DEFAULT ''"},
+    "results": {"sha256": "TEXT NOT NULL DEFAULT ''", "size": "INTEGER NOT NULL DEFAULT 0",
+                "verification": "TEXT NOT NULL DEFAULT ''"},
+    "copies": {"sha256": "TEXT NOT NULL DEFAULT ''"},
+    "arrivals": {"sha256": "TEXT NOT NULL DEFAULT ''"},
+}
+
+
+def columns(db: sqlite3.Connection, table: str) -> set[str]:
+    return {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
+
+
+def create_or_upgrade(db: sqlite3.Connection) -> None:
+    """Create the tables a new file lacks; give an older file the columns added since it was written."""
+    db.executescript(SCHEMA)
+    for table, added in ADDED_COLUMNS.items():
+        present = columns(db, table)
+        for name, definition in added.items():
+            if name not in present:
+                db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {definition}")
+    if "copy" not in columns(db, "leases"):
+        # a file from before second copies: leases are handed out again after a restart anyway
+        db.executescript("DROP TABLE leases;" + SCHEMA)

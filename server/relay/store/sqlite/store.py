@@ -1,0 +1,234 @@
+"""``SQLiteStore``: the relay's store in one SQLite file beside the session's checkpoints.
+
+It owns one connection and a part per concept (peers, leases, results, copies, arrivals, bans, undos, counters),
+each in its own module over the same connection, and answers the flat ``Store`` protocol by handing each call to
+the part that owns it. The contract of every method is on the protocol (``server.relay.store.protocol``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from server.relay.store.records import BufferedArrival, Lease, MergedArrival, PendingUndo, StoredResult
+from server.relay.store.sqlite.arrivals import SQLiteArrivals
+from server.relay.store.sqlite.bans import SQLiteBans
+from server.relay.store.sqlite.connection import Connection
+from server.relay.store.sqlite.copies import SQLiteCopies
+from server.relay.store.sqlite.counters import SQLiteCounters
+from server.relay.store.sqlite.leases import SQLiteLeases
+from server.relay.store.sqlite.peers import SQLitePeers
+from server.relay.store.sqlite.results import SQLiteResults
+from server.relay.store.sqlite.undos import SQLiteUndos
+
+
+class SQLiteStore:
+    """The relay's store in the SQLite file at ``path`` (created with its folder, or opened and upgraded), safe to
+    share between threads. ``durable=False`` (a simulation's file) skips syncing the file altogether."""
+
+    def __init__(self, path: Path, clock: Callable[[], float] = time.time, *, durable: bool = True) -> None:
+        self._clock = clock
+        self.connection = Connection(Path(path), durable=durable)
+        self._peers = SQLitePeers(self.connection, clock)
+        self._leases = SQLiteLeases(self.connection, clock)
+        self._results = SQLiteResults(self.connection, clock)
+        self._copies = SQLiteCopies(self.connection, clock)
+        self._arrivals = SQLiteArrivals(self.connection, clock)
+        self._bans = SQLiteBans(self.connection, clock)
+        self._undos = SQLiteUndos(self.connection, clock)
+        self._counters = SQLiteCounters(self.connection, clock)
+        self.open()
+
+    # -- opening and closing ------------------------------------------------------------------------
+    @property
+    def clock(self) -> Callable[[], float]:
+        return self._clock
+
+    @property
+    def path(self) -> Path:
+        return self.connection.path
+
+    @property
+    def closed(self) -> bool:
+        return self.connection.closed
+
+    def open(self) -> None:
+        self.connection.open()
+
+    def close(self) -> None:
+        self.connection.close()
+
+    def disk_bytes(self) -> int:
+        return self.connection.disk_bytes()
+
+    # -- peers --------------------------------------------------------------------------------------
+    def add_peer(self, agent: str = "", address: str = "") -> tuple[str, str]:
+        return self._peers.add_peer(agent, address)
+
+    def authenticate(self, peer_id: str, token: str, *, touch: bool = True) -> bool:
+        return self._peers.authenticate(peer_id, token, touch=touch)
+
+    def depart(self, peer_id: str) -> None:
+        self._peers.depart(peer_id)
+
+    def active_peers(self, within_seconds: float) -> list[str]:
+        return self._peers.active_peers(within_seconds)
+
+    def live_peers_at(self, address: str, within_seconds: float) -> int:
+        return self._peers.live_peers_at(address, within_seconds)
+
+    def addresses(self, within_seconds: float) -> int:
+        return self._peers.addresses(within_seconds)
+
+    def peer_count(self) -> int:
+        return self._peers.peer_count()
+
+    def peer_address(self, peer_id: str) -> str:
+        return self._peers.peer_address(peer_id)
+
+    def peers_listing(self) -> list[dict[str, Any]]:
+        return self._peers.peers_listing()
+
+    # -- leases -------------------------------------------------------------------------------------
+    def leases(self, round_index: int, copy: int = 0) -> dict[int, Lease]:
+        return self._leases.leases(round_index, copy)
+
+    def grant(self, round_index: int, slot: int, unit_index: int, peer_id: str, seconds: float,
+              copy: int = 0) -> Lease:
+        return self._leases.grant(round_index, slot, unit_index, peer_id, seconds, copy)
+
+    def release(self, round_index: int, slot: int, peer_id: str | None = None) -> None:
+        self._leases.release(round_index, slot, peer_id)
+
+    def swap_copies(self, round_index: int, slot: int) -> None:
+        self._leases.swap_copies(round_index, slot)
+
+    def release_leases_of(self, peer_id: str) -> int:
+        return self._leases.release_leases_of(peer_id)
+
+    def release_leases_on_leaving(self, peer_id: str) -> int:
+        return self._leases.release_leases_on_leaving(peer_id)
+
+    def release_live_leases(self) -> int:
+        return self._leases.release_live_leases()
+
+    # -- results ------------------------------------------------------------------------------------
+    def add_result(self, result: StoredResult, *, count_unit: bool = True) -> None:
+        self._results.add_result(result, count_unit=count_unit)
+
+    def result_slots(self, round_index: int) -> set[int]:
+        return self._results.result_slots(round_index)
+
+    def result_peer(self, round_index: int, slot: int) -> str | None:
+        return self._results.result_peer(round_index, slot)
+
+    def results(self, round_index: int) -> dict[int, StoredResult]:
+        return self._results.results(round_index)
+
+    def all_results(self) -> list[StoredResult]:
+        return self._results.all_results()
+
+    def replace_message(self, round_index: int, slot: int, message: bytes) -> None:
+        self._results.replace_message(round_index, slot, message)
+
+    def remove_result(self, round_index: int, slot: int) -> None:
+        self._results.remove_result(round_index, slot)
+
+    def remove_results_of(self, peer_id: str, round_index: int) -> list[int]:
+        return self._results.remove_results_of(peer_id, round_index)
+
+    def reset_round(self, round_index: int) -> int:
+        return self._results.reset_round(round_index)
+
+    def set_verification(self, round_index: int, slot: int, peer_id: str, outcome: str) -> None:
+        self._results.set_verification(round_index, slot, peer_id, outcome)
+
+    def audit(self) -> list[dict[str, Any]]:
+        return self._results.audit()
+
+    def prune_before(self, round_index: int) -> int:
+        return self._results.prune_before(round_index)
+
+    # -- second copies ------------------------------------------------------------------------------
+    def add_copy(self, round_index: int, slot: int, peer_id: str, message: bytes, outcome: str) -> None:
+        self._copies.add_copy(round_index, slot, peer_id, message, outcome)
+
+    def set_copy_outcome(self, round_index: int, slot: int, peer_id: str, outcome: str) -> None:
+        self._copies.set_copy_outcome(round_index, slot, peer_id, outcome)
+
+    def copies(self, round_index: int) -> dict[tuple[int, str], str]:
+        return self._copies.copies(round_index)
+
+    def copy_message(self, round_index: int, slot: int, peer_id: str) -> bytes | None:
+        return self._copies.copy_message(round_index, slot, peer_id)
+
+    # -- the asynchronous buffer --------------------------------------------------------------------
+    def add_arrival(self, *, entry: int, unit_index: int, peer_id: str, version: int, num_examples: int,
+                    metrics: dict[str, Any], message: bytes, update: bytes) -> int:
+        return self._arrivals.add_arrival(entry=entry, unit_index=unit_index, peer_id=peer_id, version=version,
+                                          num_examples=num_examples, metrics=metrics, message=message, update=update)
+
+    def arrived_entries(self) -> set[int]:
+        return self._arrivals.arrived_entries()
+
+    def buffered(self) -> list[BufferedArrival]:
+        return self._arrivals.buffered()
+
+    def buffered_count(self) -> int:
+        return self._arrivals.buffered_count()
+
+    def mark_merged(self, seqs: list[int], merge: int) -> None:
+        self._arrivals.mark_merged(seqs, merge)
+
+    def unmerge_from(self, merge: int) -> int:
+        return self._arrivals.unmerge_from(merge)
+
+    def arrivals(self) -> list[MergedArrival]:
+        return self._arrivals.arrivals()
+
+    def prune_arrivals_before(self, merge: int) -> int:
+        return self._arrivals.prune_arrivals_before(merge)
+
+    # -- bans ---------------------------------------------------------------------------------------
+    def ban(self, peer_id: str, reason: str) -> str:
+        return self._bans.ban(peer_id, reason)
+
+    def unban(self, peer_id: str) -> bool:
+        return self._bans.unban(peer_id)
+
+    def ban_reason(self, peer_id: str) -> str | None:
+        return self._bans.ban_reason(peer_id)
+
+    def address_banned(self, address: str) -> bool:
+        return self._bans.address_banned(address)
+
+    # -- undos --------------------------------------------------------------------------------------
+    def request_undo(self, peer_id: str) -> None:
+        self._undos.request_undo(peer_id)
+
+    def undos(self) -> list[PendingUndo]:
+        return self._undos.undos()
+
+    def set_undo(self, peer_id: str, state: str, plan: dict[str, Any]) -> None:
+        self._undos.set_undo(peer_id, state, plan)
+
+    def unverified_rounds(self, peer_id: str) -> tuple[int | None, list[int]]:
+        return self._undos.unverified_rounds(peer_id)
+
+    def mark_undone(self, peer_id: str, first: int, end: int) -> int:
+        return self._undos.mark_undone(peer_id, first, end)
+
+    def undone_slots(self, round_index: int) -> set[int]:
+        return self._undos.undone_slots(round_index)
+
+    def pruned_rounds(self, first: int, end: int) -> set[int]:
+        return self._undos.pruned_rounds(first, end)
+
+    # -- counters -----------------------------------------------------------------------------------
+    def count(self, name: str, by: int = 1) -> None:
+        self._counters.count(name, by)
+
+    def counters(self) -> dict[str, int]:
+        return self._counters.counters()

@@ -1,0 +1,76 @@
+"""What only the SQLite store has: its file. A file written by an older relay opens with its data; a call that
+writes twice lands whole or not at all; a simulation's file skips syncing."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from server.relay.store import StoredResult, open_store
+from server.relay.store.sqlite import SQLiteStore
+from server.relay.store.sqlite.schema import SCHEMA
+
+# The tables as the first files had them: no address, no audit columns, leases without second copies.
+FIRST_FILES = """
+CREATE TABLE peers (id TEXT PRIMARY KEY, token_hash TEXT NOT NULL, joined REAL NOT NULL, last_seen REAL NOT NULL,
+    agent TEXT NOT NULL DEFAULT '', units_done INTEGER NOT NULL DEFAULT 0);
+CREATE TABLE leases (round INTEGER NOT NULL, slot INTEGER NOT NULL, unit_index INTEGER NOT NULL,
+    peer_id TEXT NOT NULL, issued REAL NOT NULL, deadline REAL NOT NULL, PRIMARY KEY (round, slot));
+CREATE TABLE results (round INTEGER NOT NULL, slot INTEGER NOT NULL, unit_index INTEGER NOT NULL,
+    peer_id TEXT NOT NULL, num_examples INTEGER NOT NULL, metrics TEXT NOT NULL, message BLOB NOT NULL,
+    received REAL NOT NULL, PRIMARY KEY (round, slot));
+INSERT INTO peers VALUES ('p-old', 'hash', 1.0, 2.0, 'agent', 3);
+INSERT INTO leases VALUES (0, 1, 1, 'p-old', 1.0, 99.0);
+INSERT INTO results VALUES (0, 0, 0, 'p-old', 256, '{"loss": 1.5}', X'0102', 5.0);
+"""
+
+
+def table_columns(path: Path) -> dict[str, list[str]]:
+    with sqlite3.connect(path) as db:
+        tables = [row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")]
+        return {table: [row[1] for row in db.execute(f"PRAGMA table_info({table})")] for table in tables}
+
+
+def test_a_file_of_the_first_relays_opens_with_its_data(tmp_path: Path) -> None:
+    old, new = tmp_path / "old.sqlite3", tmp_path / "new.sqlite3"
+    with sqlite3.connect(old) as db:
+        db.executescript(FIRST_FILES)
+    with sqlite3.connect(new) as db:
+        db.executescript(SCHEMA)
+    store = open_store(old)
+    try:
+        assert store.results(0) == {0: StoredResult(0, 0, 0, "p-old", 256, {"loss": 1.5}, b"\x01\x02")}
+        assert store.peer_address("p-old") == "" and store.peers_listing()[0]["units_done"] == 3
+        assert store.leases(0) == {}  # (from before second copies: handed out again anyway)
+        assert store.audit()[0]["sha256"] == "" and store.audit()[0]["verification"] == "not checked"
+        store.grant(0, 1, 1, "p-new", 10.0, copy=1)
+    finally:
+        store.close()
+    assert {table: sorted(columns) for table, columns in table_columns(old).items() if table != "sqlite_sequence"} \
+        == {table: sorted(columns) for table, columns in table_columns(new).items() if table != "sqlite_sequence"}
+
+
+def test_a_call_that_writes_twice_lands_whole_or_not_at_all(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "relay.sqlite3")
+    try:
+        with pytest.raises(RuntimeError), store.connection.transaction() as db:
+            db.execute("INSERT INTO counters VALUES ('half', 1)")
+            raise RuntimeError("the process died here")
+        assert store.counters() == {}
+        store.count("whole")  # (the connection is usable after a rollback)
+        assert store.counters() == {"whole": 1}
+    finally:
+        store.close()
+
+
+def test_a_simulations_file_is_not_synced_and_a_sessions_is(tmp_path: Path) -> None:
+    for durable, expected in ((True, 1), (False, 0)):  # PRAGMA synchronous: 1 NORMAL, 0 OFF
+        store = SQLiteStore(tmp_path / f"{durable}.sqlite3", durable=durable)
+        try:
+            assert store.connection.db.execute("PRAGMA synchronous").fetchone()[0] == expected
+            store.add_result(StoredResult(0, 0, 3, "p-a", 256, {}, bytes(1 << 16)))
+            assert store.disk_bytes() > 1 << 16  # (the file and its write-ahead log)
+        finally:
+            store.close()

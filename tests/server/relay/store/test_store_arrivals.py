@@ -1,0 +1,58 @@
+"""A store's asynchronous buffer: results in arrival order, marked by the merge that took them, put back when a
+checkpoint lacks that merge, pruned once merged."""
+
+from __future__ import annotations
+
+import pytest
+
+from server.relay.store import Store
+
+
+def arrive(store: Store, entry: int, peer_id: str = "p-a", version: int = 0) -> int:
+    return store.add_arrival(entry=entry, unit_index=10 + entry, peer_id=peer_id, version=version, num_examples=256,
+                             metrics={"loss": entry}, message=b"message %d" % entry, update=b"update %d" % entry)
+
+
+def test_arrivals_wait_in_order_until_merged(store: Store) -> None:
+    peer_id, _ = store.add_peer()
+    assert store.buffered() == [] and store.buffered_count() == 0 and store.arrived_entries() == set()
+    seqs = [arrive(store, entry, peer_id, version=1) for entry in (4, 2, 7)]
+    assert seqs == sorted(seqs) and len(set(seqs)) == 3
+    assert store.arrived_entries() == {2, 4, 7} and store.buffered_count() == 3
+    assert store.buffered() == [(seqs[0], 4, 14, 1, 256, {"loss": 4}, b"update 4"),
+                                (seqs[1], 2, 12, 1, 256, {"loss": 2}, b"update 2"),
+                                (seqs[2], 7, 17, 1, 256, {"loss": 7}, b"update 7")]
+    assert store.peers_listing()[0]["units_done"] == 3
+    assert store.arrivals() == []  # (none merged)
+    store.mark_merged(seqs[:2], 0)
+    assert [row[0] for row in store.buffered()] == [seqs[2]] and store.buffered_count() == 1
+    assert store.arrivals() == [(seqs[0], 4, 14, 1, 0, 256, {"loss": 4}, b"message 4"),
+                                (seqs[1], 2, 12, 1, 0, 256, {"loss": 2}, b"message 2")]
+    assert store.arrived_entries() == {2, 4, 7}
+
+
+def test_an_entry_arrives_once(store: Store) -> None:
+    arrive(store, 3)
+    with pytest.raises(Exception):  # noqa: B017 (each database raises its own integrity error)
+        arrive(store, 3, "p-b")
+    assert store.buffered_count() == 1
+
+
+def test_merges_the_checkpoint_lacks_go_back_to_the_buffer(store: Store) -> None:
+    seqs = [arrive(store, entry) for entry in range(5)]
+    store.mark_merged(seqs[0:2], 0)
+    store.mark_merged(seqs[2:4], 1)
+    assert store.unmerge_from(1) == 2
+    assert [row[0] for row in store.buffered()] == seqs[2:]
+    assert [row[4] for row in store.arrivals()] == [0, 0]
+    assert store.unmerge_from(1) == 0
+
+
+def test_pruning_empties_arrivals_merged_before_a_merge(store: Store) -> None:
+    seqs = [arrive(store, entry) for entry in range(4)]
+    store.mark_merged(seqs[0:2], 0)
+    store.mark_merged(seqs[2:3], 1)
+    assert store.prune_arrivals_before(1) == 2
+    assert store.prune_arrivals_before(1) == 0
+    assert [row[-1] for row in store.arrivals()] == [b"", b"", b"message 2"]
+    assert store.buffered() == [(seqs[3], 3, 13, 0, 256, {"loss": 3}, b"update 3")]  # (not merged: untouched)

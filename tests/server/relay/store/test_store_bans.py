@@ -1,0 +1,60 @@
+"""A store's bans (a peer, and through it its address) and the undos they ask for."""
+
+from __future__ import annotations
+
+from virtual_clock import Clock
+
+from server.relay.store import Store, StoredResult
+
+
+def result(round_index: int, slot: int, peer_id: str) -> StoredResult:
+    return StoredResult(round_index, slot, slot, peer_id, 256, {}, b"update")
+
+
+def test_a_ban_names_the_peer_and_its_address(store: Store, clock: Clock) -> None:
+    peer_id, _ = store.add_peer("agent", "10.0.0.1")
+    assert store.ban_reason(peer_id) is None and not store.address_banned("10.0.0.1")
+    assert store.ban(peer_id, "r" * 600) == "10.0.0.1"
+    assert store.ban_reason(peer_id) == "r" * 500
+    assert store.address_banned("10.0.0.1") and not store.address_banned("10.0.0.2") and not store.address_banned("")
+    clock.advance(5.0)
+    store.ban(peer_id, "again")
+    assert store.ban_reason(peer_id) == "again" and store.peers_listing()[0]["banned_at"] == 1005.0
+    assert store.unban(peer_id) and not store.unban(peer_id)
+    assert store.ban_reason(peer_id) is None and not store.address_banned("10.0.0.1")
+    assert store.ban("p-nobody", "unknown") == "" and store.ban_reason("p-nobody") == "unknown"
+
+
+def test_an_undo_is_asked_once_until_done(store: Store, clock: Clock) -> None:
+    assert store.undos() == []
+    store.request_undo("p-b")
+    clock.advance(1.0)
+    store.request_undo("p-a")
+    assert store.undos() == [("p-b", "pending", {}), ("p-a", "pending", {})]  # oldest first
+    store.set_undo("p-b", "running", {"first": 3})
+    store.request_undo("p-b")  # (running: stays as it is)
+    assert store.undos()[0] == ("p-b", "running", {"first": 3})
+    store.set_undo("p-b", "done", {"first": 3})
+    assert store.undos() == [("p-a", "pending", {})]
+    clock.advance(1.0)
+    store.request_undo("p-b")  # an unban and a second ban: asked again, now the newest
+    assert store.undos() == [("p-a", "pending", {}), ("p-b", "pending", {})]
+
+
+def test_unverified_rounds_start_at_the_last_passed_replay(store: Store) -> None:
+    assert store.unverified_rounds("p-a") == (None, [])
+    for round_index in range(6):
+        store.add_result(result(round_index, 0, "p-a"))
+    store.add_result(result(2, 1, "p-b"))
+    assert store.unverified_rounds("p-a") == (None, [0, 1, 2, 3, 4, 5])
+    store.set_verification(2, 0, "p-a", "replay passed (bit for bit)")
+    store.set_verification(4, 0, "p-a", "copy identical")
+    assert store.unverified_rounds("p-a") == (2, [3, 4, 5])
+    assert store.mark_undone("p-a", 3, 5) == 2
+    assert store.unverified_rounds("p-a") == (2, [5])
+    assert store.undone_slots(3) == {0} and store.undone_slots(2) == set() and store.undone_slots(5) == set()
+    audit = {(row["round"], row["slot"]): row["verification"] for row in store.audit()}
+    assert audit[(3, 0)] == "undone (peer banned)" and audit[(4, 0)] == "undone (peer banned); copy identical"
+    assert audit[(2, 0)] == "replay passed (bit for bit)" and audit[(2, 1)] == "not checked"
+    assert store.mark_undone("p-a", 0, 6) == 3  # rounds 0, 1, 5: a passed replay and an undone result stay as they are
+    assert store.unverified_rounds("p-b") == (None, [2])

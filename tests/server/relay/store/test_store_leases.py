@@ -1,0 +1,80 @@
+"""A store's leases: granted, replaced, swapped between a unit and its second copy, released on a ban, on leaving
+and after a restart; a lease keeps its peer active while the peer trains without polling."""
+
+from __future__ import annotations
+
+from virtual_clock import Clock
+
+from server.relay.store import Lease, Store, StoredResult
+
+
+def result(round_index: int, slot: int, peer_id: str, message: bytes = b"update") -> StoredResult:
+    return StoredResult(round_index, slot, 10 + slot, peer_id, 256, {"loss": 0.5}, message)
+
+
+def test_a_grant_is_a_lease_from_now_and_replaces_the_one_on_its_slot(store: Store, clock: Clock) -> None:
+    assert store.leases(0) == {}
+    lease = store.grant(0, 1, 7, "p-a", 30.0)
+    assert lease == Lease(0, 1, 7, "p-a", 1000.0, 1030.0, 0)
+    clock.advance(5.0)
+    assert store.leases(0) == {1: lease} and store.leases(0, copy=1) == {} and store.leases(1) == {}
+    again = store.grant(0, 1, 7, "p-b", 30.0)
+    copy = store.grant(0, 1, 7, "p-c", 10.0, copy=1)
+    assert store.leases(0) == {1: again} and again.peer_id == "p-b" and again.issued == 1005.0
+    assert store.leases(0, copy=1) == {1: copy} and copy.copy == 1
+    clock.advance(100.0)
+    assert store.leases(0) == {1: again}  # (expired leases are still listed: the caller judges the deadline)
+
+
+def test_release_drops_a_slot_or_one_peers_lease_on_it(store: Store) -> None:
+    store.grant(0, 0, 1, "p-a", 30.0)
+    store.grant(0, 0, 1, "p-b", 30.0, copy=1)
+    store.grant(0, 1, 2, "p-a", 30.0)
+    store.release(0, 0, "p-b")
+    assert set(store.leases(0)) == {0, 1} and store.leases(0, copy=1) == {}
+    store.release(0, 0)
+    assert set(store.leases(0)) == {1}
+    store.release(5, 5)  # (nothing there: no error)
+
+
+def test_swapping_copies_makes_the_second_copy_the_units_own(store: Store) -> None:
+    own = store.grant(0, 2, 5, "p-a", 30.0)
+    second = store.grant(0, 2, 5, "p-b", 30.0, copy=1)
+    store.swap_copies(0, 2)
+    assert store.leases(0)[2].peer_id == "p-b" and store.leases(0, copy=1)[2].peer_id == "p-a"
+    assert store.leases(0)[2].deadline == second.deadline and store.leases(0, copy=1)[2].issued == own.issued
+    store.swap_copies(0, 3)  # (no leases there: no error)
+
+
+def test_a_banned_peer_loses_its_live_leases_only(store: Store, clock: Clock) -> None:
+    store.grant(0, 0, 1, "p-a", 10.0)
+    store.grant(0, 1, 2, "p-a", 60.0)
+    store.grant(0, 2, 3, "p-b", 60.0)
+    clock.advance(30.0)
+    assert store.release_leases_of("p-a") == 1  # (slot 0's lease had run out)
+    assert set(store.leases(0)) == {0, 2}
+    assert store.release_leases_of("p-nobody") == 0
+
+
+def test_leaving_drops_live_leases_and_counts_the_undelivered(store: Store, clock: Clock) -> None:
+    peer_id, _ = store.add_peer()
+    store.grant(0, 0, 1, peer_id, 60.0)
+    store.grant(0, 1, 2, peer_id, 60.0)
+    store.grant(0, 2, 3, peer_id, 60.0, copy=1)
+    store.grant(0, 3, 4, peer_id, 5.0)
+    store.add_result(result(0, 0, peer_id))
+    clock.advance(10.0)
+    assert store.active_peers(1.0) == [peer_id]  # (holding live leases, though not seen for 10 s)
+    assert store.release_leases_on_leaving(peer_id) == 2  # slot 1, and the copy on slot 2; slot 0 is delivered
+    assert set(store.leases(0)) == {3} and store.leases(0, copy=1) == {}  # (slot 3's had run out: it stays)
+    assert store.active_peers(1.0) == []
+
+
+def test_a_restart_keeps_only_the_leases_of_delivered_units(store: Store) -> None:
+    store.grant(0, 0, 1, "p-a", 60.0)
+    store.grant(0, 0, 1, "p-b", 60.0, copy=1)
+    store.grant(0, 1, 2, "p-c", 60.0)
+    store.grant(1, 0, 3, "p-d", 60.0)
+    store.add_result(result(0, 0, "p-a"))
+    assert store.release_live_leases() == 3
+    assert set(store.leases(0)) == {0} and store.leases(0, copy=1) == {} and store.leases(1) == {}

@@ -1,0 +1,50 @@
+"""A store's life: opened where it lives, closed and opened again with its data, counting from many threads, and
+its bytes on disk."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from virtual_clock import Clock
+
+from server.relay.store import Store, StoredResult
+
+
+def test_data_outlives_a_close(store: Store, clock: Clock) -> None:
+    peer_id, token = store.add_peer("agent", "10.0.0.1")
+    store.add_result(StoredResult(0, 0, 3, peer_id, 256, {"loss": 1.0}, b"message"))
+    store.count("results_accepted")
+    assert not store.closed and store.clock is clock
+    store.close()
+    assert store.closed
+    store.close()  # (again: nothing)
+    with pytest.raises(Exception):  # noqa: B017 (each database raises its own error)
+        store.counters()
+    store.open()
+    store.open()  # (again: nothing)
+    assert not store.closed
+    assert store.authenticate(peer_id, token) and store.result_slots(0) == {0}
+    assert store.counters() == {"results_accepted": 1}
+
+
+def test_counters_add_up_from_many_threads(store: Store) -> None:
+    assert store.counters() == {}
+
+    def count() -> None:
+        for _ in range(50):
+            store.count("b")
+            store.count("a", 2)
+
+    threads = [threading.Thread(target=count) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert store.counters() == {"a": 400, "b": 200} and list(store.counters()) == ["a", "b"]
+
+
+def test_disk_bytes_count_what_is_written(store: Store) -> None:
+    before = store.disk_bytes()
+    store.add_result(StoredResult(0, 0, 3, "p-a", 256, {}, bytes(1 << 16)))
+    assert store.disk_bytes() >= before and isinstance(store.path.name, str)

@@ -1,0 +1,86 @@
+"""A store's peers: tokens, the last-seen clock that decides who counts as connected, addresses, the listing."""
+
+from __future__ import annotations
+
+from virtual_clock import Clock
+
+from server.relay.store import LAST_SEEN_RESOLUTION, Store
+
+
+def last_seen(store: Store, peer_id: str) -> float:
+    return float(next(row["last_seen"] for row in store.peers_listing() if row["peer_id"] == peer_id))
+
+
+def test_tokens_are_checked_and_last_seen_is_written_at_most_once_per_resolution(store: Store, clock: Clock) -> None:
+    peer_id, token = store.add_peer("test")
+    assert store.authenticate(peer_id, token)
+    assert not store.authenticate(peer_id, token + "x")
+    assert not store.authenticate("p-nobody", token)
+    clock.advance(LAST_SEEN_RESOLUTION / 2)
+    assert store.authenticate(peer_id, token)
+    assert last_seen(store, peer_id) == 1000.0  # a synced write per request would be wasted here
+    clock.advance(LAST_SEEN_RESOLUTION)
+    assert store.authenticate(peer_id, token)
+    assert last_seen(store, peer_id) == clock()
+    clock.advance(29.0)
+    assert store.active_peers(30.0) == [peer_id]
+    clock.advance(2.0)
+    assert store.active_peers(30.0) == []
+    assert not store.authenticate(peer_id, "wrong")
+    assert store.active_peers(30.0) == []  # a wrong token does not count as being seen
+
+
+def test_an_untouching_authentication_and_a_departure_leave_a_peer_unseen(store: Store, clock: Clock) -> None:
+    peer_id, token = store.add_peer("test", "10.0.0.1")
+    clock.advance(60.0)
+    assert store.authenticate(peer_id, token, touch=False)  # (a request of a peer that left, still in flight)
+    assert store.active_peers(30.0) == [] and last_seen(store, peer_id) == 1000.0
+    assert store.authenticate(peer_id, token)
+    assert store.active_peers(30.0) == [peer_id] and store.live_peers_at("10.0.0.1", 30.0) == 1
+    store.depart(peer_id)
+    assert store.active_peers(30.0) == [] and store.live_peers_at("10.0.0.1", 30.0) == 0
+    assert store.authenticate(peer_id, token)  # the token stays valid: asking again brings it back
+    assert store.active_peers(30.0) == [peer_id]
+
+
+def test_ids_tokens_and_addresses(store: Store, clock: Clock) -> None:
+    assert store.peer_count() == 0 and store.addresses(30.0) == 0 and store.peers_listing() == []
+    first, first_token = store.add_peer("agent-a", "10.0.0.1")
+    clock.advance(1.0)
+    second, second_token = store.add_peer("agent-b", "10.0.0.1")
+    clock.advance(1.0)
+    third, _ = store.add_peer("x" * 300, "10.0.0.2")
+    assert len({first, second, third}) == 3 and first_token != second_token
+    assert store.peer_count() == 3
+    assert store.peer_address(first) == "10.0.0.1" and store.peer_address("p-nobody") == ""
+    assert store.live_peers_at("10.0.0.1", 30.0) == 2 and store.live_peers_at("10.0.0.9", 30.0) == 0
+    assert store.addresses(30.0) == 2
+    clock.advance(1.5)
+    assert store.live_peers_at("10.0.0.1", 2.5) == 1 and store.addresses(2.5) == 2  # (the first is 3.5 s old)
+    assert not store.authenticate(first, second_token)
+
+
+def test_the_listing_is_in_joining_order_with_bans(store: Store, clock: Clock) -> None:
+    honest, _ = store.add_peer("chromium", "10.0.0.1")
+    clock.advance(1.0)
+    liar, _ = store.add_peer("x" * 300, "10.0.0.2")
+    clock.advance(1.0)
+    store.ban(liar, "replay failed")
+    listing = store.peers_listing()
+    assert [row["peer_id"] for row in listing] == [honest, liar]
+    assert listing[0] == {"peer_id": honest, "address": "10.0.0.1", "agent": "chromium", "joined": 1000.0,
+                          "last_seen": 1000.0, "units_done": 0, "banned": False, "ban_reason": None,
+                          "banned_at": None}
+    assert listing[1]["agent"] == "x" * 200  # (kept to 200 characters)
+    assert (listing[1]["banned"], listing[1]["ban_reason"], listing[1]["banned_at"]) == (True, "replay failed",
+                                                                                         1002.0)
+
+
+def test_a_banned_peer_is_never_active(store: Store, clock: Clock) -> None:
+    peer_id, _ = store.add_peer()
+    store.grant(0, 0, 3, peer_id, 60.0)
+    assert store.active_peers(30.0) == [peer_id]
+    store.ban(peer_id, "test")
+    assert store.active_peers(30.0) == []
+    assert store.unban(peer_id)
+    assert store.active_peers(30.0) == [peer_id]

@@ -1,0 +1,101 @@
+"""The ``Store`` protocol and its implementations agree: every member it declares exists on the SQLite store with
+the same signature, the SQLite part owning each concept has that concept's methods, and the SQLite store offers the
+relay nothing another store would lack. Opening a store from a location."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+import pytest
+
+from server.relay.store import SCHEMES, Store, UnsupportedStore, open_store
+from server.relay.store.protocol import CONCEPTS, CounterStore, StoreLifecycle
+from server.relay.store.sqlite import SQLiteStore
+from server.relay.store.sqlite.arrivals import SQLiteArrivals
+from server.relay.store.sqlite.bans import SQLiteBans
+from server.relay.store.sqlite.copies import SQLiteCopies
+from server.relay.store.sqlite.counters import SQLiteCounters
+from server.relay.store.sqlite.leases import SQLiteLeases
+from server.relay.store.sqlite.peers import SQLitePeers
+from server.relay.store.sqlite.results import SQLiteResults
+from server.relay.store.sqlite.undos import SQLiteUndos
+
+PARTS = dict(zip(CONCEPTS[1:], (SQLitePeers, SQLiteLeases, SQLiteResults, SQLiteCopies, SQLiteArrivals, SQLiteBans,
+                                SQLiteUndos, SQLiteCounters), strict=True))
+
+
+def members(protocol: type) -> dict[str, object]:
+    """The names a protocol declares itself (not through the protocols it extends), with what it declares."""
+    return {name: value for name, value in vars(protocol).items() if not name.startswith("_")}
+
+
+def declared_signature(member: object) -> inspect.Signature:
+    return inspect.signature(member.fget if isinstance(member, property) else member)  # type: ignore[arg-type]
+
+
+def test_the_store_is_the_union_of_its_concepts() -> None:
+    assert CONCEPTS[0] is StoreLifecycle and CONCEPTS[-1] is CounterStore
+    assert set(Store.__mro__) >= set(CONCEPTS)
+    names = [name for concept in CONCEPTS for name in members(concept)]
+    assert len(names) == len(set(names))  # (no member declared by two concepts)
+    assert members(Store) == {}  # (Store adds nothing of its own)
+
+
+@pytest.mark.parametrize("concept", CONCEPTS, ids=lambda concept: concept.__name__)
+def test_the_sqlite_store_has_every_member_with_its_signature(concept: type) -> None:
+    for name, declared in members(concept).items():
+        implemented = inspect.getattr_static(SQLiteStore, name, None)
+        assert implemented is not None, f"SQLiteStore lacks {name}"
+        assert isinstance(implemented, property) == isinstance(declared, property), name
+        assert declared_signature(implemented) == declared_signature(declared), name
+
+
+@pytest.mark.parametrize("concept", CONCEPTS[1:], ids=lambda concept: concept.__name__)
+def test_each_concept_has_a_sqlite_part_with_its_methods(concept: type) -> None:
+    part = PARTS[concept]
+    for name, declared in members(concept).items():
+        assert declared_signature(getattr(part, name)) == declared_signature(declared), f"{part.__name__}.{name}"
+
+
+def test_the_sqlite_store_offers_nothing_beyond_the_protocol() -> None:
+    """What the relay may call on a store is what every store has: the rest is the SQLite store's own (its
+    connection, for a SQLite-only test)."""
+    offered = {name for name in dir(SQLiteStore) if not name.startswith("_")}
+    declared = {name for concept in CONCEPTS for name in members(concept)}
+    assert offered == declared
+
+
+def test_a_store_opens_from_a_path_or_a_sqlite_url(tmp_path: Path) -> None:
+    for location in (tmp_path / "a" / "relay.sqlite3", str(tmp_path / "b.sqlite3"), f"sqlite:///{tmp_path}/c.db",
+                     f"SQLITE:///{tmp_path}/d.db"):
+        store = open_store(location)
+        try:
+            assert isinstance(store, SQLiteStore) and store.path.is_absolute() and store.path.is_file()
+        finally:
+            store.close()
+    assert [p.name for p in sorted(tmp_path.rglob("*.sqlite3"))] == ["relay.sqlite3", "b.sqlite3"]
+
+
+def test_a_relative_sqlite_url_is_relative(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    store = open_store("sqlite:///runs/relay.sqlite3")
+    try:
+        assert store.path == Path("runs/relay.sqlite3") and (tmp_path / "runs" / "relay.sqlite3").is_file()
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("location", ["postgresql://relay:secret@db.example/peertrain", "mysql://x/y"])
+def test_another_scheme_is_refused_naming_the_supported_ones(location: str) -> None:
+    with pytest.raises(UnsupportedStore) as refused:
+        open_store(location)
+    message = str(refused.value)
+    assert location.split("://")[0] + "://" in message and all(f"{s}:///PATH" in message for s in SCHEMES)
+    assert "secret" not in message  # (a URL's password never reaches a log)
+
+
+@pytest.mark.parametrize("location", ["sqlite://host/relay.sqlite3", "sqlite:///", "sqlite://"])
+def test_a_sqlite_url_with_a_host_or_no_path_is_refused(location: str) -> None:
+    with pytest.raises(UnsupportedStore, match="sqlite:///PATH"):
+        open_store(location)
