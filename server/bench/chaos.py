@@ -215,7 +215,7 @@ class Killer:
 def expected_weights(session_dir: Path, mode: str) -> np.ndarray:
     """The anchor: sync, the same session trained in-process without a relay; async, the recorded arrivals
     replayed through a fresh session."""
-    from server.relay.sqlite_store import Store
+    from server.relay.store import open_store
     from server.session.buffered import Arrival, replay
     from server.session.package import Package
     from server.session.session import Session, SessionConfig
@@ -224,7 +224,7 @@ def expected_weights(session_dir: Path, mode: str) -> np.ndarray:
     config = SessionConfig.from_json(checkpoint.read_session_config(session_dir)["config"])
     session = Session.create(package, config)
     if mode == "async":
-        store = Store(session_dir / "relay.sqlite3")
+        store = open_store(session_dir / "relay.sqlite3")
         try:
             arrivals = [Arrival(seq, entry, unit, version, merge, examples, metrics, wire.decode(message)[1])
                         for seq, entry, unit, version, merge, examples, metrics, message in store.arrivals()]
@@ -240,7 +240,7 @@ def expected_weights(session_dir: Path, mode: str) -> np.ndarray:
 
 def units_lost_and_twice(session_dir: Path, mode: str, history: list[dict[str, Any]]) -> tuple[int, int]:
     """Units of the plan never merged, and merged more often than the plan says."""
-    from server.relay.sqlite_store import Store
+    from server.relay.store import open_store
     from server.session.package import Package
     from server.session.session import Session, SessionConfig
 
@@ -248,7 +248,7 @@ def units_lost_and_twice(session_dir: Path, mode: str, history: list[dict[str, A
     config = SessionConfig.from_json(checkpoint.read_session_config(session_dir)["config"])
     planned = Counter(unit for _, unit in Session.create(package, config).plan.schedule)
     if mode == "async":
-        store = Store(session_dir / "relay.sqlite3")
+        store = open_store(session_dir / "relay.sqlite3")
         try:
             merged = Counter(unit for _, _, unit, _, _, _, _, _ in store.arrivals())
         finally:

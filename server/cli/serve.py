@@ -126,8 +126,8 @@ def open_session(args: argparse.Namespace, paths: RelayPaths):  # type: ignore[n
     --config file over the declared defaults), checked, and made consistent by ``server.session.rules.resolve``
     before anything is written."""
     from server.relay.options import RelayOptions
-    from server.relay.sqlite_store import Store
     from server.relay.state import Relay
+    from server.relay.store import open_store
     from server.session.config import SessionConfig
     from server.session.package import Package, build_package
     from server.session.rules import resolve
@@ -166,7 +166,7 @@ def open_session(args: argparse.Namespace, paths: RelayPaths):  # type: ignore[n
     else:
         session = Session.create(package, resolved.config, directory=session_dir)
         print(f"new session in {session_dir}: {session.num_rounds} rounds of {session.config.participants} units")
-    return Relay(session=session, package=package, store=Store(session_dir / "relay.sqlite3"),
+    return Relay(session=session, package=package, store=open_store(session_dir / "relay.sqlite3"),
                  options=resolved.options)
 
 

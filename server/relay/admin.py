@@ -16,7 +16,7 @@ from typing import Any
 from server.relay.context import RelayContext
 from server.relay.options import RelayOptions
 from server.relay.refusal import Refusal
-from server.relay.sqlite_store import Store
+from server.relay.store import Store, open_store
 from server.session.archive import archive_session
 from server.session.config import SessionConfig, config_from_request
 from server.session.rules import resolve
@@ -82,7 +82,7 @@ class SessionAdmin:
         old.close()
         archived = archive_session(directory)
         self.start_session(Session.create(self.context.package, config, directory=directory),
-                           Store(directory / "relay.sqlite3", clock=old.clock), options)
+                           open_store(directory / "relay.sqlite3", clock=old.clock), options)
         return archived
 
     def admin_action(self, action: str) -> None:

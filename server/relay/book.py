@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from server.relay.sqlite_store import StoredResult
+from server.relay.store import StoredResult
 
 Key = tuple[int, int]  # (round, slot)
 

@@ -29,7 +29,7 @@ from server.relay.context import Part, RelayContext
 from server.relay.jobs import Jobs
 from server.relay.people import Participants
 from server.relay.refusal import Refusal
-from server.relay.sqlite_store import StoredResult
+from server.relay.store import StoredResult
 from server.session.buffered import effective_weights, entry_assignment, update_from, validates
 
 ASYNC_ROUND = -1  # the leases table's round for the asynchronous stream of units

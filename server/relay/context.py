@@ -12,7 +12,7 @@ import asyncio
 from dataclasses import dataclass, field
 
 from server.relay.options import RelayOptions
-from server.relay.sqlite_store import Store
+from server.relay.store import Store
 from server.session.package import Package
 from server.session.session import Session
 

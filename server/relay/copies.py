@@ -43,7 +43,7 @@ from server.relay.context import Part, RelayContext
 from server.relay.jobs import Jobs
 from server.relay.refusal import Refusal
 from server.relay.replay_checks import ReplayChecks
-from server.relay.sqlite_store import Lease, StoredResult
+from server.relay.store import Lease, StoredResult
 from server.relay.verify import DISPUTE, Verdict, matches, sampled
 
 LOG = logging.getLogger("peertrain.relay")

@@ -23,7 +23,7 @@ from server.relay.context import RelayContext
 from server.relay.direction import DIRECTION, direction_of, sum_of_updates
 from server.relay.jobs import Jobs
 from server.relay.refusal import Refusal
-from server.relay.sqlite_store import StoredResult
+from server.relay.store import StoredResult
 from server.relay.verify import COVERAGE, ROUTINE, Replay, ReplayQueue, Verdict, Verifier, matches
 
 LOG = logging.getLogger("peertrain.relay")

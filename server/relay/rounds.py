@@ -32,7 +32,7 @@ from server.relay.pacing import RoundPacing
 from server.relay.people import Participants
 from server.relay.refusal import Refusal
 from server.relay.replay_checks import ReplayChecks
-from server.relay.sqlite_store import StoredResult
+from server.relay.store import StoredResult
 from server.session.config import SessionError
 
 

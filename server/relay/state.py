@@ -57,8 +57,8 @@ from server.relay.people import Participants
 from server.relay.refusal import Refusal
 from server.relay.replay_checks import ReplayChecks
 from server.relay.rounds import SyncRounds
-from server.relay.sqlite_store import Store, StoredResult
 from server.relay.storage import StorageGuard, is_storage_error
+from server.relay.store import Store, StoredResult
 from server.relay.undo import BanUndo
 from server.relay.verify import DISPUTE
 from server.session.package import Package

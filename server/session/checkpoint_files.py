@@ -1,6 +1,6 @@
 """Session checkpoints as files: one folder per round, a ``latest`` pointer, the best round, the history.
 
-(The relay's peers, leases and results live in SQLite instead: ``server.relay.sqlite_store``.)
+(The relay's peers, leases and results live in the relay's store instead: ``server.relay.store``.)
 
 Layout of a session directory::
 

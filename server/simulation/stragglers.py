@@ -49,8 +49,8 @@ import numpy as np
 from runtime.peer import Peer
 from server.relay.options import DEFAULT_BACKUP_AFTER, RelayOptions
 from server.relay.refusal import Refusal
-from server.relay.sqlite_store import Store
 from server.relay.state import Relay
+from server.relay.store import open_store
 from server.session.package import Package
 from server.session.session import Session, SessionConfig
 
@@ -246,8 +246,7 @@ class StragglerSimulation:
         for leftover in (store_path, store_path.with_name(store_path.name + "-wal"),
                          store_path.with_name(store_path.name + "-shm")):
             leftover.unlink(missing_ok=True)
-        store = Store(store_path, clock=self.clock)
-        store.db.execute("PRAGMA synchronous=OFF")  # a simulation's file needs no durability
+        store = open_store(store_path, clock=self.clock, durable=False)  # a simulation's file needs no durability
         session = Session.create(package, config, directory=session_dir)
         self.relay = Relay(session=session, package=package, store=store, options=settings.options())
         count = settings.peers or session.plan.participants_per_round

@@ -23,7 +23,7 @@ from runtime.tasks import UnitResult
 from server.browser.launcher import launch_relay
 from server.browser.peers import join_url
 from server.relay.client import RelayClient, RelayRefusal
-from server.relay.sqlite_store import Store, StoredResult
+from server.relay.store import StoredResult, open_store
 from server.session import checkpoint_files as checkpoint
 from server.session.package import Package
 from server.session.session import Session, SessionConfig
@@ -162,7 +162,7 @@ def final_checkpoint(session_dir: Path, num_rounds: int, timeout_s: float = 30) 
 
 
 def recorded_results(session_dir: Path) -> list[StoredResult]:
-    store = Store(session_dir / "relay.sqlite3")
+    store = open_store(session_dir / "relay.sqlite3")
     try:
         return store.all_results()
     finally:

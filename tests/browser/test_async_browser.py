@@ -12,7 +12,7 @@ from browser_helpers import ARITH_SETTINGS, close_pages, start_relay, stop, task
 from playwright.sync_api import Browser, Page
 
 from runtime import wire
-from server.relay.sqlite_store import Store
+from server.relay.store import open_store
 from server.session import checkpoint_files as checkpoint
 from server.session.buffered import Arrival, replay
 from server.session.package import Package
@@ -40,7 +40,7 @@ def test_three_pages_train_asynchronously(browser: Browser, tmp_path: Path) -> N
     assert all(len(entry["staleness"]) == entry["participants"] for entry in history)
     package = Package.load(session_dir / "package")
     config = SessionConfig.from_json(checkpoint.read_session_config(session_dir)["config"])
-    store = Store(session_dir / "relay.sqlite3")
+    store = open_store(session_dir / "relay.sqlite3")
     try:
         arrivals = [Arrival(seq, entry, unit, version, merge, examples, metrics, wire.decode(message)[1])
                     for seq, entry, unit, version, merge, examples, metrics, message in store.arrivals()]

@@ -19,7 +19,7 @@ from browser_helpers import (
 from playwright.sync_api import Browser, Page
 
 from runtime import wire
-from server.relay.sqlite_store import Store
+from server.relay.store import open_store
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -44,7 +44,7 @@ def test_two_honest_pyodide_copies_are_identical(browser: Browser, tmp_path: Pat
     merged = recorded_results(session_dir)
     assert len(merged) == 2 * rounds, seen  # one result per unit, never both copies
     assert {wire.decode(r.message)[0].meta["engine"] for r in merged} == {"pyodide-numpy"}
-    store = Store(session_dir / "relay.sqlite3")
+    store = open_store(session_dir / "relay.sqlite3")
     try:
         for round_index in range(rounds):
             copies = store.copies(round_index)

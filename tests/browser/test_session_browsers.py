@@ -38,7 +38,7 @@ from playwright.sync_api import Browser, Page
 
 from runtime import wire
 from runtime.peer import Peer
-from server.relay.sqlite_store import StoredResult
+from server.relay.store import StoredResult
 from server.session import checkpoint_files as checkpoint
 from server.session.package import Package
 

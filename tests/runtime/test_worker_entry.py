@@ -24,8 +24,8 @@ from runtime.backend import wasm_gemm
 from runtime.tasks import TaskError
 from server.relay.app import RelayPaths, create_app
 from server.relay.options import RelayOptions
-from server.relay.sqlite_store import Store
 from server.relay.state import Relay
+from server.relay.store import open_store
 from server.session.package import TASK_FIELDS, Package
 from server.session.session import Session, SessionConfig
 
@@ -98,7 +98,7 @@ def test_a_session_through_the_relay_api(package: Package, tmp_path: Path) -> No
     the weights of the same units trained without a relay."""
     config = SessionConfig(participants=2, passes=1)
     relay = Relay(session=Session.create(package, config, directory=tmp_path / "session"), package=package,
-                  store=Store(tmp_path / "relay.sqlite3"), options=RelayOptions(admin_token="admin"))
+                  store=open_store(tmp_path / "relay.sqlite3"), options=RelayOptions(admin_token="admin"))
     try:
         with TestClient(create_app(RelayPaths(), relay)) as client:
             info = client.get("/api/task")

@@ -25,8 +25,8 @@ from runtime.tasks import UnitResult
 from server.relay.app import RelayPaths, create_app
 from server.relay.client import RelayClient, result_call
 from server.relay.options import RelayOptions
-from server.relay.sqlite_store import Store, StoredResult
 from server.relay.state import Relay
+from server.relay.store import StoredResult, open_store
 from server.session.package import Package, build_package
 from server.session.session import Session, SessionConfig
 
@@ -61,7 +61,7 @@ def make_relay(package: Package, session_dir: Path | None, *, k: int = 2, passes
                              directory=session_dir)
     store_path = (session_dir or Path(package.path).parent) / "relay.sqlite3"
     defaults = {"backup_after": None, "keep_results": None, "replay_engine": "native"}
-    return Relay(session=session, package=package, store=Store(store_path),
+    return Relay(session=session, package=package, store=open_store(store_path),
                  options=RelayOptions(admin_token=ADMIN_TOKEN, **(defaults | options)))
 
 

@@ -25,7 +25,7 @@ from relay_process import (
 
 from runtime import wire
 from server.relay.app import RelayPaths
-from server.relay.sqlite_store import Store
+from server.relay.store import Store, open_store
 from server.session import checkpoint_files as checkpoint
 from server.session.buffered import Arrival, effective_weights, replay, staleness_weight, update_from
 from server.session.export import exported_weights
@@ -178,7 +178,7 @@ def test_sigkill_mid_async_resumes_with_nothing_lost_and_replays_exactly(tmp_pat
     assert final_status["done"] and final_status["round"] == final_status["num_rounds"]
     package = Package.load(session_dir / "package")
     config = SessionConfig.from_json(checkpoint.read_session_config(session_dir)["config"])
-    store = Store(session_dir / "relay.sqlite3")
+    store = open_store(session_dir / "relay.sqlite3")
     try:
         arrivals = recorded(store)
     finally:
@@ -210,7 +210,7 @@ def test_results_marked_for_a_merge_the_checkpoint_lacks_go_back_to_the_buffer(p
     relay.store.mark_merged(seqs, 0)  # the merge's first step ... and then the process died
     relay.store.close()
     restarted = Relay(session=Session.restore(tmp_path / "s", package), package=package,
-                      store=Store(tmp_path / "s" / "relay.sqlite3"), options=relay.options)
+                      store=open_store(tmp_path / "s" / "relay.sqlite3"), options=relay.options)
     try:
         assert restarted.session.round == 0 and [row[0] for row in restarted.store.buffered()] == seqs
         assert restarted.store.counters()["arrivals_returned_to_buffer_on_start"] == 1

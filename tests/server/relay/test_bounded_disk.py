@@ -20,7 +20,7 @@ from relay_fixtures import (
     session_status,
 )
 
-from server.relay.sqlite_store import Store
+from server.relay.store import Store, open_store
 from server.session.package import Package
 from server.session.session import SessionConfig
 
@@ -54,7 +54,7 @@ def sizes_over_a_long_session(package: Package, directory: Path, keep: int | Non
         audit = client.get("/api/admin/export/results", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
         assert [json.loads(line) for line in audit.text.splitlines()] == relay.store.audit()
         assert relay.session.stopped is None, relay.session.stopped
-    return sqlite, folder, Store(directory / "relay.sqlite3"), weights
+    return sqlite, folder, open_store(directory / "relay.sqlite3"), weights
 
 
 def test_fifty_rounds_leave_the_sqlite_file_and_the_session_folder_flat(package: Package, tmp_path: Path) -> None:

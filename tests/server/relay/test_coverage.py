@@ -15,8 +15,8 @@ from relay_fixtures import HttpPeer, make_relay, run_round, serving, session_sta
 from server.bench.attack_peers import as_upload, inner_product, result_weights
 from server.relay.coverage import Coverage
 from server.relay.direction import direction_of
-from server.relay.sqlite_store import Store
 from server.relay.state import Relay
+from server.relay.store import open_store
 from server.session.package import Package
 from server.session.session import Session
 
@@ -109,7 +109,7 @@ def test_a_restart_replays_each_peers_next_result_so_the_bound_holds_across_it(p
         for _ in range(3):
             run_round(client, peers)
     restarted = Relay(session=Session.restore(session_dir, package), package=package,
-                      store=Store(session_dir / "relay.sqlite3"), options=relay.options)
+                      store=open_store(session_dir / "relay.sqlite3"), options=relay.options)
     with serving(restarted) as client:
         for peer in peers:
             peer.client = client

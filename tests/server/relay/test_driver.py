@@ -13,8 +13,8 @@ from relay_fixtures import ADMIN_TOKEN, HttpPeer, make_relay, reference_run, ser
 from runtime.peer import Peer
 from server.relay.book import RoundBook
 from server.relay.refusal import Refusal
-from server.relay.sqlite_store import StoredResult
 from server.relay.state import Relay
+from server.relay.store import StoredResult
 from server.session.config import SessionConfig
 from server.session.package import Package
 

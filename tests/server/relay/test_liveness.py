@@ -16,8 +16,8 @@ from runtime import wire
 from runtime.peer import Peer
 from server.relay.options import RelayOptions
 from server.relay.refusal import Refusal
-from server.relay.sqlite_store import Store
 from server.relay.state import Relay
+from server.relay.store import open_store
 from server.session.config import SessionConfig
 from server.session.package import Package
 from server.session.session import Session
@@ -27,7 +27,7 @@ TIMEOUT = 10.0
 
 
 class Clock:
-    """The relay's virtual "now" (``Store(clock=...)``)."""
+    """The relay's virtual "now" (``open_store(clock=...)``)."""
 
     def __init__(self) -> None:
         self.now = 1_000.0
@@ -39,7 +39,7 @@ class Clock:
 def virtual_relay(package: Package, directory: Path, clock: Clock, *, k: int = 3, passes: int = 2,
                   mode: str = "sync", **options: Any) -> Relay:
     session = Session.create(package, SessionConfig(participants=k, passes=passes, mode=mode), directory=directory)
-    return Relay(session=session, package=package, store=Store(directory / "relay.sqlite3", clock=clock),
+    return Relay(session=session, package=package, store=open_store(directory / "relay.sqlite3", clock=clock),
                  options=RelayOptions(admin_token=ADMIN_TOKEN, **({"backup_after": None, "keep_results": None,
                                                                   "verify": False, "lease_seconds": LEASE,
                                                                   "peer_timeout": TIMEOUT} | options)))

@@ -20,8 +20,8 @@ from relay_fixtures import (
 )
 
 from runtime import wire
-from server.relay.sqlite_store import Store
 from server.relay.state import Relay
+from server.relay.store import open_store
 from server.session.package import Package
 from server.session.session import Session
 
@@ -151,7 +151,7 @@ def test_a_dispute_lost_in_a_restart_is_trained_again(package: Package, tmp_path
         copy = second.assignment()
         relay.store.add_copy(copy["round"], copy["slot"], second.peer_id, flipped(second, copy, relay), "disputed")
     restarted = Relay(session=Session.restore(tmp_path / "s", package), package=package,
-                      store=Store(tmp_path / "s" / "relay.sqlite3"), options=relay.options)
+                      store=open_store(tmp_path / "s" / "relay.sqlite3"), options=relay.options)
     try:
         assert restarted.store.result_slots(0) == set()  # neither result stands
         assert restarted.store.copies(0) == {(job["slot"], second.peer_id): "retrained_after_restart"}

@@ -33,8 +33,8 @@ from relay_fixtures import (
 from starlette.testclient import TestClient
 
 from runtime import wire
-from server.relay.sqlite_store import LAST_SEEN_RESOLUTION
 from server.relay.state import Relay
+from server.relay.store import LAST_SEEN_RESOLUTION
 from server.session.export import exported_weights
 from server.session.package import Package
 

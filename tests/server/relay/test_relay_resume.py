@@ -29,8 +29,8 @@ from relay_fixtures import (
 from relay_process import ADMIN, PeerThread, Relayd, UploadGate, free_port, retrying, retrying_fails
 
 from server.relay.app import RelayPaths
-from server.relay.sqlite_store import Store
 from server.relay.state import Relay
+from server.relay.store import open_store
 from server.session import checkpoint_files as checkpoint
 from server.session.export import exported_weights
 from server.session.package import Package
@@ -50,7 +50,7 @@ def test_restart_after_the_last_result_but_before_the_merge_merges(tmp_path: Pat
         relay.mode.accept(b.peer_id, 0, job_b["slot"], b.train(job_b))
         assert relay.session.round == 0
     restarted = Relay(session=Session.restore(session_dir, package), package=package,
-                      store=Store(session_dir / "relay.sqlite3"), options=relay.options)
+                      store=open_store(session_dir / "relay.sqlite3"), options=relay.options)
     assert restarted.session.round == 0
     with serving(restarted) as client:
         a.client = b.client = client

@@ -36,8 +36,8 @@ from runtime import wire
 from runtime.peer import Peer
 from server.relay.options import RelayOptions
 from server.relay.refusal import Refusal
-from server.relay.sqlite_store import Store
 from server.relay.state import Relay
+from server.relay.store import open_store
 from server.session.config import SessionConfig
 from server.session.package import Package
 from server.session.session import Session
@@ -103,7 +103,7 @@ class RelayStates(RuleBasedStateMachine):
 
     def _relay(self, session: Session) -> Relay:
         return Relay(session=session, package=self.package,
-                     store=Store(self.directory / "relay.sqlite3", clock=self.clock), options=self.options)
+                     store=open_store(self.directory / "relay.sqlite3", clock=self.clock), options=self.options)
 
     @property
     def live(self) -> Relay:

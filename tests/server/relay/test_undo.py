@@ -21,8 +21,8 @@ from runtime.tasks import UnitResult
 from server.bench.attack_peers import as_upload, result_weights
 from server.relay.client import work_call
 from server.relay.options import RelayOptions
-from server.relay.sqlite_store import Store
 from server.relay.state import Relay
+from server.relay.store import open_store
 from server.relay.undo import REBASED
 from server.relay.verify import sampled
 from server.session.package import Package
@@ -165,8 +165,8 @@ def test_a_ban_undoes_the_attackers_rounds_and_ends_on_the_honest_oracle(package
 
 
 def restarted(relay: Relay, package: Package, directory: Path) -> Relay:
-    return Relay(session=Session.restore(directory, package), package=package, store=Store(directory / "relay.sqlite3"),
-                 options=relay.options)
+    return Relay(session=Session.restore(directory, package), package=package,
+                 store=open_store(directory / "relay.sqlite3"), options=relay.options)
 
 
 def test_an_undo_stopped_midway_and_a_restart_after_it_resume_consistently(package: Package, tmp_path: Path) -> None:

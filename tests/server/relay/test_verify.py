@@ -20,8 +20,8 @@ from relay_fixtures import (
 from runtime import wire
 from server.bench.attack_peers import as_upload, result_weights
 from server.relay.app import RelayPaths
-from server.relay.sqlite_store import Store
 from server.relay.state import Relay
+from server.relay.store import open_store
 from server.relay.verify import matches, sampled
 from server.session.package import Package
 from server.session.session import Session
@@ -144,7 +144,7 @@ def test_bans_survive_a_restart_and_can_be_lifted(package: Package, tmp_path: Pa
             == 200
         wait_until(client, lambda s: s["counters"].get("peers_banned", 0) == 1)
     restarted = Relay(session=Session.restore(tmp_path / "s", package), package=package,
-                      store=Store(tmp_path / "s" / "relay.sqlite3"), options=relay.options)
+                      store=open_store(tmp_path / "s" / "relay.sqlite3"), options=relay.options)
     with serving(restarted) as client:
         attacker.client = client
         assert attacker.send(attacker_work_call()).json()["error"] == "banned"

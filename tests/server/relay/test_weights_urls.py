@@ -18,8 +18,8 @@ from relay_fixtures import HttpPeer, make_relay, serving, wait_until, work_until
 
 from runtime import deltas, wire
 from server.relay.client import RelayClient, content, named_weights_call
-from server.relay.sqlite_store import Store
 from server.relay.state import Relay
+from server.relay.store import open_store
 from server.session.package import Package
 from server.session.session import Session
 
@@ -174,7 +174,7 @@ def test_after_a_restart_old_holders_get_full_weights_and_new_steps_chain_again(
         assert peer.upload(0, job["slot"], peer.peer.train(job, peer.unit(job["unit_index"]))).status_code == 200
         wait_until_round(client, 1)
     restarted = Relay(session=Session.restore(tmp_path / "s", package), package=package,
-                      store=Store(tmp_path / "s" / "relay.sqlite3"), options=relay.options)
+                      store=open_store(tmp_path / "s" / "relay.sqlite3"), options=relay.options)
     with serving(restarted) as client:
         peer.client = client
         job = peer.assignment()  # round 1: the step from round 0 went with the old process
