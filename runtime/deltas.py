@@ -1,7 +1,7 @@
 """Weights downloads as chains of compressed steps: what the relay sends a peer that already holds older weights.
 
 After every merge the relay does not move the global weights to the merged ones directly: it encodes the merged
-*step* (merged minus the weights before) with the session's codec (``runtime.codec``) and adds exactly the decoded
+*step* (merged minus the weights before) with the session's codec (``runtime.codecs``) and adds exactly the decoded
 step, in float32 (``Session``'s downloads, ``server.session.downloads``). So the weights of round r are, bit for
 bit, the weights of round r-1 plus a step anyone holding the payload can decode: a peer that holds round r-1 rebuilds
 round r from a few hundred kilobytes instead of the whole float32 vector.
@@ -30,7 +30,8 @@ from typing import Any
 import numpy as np
 
 from runtime import wire
-from runtime.codec import Codec, CodecError, ErrorFeedback
+from runtime.codecs import Codec, CodecError, ErrorFeedback
+from runtime.codecs import from_json as codec_from_json
 from runtime.weights import WeightSpec
 
 CHAIN_MAGIC = b"PTD2"
@@ -62,10 +63,11 @@ class Step:
 def quantized_step(codec: Codec, before: np.ndarray, merged: np.ndarray, seed: int,
                    feedback: ErrorFeedback) -> tuple[np.ndarray, bytes, float]:
     """(the weights the session moves to, the step's payload, the step's relative error): ``before`` plus exactly the
-    decoded step from ``before`` to ``merged``. topk keeps what it dropped in ``feedback`` for the next step."""
+    decoded step from ``before`` to ``merged``. A codec that feeds its error back (topk) keeps what it dropped in
+    ``feedback`` for the next step, and the error is measured against the step plus what it carried."""
     before = np.asarray(before, dtype=np.float32)
     step = (np.asarray(merged, dtype=np.float32) - before).astype(np.float32)
-    corrected = step + feedback.residual if codec.name == "topk" else step
+    corrected = feedback.corrected(codec, step)
     payload, decoded = feedback.encode(codec, step, seed)
     norm = float(np.linalg.norm(corrected.astype(np.float64)))
     error = float(np.linalg.norm((corrected - decoded).astype(np.float64))) / norm if norm > 0 else 0.0
@@ -135,7 +137,7 @@ def apply_chain(data: bytes, held: np.ndarray | None, *, spec: WeightSpec,
     if difference is not None:
         raise wire.ShapeMismatch(f"the chain's weights do not match the model's spec: {difference}")
     try:
-        codec = Codec.from_json(raw.get("codec"))
+        codec = codec_from_json(raw.get("codec"))
     except CodecError as error:
         raise wire.WrongCodec(f"the chain's codec: {error}") from error
     links = _links(raw.get("links"))

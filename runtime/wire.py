@@ -56,7 +56,8 @@ from typing import Any
 
 import numpy as np
 
-from runtime.codec import Codec, CodecError
+from runtime.codecs import Codec, CodecError
+from runtime.codecs import from_json as codec_from_json
 from runtime.weights import InvalidSpec, WeightSpec
 
 WEIGHTS_MAGIC = b"PTW2"
@@ -394,7 +395,7 @@ def result_weights(data: bytes, base: np.ndarray, *, codec: Codec, expect_spec: 
     raw, payload = _unframe(data, UPDATE_MAGIC)
     header = _checked_header(raw, expect_spec, expect_round, expect_fingerprint)
     try:
-        sent = Codec.from_json(raw.get("codec"))
+        sent = codec_from_json(raw.get("codec"))
     except CodecError as error:
         raise WrongCodec(f"the update's codec: {error}") from error
     if sent != codec:

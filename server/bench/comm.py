@@ -24,7 +24,9 @@ from typing import Any
 import numpy as np
 
 from runtime import wire
-from runtime.codec import CODECS, DEFAULT_TOPK_FRACTION, Codec
+from runtime.codec import CODECS
+from runtime.codecs import DEFAULT_TOPK_FRACTION, Codec
+from runtime.codecs import from_json as codec_from_json
 from runtime.deltas import encode_chain
 from server.bench import comm_network
 from server.session.config import SessionConfig
@@ -89,7 +91,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.network:
         return comm_network.run_network(args)
-    codecs = [Codec(name, args.topk_fraction) for name in args.codecs.split(",")]
+    codecs = [codec_from_json({"name": name, "fraction": args.topk_fraction}) for name in args.codecs.split(",")]
     report: dict[str, Any] = {}
     for task in args.tasks.split(","):
         plan = {**TASKS[task], **(QUICK[task] if args.quick else {})}
@@ -107,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
                     row = rows[codec.name]
                     row.up_bytes = upload_bytes(package, codec)
                     config = SessionConfig(participants=k, passes=passes, seed=seed, max_rounds=rounds,
-                                           codec=codec.name, topk_fraction=codec.fraction)
+                                           codec=codec.name, topk_fraction=args.topk_fraction)
                     started = time.perf_counter()
                     session = train_session(package, config, None)
                     row.seconds += time.perf_counter() - started

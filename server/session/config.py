@@ -4,15 +4,27 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
-from runtime.codec import CODECS, DEFAULT_TOPK_FRACTION, Codec
+from runtime import codecs
+from runtime.codecs import DEFAULT_TOPK_FRACTION, Codec
 from server.session.privacy import PrivacySettings, check_aggregator, settings_of
 from server.session.settings import SessionError, check, check_fields, declared, json_schema, setting
 
 AUTO_CODEC = "auto"  # the task's default_codec
+
+
+class CodecChoices:
+    """What ``--codec`` takes: ``auto`` and every registered codec's name (``runtime.codecs.names``), read each time a
+    value is checked, so a codec registered after this module was imported is a choice too."""
+
+    def __iter__(self) -> Iterator[str]:
+        return iter((AUTO_CODEC, *codecs.names()))
+
+
+CODEC_CHOICES = CodecChoices()
 
 # Centered clipping (radius: twice the round's median distance) equals the mean when every peer is honest and
 # bounds what any one result can move; with the host's replays and bans it cost nothing on the honest runs of
@@ -84,12 +96,12 @@ class SessionConfig:
     validate_every: int = field(default=1, metadata=setting(
         help="async: validate (and plot) every N merges", minimum=1, metavar="N", group="async", admin=True))
 
-    # How a result travels (runtime.codec): the weights, or the update against the weights handed out, compressed.
+    # How a result travels (runtime.codecs): the weights, or the update against the weights handed out, compressed.
     codec: str = field(default=AUTO_CODEC, metadata=setting(
         help="how a result travels: none (float32 weights), int8 (its update: an int8 per entry, a scale per 256) "
-        "or topk (the largest --topk-fraction of each block of its update, int8, with error feedback); merged "
-        "steps travel down the same way; auto: the task's default (README, \"Compressed results\")",
-        choices=(AUTO_CODEC, *CODECS), admin=True))
+        "or topk (the largest --topk-fraction of each block of its update, int8, with error feedback), or another "
+        "codec registered in runtime.codecs; merged steps travel down the same way; auto: the task's default "
+        "(README, \"Compressed results\")", registry="server.session.config:CODEC_CHOICES", admin=True))
     topk_fraction: float = field(default=DEFAULT_TOPK_FRACTION, metadata=setting(
         help="topk: the share of each block's entries a result sends", above=0, maximum=1, what="a share",
         metavar="F", admin=True))
@@ -135,20 +147,23 @@ class SessionConfig:
 
     @property
     def result_codec(self) -> Codec:
-        """The codec results travel in (``runtime.codec``); ``auto`` is the task's, decided by ``Session`` (or by
-        ``server.session.rules.resolve``, which knows whether replays need int8): read it from a session's config."""
+        """The codec results travel in (``runtime.codecs``, found by name in its registry; a codec reads the settings
+        it takes: topk its fraction); ``auto`` is the task's, decided by ``Session`` (or by
+        ``server.session.rules.resolve``, which knows whether replays compare results): read it from a session's
+        config."""
         if self.codec == AUTO_CODEC:
             raise SessionError("codec 'auto' is resolved by the session (the task's default_codec): read "
                                "session.config.result_codec")
-        return Codec(self.codec, self.topk_fraction)
+        return codecs.from_json({"name": self.codec, "fraction": self.topk_fraction})
 
     def with_codec_for(self, default_codec: str, *, compares: bool) -> SessionConfig:
-        """This config with ``auto`` replaced by a task's ``default_codec`` (int8 in place of topk when replays or
-        copies compare results: a topk residual cannot be reproduced)."""
+        """This config with ``auto`` replaced by a task's ``default_codec``, or by that codec's ``compared_fallback``
+        when replays or copies compare results and its results cannot be compared (topk's residual: int8)."""
         if self.codec != AUTO_CODEC:
             return self
-        chosen = "int8" if default_codec == "topk" and compares else default_codec
-        return dataclasses.replace(self, codec=chosen)
+        chosen = dataclasses.replace(self, codec=default_codec)
+        codec = chosen.result_codec
+        return dataclasses.replace(self, codec=codec.compared_fallback) if compares and not codec.comparable else chosen
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -6,10 +6,10 @@ step (``runtime.deltas.quantized_step``). A peer holding the weights before rebu
 step's payload, so the relay sends a chain of steps instead of the full float32 weights (``runtime.deltas``). The
 global weights stay exact float32 in checkpoints and exports: they are whatever the steps added up to.
 
-int8 rounds each entry stochastically (mean-zero error), so nothing is carried; topk keeps what a step dropped in a
-server-side residual, added to the next round's step (the same error feedback a peer runs), kept in the checkpoint
-beside the merge method's state so a restart loses none of it. A divergence rollback clears it with the rest of the
-server's state.
+int8 rounds each entry stochastically (mean-zero error), so nothing is carried; a codec that declares
+``needs_error_feedback`` (topk) keeps what a step dropped in a server-side residual, added to the next round's step
+(the same error feedback a peer runs), kept in the checkpoint beside the merge method's state so a restart loses none
+of it. A divergence rollback clears it with the rest of the server's state.
 
 The simulator runs the same session code, so a simulated session's weights are the relay's, round for round.
 """
@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from runtime.codec import Codec, ErrorFeedback
+from runtime.codecs import Codec, ErrorFeedback
 from runtime.deltas import Step, StepLog, quantized_step, weights_sha256
 
 STATE_PREFIX = "download."  # the residual's key in the checkpoint's server state
@@ -34,8 +34,8 @@ def step_seed(session_seed: int, round_index: int) -> int:
 
 
 class Downloads:
-    """The session's step codec, its residual (topk) and the recent steps (``runtime.deltas.StepLog``) the relay
-    builds chains from."""
+    """The session's step codec, its residual (a codec with error feedback: topk) and the recent steps
+    (``runtime.deltas.StepLog``) the relay builds chains from."""
 
     def __init__(self, codec: Codec, size: int, seed: int) -> None:
         self.codec, self.seed = codec, seed
@@ -61,7 +61,7 @@ class Downloads:
         self.feedback.residual[:] = 0
 
     def state_dict(self) -> dict[str, Any]:
-        return {STATE_PREFIX + "residual": self.feedback.residual.copy()} if self.codec.name == "topk" else {}
+        return {STATE_PREFIX + "residual": self.feedback.residual.copy()} if self.codec.needs_error_feedback else {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         residual = state.get(STATE_PREFIX + "residual")

@@ -90,16 +90,17 @@ def resolve[Options: RelaySide](config: SessionConfig, options: Options, package
                            "it with --no-verify (verify = false)")
     if config.codec == "auto":  # (SessionConfig.with_codec_for)
         config = config.with_codec_for(task.default_codec, compares=bool(verify or options.redundancy))
-        if config.codec != "none":
+        if config.result_codec.compresses:
             notes.append(f"results and merged steps travel as {config.codec} ({task.name}'s default codec; "
                          "--codec none sends float32 weights)")
-    if config.codec == "topk" and (verify or options.redundancy):
-        # A topk result carries the peer's error-feedback residual, which neither a host replay nor a second peer
-        # can reproduce: each would find it different and ban an honest peer.
-        raise SessionError("--codec topk sends what earlier units dropped along with each update (error feedback), "
-                           "which a host replay or a second peer's copy cannot reproduce; with "
-                           f"{'host replays' if verify else '--redundancy'} on, choose --codec int8 (replays and "
-                           "copies compare its bytes), or run without them (settings codec, verify, redundancy)")
+    codec = config.result_codec
+    if not codec.comparable and (verify or options.redundancy):
+        # Such a result (topk's carries the peer's error-feedback residual) is not what a host replay or a second
+        # peer's copy of the unit gives: each would find it different and ban an honest peer.
+        raise SessionError(f"--codec {codec.name} {codec.why_not_comparable}, which a host replay or a second peer's "
+                           f"copy cannot reproduce; with {'host replays' if verify else '--redundancy'} on, choose "
+                           f"--codec {codec.compared_fallback} (replays and copies compare its bytes), or run without "
+                           "them (settings codec, verify, redundancy)")
     if verify != options.verify:
         changes["verify"] = verify
     resolved = dataclasses.replace(options, **changes) if changes else options  # type: ignore[type-var]

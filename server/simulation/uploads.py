@@ -8,7 +8,7 @@ simulation does)."""
 
 from __future__ import annotations
 
-from runtime.codec import ErrorFeedback, arrived
+from runtime.codecs import ErrorFeedback, arrived
 from runtime.planner import Assignment
 from runtime.tasks import UnitResult
 from server.session.session import Session
