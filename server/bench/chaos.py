@@ -46,9 +46,12 @@ import httpx
 import numpy as np
 
 from runtime import wire
-from server.bench.chaos_relay import EXAMPLES, RelayProcess, Uploads, chaos_relay, retrying_peer, wait_until
+from server.bench.chaos_relay import EXAMPLES, RelayProcess, Uploads, retrying_peer, wait_until
 from server.bench.full_disk import DiskFiller, small_filesystem
+from server.harness.serve_command import ServeCommand
+from server.relay.options import DEFAULT_KEEP_RESULTS, RelayOptions
 from server.session import checkpoint_files as checkpoint
+from server.session.config import SessionConfig
 
 ADMIN = "chaos-admin"
 TRIGGERS = ("upload", "merge", "checkpoint", "random")
@@ -70,16 +73,16 @@ class ChaosConfig:
     timeout_s: float = 600.0
     full_disk: bool = False
 
-    def serve_arguments(self, session_dir: Path) -> list[str]:
-        args = ["--task", "majority_task:MajorityTask", "--session-dir", str(session_dir),
-                "-k", str(self.k), "--passes", str(self.passes), "--admin-token", ADMIN, "--lease-seconds", "10",
-                "--seed", str(self.seed),
-                "--set", f"chunks={self.chunks}", "--set", f"examples={self.examples}",
-                "--set", f"epochs={self.epochs}", "--set", f"hidden={self.hidden}",
-                "--on-divergence", "rollback"]  # (its loss falls to ~1e-4, where noise trips the watch)
-        if self.mode == "async":  # the replay of the arrivals needs every message
-            args += ["--mode", "async", "--buffer", str(self.k), "--keep-results", "all"]
-        return args
+    def serve_command(self, session_dir: Path) -> ServeCommand:
+        # Rollback: its loss falls to ~1e-4, where noise trips the watch. Async: the replay of the arrivals needs
+        # every message.
+        config = SessionConfig(participants=self.k, passes=self.passes, seed=self.seed, mode=self.mode,
+                               on_divergence="rollback")
+        options = RelayOptions(admin_token=ADMIN, lease_seconds=10,
+                               keep_results=None if self.mode == "async" else DEFAULT_KEEP_RESULTS)
+        settings = {"chunks": self.chunks, "examples": self.examples, "epochs": self.epochs, "hidden": self.hidden}
+        return ServeCommand(task="majority_task:MajorityTask", task_settings=settings, session_dir=session_dir,
+                            config=config, options=options)
 
 
 @dataclass
@@ -218,7 +221,7 @@ def expected_weights(session_dir: Path, mode: str) -> np.ndarray:
     from server.relay.store import open_store
     from server.session.buffered import Arrival, replay
     from server.session.package import Package
-    from server.session.session import Session, SessionConfig
+    from server.session.session import Session
 
     package = Package.load(session_dir / "package")
     config = SessionConfig.from_json(checkpoint.read_session_config(session_dir)["config"])
@@ -242,7 +245,7 @@ def units_lost_and_twice(session_dir: Path, mode: str, history: list[dict[str, A
     """Units of the plan never merged, and merged more often than the plan says."""
     from server.relay.store import open_store
     from server.session.package import Package
-    from server.session.session import Session, SessionConfig
+    from server.session.session import Session
 
     package = Package.load(session_dir / "package")
     config = SessionConfig.from_json(checkpoint.read_session_config(session_dir)["config"])
@@ -276,7 +279,8 @@ def run_session(config: ChaosConfig, work: Path, *, kills: int, log: Any = print
     """One session with ``kills`` SIGKILLs (0: the uninterrupted anchor) or a full disk; the report."""
     session_dir = work / "session"
     work.mkdir(parents=True, exist_ok=True)
-    relay = chaos_relay(config.serve_arguments(session_dir), work.parent / f"{work.name}-serve.log")
+    relay = RelayProcess(config.serve_command(session_dir), log=work.parent / f"{work.name}-serve.log", examples=True,
+                         start_timeout_s=120)
     # A merge starts when a round's k results are in (sync), or when the buffer of k results fills (async).
     uploads, stop = Uploads(slots=config.k, per_round=config.mode == "sync"), threading.Event()
     started = time.monotonic()

@@ -14,6 +14,7 @@ over loopback, per codec, from the same run; and the bytes each link carried per
 from __future__ import annotations
 
 import argparse
+import secrets
 import statistics
 import tempfile
 import time
@@ -26,6 +27,9 @@ import httpx
 from server.browser.peers import join_url
 from server.harness.link import LinkSpec, ShapedLink
 from server.harness.relay_process import RelayProcess
+from server.harness.serve_command import ServeCommand
+from server.relay.options import RelayOptions
+from server.session.config import SessionConfig
 from server.session.package import build_package
 
 POLL_S = 0.5
@@ -79,9 +83,10 @@ def network_session(folder: Path, codec: str, link: LinkSpec | None, *, peers: i
     from server.browser.chromium import launch_options
 
     name = f"{codec}-{'link' if link else 'loopback'}"
-    relay = RelayProcess(["--package", str(folder / "package"), "-k", "3", "--passes", "1", "--codec", codec,
-                          "--min-peers", str(peers), "--session-dir", str(folder / name)],
-                         log=folder / f"relay-{name}.log")
+    serve = ServeCommand(package=folder / "package", session_dir=folder / name,
+                         config=SessionConfig(participants=3, passes=1, codec=codec),
+                         options=RelayOptions(admin_token=secrets.token_urlsafe(18), min_peers=peers))
+    relay = RelayProcess(serve, log=folder / f"relay-{name}.log")
     relay.start()
     links = [ShapedLink(relay.host_port, link).start() for _ in range(peers)] if link else []
     try:

@@ -22,24 +22,31 @@ from typing import Any
 
 import httpx
 
-from server.bench.chaos_relay import EXAMPLES, Uploads, chaos_relay, retrying_peer
-from server.relay.options import DEFAULT_KEEP_RESULTS
+from server.bench.chaos_relay import EXAMPLES, Uploads, retrying_peer
+from server.harness.relay_process import RelayProcess
+from server.harness.serve_command import ServeCommand
+from server.relay.options import DEFAULT_KEEP_RESULTS, RelayOptions
+from server.session.config import SessionConfig
+from server.session.settings import declared, text_reader
 
 ADMIN = "disk-admin"
 
 
-def serve_arguments(session_dir: Path, *, passes: int, hidden: int, keep: str) -> list[str]:
-    return ["--task", "majority_task:MajorityTask", "--session-dir", str(session_dir),
-            "-k", "2", "--passes", str(passes), "--admin-token", ADMIN,
-            "--on-divergence", "rollback", "--keep-results", keep, "--set", "chunks=4", "--set", "examples=1024",
-            "--set", "epochs=1", "--set", f"hidden={hidden}"]
+def serve_command(session_dir: Path, *, passes: int, hidden: int, keep: str) -> ServeCommand:
+    """The majority example, 2 of its 4 units a round; ``keep``: ``--keep-results`` as typed (a number, or all)."""
+    keep_results = text_reader(declared(RelayOptions)["keep_results"])(keep)
+    return ServeCommand(task="majority_task:MajorityTask", session_dir=session_dir,
+                        task_settings={"chunks": 4, "examples": 1024, "epochs": 1, "hidden": hidden},
+                        config=SessionConfig(participants=2, passes=passes, on_divergence="rollback"),
+                        options=RelayOptions(admin_token=ADMIN, keep_results=keep_results))
 
 
 def measure(work: Path, *, keep: str, passes: int, hidden: int, peers: int = 2, timeout_s: float = 600,
             log: Any = print) -> list[dict[str, Any]]:
     """The relay's storage report after each round of one session."""
     work.mkdir(parents=True, exist_ok=True)
-    relay = chaos_relay(serve_arguments(work / "session", passes=passes, hidden=hidden, keep=keep), work / "serve.log")
+    relay = RelayProcess(serve_command(work / "session", passes=passes, hidden=hidden, keep=keep),
+                         log=work / "serve.log", examples=True, start_timeout_s=120)
     uploads, stop = Uploads(), threading.Event()
     relay.start()
     deadline = time.monotonic() + timeout_s

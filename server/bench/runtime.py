@@ -59,8 +59,9 @@ def measure_torch(config: str, steps: int) -> dict[str, Any] | str:
 def measure_pyodide(config: str, steps: int, *, query: str = "") -> dict[str, Any] | str:
     """In the page's worker, the page opened with ``query`` (e.g. ``?blas=numpy``); notes the page's matmul."""
     from server.browser.launcher import relay_process, run_in_worker, worker_page
+    from server.harness.serve_command import ServeCommand
 
-    with relay_process("--no-session") as url, worker_page(url + query) as page:
+    with relay_process(ServeCommand(no_session=True)) as url, worker_page(url + query) as page:
         row = json.loads(run_in_worker(page, measure_code(config, steps, 1)))
         row["matmul"] = page.evaluate("window.peertrain.versions.matmul")  # type: ignore[attr-defined]
         return row

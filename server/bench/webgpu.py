@@ -48,9 +48,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     from server.browser.launcher import relay_process, run_in_worker, worker_page
+    from server.harness.serve_command import ServeCommand
 
     code = MEASURE.format(rows=args.rows, batch=args.batch, steps=args.steps, bytelm=not args.skip_bytelm)
-    with relay_process("--no-session") as url, worker_page(url) as page:
+    with relay_process(ServeCommand(no_session=True)) as url, worker_page(url) as page:
         return json.loads(run_in_worker(page, code, timeout_s=3600))
 
 

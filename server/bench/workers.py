@@ -21,7 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from server.browser.peers import join_url
+from server.cli.options import parse_sets
 from server.harness.relay_process import RelayProcess
+from server.harness.serve_command import ServeCommand
+from server.session.config import SessionConfig
 
 PROBE = """() => ({
   state: document.body.dataset.state,
@@ -79,10 +82,10 @@ def measure(folder: Path, args: argparse.Namespace, workers: int) -> WorkersRun:
 
     from server.browser.chromium import launch_options
 
-    settings = [item for pair in args.settings for item in ("--set", pair)]
-    relay = RelayProcess(["--task", args.task, *settings, "--mode", "async", "--validate-every", "1000",
-                          "--passes", "100", "--fresh",
-                          "--session-dir", str(folder / f"session-{workers}")], log=folder / f"relay-{workers}.log")
+    serve = ServeCommand(task=args.task, task_settings=parse_sets(args.settings), fresh=True,
+                         session_dir=folder / f"session-{workers}",
+                         config=SessionConfig(participants=3, mode="async", validate_every=1000, passes=100))
+    relay = RelayProcess(serve, log=folder / f"relay-{workers}.log")
     relay.start()
     try:
         with sync_playwright() as playwright:

@@ -21,6 +21,9 @@ from relay_fixtures import SMALL_SETTINGS
 
 from server.harness.native_peer import NativePeer, PeerHooks, RetryPolicy
 from server.harness.relay_process import RelayProcess
+from server.harness.serve_command import ServeCommand
+from server.relay.options import RelayOptions
+from server.session.config import SessionConfig
 
 ADMIN = "resume-admin"
 
@@ -31,16 +34,24 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+# The session: 2 of the majority example's 4 units a round, two passes; leases of 5 s and no backups (the test
+# counts the leases a restart releases).
+RELAYD_CONFIG = SessionConfig(participants=2, passes=2)
+
+
+def relayd_options(**changes: Any) -> RelayOptions:
+    return RelayOptions(**{"admin_token": ADMIN, "lease_seconds": 5, "backup_after": None, **changes})
+
+
 class Relayd(RelayProcess):
     """``peertrain serve`` in a subprocess (``server.harness.RelayProcess``) on a fixed port, so that restarts keep
     the peers' URL and it is known before the first start."""
 
-    def __init__(self, session_dir: Path, port: int, log: Path, *more: str) -> None:
-        super().__init__(["--port", str(port), "--task", "majority_task:MajorityTask", "--session-dir",
-                          str(session_dir), "-k", "2", "--passes", "2", "--admin-token", ADMIN, "--lease-seconds",
-                          "5", "--no-backups", *more,  # (the test counts the leases a restart releases)
-                          *(f"--set={key}={value}" for key, value in SMALL_SETTINGS.items())],
-                         log=log, examples=True)
+    def __init__(self, session_dir: Path, port: int, log: Path, *, config: SessionConfig = RELAYD_CONFIG,
+                 options: RelayOptions | None = None) -> None:
+        super().__init__(ServeCommand(task="majority_task:MajorityTask", task_settings=SMALL_SETTINGS,
+                                      session_dir=session_dir, config=config, options=options or relayd_options(),
+                                      extra=("--port", str(port))), log=log, examples=True)
         self.url = f"http://127.0.0.1:{port}"
 
 

@@ -5,6 +5,7 @@ weights, and a SIGKILL mid-session loses nothing."""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -14,10 +15,12 @@ import pytest
 from relay_fixtures import HttpPeer, make_relay, serving, session_status, work_until_done
 from relay_process import (
     ADMIN,
+    RELAYD_CONFIG,
     PeerThread,
     Relayd,
     UploadGate,
     free_port,
+    relayd_options,
     retrying,
     retrying_fails,
     status_when,
@@ -142,8 +145,8 @@ def test_a_result_too_many_versions_behind_is_refused(package: Package, tmp_path
 @pytest.mark.usefixtures("majority_importable")  # the peers import majority_task as the relay does
 def test_sigkill_mid_async_resumes_with_nothing_lost_and_replays_exactly(tmp_path: Path) -> None:
     session_dir, log = tmp_path / "session", tmp_path / "serve.log"
-    relayd = Relayd(session_dir, free_port(), log, "--mode", "async", "--buffer", "2", "--aggregate", "mean",
-                    "--keep-results", "all")  # (the replay of the arrivals reads every message)
+    relayd = Relayd(session_dir, free_port(), log, config=replace(RELAYD_CONFIG, mode="async", aggregate="mean"),
+                    options=relayd_options(keep_results=None))  # (the replay of the arrivals reads every message)
     deadline = time.monotonic() + 150
     gate = UploadGate(limit=5)  # two merges and one result in the buffer, then hold the next upload
     peers = [PeerThread(relayd.url, gate, deadline) for _ in range(3)]

@@ -4,6 +4,7 @@ after an attacker is banned, and after a peer closes for good in round 3."""
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,8 @@ from relay_fixtures import reference_run
 from runtime import wire
 from server.harness.native_peer import NativePeer, PeerHooks
 from server.harness.relay_process import RelayProcess
+from server.harness.serve_command import ServeCommand
+from server.relay.options import RelayOptions
 from server.session.config import SessionConfig
 from server.session.package import Package
 from server.session.session import Session
@@ -21,8 +24,10 @@ from server.session.session import Session
 pytestmark = pytest.mark.slow
 
 # The issue's session: arith with the char tokenizer, 3 epochs, k = 3, 2 passes (6 rounds), serve's defaults else.
-ARITH = ["--task", "arith", "--set", "tokenizer=char", "--set", "epochs=3", "-k", "3", "--passes", "2"]
-MAJORITY = ["--task", "majority_task:MajorityTask", "-k", "3", "--passes", "3", "--set", "chunks=6"]
+ARITH = ServeCommand(task="arith", task_settings={"tokenizer": "char", "epochs": 3},
+                     config=SessionConfig(participants=3, passes=2))
+MAJORITY = ServeCommand(task="majority_task:MajorityTask", task_settings={"chunks": 6})
+ADMIN = "liveness-admin"
 
 
 class Gone(Exception):
@@ -54,8 +59,8 @@ def test_the_attacker_is_banned_and_two_honest_peers_finish(tmp_path: Path) -> N
         return wire.encode((vector + rng.normal(0, 0.05, vector.shape)).astype(np.float32), header)
 
     session_dir = tmp_path / "session"
-    with RelayProcess([*ARITH, "--session-dir", str(session_dir), "--peer-timeout", "5"],
-                      log=tmp_path / "serve.log") as relay:
+    serve = replace(ARITH, session_dir=session_dir, options=RelayOptions(admin_token=ADMIN, peer_timeout=5))
+    with RelayProcess(serve, log=tmp_path / "serve.log") as relay:
         attacker = NativePeer(relay.url, hooks=PeerHooks(upload=noise), timeout_s=1500)
         honest = [NativePeer(relay.url, timeout_s=1500) for _ in range(2)]
         run_peers([attacker, *honest], timeout=1500)
@@ -83,8 +88,9 @@ def test_a_peer_that_closes_in_round_three_never_stops_the_session(tmp_path: Pat
         return send()
 
     session_dir = tmp_path / "session"
-    with RelayProcess([*MAJORITY, "--session-dir", str(session_dir), "--mode", mode, "--lease-seconds", "4",
-                       "--peer-timeout", "3"], log=tmp_path / "serve.log", examples=True) as relay:
+    serve = replace(MAJORITY, session_dir=session_dir, config=SessionConfig(participants=3, passes=3, mode=mode),
+                    options=RelayOptions(admin_token=ADMIN, lease_seconds=4, peer_timeout=3))
+    with RelayProcess(serve, log=tmp_path / "serve.log", examples=True) as relay:
         leaving = NativePeer(relay.url, hooks=PeerHooks(send_result=close_in_round_three), timeout_s=300)
         staying = [NativePeer(relay.url, timeout_s=300) for _ in range(2)]
         run_peers([leaving, *staying], timeout=300)
