@@ -13,6 +13,7 @@ return, seconds per round; then how many seeds reached 500 within the round limi
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import tempfile
 import time
@@ -46,19 +47,17 @@ class SessionRecord:
         return None
 
 
-def run_session(
-    settings: Mapping[str, Any], seed: int, *, rounds: int, participants: int = 2, merge: str = "fedavg",
-    stop_when_solved: bool = False, aggregate: str = DEFAULT_AGGREGATE,
-) -> SessionRecord:
-    """One in-process session of ``rounds`` rounds, as ``serve`` runs it: the session's assignments -> train_unit
-    -> aggregate and merge -> validate."""
-    record = SessionRecord(seed)
+def run_session(settings: Mapping[str, Any], config: SessionConfig, *, stop_when_solved: bool = False) -> SessionRecord:
+    """One in-process session of ``config.max_rounds`` rounds (its passes: as many as they take), as ``serve`` runs
+    it: the session's assignments -> train_unit -> aggregate and merge -> validate. The package is built with the
+    config's seed."""
+    assert config.max_rounds is not None, "a CartPole run is a number of rounds"
+    record = SessionRecord(config.seed)
     with tempfile.TemporaryDirectory(prefix="peertrain-cartpole-") as folder:
-        package = build_package("cartpole", dict(settings), Path(folder) / "package", seed=seed, check=False,
+        package = build_package("cartpole", dict(settings), Path(folder) / "package", seed=config.seed, check=False,
                                 log=lambda _: None)
-        passes = -(-rounds * participants // package.data.num_units)
-        config = SessionConfig(merge=merge, aggregate=aggregate, participants=participants, passes=passes, seed=seed,
-                               max_rounds=rounds)
+        passes = -(-config.max_rounds * config.participants // package.data.num_units)
+        config = dataclasses.replace(config, passes=passes)
         with one_blas_thread():
             session = Session.create(package, config)
             uploads = SimulatedUploads()
@@ -95,8 +94,8 @@ def run(args: argparse.Namespace) -> int:
           f"up to {rounds} rounds; settings {json.dumps(settings)}")
     solved, figures = 0, []
     for seed in range(args.cartpole_seeds):
-        record = run_session(settings, seed, rounds=rounds, participants=participants, merge=merge,
-                             stop_when_solved=not args.cartpole_full)
+        config = SessionConfig(merge=merge, participants=participants, seed=seed, max_rounds=rounds)
+        record = run_session(settings, config, stop_when_solved=not args.cartpole_full)
         first = record.first_solved_round
         solved += first is not None
         per_round = sum(record.seconds) / len(record.seconds)

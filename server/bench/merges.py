@@ -21,6 +21,7 @@ from pathlib import Path
 
 from server.bench.merge_study import add_study_arguments, run_study
 from server.cli.options import add_sweep_options, sweep_settings
+from server.session.config import SessionConfig
 from server.simulation.simulator import MergeChoice, compare, fmt
 
 SETTINGS = [
@@ -86,7 +87,11 @@ def run(args: argparse.Namespace) -> int:
     out: Path = args.out
     settings = {"chunks": 55, "steps": args.steps, "validation_windows": args.validation_windows}
     package = build_package("bytetext", settings, out / "package", seed=args.seed)
-    plan = RoundPlan(package.data.num_units, 5, 3, args.seed)
+    # The server optimizers over the plain weighted mean (mean): the claim under test compares them, not aggregators;
+    # on float32 results.
+    config = SessionConfig(participants=5, passes=3, seed=args.seed, max_rounds=args.rounds, aggregate="mean",
+                           codec="none")
+    plan = RoundPlan(package.data.num_units, config.participants, config.passes, config.seed)
     rounds = plan.num_rounds if args.rounds is None else min(args.rounds, plan.num_rounds)
 
     # Measure one unit and one validation first, and say how long the whole run should take.
@@ -98,17 +103,14 @@ def run(args: argparse.Namespace) -> int:
     clock = time.perf_counter()
     task.validate(package.initial_weights, data.validation)
     validate_seconds = time.perf_counter() - clock
-    estimate = len(SETTINGS) * rounds * (5 * unit_seconds + validate_seconds)
+    estimate = len(SETTINGS) * rounds * (config.participants * unit_seconds + validate_seconds)
     print(f"one unit ({args.steps} steps): {unit_seconds:.2f} s; one validation: {validate_seconds:.2f} s; "
           f"{len(SETTINGS)} settings x {rounds} rounds: about {estimate / 60:.1f} min")
     if estimate > BUDGET_SECONDS:
         print(f"warning: the estimate exceeds the {BUDGET_SECONDS // 60}-minute budget; lower --steps or "
               "--validation-windows")
 
-    # The server optimizers over the plain weighted mean (mean): the claim under test compares them, not aggregators.
-    comparison = compare(package, SETTINGS, out=out, participants=5, passes=3, seed=args.seed, max_rounds=args.rounds,
-                         aggregate="mean", codec="none",  # (merges compared on float32 results)
-                         progress=args.progress, log=lambda _: None,
+    comparison = compare(package, SETTINGS, config, out=out, progress=args.progress, log=lambda _: None,
                          title=f"bytelm-2.3mb, 55 chunks, k=5, {args.steps} local steps: validation loss per round")
     series = {s.config.name: s.metric_series() for s in comparison.sessions}
     table, target_round = results_table(series, TARGET_ROUND)

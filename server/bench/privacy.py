@@ -15,6 +15,7 @@ after every round of each setting.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 import statistics
@@ -68,12 +69,11 @@ def make_data(kind: str, root: Path, peers: int, seed: int) -> tuple[list[Path],
     return folders[:-1], {"validation_files": tuple(validation)}
 
 
-def one_session(task: str, settings: dict[str, Any], folders: list[Path], work: Path, *, seed: int, rounds: int,
-                privacy: dict[str, Any]) -> dict[str, Any]:
-    package = build_package(task, settings, work / f"package-{seed}", seed=seed, log=lambda *_: None)
+def one_session(task: str, settings: dict[str, Any], folders: list[Path], work: Path,
+                config: SessionConfig) -> dict[str, Any]:
+    """One session of the local task on the volunteers' ``folders``; its package built with the config's seed."""
+    package = build_package(task, settings, work / f"package-{config.seed}", seed=config.seed, log=lambda *_: None)
     peers = LocalPeers.load(package.task, folders)
-    config = SessionConfig(participants=len(folders), passes=rounds, max_rounds=rounds, seed=seed, aggregate="mean",
-                           divergence_factor=1e9, **privacy)
     session = run_local_session(package, config, peers)
     last = session.history[-1]
     return {"metric": session.metric, "final": judged_value(session, last), "rounds": session.round,
@@ -102,12 +102,15 @@ def run(args: argparse.Namespace) -> int:
             settings |= extra
             for target in [None, *targets]:
                 z = None if target is None else accountant.noise_for_epsilon(target, rounds, args.delta)
-                privacy = {} if z is None else {"dp_noise_multiplier": z, "dp_clip": spec["clip"],
-                                                "dp_adaptive_clip": 0.5, "dp_delta": args.delta}
+                config = SessionConfig(participants=len(folders), passes=rounds, max_rounds=rounds, aggregate="mean",
+                                       divergence_factor=1e9)
+                if z is not None:
+                    config = dataclasses.replace(config, dp_noise_multiplier=z, dp_clip=spec["clip"],
+                                                 dp_adaptive_clip=0.5, dp_delta=args.delta)
                 runs = []
                 for seed in range(args.seeds):
-                    runs.append(one_session(spec["task"], settings, folders, work, seed=seed, rounds=rounds,
-                                            privacy=privacy))
+                    runs.append(one_session(spec["task"], settings, folders, work,
+                                            dataclasses.replace(config, seed=seed)))
                     label = "no DP" if target is None else f"epsilon {target:g} (z {z:.3g})"
                     print(f"  {name}, {label}, seed {seed}: {runs[-1]['metric']} {runs[-1]['final']:.4f} "
                           f"({time.perf_counter() - started:.0f} s)", flush=True)

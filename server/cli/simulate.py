@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     from runtime.merge import MergeError
     from runtime.planner import PlanError
     from runtime.tasks import TaskError
-    from server.session.config import SessionConfig, SessionError, privacy_fields
+    from server.session.config import SessionConfig, SessionError
     from server.session.package import Package, build_package
     from server.simulation.simulator import MergeChoice, compare, parse_merge_choices, with_common_settings
     from server.simulation.sweep import SweepError
@@ -139,13 +139,7 @@ def run(args: argparse.Namespace) -> int:
             return run_local(args, package, choices, config, fail)
         if args.peer_speeds is not None:
             return run_stragglers(args, straggler_settings(args, options, config.seed), package, choices, config)
-        comparison = compare(package, choices, out=args.out, participants=config.participants, passes=config.passes,
-                             seed=config.seed, max_rounds=config.max_rounds, force=config.force,
-                             on_divergence=config.on_divergence, divergence_factor=config.divergence_factor,
-                             progress=args.progress, aggregate=config.aggregate,
-                             aggregate_config=config.aggregate_config, codec=config.codec,
-                             topk_fraction=config.topk_fraction, privacy=privacy_fields(config),
-                             **sweep_settings(args))
+        comparison = compare(package, choices, config, out=args.out, progress=args.progress, **sweep_settings(args))
     except (MergeError, PlanError, TaskError, SessionError, SweepError, FileNotFoundError, ValueError) as error:
         return fail(error)
     stopped = [s for s in comparison.sessions if s.stopped]
@@ -174,7 +168,6 @@ def simulated_settings(config_values: dict[str, Any], relay_values: dict[str, An
 
 def run_local(args: argparse.Namespace, package: Any, choices: list[Any], config: Any, fail: Any) -> int:
     """``simulate --local-data``: a local task's sessions, each simulated peer training on its own folder."""
-    from server.session.config import privacy_fields
     from server.simulation.local_sim import simulate_local
 
     if package.task.kind != "local":
@@ -186,12 +179,7 @@ def run_local(args: argparse.Namespace, package: Any, choices: list[Any], config
             getattr(args, "ray", None) is not None:
         return fail(ValueError("--local-data sessions run here one after another, without --peer-speeds, --workers "
                                "or --ray"))
-    sessions = simulate_local(package, choices, args.local_data, out=args.out, participants=config.participants,
-                              passes=config.passes, seed=config.seed, max_rounds=config.max_rounds,
-                              force=config.force, on_divergence=config.on_divergence,
-                              divergence_factor=config.divergence_factor, aggregate=config.aggregate,
-                              aggregate_config=config.aggregate_config, progress=args.progress,
-                              privacy=privacy_fields(config))
+    sessions = simulate_local(package, choices, args.local_data, config, out=args.out, progress=args.progress)
     for session in sessions:
         if session.stopped:
             print(f"{session.config.name}: stopped: {session.stopped}", file=sys.stderr)
@@ -243,9 +231,9 @@ def straggler_settings(args: argparse.Namespace, options: Any, seed: int) -> Any
 def run_stragglers(args: argparse.Namespace, settings: Any, package: Any, choices: list[Any], base: Any) -> int:
     """``simulate --peer-speeds``: one session per merge choice through the relay on a virtual clock; a line per
     round, then the virtual times. Checkpoints, history and the relay's SQLite file go in ``--out``/NAME/."""
-    import dataclasses
     import json
 
+    from server.simulation.simulator import choice_config
     from server.simulation.stragglers import TrainingMemo, simulate_stragglers
 
     memo = TrainingMemo()
@@ -266,7 +254,7 @@ def run_stragglers(args: argparse.Namespace, settings: Any, package: Any, choice
               f"({entry['participants']} results{''.join(', ' + e for e in extras if e)})", flush=True)
 
     for choice in choices:
-        config = dataclasses.replace(base, merge=choice.name, merge_config=dict(choice.config), label=choice.label)
+        config = choice_config(base, choice)
         folder = Path(args.out) / choice.slug
         run = simulate_stragglers(package, config, settings, folder, session_dir=folder, memo=memo, on_round=progress)
         backups = "off" if settings.backup_after is None or asynchronous else \

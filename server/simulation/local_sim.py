@@ -25,6 +25,7 @@ from server.session.local_files import folder_files, peer_folders
 from server.session.package import Package
 from server.session.plot import plot_metric
 from server.session.session import Session, SessionConfig
+from server.simulation.simulator import MergeChoice, choice_config
 from server.simulation.uploads import SimulatedUploads
 
 
@@ -99,23 +100,18 @@ def judged_value(session: Session, entry: Mapping[str, Any]) -> Any:
     return (entry.get("federated") or {}).get("metrics", {}).get(session.metric)
 
 
-def simulate_local(package: Package, choices: Sequence[Any], folders: Sequence[Path], *, out: Path,
-                   participants: int, passes: int, seed: int = 0, max_rounds: int | None = None, force: bool = False,
-                   on_divergence: Any = "stop", divergence_factor: float = 3.0, aggregate: str,
-                   aggregate_config: Mapping[str, Any] | None, progress: bool = True,
-                   log: Callable[[str], Any] = print, privacy: Mapping[str, Any] | None = None) -> list[Session]:
-    """``peertrain simulate --local-data``: one session per merge choice (``MergeChoice``: name, config, label,
-    slug) on the same peers' files, one after another; a line per round, then the plot and a table in ``out``."""
+def simulate_local(package: Package, choices: Sequence[MergeChoice], folders: Sequence[Path], config: SessionConfig,
+                   *, out: Path, progress: bool = True, log: Callable[[str], Any] = print) -> list[Session]:
+    """``peertrain simulate --local-data``: one session per merge choice on the same peers' files, one after
+    another, each ``config`` with the choice's merge (``choice_config``); a line per round, then the plot and a
+    table in ``out``."""
     out = Path(out)
     peers = LocalPeers.load(package.task, peer_folders(folders))
     for line in peers.describe():
         log(line)
     sessions = []
     for choice in choices:
-        config = SessionConfig(merge=choice.name, merge_config=dict(choice.config), participants=participants,
-                               passes=passes, seed=seed, max_rounds=max_rounds, force=force,
-                               on_divergence=on_divergence, divergence_factor=divergence_factor, label=choice.label,
-                               aggregate=aggregate, aggregate_config=aggregate_config, **(privacy or {}))
+        chosen = choice_config(config, choice)
 
         def report(entry: dict[str, Any], label: str = choice.label) -> None:
             federated = entry.get("federated") or {}
@@ -127,7 +123,7 @@ def simulate_local(package: Package, choices: Sequence[Any], folders: Sequence[P
                     f"{fed or '-'}" + (f"; epsilon {entry['privacy']['epsilon']:.3g}" if "privacy" in entry else ""))
 
         started = time.perf_counter()
-        session = run_local_session(package, config, peers, directory=out / choice.slug, on_round=report)
+        session = run_local_session(package, chosen, peers, directory=out / choice.slug, on_round=report)
         log(f"{choice.label}: {session.round} rounds in {time.perf_counter() - started:.1f} s; judged by "
             f"{'the host' if session.host_validates else 'federated evaluation'}: best {session.metric} "
             f"{session.best_metric if session.best_metric is not None else '-'} "

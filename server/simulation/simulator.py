@@ -12,6 +12,7 @@ options such as ``--server-momentum`` fill in whatever a choice leaves unset.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -21,13 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from runtime.codec import DEFAULT_TOPK_FRACTION
 from runtime.merge import InvalidHyperparameter, merge_class
 from runtime.planner import RoundPlan, check_merge_guard
-from server.session.config import DEFAULT_AGGREGATE
 from server.session.package import Package
 from server.session.plot import plot_metric
-from server.session.session import DivergenceAction, Session, SessionConfig
+from server.session.session import Session, SessionConfig
 from server.simulation.sweep import Engine, SessionSpec, describe_engine, run_sessions
 from server.simulation.sweep_worker import run_round as run_round  # (its home was here; tests import it from here)
 
@@ -108,6 +107,11 @@ def with_common_settings(choices: Sequence[MergeChoice], common: Mapping[str, An
     return out
 
 
+def choice_config(config: SessionConfig, choice: MergeChoice) -> SessionConfig:
+    """``config`` with ``choice``'s merge method, its settings and its label: one session of a comparison."""
+    return dataclasses.replace(config, merge=choice.name, merge_config=dict(choice.config), label=choice.label)
+
+
 @dataclass
 class Comparison:
     """The sessions of one simulator call, in the order they ran, and where their outputs went."""
@@ -119,28 +123,20 @@ class Comparison:
     seconds: float
 
 
-def compare(package: Package, choices: Sequence[MergeChoice], *, out: Path, participants: int, passes: int,
-            seed: int = 0, max_rounds: int | None = None, force: bool = False,
-            on_divergence: DivergenceAction = "stop", divergence_factor: float = 3.0, progress: bool = True,
-            title: str = "", log: Callable[[str], Any] = print, aggregate: str = DEFAULT_AGGREGATE,
-            aggregate_config: Mapping[str, Any] | None = None, engine: Engine = "local", workers: int | None = None,
-            ray_address: str | None = None, codec: str = "auto", topk_fraction: float = DEFAULT_TOPK_FRACTION,
-            privacy: Mapping[str, Any] | None = None) -> Comparison:
-    """Run one session per merge choice (same package, same plan), then write the plot and the table.
+def compare(package: Package, choices: Sequence[MergeChoice], config: SessionConfig, *, out: Path,
+            progress: bool = True, title: str = "", log: Callable[[str], Any] = print, engine: Engine = "local",
+            workers: int | None = None, ray_address: str | None = None) -> Comparison:
+    """Run one session per merge choice (same package, same plan), then write the plot and the table. Each session
+    is ``config`` with the choice's merge, merge settings and label (``choice_config``).
 
     ``engine``, ``workers``, ``ray_address``: where the sessions run (``server.simulation.sweep.run_sessions``:
     in-process one after another, a local process pool, or Ray); the results are the same bits on each (not with
-    differential privacy, ``privacy``'s ``dp_*`` settings: each session draws its noise from its own secret)."""
+    differential privacy, the config's ``dp_*`` settings: each session draws its noise from its own secret)."""
     out = Path(out)
-    plan = RoundPlan(package.data.num_units, participants, passes, seed)
+    plan = RoundPlan(package.data.num_units, config.participants, config.passes, config.seed)
     for choice in choices:  # refuse before training anything
-        check_merge_guard(choice.name, plan, force=force)
-    configs = [SessionConfig(merge=c.name, merge_config=dict(c.config), participants=participants, passes=passes,
-                             seed=seed, max_rounds=max_rounds, force=force, on_divergence=on_divergence,
-                             divergence_factor=divergence_factor, label=c.label, aggregate=aggregate,
-                             aggregate_config=aggregate_config, codec=codec, topk_fraction=topk_fraction,
-                             **(privacy or {}))
-               for c in choices]
+        check_merge_guard(choice.name, plan, force=config.force)
+    configs = [choice_config(config, choice) for choice in choices]
     started = time.perf_counter()
     specs = [SessionSpec(package, config, choice.slug) for choice, config in zip(choices, configs, strict=True)]
     outcomes = run_sessions(specs, engine=engine, workers=workers, address=ray_address, progress=progress, out=out)
