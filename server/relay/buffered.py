@@ -37,9 +37,12 @@ NORMS_KEPT = 50  # accepted update norms the relative outlier check compares wit
 
 
 class AsyncBuffer(Part):
-    """The async stream: hand-out in schedule order, results judged against the version they started from, a
-    merge of the oldest K. Its state: the weights of recent versions, the version each entry was handed out with,
-    the last accepted update norms and the first schedule entry not back yet."""
+    """The async stream, a ``RoundMode`` (``server.relay.round_mode``): hand-out in schedule order, results judged
+    against the version they started from, a merge of the oldest K. Its state: the weights of recent versions, the
+    version each entry was handed out with, the last accepted update norms and the first schedule entry not back
+    yet."""
+
+    hands_out_while_merging = True  # peers never wait for a round: a unit starts from the version it is handed
 
     def __init__(self, context: RelayContext, book: RoundBook, jobs: Jobs, people: Participants) -> None:
         self.context, self.book, self.jobs, self.people = context, book, jobs, people

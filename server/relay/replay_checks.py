@@ -24,6 +24,7 @@ from server.relay.direction import DIRECTION, direction_of, sum_of_updates
 from server.relay.jobs import Jobs
 from server.relay.refusal import Refusal
 from server.relay.store import StoredResult
+from server.relay.undo_rules import UndoRules
 from server.relay.verify import COVERAGE, ROUTINE, Replay, ReplayQueue, Verdict, Verifier, matches
 
 LOG = logging.getLogger("peertrain.relay")
@@ -38,19 +39,19 @@ def call_soon(loop: asyncio.AbstractEventLoop, callback: Callable[[], None]) -> 
 
 
 class ReplayChecks:
-    """``queue`` is None where verification is off (``serve --no-verify``, a local task, async mode). ``on_verdict``
-    runs on the event loop after each replay ends (the relay applies the verdicts)."""
+    """``queue`` is None where verification is off (``serve --no-verify``, a local task, async mode). ``undo_rules``:
+    whether a ban can undo what its peer moved (then, with ``--replay-wait suspects``, a routine replay may be judged
+    after its round's merge). ``on_verdict`` runs on the event loop after each replay ends (the relay applies the
+    verdicts)."""
 
-    def __init__(self, context: RelayContext, jobs: Jobs, *, on_verdict: Callable[[], None]) -> None:
-        self.context, self.jobs, self.on_verdict = context, jobs, on_verdict
+    def __init__(self, context: RelayContext, jobs: Jobs, *, undo_rules: UndoRules,
+                 on_verdict: Callable[[], None]) -> None:
+        self.context, self.jobs, self.undo_rules, self.on_verdict = context, jobs, undo_rules, on_verdict
         self.queue: ReplayQueue | None = None
         self.engine: str = "native"  # the replays' engine
         self.engine_note: str | None = None  # why --replay-engine auto fell back to native
         self._unapplied: list[Verdict] = []  # verdicts a full disk kept from being applied
         self.wait_seconds = 0.0  # how long the last merge waited for its round's replays (its added time)
-        # whether a routine replay may be judged after its round's merge (a failure then undoes what the peer moved:
-        # the relay sets this to whether its bans can be undone, with --replay-wait suspects)
-        self.undoable: Callable[[], bool] = lambda: False
         self.start()
 
     @property
@@ -143,7 +144,7 @@ class ReplayChecks:
             return
         if reason in (COVERAGE,) or reason.startswith(DIRECTION):
             self.context.store.count("replays_for_coverage" if reason == COVERAGE else "replays_for_direction")
-        deferred = reason in ROUTINE and self.context.options.replay_wait == "suspects" and self.undoable()
+        deferred = reason in ROUTINE and self.context.options.replay_wait == "suspects" and self.undo_rules.active
         self.queue_replay(stored.slot, {stored.peer_id: vector}, reason,
                           ("outlier" if outlier else "result", stored.slot, stored.peer_id),
                           engines={stored.peer_id: stored.engine}, deferred=deferred)

@@ -37,7 +37,10 @@ from server.session.config import SessionError
 
 
 class SyncRounds:
-    """``on_round_opened`` runs when a round hands out its first unit (the relay arms the deadline's timer)."""
+    """A ``RoundMode`` (``server.relay.round_mode``). ``on_round_opened`` runs when a round hands out its first unit
+    (the relay arms the deadline's timer)."""
+
+    hands_out_while_merging = False  # the next round opens when the merge ends
 
     def __init__(self, context: RelayContext, *, book: RoundBook, jobs: Jobs, people: Participants,
                  replays: ReplayChecks, copies: UnitCopies, bans: Bans, pacing: RoundPacing,

@@ -10,9 +10,11 @@
     bans          bans and their effect on the open round (bans.py)
     undo          a ban merges the banned peer's rounds again without its results (undo.py)
     pacing        round deadlines (pacing.py)
-    mode          the round mode: SyncRounds (rounds.py) or AsyncBuffer (buffered.py)
+    mode          the round mode, a RoundMode (round_mode.py): SyncRounds (rounds.py) or AsyncBuffer (buffered.py)
     disk          pruning, disk use, a full disk (storage.py)
     admin         pause, resume, stop, a new session (admin.py)
+    merges        when a merge runs, the undos and replays before it, the samples after it (merge_schedule.py)
+    report        the status the page and the CLI see, its events, what the session waits for (status.py)
 
 and one transport-free API that every driver calls: the HTTP endpoints (``server.relay.endpoints``), the
 virtual-clock simulator (``server.simulation.stragglers``), the benches and the tests:
@@ -27,19 +29,17 @@ virtual-clock simulator (``server.simulation.stragglers``), the benches and the 
 
 The relay counts what happens (``store.count``) and says so (``notices``); a driver only carries messages. On
 an event loop merges are scheduled by the relay itself (``merge_soon``); a driver without one (the simulator)
-calls ``merge_ready`` after each event.
+calls ``merge_ready`` after each event. Parts that need another part are handed it when they are built (whether a
+ban can be undone, which replays and undos both ask: ``undo_rules.py``); parts that need the round mode are handed
+a way to read the current one, since a new session brings its own.
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
 import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
-
-import numpy as np
 
 from runtime import wire
 from server.relay.admin import SessionAdmin
@@ -47,26 +47,27 @@ from server.relay.admission import Admission
 from server.relay.bans import Bans
 from server.relay.book import RoundBook
 from server.relay.buffered import AsyncBuffer
-from server.relay.checks import describe_defenses
 from server.relay.context import Notices, RelayContext
 from server.relay.copies import UnitCopies
 from server.relay.jobs import Jobs
+from server.relay.merge_schedule import MergeSchedule
 from server.relay.options import RelayOptions
 from server.relay.pacing import RoundPacing
 from server.relay.people import Participants
 from server.relay.refusal import Refusal
 from server.relay.replay_checks import ReplayChecks
+from server.relay.round_mode import RoundMode
 from server.relay.rounds import SyncRounds
+from server.relay.status import Samples, StatusReport
 from server.relay.storage import StorageGuard, is_storage_error
 from server.relay.store import Store, StoredResult
 from server.relay.undo import BanUndo
+from server.relay.undo_rules import UndoRules
 from server.relay.verify import DISPUTE
 from server.session.package import Package
 from server.session.session import Session
 
 MAX_HOLD_SECONDS = 20.0  # longest a POST /api/work?hold=S request is held
-HANDOUT_TURNS = 3  # event-loop turns given to woken held requests after a merge (each answers in one or two)
-HISTORY_LENGTH = 200  # rounds of history in the status (the page's chart); the full history is exported
 RESULT_ENVELOPE_BYTES = 16  # a result body may exceed its payload and header by the wire's length fields
 
 
@@ -77,11 +78,6 @@ class Relay:
     store: Store
     options: RelayOptions
     context: RelayContext = field(init=False)
-    _merge_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    _background: set[asyncio.Task[None]] = field(default_factory=set)  # the loop keeps only weak references
-    _status_event: tuple[int, str] | None = None  # (version, the status as an event), shared by every stream
-    latest_samples: list[dict[str, Any]] = field(default_factory=list)
-    samples_round: int | None = None  # rounds merged into the weights latest_samples come from
     departed: dict[str, float] = field(default_factory=dict)  # peers that left, and when (until they ask again)
 
     def __post_init__(self) -> None:
@@ -91,33 +87,45 @@ class Relay:
         self.jobs = Jobs(context)
         self.book = RoundBook()
         self.people = Participants(context)
-        self.verification = ReplayChecks(context, self.jobs, on_verdict=self.apply_verdicts)
+        undo_rules = UndoRules(context)
+        self.verification = ReplayChecks(context, self.jobs, undo_rules=undo_rules, on_verdict=self.apply_verdicts)
         self.copies = UnitCopies(context, self.book, self.jobs, self.verification)
-        self.undo = BanUndo(context, book=self.book, jobs=self.jobs, replays=self.verification,
+        self.undo = BanUndo(context, rules=undo_rules, book=self.book, jobs=self.jobs, replays=self.verification,
                             schedule=self.merge_soon)
         self.bans = Bans(context, self.book, self.copies, self.undo)
-        self.verification.undoable = lambda: self.undo.active
         self.pacing = RoundPacing(context)
         self.disk = StorageGuard(context, serve_restored=self.serve_restored, retry_merge=self.merge_soon)
-        self.admin = SessionAdmin(context, merge_lock=self._merge_lock, start_session=self.start_session)
-        self.mode: SyncRounds | AsyncBuffer = self._make_mode()
+        self.samples = Samples()
+        self.merges = MergeSchedule(context, mode=self.current_mode, book=self.book, replays=self.verification,
+                                    undo=self.undo, pacing=self.pacing, disk=self.disk,
+                                    apply_verdicts=self.apply_verdicts, samples=self.samples)
+        self.admin = SessionAdmin(context, merge_lock=self.merges.lock, start_session=self.start_session)
+        self.report = StatusReport(context, mode=self.current_mode, people=self.people, replays=self.verification,
+                                   disk=self.disk, admin=self.admin, samples=self.samples)
+        self.mode: RoundMode = self._make_mode()
         released = self.store.release_live_leases()
         if released:
             self.store.count("leases_released_on_start", released)
         self.undo.retain()
-        self.undo_inline()  # (an undo a restart interrupted, or asked for just before it, ends before any hand-out)
+        self.merges.undo_inline()  # (an undo a restart interrupted, or asked for just before it, ends before hand-out)
         if not self.session.done and not self.async_mode:
             self.copies.settle_after_restart()
         self.disk.measure()
 
-    def _make_mode(self) -> SyncRounds | AsyncBuffer:
+    def _make_mode(self) -> RoundMode:
+        """The round mode the session's settings name, started (a restarted async buffer takes back what a merge the
+        checkpoint lacks had marked)."""
         if self.context.async_mode:
             buffer = AsyncBuffer(self.context, self.book, self.jobs, self.people)
             buffer.start()
             return buffer
         return SyncRounds(self.context, book=self.book, jobs=self.jobs, people=self.people,
                           replays=self.verification, copies=self.copies, bans=self.bans, pacing=self.pacing,
-                          on_round_opened=self.watch_deadline)
+                          on_round_opened=self.merges.watch_deadline)
+
+    def current_mode(self) -> RoundMode:
+        """The round mode of the session served now (what the parts that read the mode are handed)."""
+        return self.mode
 
     def start_session(self, session: Session, store: Store, options: RelayOptions | None = None) -> None:
         """Serve ``session`` (with its own store, and ``options`` where the rules changed them) from now on,
@@ -128,7 +136,7 @@ class Relay:
         if options is not None:
             self.options = self.context.options = options
         self.admin.paused = False
-        self.latest_samples, self.samples_round = [], None
+        self.samples.clear()
         self.jobs.forget()
         self.book.clear()
         self.verification.start()
@@ -166,54 +174,16 @@ class Relay:
         return self.notices.version
 
     def status(self) -> dict[str, Any]:
-        session, store = self.session, self.store
-        active = store.active_peers(self.options.peer_timeout)
-        return {
-            **session.describe(),
-            "task": session.task.describe(),
-            "fingerprint": self.package.fingerprint,
-            "paused": self.paused,
-            "merging": self.merging,
-            "peers": {"connected": len(active), "joined": store.peer_count(), "needed": self.options.min_peers,
-                      "addresses": store.addresses(self.options.peer_timeout),
-                      "per_address": self.options.max_peers_per_address},  # (0: no cap; a page's workers fit in it)
-            "round_progress": self.mode.progress(),
-            "waiting": self.waiting(),
-            "mode": session.config.mode,
-            "history": session.history[-HISTORY_LENGTH:],
-            "initial_metrics": session.initial_metrics,
-            "samples": self.latest_samples,
-            "samples_round": self.samples_round,
-            "counters": store.counters(),
-            "defenses": self.defenses(),
-            "participants": self.people.participants(),
-            "public_model": self.options.public_model,
-            "storage": self.disk.report,
-            "version": self.version,
-        }
+        return self.report.status()
 
     def waiting(self) -> str | None:
-        """What the session waits for and why, in words for the page (None: it is not waiting on anything: a peer
-        that asks is handed work, or the session is over or merging). The rules behind it: docs/liveness.md."""
-        if self.session.done or self.merging:
-            return None
-        if self.paused:
-            return "paused by the host"
-        if self.disk.problem:
-            return f"the relay cannot write ({self.disk.problem}); the session goes on when space returns"
-        return self.mode.waiting()
+        return self.report.waiting()
 
     def status_event(self) -> str:
-        """The status as a server-sent event, built once per version and shared by every stream (200 pages
-        watching used to build it 200 times per change: most of the relay's time under load)."""
-        if self._status_event is None or self._status_event[0] != self.version:
-            self._status_event = (self.version, f"data: {json.dumps(self.status())}\n\n")
-        return self._status_event[1]
+        return self.report.event()
 
     def defenses(self) -> dict[str, Any]:
-        """What this session defends against and what it does not, in words for the page."""
-        return describe_defenses(self.options, self.session.aggregator.name, self.session.aggregator.to_config(),
-                                 self.session.task.kind, self.verification.describe())
+        return self.report.defenses()
 
     # -- limits peers follow ----------------------------------------------------------------------------------
     @property
@@ -265,7 +235,7 @@ class Relay:
         self.disk.refuse_while_full()
         if self.paused:
             return {"wait": self.options.retry_seconds, "reason": "paused"}
-        if self.merging and not self.async_mode:  # (async peers never wait for a round)
+        if self.merging and not self.mode.hands_out_while_merging:
             return {"wait": self.options.retry_seconds, "reason": "merging the round"}
         return self.mode.next_job(peer_id)
 
@@ -344,122 +314,19 @@ class Relay:
         """Whether the round (or, in async mode, the buffer) may merge now."""
         return self.mode.ready()
 
-    def watch_deadline(self) -> None:
-        """After the round's first hand-out: try to merge when its deadline comes (results also try)."""
-        deadline = self.pacing.deadline
-        if deadline is None:
-            return
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:  # no event loop (the simulator, a test): the driver's next event checks the deadline
-            return
-        loop.call_later(deadline + 0.05, self.merge_soon)
-
     def merge_soon(self) -> None:
-        """On an event loop: ``maybe_complete_round`` in the background, holding a reference until it is done.
-        Without one (the virtual-clock simulator) nothing: that driver calls ``merge_ready`` itself."""
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            return
-        task = loop.create_task(self.maybe_complete_round())
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-
-    def _merge_blocking(self) -> dict[str, Any]:
-        """The merge (a worker thread, or inline): checkpointed by ``Session``, then older messages pruned, disk
-        measured."""
-        entry = self.mode.merge_blocking()
-        self.disk.prune_results()
-        self.disk.measure()
-        return entry
-
-    def _merged(self) -> None:
-        """After a merge (or a failed one): forget the merged rounds' bookkeeping, open the next round."""
-        self.book.forget_before(self.session.round)
-        self.verification.forget_before(self.session.round)
-        self.context.merging = False
-        self.notices.work_changed()
+        """On an event loop: ``maybe_complete_round`` in the background. Without one (the virtual-clock simulator)
+        nothing: that driver calls ``merge_ready`` itself."""
+        self.merges.soon()
 
     def merge_ready(self) -> list[dict[str, Any]]:
-        """Merge, inline, every round that is ready (no replays are awaited: a driver without an event loop runs
-        without host replays), and return their history entries."""
-        entries = []
-        self.undo_inline()
-        while not self.merging and not self.session.done and not self.undo.pending() and self.round_ready():
-            self.context.merging = True
-            self.notices.changed()
-            try:
-                entries.append(self._merge_blocking())
-            finally:
-                self._merged()
-            self.undo_inline()
-        return entries
-
-    def undo_inline(self) -> None:
-        """Run the undos bans asked for (``server.relay.undo``), inline: at start-up and without an event loop."""
-        for _ in range(len(self.store.undos()) if self.undo.pending() else 0):
-            if not self.undo.begin():
-                return
-            try:
-                self.undo.redo_blocking()
-            finally:
-                self.undo.end()
-
-    async def undo_bans(self) -> None:
-        """Run the undos bans asked for, each in a worker thread while the relay says it is merging (under the
-        merge's lock: a ban during a merge is undone after it). A full disk stops one where its last checkpoint
-        stands; it goes on when space returns."""
-        for _ in range(len(self.store.undos()) if self.undo.pending() and not self.disk.problem else 0):
-            if not self.undo.begin():
-                return
-            try:
-                await asyncio.to_thread(self.undo.redo_blocking)
-            except Exception as error:
-                if not is_storage_error(error):
-                    raise
-                self.disk.merge_failed(error)
-                return
-            finally:
-                self.undo.end()
+        """Merge, inline, every round that is ready, and return their history entries."""
+        return self.merges.merge_ready()
 
     async def maybe_complete_round(self) -> None:
-        async with self._merge_lock:
-            await self.undo_bans()
-            session = self.session
-            if self.undo.pending() or not self.round_ready():  # (an undo held back by a full disk comes first)
-                return
-            waited = time.perf_counter()
-            await self.verification.wait(session.round, final=session.round + 1 >= session.num_rounds)
-            self.apply_verdicts()
-            self.verification.wait_seconds = time.perf_counter() - waited
-            await self.undo_bans()  # (a replay banned a peer whose earlier results were merged)
-            if self.undo.pending() or not self.round_ready():  # a replay banned a peer: its slots are out again
-                return
-            self.context.merging = True
-            self.notices.changed()
-            try:
-                await asyncio.to_thread(self._merge_blocking)
-            except Exception as error:  # (a checkpoint library may word a full disk in its own exception)
-                if not is_storage_error(error):
-                    raise
-                self.disk.merge_failed(error)  # back to the last checkpoint; tried again when space returns
-                return
-            finally:
-                self._merged()
-            # After the next round is open: peers train meanwhile; the lock keeps the next merge behind it.
-            rounds, weights = session.round, session.weights
-            if self.async_mode and not session.history[-1]["metrics"]:
-                return  # (samples follow the validations)
-            for _ in range(HANDOUT_TURNS):  # let the woken held requests take their units before the samples'
-                await asyncio.sleep(0)      # thread starts competing with this loop for the GIL
-            self.latest_samples = await asyncio.to_thread(self.samples_blocking, weights)
-            self.samples_round = rounds
-            self.notices.changed()
-
-    def samples_blocking(self, weights: np.ndarray) -> list[dict[str, Any]]:
-        """The page's samples for ``weights`` (generating text can cost several validations)."""
-        return [{"text": s.text, "ok": s.ok} for s in self.session.task.samples(weights, self.session.data.validation)]
+        """Merge the round if it is ready, on the event loop (the merge in a worker thread), after the undos and
+        replays it waits for."""
+        await self.merges.maybe_complete_round()
 
     def serve_restored(self, session: Session) -> None:
         """The session as of its last checkpoint, after a merge failed on the disk (paused stays as it was)."""

@@ -55,6 +55,7 @@ from server.relay.checks import decode_result
 from server.relay.context import Part, RelayContext
 from server.relay.jobs import Jobs
 from server.relay.replay_checks import ReplayChecks
+from server.relay.undo_rules import UndoRules
 from server.session import checkpoint_files as checkpoint
 
 LOG = logging.getLogger("peertrain.relay")
@@ -71,30 +72,20 @@ def rebase(result: np.ndarray, trained_from: np.ndarray, corrected: np.ndarray) 
 
 
 class BanUndo(Part):
-    """``schedule`` asks the relay to run the undo soon (before its next merge); ``begin`` / ``redo_blocking`` /
-    ``end`` run it: on the event loop, in a worker thread (or inline), on the event loop again."""
+    """``rules`` say whether an undo may run (``server.relay.undo_rules``); ``schedule`` asks the relay to run the undo
+    soon (before its next merge); ``begin`` / ``redo_blocking`` / ``end`` run it: on the event loop, in a worker
+    thread (or inline), on the event loop again."""
 
-    def __init__(self, context: RelayContext, *, book: RoundBook, jobs: Jobs, replays: ReplayChecks,
+    def __init__(self, context: RelayContext, *, rules: UndoRules, book: RoundBook, jobs: Jobs, replays: ReplayChecks,
                  schedule: Callable[[], None]) -> None:
-        self.context, self.book, self.jobs, self.replays, self.schedule = context, book, jobs, replays, schedule
+        self.context, self.rules, self.book, self.jobs, self.replays = context, rules, book, jobs, replays
+        self.schedule = schedule
         self.running: tuple[str, str, dict[str, Any]] | None = None  # (peer, state, plan) of the undo under way
 
     # -- when an undo runs ------------------------------------------------------------------------------------
-    def refusal(self) -> str | None:
-        """Why this session's bans cannot be undone (None: they can)."""
-        session = self.session
-        if self.context.async_mode:
-            return "async mode merges a stream, not rounds (and replays no result), so a ban undoes nothing merged"
-        if session.privacy is not None:
-            return ("differential privacy: the accountant has counted the rounds released, and merging them again "
-                    "would release the same users' data a second time; clipping and noise bound one peer's effect")
-        if session.directory is None:
-            return "the session keeps no checkpoints to go back to"
-        return None
-
     @property
     def active(self) -> bool:
-        return self.options.undo_rounds > 0 and self.refusal() is None
+        return self.rules.active
 
     def retain(self) -> None:
         """Keep the checkpoints an undo goes back to (the result messages: ``StorageGuard.prune_results``)."""
@@ -138,7 +129,7 @@ class BanUndo(Part):
         verified, rounds = store.unverified_rounds(peer_id)
         open_round = session.round
         merged = [r for r in rounds if r < open_round]
-        refusal = self.refusal() if merged else None
+        refusal = self.rules.refusal() if merged else None
         start = max(open_round - bound, 0)
         start = max([start, *(r + 1 for r in store.pruned_rounds(start, open_round))])
         directory = session.directory

@@ -1,0 +1,159 @@
+"""When the relay merges (``MergeSchedule``, a part of the relay): on the event loop in the background after each
+result and at a round's deadline, or inline for a driver without a loop (the virtual-clock simulator).
+
+Before a merge, the undos bans asked for run (``server.relay.undo``) and the round's replays it waits for end
+(``server.relay.replay_checks``); their verdicts may ban a peer, whose slots are then out again and the merge waits.
+The merge itself is the round mode's (``RoundMode.merge_blocking``), in a worker thread while the relay says it is
+merging; a full disk stops it where its last checkpoint stands (``server.relay.storage``). After it: the merged
+rounds' bookkeeping is forgotten, the next round opens, and the page's samples are generated from the new weights.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from server.relay.book import RoundBook
+from server.relay.context import Part, RelayContext
+from server.relay.pacing import RoundPacing
+from server.relay.replay_checks import ReplayChecks
+from server.relay.round_mode import RoundMode
+from server.relay.status import Samples
+from server.relay.storage import StorageGuard, is_storage_error
+from server.relay.undo import BanUndo
+
+HANDOUT_TURNS = 3  # event-loop turns given to woken held requests after a merge (each answers in one or two)
+
+
+class MergeSchedule(Part):
+    """``mode``: the relay's round mode at the time of the call (a new session brings its own). ``apply_verdicts``:
+    the relay's, run before a merge once its replays are in. ``lock``: the merge's lock, which undos and a session's
+    replacement (``server.relay.admin``) take too."""
+
+    def __init__(self, context: RelayContext, *, mode: Callable[[], RoundMode], book: RoundBook,
+                 replays: ReplayChecks, undo: BanUndo, pacing: RoundPacing, disk: StorageGuard,
+                 apply_verdicts: Callable[[], None], samples: Samples) -> None:
+        self.context, self.mode, self.book, self.replays, self.undo = context, mode, book, replays, undo
+        self.pacing, self.disk, self.apply_verdicts, self.samples = pacing, disk, apply_verdicts, samples
+        self.lock = asyncio.Lock()
+        self._background: set[asyncio.Task[None]] = set()  # the loop keeps only weak references to its tasks
+
+    def watch_deadline(self) -> None:
+        """After the round's first hand-out: try to merge when its deadline comes (results also try)."""
+        deadline = self.pacing.deadline
+        if deadline is None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no event loop (the simulator, a test): the driver's next event checks the deadline
+            return
+        loop.call_later(deadline + 0.05, self.soon)
+
+    def soon(self) -> None:
+        """On an event loop: ``maybe_complete_round`` in the background, holding a reference until it is done.
+        Without one (the virtual-clock simulator) nothing: that driver calls ``merge_ready`` itself."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        task = loop.create_task(self.maybe_complete_round())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _merge_blocking(self) -> dict[str, Any]:
+        """The merge (a worker thread, or inline): checkpointed by ``Session``, then older messages pruned, disk
+        measured."""
+        entry = self.mode().merge_blocking()
+        self.disk.prune_results()
+        self.disk.measure()
+        return entry
+
+    def _merged(self) -> None:
+        """After a merge (or a failed one): forget the merged rounds' bookkeeping, open the next round."""
+        self.book.forget_before(self.session.round)
+        self.replays.forget_before(self.session.round)
+        self.context.merging = False
+        self.context.notices.work_changed()
+
+    def merge_ready(self) -> list[dict[str, Any]]:
+        """Merge, inline, every round that is ready (no replays are awaited: a driver without an event loop runs
+        without host replays), and return their history entries."""
+        entries = []
+        self.undo_inline()
+        while not self.context.merging and not self.session.done and not self.undo.pending() and self.mode().ready():
+            self.context.merging = True
+            self.context.notices.changed()
+            try:
+                entries.append(self._merge_blocking())
+            finally:
+                self._merged()
+            self.undo_inline()
+        return entries
+
+    def undo_inline(self) -> None:
+        """Run the undos bans asked for (``server.relay.undo``), inline: at start-up and without an event loop."""
+        for _ in range(len(self.store.undos()) if self.undo.pending() else 0):
+            if not self.undo.begin():
+                return
+            try:
+                self.undo.redo_blocking()
+            finally:
+                self.undo.end()
+
+    async def undo_bans(self) -> None:
+        """Run the undos bans asked for, each in a worker thread while the relay says it is merging (under the
+        merge's lock: a ban during a merge is undone after it). A full disk stops one where its last checkpoint
+        stands; it goes on when space returns."""
+        for _ in range(len(self.store.undos()) if self.undo.pending() and not self.disk.problem else 0):
+            if not self.undo.begin():
+                return
+            try:
+                await asyncio.to_thread(self.undo.redo_blocking)
+            except Exception as error:
+                if not is_storage_error(error):
+                    raise
+                self.disk.merge_failed(error)
+                return
+            finally:
+                self.undo.end()
+
+    async def maybe_complete_round(self) -> None:
+        async with self.lock:
+            await self.undo_bans()
+            session = self.session
+            if self.undo.pending() or not self.mode().ready():  # (an undo held back by a full disk comes first)
+                return
+            waited = time.perf_counter()
+            await self.replays.wait(session.round, final=session.round + 1 >= session.num_rounds)
+            self.apply_verdicts()
+            self.replays.wait_seconds = time.perf_counter() - waited
+            await self.undo_bans()  # (a replay banned a peer whose earlier results were merged)
+            if self.undo.pending() or not self.mode().ready():  # a replay banned a peer: its slots are out again
+                return
+            self.context.merging = True
+            self.context.notices.changed()
+            try:
+                await asyncio.to_thread(self._merge_blocking)
+            except Exception as error:  # (a checkpoint library may word a full disk in its own exception)
+                if not is_storage_error(error):
+                    raise
+                self.disk.merge_failed(error)  # back to the last checkpoint; tried again when space returns
+                return
+            finally:
+                self._merged()
+            # After the next round is open: peers train meanwhile; the lock keeps the next merge behind it.
+            rounds, weights = session.round, session.weights
+            if self.context.async_mode and not session.history[-1]["metrics"]:
+                return  # (samples follow the validations)
+            for _ in range(HANDOUT_TURNS):  # let the woken held requests take their units before the samples'
+                await asyncio.sleep(0)      # thread starts competing with this loop for the GIL
+            self.samples.show(await asyncio.to_thread(self._samples_blocking, weights), rounds)
+            self.context.notices.changed()
+
+    def _samples_blocking(self, weights: np.ndarray) -> list[dict[str, Any]]:
+        """The page's samples for ``weights`` (generating text can cost several validations: a worker thread)."""
+        return Samples.generate(self.session, weights)
