@@ -22,7 +22,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from server.paths import REPO_ROOT
-from server.relay import endpoints, static, storage
+from server.relay import admin_endpoints, endpoints, peer_endpoints, static, storage
 from server.relay.limits import NO_BODY_LIMIT, BodyLimits, ServerLimits, plain_refusal_response
 from server.relay.state import Relay
 
@@ -108,7 +108,8 @@ def body_limit(relay: Relay | None) -> int:
     """The largest request body an endpoint accepts: a result of the task's model, or a session request."""
     if relay is None:
         return NO_BODY_LIMIT
-    return max(relay.result_body_limit, endpoints.SESSION_BODY_LIMIT, endpoints.JOIN_BODY_LIMIT)
+    return max(relay.result_body_limit, admin_endpoints.SESSION_BODY_LIMIT, admin_endpoints.UNBAN_BODY_LIMIT,
+               peer_endpoints.JOIN_BODY_LIMIT)
 
 
 def create_app(paths: RelayPaths | None = None, relay: Relay | None = None,

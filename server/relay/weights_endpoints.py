@@ -1,4 +1,5 @@
-"""Weights by digest: ``GET /api/weights/{digest}`` (the full message) and ``GET /api/weights/{digest}/from/{held}``
+"""The weights' endpoints: ``GET /api/weights[?round=V]`` (a peer's: the current weights, or a version its job names),
+and weights by digest: ``GET /api/weights/{digest}`` (the full message) and ``GET /api/weights/{digest}/from/{held}``
 (the chain of compressed steps from the weights a peer holds, ``runtime.deltas``), both immutable and cacheable by
 anyone: a job names its weights by the sha256 of their bytes (``server.relay.jobs``)."""
 
@@ -9,7 +10,7 @@ from starlette.responses import Response
 
 from server.relay.openapi import OCTET, Answer, Operation, Param, operation
 from server.relay.refusal import Refusal
-from server.relay.requests import NOT_FOUND, relay_of
+from server.relay.requests import NOT_FOUND, PEER_REFUSALS, peer_of, relay_of
 
 WEIGHTS_PATH = "/api/weights"
 IMMUTABLE = "public, max-age=31536000, immutable"  # a content-addressed answer never changes
@@ -31,6 +32,30 @@ def immutable_response(request: Request, body: bytes, etag: str) -> Response:
     if tag in [t.strip() for t in request.headers.get("if-none-match", "").split(",")]:
         return Response(status_code=304, headers=headers)
     return Response(body, media_type="application/octet-stream", headers=headers)
+
+
+@operation(Operation(
+    summary="the global weights of the current round (or of ?round=V) as a wire message", auth="peer",
+    params=[Param(name="round", schema={"type": "integer", "minimum": 0},
+                  description="a job's weights_round: the current round, or in async mode a kept recent version")],
+    answers=[Answer(description="a weights message (runtime.wire)", content={OCTET: {}})],
+    refusals=[*PEER_REFUSALS, (400, "bad_query"), (409, "stale_round")]))
+async def weights(request: Request) -> Response:
+    """The current weights, or with ``?round=V`` that version (a job's ``weights_round``): the current one, or in
+    async mode one of the kept recent versions; another is refused (``409 stale_round``)."""
+    peer_of(request)
+    relay = relay_of(request)
+    asked = request.query_params.get("round")
+    if asked is None:
+        return Response(relay.weights_message(), media_type="application/octet-stream")
+    try:
+        version = int(asked)
+    except ValueError as error:
+        raise Refusal(400, "bad_query", "round= must be an integer") from error
+    message = relay.weights_of(version)
+    if message is None:
+        raise Refusal(409, "stale_round", f"weights of round {version} are not kept (current: {relay.session.round})")
+    return Response(message, media_type="application/octet-stream")
 
 
 @operation(Operation(

@@ -16,7 +16,7 @@ from runtime import wire
 from server.harness.native_peer import Job, NativePeer, PeerHooks
 from server.harness.relay_process import RelayProcess
 from server.relay.app import RelayPaths
-from server.relay.endpoints import RESULT_REFUSALS
+from server.relay.peer_endpoints import RESULT_REFUSALS
 from server.session.export import exported_weights
 
 pytestmark = pytest.mark.skipif(bool(RelayPaths().missing()), reason="set-up has not built node_modules and wheels")

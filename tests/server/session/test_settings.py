@@ -17,8 +17,8 @@ from relay_fixtures import ADMIN_TOKEN, build_small_package, make_relay, serving
 from server import cli
 from server.cli.commands import build_parser
 from server.cli.options import read_settings
+from server.relay.admin_endpoints import SESSION_SETTINGS
 from server.relay.app import RelayPaths
-from server.relay.endpoints import SESSION_SETTINGS
 from server.relay.options import RelayOptions
 from server.session.config import SETTABLE, SessionConfig, config_from_request
 from server.session.package import Package
