@@ -1,4 +1,9 @@
-"""House rules that keep the code base in shape: module size, dependency direction, no import cycles."""
+"""House rules that keep the code base in shape: module size, dependency direction, no import cycles.
+
+Module size is a report first (``tests/sz.py``: lines per module, per package, the ones over the 300-line target
+marked); the tests here fail only past the limits: 400 lines for a part of the relay (``server/relay/``), and 500 for
+any module, a backstop. A module near a limit is split by concept, never trimmed to fit.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +14,9 @@ from pathlib import Path
 
 import pytest
 from import_graph import closed_path, cycles, import_graph
+from sz import HARD_LIMIT, RELAY_FOLDER, RELAY_LIMIT, Module, line_count, modules, over_limit, report
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-MAX_MODULE_LINES = 500
 PACKAGES = ("runtime", "server")
 # Only the WebGPU backend may touch the browser, and only lazily (inside functions).
 BROWSER_MODULES = frozenset({"js", "pyodide"})
@@ -36,8 +41,35 @@ def top_level_imports(tree: ast.Module) -> list[tuple[str, int, bool]]:
 
 @pytest.mark.parametrize("path", python_files(*PACKAGES, "tests"), ids=lambda p: str(p.relative_to(REPO_ROOT)))
 def test_module_stays_under_line_budget(path: Path) -> None:
-    lines = len(path.read_text().splitlines())
-    assert lines <= MAX_MODULE_LINES, f"{path.relative_to(REPO_ROOT)} has {lines} lines (budget {MAX_MODULE_LINES})"
+    """The backstop: no module over 500 lines (the report, ``tests/sz.py``, shows them long before)."""
+    lines = line_count(path)
+    assert lines <= HARD_LIMIT, f"{path.relative_to(REPO_ROOT)} has {lines} lines (limit {HARD_LIMIT}; see tests/sz.py)"
+
+
+@pytest.mark.parametrize("path", python_files(RELAY_FOLDER), ids=lambda p: str(p.relative_to(REPO_ROOT)))
+def test_relay_part_stays_under_its_limit(path: Path) -> None:
+    """Each part of the relay is one concept of a few hundred lines: under 400."""
+    lines = line_count(path)
+    assert lines <= RELAY_LIMIT, f"{path.relative_to(REPO_ROOT)} has {lines} lines (relay limit {RELAY_LIMIT}); " \
+        "split it by concept (tests/sz.py shows the budget)"
+
+
+def test_the_size_report_marks_what_the_limits_catch(tmp_path: Path) -> None:
+    """The report and the limits agree, and can fail: a relay module of 401 lines and another module of 501 are over
+    their limits, one of 450 outside the relay is only marked, one of 300 is not."""
+    sizes = {"server/relay/big.py": 401, "server/relay/fine.py": 300, "server/other/long.py": 450,
+             "runtime/huge.py": 501}
+    for name, lines in sizes.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("x = 1\n" * lines)
+    found = modules(tmp_path, ("runtime", "server"))
+    assert {m.path: m.mark for m in found} == {"runtime/huge.py": "!", "server/other/long.py": "+",
+                                               "server/relay/big.py": "!", "server/relay/fine.py": ""}
+    assert over_limit(found) == [Module("runtime/huge.py", 501), Module("server/relay/big.py", 401)]
+    text = report(found)
+    assert text.index("server/relay/") < text.index("runtime/")  # packages by total lines, largest first
+    assert "2 over their limit" in text and "server/relay/big.py: 401 > 400" in text
+    assert "fine.py" not in report(found, marked_only=True)
 
 
 def runtime_import_violations(path: Path) -> list[str]:
