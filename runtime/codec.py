@@ -1,5 +1,5 @@
 """The update codecs under their names from before codecs were plug-ins, for callers (and tools outside the project)
-written against this module: ``Codec("topk", 0.1)``, ``Codec.from_json(...)``, ``CODECS``, ``ErrorFeedback``...
+written against this module: ``Codec(name, fraction, block)``, ``Codec.from_json(...)``, ``CODECS``, ``ErrorFeedback``.
 
 The codecs themselves live in ``runtime.codecs``, one file each, found through its registry; new code imports from
 there and annotates with ``runtime.codecs.Codec``.

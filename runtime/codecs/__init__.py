@@ -3,7 +3,7 @@
 ``none`` (``none.py``): the float32 weights themselves. ``int8`` (``int8.py``): an int8 per entry and a scale per
 block, stochastically rounded. ``topk`` (``topk.py``): the largest fraction of each block, with error feedback
 (``feedback.py``). ``base.py`` declares what a codec is (``Codec``: its properties, ``encode``/``decode``, JSON) and
-the block maths; ``registry.py`` finds a codec by name: ``from_json({"name": "topk", "fraction": 0.1})``,
+the block maths; ``registry.py`` finds a codec by name: ``from_json({"name": "int8", "block": 256})``,
 ``lookup("int8")``, ``names()``. Importing this package registers the built-in codecs.
 """
 

@@ -126,3 +126,14 @@ def test_topk_keeping_everything_is_int8_bit_for_bit() -> None:
     int8, everything = Codec("int8"), Codec("topk", fraction=1.0)
     expected = int8.decode(int8.encode(update, 5), 1000)
     assert np.array_equal(expected, everything.decode(everything.encode(update, 5), 1000))
+
+
+def test_a_codec_without_error_feedback_keeps_no_residual() -> None:
+    """int8's rounding error has mean zero, so nothing is carried: each update is encoded as it is."""
+    codec, feedback = Codec("int8"), ErrorFeedback(300)
+    rng = np.random.default_rng(2)
+    for unit in range(3):
+        update = rng.standard_normal(300).astype(np.float32)
+        payload, sent = feedback.encode(codec, update, seed=unit)
+        assert payload == codec.encode(update, unit) and np.array_equal(sent, codec.decode(payload, 300))
+        assert not feedback.residual.any()

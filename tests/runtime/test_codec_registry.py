@@ -18,7 +18,7 @@ from runtime import codecs, deltas, wire
 from runtime.codecs import Codec, CodecError, Int8Codec, NoneCodec, TopKCodec
 from runtime.peer import Peer
 from server.relay.app import RelayPaths, create_app
-from server.relay.client import RelayClient, named_weights_call, result_call
+from server.relay.client import RelayClient, named_weights_call, result_call, work_call
 from server.relay.options import RelayOptions
 from server.relay.state import Relay
 from server.relay.store import open_store
@@ -153,7 +153,7 @@ def test_a_relay_session_with_the_toy_codec_replays_its_results_and_ends_on_the_
                 if peers[0].status()["done"]:
                     break
                 for peer, trainer in zip(peers, trainers, strict=True):
-                    job = peer.work(hold=10)
+                    job = peer.call(work_call(hold=10))  # (the JSON a peer reads: an assignment, a wait or the end)
                     if "slot" not in job:
                         continue
                     assert job["codec"] == {"name": "float16", "block": 256}
