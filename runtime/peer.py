@@ -22,6 +22,7 @@ from runtime import deltas, wire
 from runtime.backend import get_backend
 from runtime.codec import Codec, ErrorFeedback
 from runtime.privacy import privatize_update
+from runtime.protocol import Job
 from runtime.tasks.base import Task, TaskError, UnitResult, WorkUnit, check_unit_result
 from runtime.tasks.loader import task_class
 from runtime.tasks.local import LocalData, train_local_unit
@@ -83,17 +84,17 @@ class Peer:
         self.weights, self.weights_round, self.weights_sha = vector, round_index, deltas.weights_sha256(vector)
         return round_index
 
-    def train(self, assignment: str | dict[str, Any], unit_message: object = None) -> bytes:
-        """Train one assignment from the kept weights; returns the wire-encoded result to upload."""
-        job = json.loads(assignment) if isinstance(assignment, str) else assignment
-        named = job.get("weights_digest")  # (a relay before content-addressed weights names none: the round then)
-        if self.weights is None or (self.weights_sha != named if named else self.weights_round != job["round"]):
-            raise TaskError(f"weights of round {self.weights_round} held, assignment is for round {job['round']}"
-                            + (f" (weights {str(named)[:16]})" if named else ""))
+    def train(self, assignment: str | dict[str, Any] | Job, unit_message: object = None) -> bytes:
+        """Train one assignment (a ``runtime.protocol.Job``, or its JSON as the relay sent it) from the kept weights;
+        returns the wire-encoded result to upload."""
+        job = assignment if isinstance(assignment, Job) else Job.from_json(assignment)
+        named = job.weights_digest  # (a relay before content-addressed weights names none: the round then)
+        if self.weights is None or (self.weights_sha != named if named else self.weights_round != job.round):
+            raise TaskError(f"weights of round {self.weights_round} held, assignment is for round {job.round}"
+                            + (f" (weights {named[:16]})" if named else ""))
         started = time.perf_counter()
         if self.local is not None:  # a local unit: this peer's own examples (their content stays here)
-            unit = self.local.work_unit(int(job["unit_index"]), int(job["unit_seed"]),
-                                        float(job.get("progress") or 0.0))
+            unit = self.local.work_unit(job.unit_index, job.unit_seed, job.progress)
             result = train_local_unit(self.task, self.weights, unit)
             if self.local_privacy is not None:  # the volunteer's own noise; its losses are not reported either
                 z, clip = self.local_privacy
@@ -104,22 +105,22 @@ class Peer:
             data = None
             if unit_message is not None:
                 _, data = wire.decode_array(as_bytes(unit_message), expect_dtype="int32")
-            unit = WorkUnit(index=int(job["unit_index"]), seed=int(job["unit_seed"]), data=data,
-                            episodes=int(job.get("episodes") or 0), progress=float(job.get("progress") or 0.0))
+            unit = WorkUnit(index=job.unit_index, seed=job.unit_seed, data=data, episodes=job.episodes,
+                            progress=job.progress)
             result = check_unit_result(self.task, self.task.train_unit(self.weights, unit), self.spec)
         metrics = {k: float(v) for k, v in result.metrics.items() if isinstance(v, int | float)}
         metrics["seconds"] = time.perf_counter() - started
         self.last_metrics_json = json.dumps(metrics)
-        header = wire.WireHeader(spec=self.spec, round=int(job["round"]), fingerprint=self.fingerprint,
+        header = wire.WireHeader(spec=self.spec, round=job.round, fingerprint=self.fingerprint,
                                  num_examples=int(result.num_examples), metrics=metrics,
-                                 meta={"slot": int(job["slot"]), "unit_index": unit.index, "engine": engine(),
+                                 meta={"slot": job.slot, "unit_index": unit.index, "engine": engine(),
                                        **({"local_dp": {"noise_multiplier": self.local_privacy[0],
                                                         "clip": self.local_privacy[1]}} if self.local_privacy else {})})
-        codec = Codec.from_json(job["codec"]) if job.get("codec") else Codec()
+        codec = Codec.from_json(job.codec) if job.codec else Codec()
         if not codec.compresses:
             return wire.encode(result.weights, header)
         # The update against the weights handed out, in the session's codec (seeded by the unit: a replay or a
         # second copy gives the same bytes); topk adds what it dropped before to it (error feedback).
         update = (np.asarray(result.weights, dtype=np.float32) - self.weights).astype(np.float32)
-        payload, _ = self.feedback.encode(codec, update, seed=int(job["unit_seed"]))
+        payload, _ = self.feedback.encode(codec, update, seed=job.unit_seed)
         return wire.encode_update(payload, header, codec, wire.weights_digest(self.weights))

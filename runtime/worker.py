@@ -31,6 +31,7 @@ import numpy as np
 import runtime
 from runtime import device
 from runtime.peer import Peer, as_bytes
+from runtime.protocol import Job
 
 NUMPY_MATMUL = "numpy (no BLAS)"
 CPU_DESCRIPTION = "CPU (numpy in Pyodide)"
@@ -113,16 +114,18 @@ class WorkerPeer:
         """The digest of the weights held ("" before any): the page asks for a chain from them."""
         return self.peer.weights_sha or ""
 
-    def train(self, job: str | dict[str, Any], unit: object = None) -> tuple[bytes, str]:
-        """Train one job (``POST /api/work``'s assignment, as JSON) on the chosen device, with the unit's data
-        message for data tasks; returns the result message to upload and the unit's metrics as JSON.
+    def train(self, job: str | Job, unit: object = None) -> tuple[bytes, str]:
+        """Train one job (``POST /api/work``'s assignment, as JSON: a ``runtime.protocol.Job``) on the chosen device,
+        with the unit's data message for data tasks; returns the result message to upload and the unit's metrics as
+        JSON.
 
         On WebGPU this must be entered through ``callPromising`` (mid-step reads block through JSPI).
         """
+        assignment = job if isinstance(job, Job) else Job.from_json(job)
         if self.on_webgpu:
-            result = device.train_on_device(self.peer, job if isinstance(job, str) else json.dumps(job), unit)
+            result = device.train_on_device(self.peer, assignment.dumps(), unit)
         else:
-            result = self.peer.train(job, unit)
+            result = self.peer.train(assignment, unit)
         return bytes(result), self.peer.last_metrics_json
 
 

@@ -11,10 +11,10 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import httpx
 
+from runtime.protocol import Job
 from server.harness.native_peer import NativePeer, PeerHooks, RetryPolicy
 from server.harness.relay_process import EXAMPLES, RelayProcess
 
@@ -44,7 +44,7 @@ class Uploads:
     service_unavailable: list[str] = field(default_factory=list)  # the reasons of 503 answers
     accepted_slots: dict[int, set[int]] = field(default_factory=dict)
 
-    def send_result(self, job: dict[str, Any], send: Callable[[], httpx.Response]) -> httpx.Response:
+    def send_result(self, job: Job, send: Callable[[], httpx.Response]) -> httpx.Response:
         """One upload, counted in flight while it is (the peer's view: sent, not answered yet)."""
         with self.changed:
             self.in_flight += 1
@@ -60,7 +60,7 @@ class Uploads:
                     self.note(answered, job)
                 self.changed.notify_all()
 
-    def note(self, answer: httpx.Response, job: dict[str, Any]) -> None:
+    def note(self, answer: httpx.Response, job: Job) -> None:
         if answer.status_code != 200:
             code = ""
             with contextlib.suppress(ValueError, AttributeError):
@@ -72,9 +72,9 @@ class Uploads:
             if self.slots and self.by_status["accepted"] % self.slots == 0:
                 self.full_rounds.append(self.by_status["accepted"])
             return
-        round_index = int(job["round"])
+        round_index = job.round
         slots = self.accepted_slots.setdefault(round_index, set())
-        slots.add(int(job["slot"]))
+        slots.add(job.slot)
         if self.slots and len(slots) == self.slots and round_index not in self.full_rounds:
             self.full_rounds.append(round_index)
 

@@ -26,7 +26,7 @@ from playwright.sync_api import BrowserType, Page
 from runtime import deltas, wire
 from server.browser.chromium import launch_options
 from server.browser.peers import join_url
-from server.harness.native_peer import NativePeer, PeerHooks
+from server.harness.native_peer import Job, NativePeer, PeerHooks
 from server.harness.relay_process import RelayProcess
 from server.relay.client import Credentials, RelayClient, result_call
 
@@ -148,7 +148,7 @@ def test_a_forged_forwarded_for_is_ignored_through_nginx(tmp_path: Path) -> None
 
 @pytest.mark.timeout(1800)  # 42 peers and every peer's first result replayed, on two cores others may share
 def test_forty_volunteers_and_two_attackers_behind_one_address(tmp_path: Path) -> None:
-    def flipped(job: dict, honest: bytes) -> bytes:
+    def flipped(job: Job, honest: bytes) -> bytes:
         header, vector = wire.decode(honest)  # (arith's results are float32 weights: its default codec)
         return wire.encode((-4 * vector).astype("float32"), header)
 

@@ -38,6 +38,7 @@ from playwright.sync_api import Browser, Page
 
 from runtime import wire
 from runtime.peer import Peer
+from runtime.protocol import Job
 from server.relay.store import StoredResult
 from server.session import checkpoint_files as checkpoint
 from server.session.package import Package
@@ -57,7 +58,9 @@ def train_natively(task_info: dict[str, Any], session_dir: Path, result: StoredR
     assignment = {a.slot: a for a in session.assignments(result.round)}[result.slot]
     unit = session.work_unit(assignment)
     package = Package.load(session_dir / "package")
-    job = {**assignment.to_json(), "episodes": unit.episodes, "progress": unit.progress}
+    job = Job(**assignment.to_json(), kind=session.task.kind, episodes=unit.episodes, progress=unit.progress,
+              lease_deadline=0.0, lease_seconds=0.0, weights_round=result.round, num_rounds=session.num_rounds,
+              fingerprint=peer.fingerprint)
     message = peer.train(job, package.chunk_bytes(assignment.unit_index) if unit.data is not None else None)
     _, vector = wire.decode(message, expect_spec=peer.spec)
     return vector

@@ -12,6 +12,7 @@ import pytest
 
 from runtime import wire
 from runtime.peer import Peer
+from runtime.protocol import Job
 from runtime.tasks import Task, TaskData, TaskError, load_task
 from runtime.tasks.loader import check_task_data, dry_run, task_class
 from runtime.tasks.local import FEDERATED_EXAMPLES, LocalData, LocalDataError, decode_text, train_local_unit
@@ -163,14 +164,15 @@ def test_the_worker_peer_parses_files_and_trains_local_jobs(task: Task) -> None:
     worker = WorkerPeer(json.dumps(info))
     header = wire.WireHeader(spec=task.spec(), round=0, fingerprint=info["fingerprint"], num_examples=0)
     worker.set_weights(wire.encode(task.initial_weights(0), header))
-    job = {"round": 0, "slot": 1, "unit_index": 4, "unit_seed": 99, "kind": "local"}
+    job = Job(round=0, slot=1, pass_index=0, unit_index=4, unit_seed=99, kind="local", episodes=0, progress=0.0,
+              lease_deadline=0.0, lease_seconds=60.0, weights_round=0, num_rounds=1, fingerprint=info["fingerprint"])
     with pytest.raises(TaskError, match="no local data"):
-        worker.train(json.dumps(job))
+        worker.train(job.dumps())
     report = json.loads(worker.add_local_file("rows.csv", (PEERS / "peer-3" / "rows.csv").read_bytes()))
     assert report == {"name": "rows.csv", "size": report["size"], "examples": 400, "error": None}
     assert json.loads(worker.add_local_file("bad.csv", b""))["error"] == "bad.csv: the file is empty"
     assert json.loads(worker.local_summary())["ready"]
-    message, metrics = worker.train(json.dumps(job))
+    message, metrics = worker.train(job.dumps())
     decoded, _ = wire.decode(message)
     assert decoded.num_examples == 320 and decoded.metrics[FEDERATED_EXAMPLES] == 80
     assert "federated_accuracy" in json.loads(metrics)

@@ -8,6 +8,7 @@ against the same units trained without a relay.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
@@ -21,6 +22,7 @@ from starlette.testclient import TestClient
 import runtime
 from runtime import wire, worker
 from runtime.backend import wasm_gemm
+from runtime.protocol import Done, Job, work_answer_from_json
 from runtime.tasks import TaskError
 from server.relay.app import RelayPaths, create_app
 from server.relay.options import RelayOptions
@@ -77,8 +79,9 @@ def test_one_job_from_task_json_and_messages(package: Package) -> None:
     assert peer.set_weights(weights_message(package, session.weights, 0)) == 0 == peer.weights_round
     assignment = session.assignments()[1]
     unit = session.work_unit(assignment)
-    job = {**assignment.to_json(), "kind": "data", "episodes": unit.episodes, "progress": unit.progress}
-    result, metrics_json = peer.train(json.dumps(job), bytearray(package.chunk_bytes(assignment.unit_index)))
+    job = Job(**assignment.to_json(), kind="data", episodes=unit.episodes, progress=unit.progress, lease_deadline=0.0,
+              lease_seconds=60.0, weights_round=0, num_rounds=session.num_rounds, fingerprint=package.fingerprint)
+    result, metrics_json = peer.train(job.dumps(), bytearray(package.chunk_bytes(assignment.unit_index)))
 
     header, vector = wire.decode(result, expect_spec=package.spec, expect_round=0,
                                  expect_fingerprint=package.fingerprint)
@@ -90,7 +93,7 @@ def test_one_job_from_task_json_and_messages(package: Package) -> None:
     assert metrics["seconds"] > 0 and metrics == header.metrics
 
     with pytest.raises(TaskError, match="assignment is for round 1"):
-        peer.train(json.dumps({**job, "round": 1}), package.chunk_bytes(assignment.unit_index))
+        peer.train(dataclasses.replace(job, round=1).dumps(), package.chunk_bytes(assignment.unit_index))
 
 
 def test_a_session_through_the_relay_api(package: Package, tmp_path: Path) -> None:
@@ -112,17 +115,18 @@ def test_a_session_through_the_relay_api(package: Package, tmp_path: Path) -> No
                 peers.append((peer, headers))
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline:
-                jobs = [(peer, headers, client.post("/api/work", headers=headers).json()) for peer, headers in peers]
-                if any(job.get("done") for _, _, job in jobs):
+                jobs = [(peer, headers, work_answer_from_json(client.post("/api/work", headers=headers).text))
+                        for peer, headers in peers]
+                if any(isinstance(job, Done) for _, _, job in jobs):
                     break
                 for peer, headers, job in jobs:
-                    if "slot" not in job:
+                    if not isinstance(job, Job):
                         continue
-                    if peer.weights_round != job["weights_round"]:
+                    if peer.weights_round != job.weights_round:
                         peer.set_weights(client.get("/api/weights", headers=headers).content)
-                    chunk = client.get(f"/api/unit/{job['unit_index']}", headers=headers).content
-                    result, _ = peer.train(json.dumps(job), chunk)
-                    answer = client.post(f"/api/result?round={job['round']}&slot={job['slot']}", content=result,
+                    chunk = client.get(f"/api/unit/{job.unit_index}", headers=headers).content
+                    result, _ = peer.train(job.dumps(), chunk)
+                    answer = client.post(f"/api/result?round={job.round}&slot={job.slot}", content=result,
                                          headers=headers)
                     assert answer.status_code == 200, answer.text
                 time.sleep(0.02)  # the merge runs in the background on the app's event loop

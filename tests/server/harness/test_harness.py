@@ -85,7 +85,7 @@ def test_a_peer_whose_hook_skips_training_uploads_the_given_bytes(tmp_path: Path
         """A free rider's result: the global weights as they came, claiming one example."""
         seen.append(weights)
         header, vector = wire.decode(weights)
-        return wire.encode(vector, dataclasses.replace(header, round=int(job["round"]), num_examples=1,
+        return wire.encode(vector, dataclasses.replace(header, round=job.round, num_examples=1,
                                                        metrics={"loss": 1.0}))
 
     with RelayProcess(serve_arguments(tmp_path / "session", "--admin-token", "t"), log=tmp_path / "serve.log",

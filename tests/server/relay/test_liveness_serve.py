@@ -13,7 +13,7 @@ import pytest
 from relay_fixtures import reference_run
 
 from runtime import wire
-from server.harness.native_peer import NativePeer, PeerHooks
+from server.harness.native_peer import Job, NativePeer, PeerHooks
 from server.harness.relay_process import RelayProcess
 from server.harness.serve_command import ServeCommand
 from server.relay.options import RelayOptions
@@ -54,7 +54,7 @@ def test_the_attacker_is_banned_and_two_honest_peers_finish(tmp_path: Path) -> N
     (before, the session stopped at round 6 waiting for a third peer)."""
     rng = np.random.default_rng(0)
 
-    def noise(job: dict[str, Any], honest: bytes) -> bytes:
+    def noise(job: Job, honest: bytes) -> bytes:
         header, vector = wire.decode(honest)
         return wire.encode((vector + rng.normal(0, 0.05, vector.shape)).astype(np.float32), header)
 
@@ -81,8 +81,8 @@ def test_a_peer_that_closes_in_round_three_never_stops_the_session(tmp_path: Pat
     the other two finish the session, every unit merged once per pass."""
     closed = threading.Event()
 
-    def close_in_round_three(job: dict[str, Any], send: Any) -> Any:
-        if int(job["weights_round"]) >= 2:
+    def close_in_round_three(job: Job, send: Any) -> Any:
+        if job.weights_round >= 2:
             closed.set()
             raise Gone("closed the tab")
         return send()

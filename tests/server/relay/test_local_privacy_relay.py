@@ -17,6 +17,7 @@ from relay_fixtures import HttpPeer, make_relay, serving, session_status, wait_f
 from runtime import wire
 from runtime.peer import Peer
 from runtime.privacy import noise_bound, privatize_update
+from runtime.protocol import Job
 from runtime.tasks import TaskError
 from server.session import accountant
 from server.session.package import Package, build_package
@@ -55,7 +56,9 @@ def test_a_peer_with_local_privacy_sends_a_fresh_noisy_update_and_no_losses(csv_
     peer.local.add("rows.csv", PEER_FILES[0].read_bytes())
     peer.set_weights(wire.encode(csv_package.initial_weights, wire.WireHeader(
         spec=peer.spec, round=0, fingerprint=csv_package.fingerprint, num_examples=0)))
-    job = {"round": 0, "slot": 0, "unit_index": 0, "unit_seed": 5, "kind": "local"}
+    job = Job(round=0, slot=0, pass_index=0, unit_index=0, unit_seed=5, kind="local", episodes=0, progress=0.0,
+              lease_deadline=0.0, lease_seconds=60.0, weights_round=0, num_rounds=1,
+              fingerprint=csv_package.fingerprint)
     plain = [wire.decode(peer.train(job))[1] for _ in range(2)]
     assert np.array_equal(plain[0], plain[1])  # without noise a unit is a deterministic function, as before
     peer.set_local_privacy(1.0, 0.5)
