@@ -36,6 +36,7 @@ from typing import Any, Protocol
 
 from runtime import wire
 from runtime.peer import Peer, engine
+from runtime.protocol import Job
 from server.paths import REPO_ROOT
 
 SCRIPT = Path(__file__).with_name("pyodide_replay.cjs")
@@ -56,7 +57,7 @@ class EngineError(RuntimeError):
 class Engine(Protocol):
     name: str  # the engine a result names in its header when it was trained the way this engine trains
 
-    def train(self, task_info: dict[str, Any], job: dict[str, Any], weights_message: bytes,
+    def train(self, task_info: dict[str, Any], job: Job, weights_message: bytes,
               unit_message: bytes | None) -> bytes: ...
 
     def close(self) -> None: ...
@@ -105,12 +106,12 @@ class NativeEngine:
     def __init__(self) -> None:
         self._peer: Peer | None = None
 
-    def train(self, task_info: dict[str, Any], job: dict[str, Any], weights_message: bytes,
+    def train(self, task_info: dict[str, Any], job: Job, weights_message: bytes,
               unit_message: bytes | None) -> bytes:
         if self._peer is None or self._peer.fingerprint != task_info["fingerprint"]:
             self._peer = Peer(task_info)
         self._peer.set_weights(weights_message)
-        return self._peer.train(json.dumps(job), unit_message)
+        return self._peer.train(job.dumps(), unit_message)
 
     def close(self) -> None:
         self._peer = None
@@ -140,10 +141,10 @@ class PyodideEngine:
         """What the worker's Pyodide said at boot (versions, the matmul kernel), starting it if need be."""
         return self._running().boot
 
-    def train(self, task_info: dict[str, Any], job: dict[str, Any], weights_message: bytes,
+    def train(self, task_info: dict[str, Any], job: Job, weights_message: bytes,
               unit_message: bytes | None) -> bytes:
         process = self._running()
-        header = json.dumps({"task": task_info, "job": job, "source": task_source(task_info)}).encode()
+        header = json.dumps({"task": task_info, "job": job.to_json(), "source": task_source(task_info)}).encode()
         deadline = time.monotonic() + self.job_seconds
         try:
             assert process.popen.stdin is not None

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from runtime.protocol import Wait, WorkAnswer
 from runtime.tasks import UnitResult
 from server.relay.book import RoundBook
 from server.relay.checks import check_update_norm, read_result
@@ -75,14 +76,14 @@ class AsyncBuffer(Part):
         return self.session.config.staleness_exponent
 
     # -- handing out ---------------------------------------------------------------------------------
-    def next_job(self, peer_id: str) -> dict[str, Any]:
+    def next_job(self, peer_id: str) -> WorkAnswer:
         session, now = self.session, self.store.clock()
-        job_json = self.jobs.job
+        job = self.jobs.job
         schedule = session.plan.schedule
         leases, done = self.store.leases(ASYNC_ROUND), self.store.arrived_entries()
         for entry, held in leases.items():  # the unit this peer is training
             if held.peer_id == peer_id and held.deadline >= now and entry in self.granted and entry not in done:
-                return job_json(entry_assignment(schedule, session.plan.seed, entry, self.granted[entry]),
+                return job(entry_assignment(schedule, session.plan.seed, entry, self.granted[entry]),
                                 held.deadline)
         while self.next < len(schedule) and self.next in done:
             self.next += 1
@@ -100,8 +101,8 @@ class AsyncBuffer(Part):
                                        self.context.options.lease_seconds)
             self.granted[entry] = session.round
             self.context.notices.changed()
-            return job_json(entry_assignment(schedule, session.plan.seed, entry, session.round), granted.deadline)
-        return {"wait": self.context.options.retry_seconds, "reason": "every unit is out; waiting for results"}
+            return job(entry_assignment(schedule, session.plan.seed, entry, session.round), granted.deadline)
+        return Wait(self.context.options.retry_seconds, "every unit is out; waiting for results")
 
     # -- results ---------------------------------------------------------------------------------------
     def accept(self, peer_id: str, version: int, entry: int, body: bytes) -> StoredResult:

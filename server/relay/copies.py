@@ -31,12 +31,13 @@ from __future__ import annotations
 import logging
 import statistics
 from collections import deque
-from typing import Any
+from dataclasses import replace
 
 import numpy as np
 
 from runtime import wire
 from runtime.planner import Assignment
+from runtime.protocol import CopyKind, Job
 from server.relay.book import RoundBook
 from server.relay.checks import check_update_norm, decode_result, read_result, relay_count
 from server.relay.context import Part, RelayContext
@@ -104,7 +105,7 @@ class UnitCopies(Part):
             return address not in {self.store.peer_address(p) for p in trainers}
         return True
 
-    def next_copy(self, peer_id: str) -> dict[str, Any] | None:
+    def next_copy(self, peer_id: str) -> Job | None:
         """A second copy for an idle peer (every unit of the round is out): a chosen slot's copy
         (redundancy), else a backup of the unit in flight longest, or None."""
         round_index, now = self.session.round, self.store.clock()
@@ -113,19 +114,19 @@ class UnitCopies(Part):
             lease = leases.get(assignment.slot)
             if lease is not None and lease.deadline >= now:
                 if lease.peer_id == peer_id and (assignment.slot, peer_id) not in copies:
-                    return self._copy_json(assignment, lease.deadline)
+                    return self._copy_job(assignment, lease.deadline)
                 continue
             if self._needs_copy(round_index, assignment.slot, copies) and \
                     self._eligible(peer_id, round_index, assignment.slot):
                 granted = self.store.grant(round_index, assignment.slot, assignment.unit_index, peer_id,
                                            self.options.lease_seconds, copy=1)
                 self.store.count("copies_handed_out")
-                return self._copy_json(assignment, granted.deadline)
+                return self._copy_job(assignment, granted.deadline)
         return self._next_backup(peer_id, leases, now)
 
-    def _copy_json(self, assignment: Assignment, deadline: float) -> dict[str, Any]:
-        kind = "redundancy" if self.redundant(assignment.round, assignment.slot) else "backup"
-        return {**self.jobs.job(assignment, deadline), "copy": kind}
+    def _copy_job(self, assignment: Assignment, deadline: float) -> Job:
+        kind: CopyKind = "redundancy" if self.redundant(assignment.round, assignment.slot) else "backup"
+        return replace(self.jobs.job(assignment, deadline), copy=kind)
 
     # -- backups: an idle peer races the unit in flight longest (speculative execution) ----------------
     def backup_after_seconds(self) -> float | None:
@@ -150,7 +151,7 @@ class UnitCopies(Part):
                  and (slot not in copy_leases or copy_leases[slot].deadline < now)]
         return max(0.05, min(waits)) if waits else None
 
-    def _next_backup(self, peer_id: str, copy_leases: dict[int, Lease], now: float) -> dict[str, Any] | None:
+    def _next_backup(self, peer_id: str, copy_leases: dict[int, Lease], now: float) -> Job | None:
         after = self.backup_after_seconds()
         if after is None:
             return None
@@ -168,7 +169,7 @@ class UnitCopies(Part):
                                    copy=1)
         self.store.count("backups_handed_out")
         self._backups.setdefault(round_index, {"units": [], "won": []})["units"].append(oldest.unit_index)
-        return self._copy_json(assignment, granted.deadline)
+        return self._copy_job(assignment, granted.deadline)
 
     def record_unit_time(self, round_index: int, slot: int, lease: Lease, *, backup_won: bool) -> None:
         """A merged result came: how long its unit took (the backups' yardstick), and whether a backup won."""

@@ -1,5 +1,5 @@
-"""What a peer is handed (``Jobs``): an assignment as the job JSON of ``POST /api/work``, and the weights it
-starts from as wire messages.
+"""What a peer is handed (``Jobs``): an assignment as the ``runtime.protocol.Job`` of ``POST /api/work``, and the
+weights it starts from as wire messages.
 
 Weights are named by the sha256 of their bytes (``runtime.deltas.weights_sha256``). A job names its weights
 (``weights_digest``, ``weights_url``); ``GET /api/weights/<digest>`` is the full message and
@@ -9,12 +9,11 @@ The messages are encoded once per version and kept while the version is served."
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from runtime import deltas, wire
 from runtime.planner import Assignment
+from runtime.protocol import Job
 from server.relay.context import RelayContext
 
 CHAINS_KEPT = 8  # encoded chain messages kept (most peers ask for the same one: from the last round's weights)
@@ -29,19 +28,21 @@ class Jobs:
         self._digests: dict[int, str] = {}  # version -> digest of a kept version
         self._chains: dict[tuple[str, str], bytes | None] = {}  # (from, to) -> chain message (None: too long)
 
-    def job(self, assignment: Assignment, deadline: float) -> dict[str, Any]:
-        """The job JSON of ``assignment``, leased until ``deadline`` (the store's clock)."""
+    def job(self, assignment: Assignment, deadline: float) -> Job:
+        """The job of ``assignment``, leased until ``deadline`` (the store's clock)."""
         session, store = self.context.session, self.context.store
         unit = session.work_unit(assignment)
         digest = self.digest_of(assignment.round)
-        return {**assignment.to_json(), "kind": session.task.kind, "episodes": unit.episodes,
-                "progress": unit.progress,
-                "lease_deadline": deadline, "lease_seconds": max(0.0, deadline - store.clock()),
-                "weights_round": assignment.round, "num_rounds": session.num_rounds,
-                **({"weights_digest": digest, "weights_url": f"/api/weights/{digest}"} if digest else {}),
-                "fingerprint": self.context.package.fingerprint,
-                **({"carried_from": carried} if (carried := session.carried_from(assignment)) is not None else {}),
-                **({"codec": codec.to_json()} if (codec := session.config.result_codec).compresses else {})}
+        codec = session.config.result_codec
+        return Job(round=assignment.round, slot=assignment.slot, pass_index=assignment.pass_index,
+                   unit_index=assignment.unit_index, unit_seed=assignment.unit_seed, kind=session.task.kind,
+                   episodes=unit.episodes, progress=unit.progress,
+                   lease_deadline=deadline, lease_seconds=max(0.0, deadline - store.clock()),
+                   weights_round=assignment.round, num_rounds=session.num_rounds,
+                   fingerprint=self.context.package.fingerprint,
+                   weights_digest=digest, weights_url=f"/api/weights/{digest}" if digest else None,
+                   carried_from=session.carried_from(assignment),
+                   codec=codec.to_json() if codec.compresses else None)
 
     def current(self) -> tuple[int, bytes, str]:
         """(round, weights message, digest) of the current weights, encoded once per round."""

@@ -63,7 +63,7 @@ async def work(request: Request) -> Response:
         raise Refusal(400, "bad_query", "hold= must be a number of seconds") from error
     if not 0 <= hold < float("inf"):
         raise Refusal(400, "bad_query", "hold= must be a number of seconds, 0 or more")
-    return JSONResponse(await relay.work(*credentials_of(request), hold=hold))
+    return JSONResponse((await relay.work(*credentials_of(request), hold=hold)).to_json())
 
 
 @operation(Operation(

@@ -174,9 +174,8 @@ class ReplayChecks:
         prepared = self.queue.prepared_replay(round_index, slot)
         if prepared is None:
             prepared = self._start_replay(slot), True
-        job = {"round": round_index, "slot": slot}
-        future = self.queue.verifier.judge(prepared[0], job=job, results=results, reason=reason,
-                                           count_seconds=prepared[1], engines=engines)
+        future = self.queue.verifier.judge(prepared[0], round_index=round_index, slot=slot, results=results,
+                                           reason=reason, count_seconds=prepared[1], engines=engines)
         self.queue.queue(round_index, key, future, deferred=deferred)
         self.context.store.count("replays_queued")
         try:

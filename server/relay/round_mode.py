@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from runtime.protocol import WorkAnswer
 from server.relay.store import StoredResult
 
 
@@ -22,8 +23,8 @@ class RoundMode(Protocol):
         until the merge ends; a peer is told to wait). Async: yes (a peer trains from the version it is handed)."""
         ...
 
-    def next_job(self, peer_id: str) -> dict[str, Any]:
-        """The peer's next job (with a lease), or ``{"wait": s, "reason"}`` when nothing is open to it now. Called
+    def next_job(self, peer_id: str) -> WorkAnswer:
+        """The peer's next ``Job`` (with a lease), or a ``Wait`` when nothing is open to it now. Called
         only while the session runs, is not paused, the disk has room and (see ``hands_out_while_merging``) no
         merge forbids it; a peer that holds a live lease is handed the same job again."""
         ...

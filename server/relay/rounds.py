@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from runtime.planner import Assignment, RoundOutOfRange
+from runtime.protocol import Wait, WorkAnswer
 from runtime.tasks import UnitResult
 from server.relay.bans import Bans
 from server.relay.book import RoundBook
@@ -51,7 +52,7 @@ class SyncRounds:
         self.started = False  # a unit was handed out since the relay started: the start gate is passed
 
     # -- handing out --------------------------------------------------------------------------------------
-    def next_job(self, peer_id: str) -> dict[str, Any]:
+    def next_job(self, peer_id: str) -> WorkAnswer:
         session, store, options = self.context.session, self.context.store, self.context.options
         results, leases = store.result_slots(session.round), store.leases(session.round)
         now = store.clock()
@@ -63,7 +64,7 @@ class SyncRounds:
                 return copy
         gate = self.start_gate()
         if gate is not None:
-            return {"wait": options.retry_seconds, "reason": gate}
+            return Wait(options.retry_seconds, gate)
         blocked = self.blocked_slots() if not results else set()  # (no result yet: refused peers may try again)
         open_slots = []
         for assignment in session.assignments():
@@ -82,8 +83,7 @@ class SyncRounds:
             if copy is not None:
                 self.context.notices.changed()
                 return copy
-            return {"wait": options.retry_seconds,
-                    "reason": f"round {session.round + 1}: waiting for other peers' units"}
+            return Wait(options.retry_seconds, f"round {session.round + 1}: waiting for other peers' units")
         assignment, expired = open_slots[0]
         if expired is not None:
             store.count("leases_expired")

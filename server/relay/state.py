@@ -21,7 +21,7 @@ virtual-clock simulator (``server.simulation.stragglers``), the benches and the 
 
     join(address, agent, join_code)           -> (peer_id, token)
     peer(peer_id, token)                      -> peer_id, or a Refusal (401 unauthorized, 403 banned)
-    next_work(peer_id)                        -> a job, {"wait", "reason"} or {"done"}
+    next_work(peer_id)                        -> a Job, a Wait or Done (``runtime.protocol``)
     await work(peer_id, token, hold=S)        the same, held up to S s until work exists (long polling)
     submit_result(peer_id, round, slot, body) -> the stored result, or a Refusal; counted either way
     merge_ready()                             merge every round that is ready, inline (a driver without a loop)
@@ -38,10 +38,11 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from runtime import wire
+from runtime.protocol import Done, Wait, WorkAnswer
 from server.relay.admin import SessionAdmin
 from server.relay.admission import Admission
 from server.relay.bans import Bans
@@ -224,25 +225,25 @@ class Relay:
         return released
 
     # -- handing out work ---------------------------------------------------------------------------------------
-    def next_work(self, peer_id: str) -> dict[str, Any]:
+    def next_work(self, peer_id: str) -> WorkAnswer:
         """The peer's next job, or why it waits, or that the session is done. A round that became ready without a
         result to trigger its merge (a restart after the last result, a passed deadline) is merged first."""
         if not self.merging and self.round_ready():
             self.merge_soon()
         session = self.session
         if session.done:
-            return {"done": True, "reason": session.stopped or "the session is complete"}
+            return Done(session.stopped or "the session is complete")
         self.disk.refuse_while_full()
         if self.paused:
-            return {"wait": self.options.retry_seconds, "reason": "paused"}
+            return Wait(self.options.retry_seconds, "paused")
         if self.merging and not self.mode.hands_out_while_merging:
-            return {"wait": self.options.retry_seconds, "reason": "merging the round"}
+            return Wait(self.options.retry_seconds, "merging the round")
         return self.mode.next_job(peer_id)
 
-    async def work(self, peer_id: str, token: str, *, hold: float = 0.0) -> dict[str, Any]:
+    async def work(self, peer_id: str, token: str, *, hold: float = 0.0) -> WorkAnswer:
         """``next_work``, held up to ``hold`` seconds (at most ``max_hold_seconds``) while the answer is a wait:
         answered the moment work exists (``work_changed``) or a unit in flight crosses the backup threshold. A
-        held answer says ``"wait": 0`` (ask again at once). Each pass authenticates again: a held peer stays
+        held answer is a ``Wait`` of 0 s (ask again at once). Each pass authenticates again: a held peer stays
         connected, and one banned meanwhile is told so."""
         asked = time.monotonic()
         deadline = asked + min(hold, self.max_hold_seconds)
@@ -251,11 +252,11 @@ class Relay:
             del self.departed[peer_id]
         while True:
             if self.departed.get(peer_id, -math.inf) >= asked:  # (a held ask of a peer that left meanwhile: no lease)
-                return {"wait": 0.0, "reason": "this peer left the session"}
+                return Wait(0.0, "this peer left the session")
             job = self.next_work(self.peer(peer_id, token))
             remaining = deadline - time.monotonic()
-            if "wait" not in job or remaining <= 0:
-                return job | {"wait": 0.0} if hold and "wait" in job else job
+            if not isinstance(job, Wait) or remaining <= 0:
+                return replace(job, wait=0.0) if hold and isinstance(job, Wait) else job
             backup_in = self.copies.next_backup_in()
             await self.notices.hold_for_work(remaining if backup_in is None else min(remaining, backup_in))
 

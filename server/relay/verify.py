@@ -42,6 +42,7 @@ import numpy as np
 
 from runtime import wire
 from runtime.codec import Codec
+from runtime.protocol import Job
 from server.browser_assets.engines import NATIVE, PYODIDE_CPU, Engine, EngineError, PyodideEngine, make_engine
 from server.relay.coverage import Coverage
 from server.relay.direction import Direction
@@ -134,14 +135,15 @@ class Verifier:
             for _ in range(workers):
                 self._pool.submit(self._engine)
 
-    def replay(self, *, job: dict[str, Any], weights_message: bytes, unit_message: bytes | None) -> Future[Replay]:
+    def replay(self, *, job: Job, weights_message: bytes, unit_message: bytes | None) -> Future[Replay]:
         return self._pool.submit(self._train, job, weights_message, unit_message)
 
-    def judge(self, replay: Future[Replay], *, job: dict[str, Any], results: dict[str, np.ndarray],
+    def judge(self, replay: Future[Replay], *, round_index: int, slot: int, results: dict[str, np.ndarray],
               reason: str, count_seconds: bool = True, engines: dict[str, str] | None = None) -> Future[list[Verdict]]:
-        """Each peer's result of ``job`` against ``replay`` once it is done (two when a unit's copies disagree);
-        ``count_seconds``: this judgement carries the replay's cost (the first judgement of a replay); ``engines``:
-        the engine each result names (bit for bit where ``compared_exactly``, else within the tolerance)."""
+        """Each peer's result of (``round_index``, ``slot``) against ``replay`` once it is done (two when a unit's
+        copies disagree); ``count_seconds``: this judgement carries the replay's cost (the first judgement of a
+        replay); ``engines``: the engine each result names (bit for bit where ``compared_exactly``, else within the
+        tolerance)."""
         verdicts: Future[list[Verdict]] = Future()
 
         def compare(done: Future[Replay]) -> None:
@@ -149,7 +151,7 @@ class Verifier:
                 try:
                     replayed = done.result()
                 except EngineError as error:  # the host's trouble: no verdict against anyone
-                    verdicts.set_result([Verdict(int(job["round"]), int(job["slot"]), peer_id, True, math.nan, 0.0,
+                    verdicts.set_result([Verdict(round_index, slot, peer_id, True, math.nan, 0.0,
                                                  reason, error=str(error)) for peer_id in results])
                     return
                 seconds = replayed.seconds if count_seconds else 0.0
@@ -160,7 +162,7 @@ class Verifier:
                                            rtol=0.0 if exact else self.rtol, atol=0.0 if exact else self.atol)
                     if exact:
                         ok = result.dtype == replayed.weights.dtype and result.tobytes() == replayed.weights.tobytes()
-                    found.append(Verdict(int(job["round"]), int(job["slot"]), peer_id, ok, relative, seconds, reason,
+                    found.append(Verdict(round_index, slot, peer_id, ok, relative, seconds, reason,
                                          exact=exact))
                     seconds = 0.0  # one replay, counted once
                 verdicts.set_result(found)
@@ -170,19 +172,19 @@ class Verifier:
         replay.add_done_callback(compare)
         return verdicts
 
-    def submit(self, *, job: dict[str, Any], weights_message: bytes, unit_message: bytes | None,
+    def submit(self, *, job: Job, weights_message: bytes, unit_message: bytes | None,
                results: dict[str, np.ndarray], reason: str) -> Future[list[Verdict]]:
         """Replay ``job`` now and judge ``results`` against it."""
         return self.judge(self.replay(job=job, weights_message=weights_message, unit_message=unit_message),
-                          job=job, results=results, reason=reason)
+                          round_index=job.round, slot=job.slot, results=results, reason=reason)
 
-    def _train(self, job: dict[str, Any], weights_message: bytes, unit_message: bytes | None) -> Replay:
+    def _train(self, job: Job, weights_message: bytes, unit_message: bytes | None) -> Replay:
         started = time.perf_counter()
         engine = self._engine()
         _, global_weights = wire.decode(weights_message)
         message = engine.train(self.task_info, job, weights_message, unit_message)
         _, replay = wire.result_weights(message, global_weights,
-                                        codec=Codec.from_json(job["codec"]) if job.get("codec") else Codec())
+                                        codec=Codec.from_json(job.codec) if job.codec else Codec())
         return Replay(replay, global_weights, time.perf_counter() - started, engine.name)
 
     def _engine(self) -> Engine:

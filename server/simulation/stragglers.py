@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from runtime.peer import Peer
+from runtime.protocol import Done, Job, Wait
 from server.relay.options import DEFAULT_BACKUP_AFTER, RelayOptions
 from server.relay.refusal import Refusal
 from server.relay.state import Relay
@@ -228,7 +229,7 @@ class SimPeer:
     factor: float
     state: str = "idle"  # idle (a request is on its way), waiting, busy, away, done
     generation: int = 0  # a poll event of an older generation is dropped
-    job: dict[str, Any] | None = None
+    job: Job | None = None
     units: int = 0
     drop_at_unit: int | None = None  # vanish during this unit (counted from 1)
 
@@ -329,13 +330,13 @@ class StragglerSimulation:
         relay.peer(peer.peer_id, peer.token)
         self.merge_if_ready()
         job = relay.next_work(peer.peer_id)
-        if job.get("done"):
+        if isinstance(job, Done):
             peer.state = "done"
             return
-        if "slot" not in job:
+        if isinstance(job, Wait):
             peer.state = "waiting"
             peer.generation += 1
-            again = self.settings.hold_seconds or float(job.get("wait", self.settings.retry_seconds))
+            again = self.settings.hold_seconds or job.wait
             self.push(self.now + again + self.rng.uniform(0.0, self.settings.latency), f"poll:{peer.generation}",
                       peer.index)
             return
@@ -358,35 +359,35 @@ class StragglerSimulation:
         message = self.weights_for(job)
         body = self.train(job, message) if message is not None else b""  # refused before the body is read
         try:
-            relay.submit_result(peer.peer_id, int(job["round"]), int(job["slot"]), body)
+            relay.submit_result(peer.peer_id, job.round, job.slot, body)
         except Refusal as refusal:  # (counted by the relay; kept here by code for the run's record)
             self.refused[refusal.code] = self.refused.get(refusal.code, 0) + 1
         peer.job = None
         self.merge_if_ready()
         self.ask(peer, self.now)
 
-    def weights_for(self, job: dict[str, Any]) -> bytes | None:
+    def weights_for(self, job: Job) -> bytes | None:
         """The weights message the job was handed out with (``GET /api/weights?round=V``), or None where the
         relay no longer keeps them: the round merged (sync), the version is past the staleness bound (async)."""
         relay = self.relay
-        version = int(job.get("weights_round", job["round"]))
+        version = job.weights_round
         if relay.session.done:
             return None
         if version == relay.session.round:
             return relay.weights_message()
         return relay.weights_of(version)
 
-    def train(self, job: dict[str, Any], message: bytes) -> bytes:
+    def train(self, job: Job, message: bytes) -> bytes:
         trainer = self.trainer
-        key = (hashlib.sha256(message).hexdigest(), job["round"], job["slot"], job["unit_index"], job["unit_seed"],
-               job.get("episodes"), job.get("progress"))
+        key = (hashlib.sha256(message).hexdigest(), job.round, job.slot, job.unit_index, job.unit_seed, job.episodes,
+               job.progress)
 
         def compute() -> bytes:
-            header_round = int(job.get("weights_round", job["round"]))
+            header_round = job.weights_round
             if trainer.weights_round != header_round or self._trained_from != key[0]:
                 trainer.set_weights(message)
                 self._trained_from = key[0]
-            unit = self.package.chunk_bytes(int(job["unit_index"])) if job.get("kind") == "data" else None
+            unit = self.package.chunk_bytes(job.unit_index) if job.kind == "data" else None
             return trainer.train(job, unit)
 
         return self.memo.get(key, compute)

@@ -11,6 +11,7 @@ import pytest
 from relay_fixtures import ADMIN_TOKEN, HttpPeer, make_relay, reference_run, serving
 
 from runtime.peer import Peer
+from runtime.protocol import Done, Job
 from server.relay.book import RoundBook
 from server.relay.refusal import Refusal
 from server.relay.state import Relay
@@ -27,10 +28,10 @@ def drive(relay: Relay, package: Package, peers: list[tuple[str, str]], trainers
             return step
         for (peer_id, token), trainer in zip(peers, trainers, strict=True):
             job = relay.next_work(relay.peer(peer_id, token))
-            if "slot" in job:
-                trainer.set_weights(relay.weights_of(int(job["weights_round"])))
-                relay.submit_result(peer_id, int(job["round"]), int(job["slot"]),
-                                    trainer.train(job, package.chunk_bytes(int(job["unit_index"]))))
+            if isinstance(job, Job):
+                trainer.set_weights(relay.weights_of(job.weights_round))
+                relay.submit_result(peer_id, job.round, job.slot,
+                                    trainer.train(job, package.chunk_bytes(job.unit_index)))
             relay.merge_ready()
     raise AssertionError(f"the session did not finish in {limit} steps: {relay.status()['round_progress']}")
 
@@ -45,7 +46,7 @@ def test_a_session_driven_through_the_api_alone_equals_the_in_process_run(packag
     assert relay.session.done and len(relay.session.history) == relay.session.plan.num_rounds
     assert counters["results_accepted"] == units and not any(name.startswith("refused.") for name in counters)
     assert np.array_equal(reference_run(package, SessionConfig(participants=2, passes=2)), relay.session.weights)
-    assert relay.next_work(peers[0][0]) == {"done": True, "reason": "the session is complete"}
+    assert relay.next_work(peers[0][0]) == Done("the session is complete")
     relay.close()
 
 
@@ -55,10 +56,10 @@ def test_a_refusal_is_counted_once_through_the_api_and_through_http(package: Pac
     job = relay.next_work(relay.peer(peer_id, token))
     trainer = Peer(package.task_description())
     trainer.set_weights(relay.weights_message())
-    body = trainer.train(job, package.chunk_bytes(int(job["unit_index"])))
-    relay.submit_result(peer_id, job["round"], job["slot"], body)
+    body = trainer.train(job, package.chunk_bytes(job.unit_index))
+    relay.submit_result(peer_id, job.round, job.slot, body)
     with pytest.raises(Refusal) as refused:
-        relay.submit_result(peer_id, job["round"], job["slot"], body)
+        relay.submit_result(peer_id, job.round, job.slot, body)
     assert refused.value.code == "duplicate" and relay.store.counters()["refused.duplicate"] == 1
     with pytest.raises(Refusal) as wrong:
         relay.peer(peer_id, "not-the-token")

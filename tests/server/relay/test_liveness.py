@@ -14,6 +14,7 @@ from relay_fixtures import ADMIN_TOKEN, reference_run
 
 from runtime import wire
 from runtime.peer import Peer
+from runtime.protocol import Job, Wait
 from server.relay.options import RelayOptions
 from server.relay.refusal import Refusal
 from server.relay.state import Relay
@@ -57,14 +58,14 @@ class Driven:
         return self.relay.next_work(self.relay.peer(self.peer_id, self.token))
 
     def train(self, job: dict[str, Any]) -> bytes:
-        self.trainer.set_weights(self.relay.weights_of(int(job["weights_round"])))
-        return self.trainer.train(job, self.package.chunk_bytes(int(job["unit_index"])))
+        self.trainer.set_weights(self.relay.weights_of(job.weights_round))
+        return self.trainer.train(job, self.package.chunk_bytes(job.unit_index))
 
     def step(self) -> dict[str, Any]:
         """Ask; train and upload what it is handed; merge what is ready. Returns the job (or the answer)."""
         job = self.ask()
-        if "slot" in job:
-            self.relay.submit_result(self.peer_id, int(job["round"]), int(job["slot"]), self.train(job))
+        if isinstance(job, Job):
+            self.relay.submit_result(self.peer_id, job.round, job.slot, self.train(job))
         self.relay.merge_ready()
         return job
 
@@ -78,8 +79,8 @@ def finish(relay: Relay, peers: list[Driven], clock: Clock, limit: int = 400) ->
             return reasons
         for peer in peers:
             answer = peer.step()
-            if "wait" in answer:
-                reasons.append(answer["reason"])
+            if isinstance(answer, Wait):
+                reasons.append(answer.reason)
         clock.now += 1.0
     raise AssertionError(f"the session did not finish: {relay.status()['round_progress']}, {relay.waiting()}")
 
@@ -114,10 +115,10 @@ def test_the_host_gate_says_what_it_waits_for(package: Package, tmp_path: Path) 
     relay = virtual_relay(package, tmp_path / "s", clock, min_peers=2)
     first = Driven(relay, package, "first")
     answer = first.ask()
-    assert answer["reason"] == relay.status()["waiting"] == \
+    assert answer.reason == relay.status()["waiting"] == \
         "waiting for 1 more peer to start round 1 (1/2 connected; the host asked for --min-peers 2)"
     Driven(relay, package, "second")
-    assert "slot" in first.ask() and relay.status()["peers"]["needed"] == 2
+    assert isinstance(first.ask(), Job) and relay.status()["peers"]["needed"] == 2
     relay.close()
 
 
@@ -136,7 +137,7 @@ def test_a_peer_that_leaves_in_round_three_holds_nothing_up(package: Package, tm
             peer.step()
         clock.now += 1.0
     taken = leaving.ask()  # round 3 (async: the stream's next unit) and then silence
-    assert "slot" in taken
+    assert isinstance(taken, Job)
     stayed = peers[:2]
     reasons = finish(relay, stayed, clock)
     assert any("out with peers" in r or "waiting for results" in r or "waiting for other peers" in r
@@ -161,7 +162,7 @@ def test_a_banned_peer_is_not_connected_and_its_lease_goes_at_once(package: Pack
     honest, liar = Driven(relay, package, "honest"), Driven(relay, package, "liar")
     job = liar.ask()
     with pytest.raises(Refusal) as refused:
-        relay.submit_result(liar.peer_id, job["round"], job["slot"], claim_more(liar.train(job)))
+        relay.submit_result(liar.peer_id, job.round, job.slot, claim_more(liar.train(job)))
     assert refused.value.code == "num_examples_claim" and relay.store.ban_reason(liar.peer_id)
     assert relay.status()["peers"]["connected"] == 1  # the banned peer no longer counts
     assert finish(relay, [honest], clock) == []  # the gate of 2 was passed in round 1; no later round waits
@@ -177,7 +178,7 @@ def test_a_ban_releases_the_banned_peers_live_lease(package: Package, tmp_path: 
     relay.bans.ban(liar.peer_id, "a test's ban")  # (what a failed replay does)
     assert relay.store.counters()["leases_released_by_ban"] == 1
     job = honest.ask()
-    assert job["slot"] == held["slot"]  # at once, not after the lease's 60 s
+    assert job.slot == held.slot  # at once, not after the lease's 60 s
     relay.close()
 
 
@@ -193,16 +194,16 @@ def test_a_slot_refused_to_every_connected_peer_is_carried(package: Package, tmp
     trained = alone.train(job)
     header, vector = wire.decode(trained)
     with pytest.raises(Refusal) as refused:
-        relay.submit_result(alone.peer_id, job["round"], job["slot"],
+        relay.submit_result(alone.peer_id, job.round, job.slot,
                             wire.encode(np.full_like(vector, 1e6), header))
     assert refused.value.code == "update_norm"
-    assert relay.mode.blocked_slots() == {job["slot"]}
+    assert relay.mode.blocked_slots() == {job.slot}
     third = alone.ask()
-    assert third["slot"] != job["slot"]  # another slot: the refused one is not handed back while others are open
-    relay.submit_result(alone.peer_id, third["round"], third["slot"], alone.train(third))
+    assert third.slot != job.slot  # another slot: the refused one is not handed back while others are open
+    relay.submit_result(alone.peer_id, third.round, third.slot, alone.train(third))
     assert relay.merge_ready(), "the round merged without its blocked slot"
     entry = relay.session.history[0]
-    assert entry["carried"] == entry["blocked"] == [job["unit_index"]]
+    assert entry["carried"] == entry["blocked"] == [job.unit_index]
     assert relay.store.counters()["units_carried_when_refused"] == 1
     finish(relay, [alone], clock)
     assert Counter(u for e in relay.session.history for u in e["units"]) == \
@@ -217,8 +218,8 @@ def test_a_round_with_no_result_hands_a_blocked_slot_back(package: Package, tmp_
     job = alone.ask()
     header, vector = wire.decode(alone.train(job))
     with pytest.raises(Refusal):
-        relay.submit_result(alone.peer_id, job["round"], job["slot"], wire.encode(np.full_like(vector, 1e6), header))
+        relay.submit_result(alone.peer_id, job.round, job.slot, wire.encode(np.full_like(vector, 1e6), header))
     again = alone.ask()
-    assert again["slot"] == job["slot"]  # nobody else connected, and nothing to merge without it
+    assert again.slot == job.slot  # nobody else connected, and nothing to merge without it
     finish(relay, [alone], clock)
     relay.close()

@@ -27,6 +27,7 @@ from relay_fixtures import (
 )
 
 from runtime import wire
+from runtime.protocol import Job
 from server.browser_assets import engines
 from server.relay.state import Relay
 from server.session.package import Package
@@ -44,7 +45,7 @@ class PyodidePeer(HttpPeer):
 
     def train(self, job: dict[str, Any]) -> bytes:
         unit = self.unit(job["unit_index"]) if job.get("kind", "data") == "data" else None
-        return self.engine.train(self.task_info, job, self.weights(job["round"]), unit)
+        return self.engine.train(self.task_info, Job.from_json(job), self.weights(job["round"]), unit)
 
 
 @pytest.fixture(scope="module")

@@ -34,6 +34,7 @@ from relay_fixtures import ADMIN_TOKEN, build_small_package
 
 from runtime import wire
 from runtime.peer import Peer
+from runtime.protocol import Job
 from server.relay.options import RelayOptions
 from server.relay.refusal import Refusal
 from server.relay.state import Relay
@@ -140,8 +141,8 @@ class RelayStates(RuleBasedStateMachine):
             assert refusal.code == "banned" and self.live.store.ban_reason(member.peer_id)
             return
         if self.live.paused:
-            assert "slot" not in answer
-        if "slot" in answer:
+            assert not isinstance(answer, Job)
+        if isinstance(answer, Job):
             member.job = answer
 
     @rule(member=members, how=st.sampled_from(["honest", "lie", "too_big"]))
@@ -153,14 +154,14 @@ class RelayStates(RuleBasedStateMachine):
             return
         if how == "lie" and not member.liar:
             how = "honest"
-        self.trainer.set_weights(self.live.weights_of(int(job["weights_round"])) or self.live.weights_message())
-        body = self.trainer.train(job, self.package.chunk_bytes(int(job["unit_index"])))
+        self.trainer.set_weights(self.live.weights_of(job.weights_round) or self.live.weights_message())
+        body = self.trainer.train(job, self.package.chunk_bytes(job.unit_index))
         if how != "honest":
             header, vector = wire.decode(body)
             body = wire.encode(np.full_like(vector, 1e6), header) if how == "too_big" else \
                 wire.encode(vector, dataclasses.replace(header, num_examples=header.num_examples * 10 + 1))
         try:
-            self.live.submit_result(member.peer_id, int(job["round"]), int(job["slot"]), body)
+            self.live.submit_result(member.peer_id, job.round, job.slot, body)
         except Refusal as refusal:
             member.refused = True
             if how == "lie" and refusal.code == "num_examples_claim":
@@ -221,10 +222,10 @@ class RelayStates(RuleBasedStateMachine):
             if relay.session.done:
                 break
             job = relay.next_work(relay.peer(peer_id, token))
-            if "slot" in job:
-                self.trainer.set_weights(relay.weights_of(int(job["weights_round"])))
-                relay.submit_result(peer_id, int(job["round"]), int(job["slot"]),
-                                    self.trainer.train(job, self.package.chunk_bytes(int(job["unit_index"]))))
+            if isinstance(job, Job):
+                self.trainer.set_weights(relay.weights_of(job.weights_round))
+                relay.submit_result(peer_id, job.round, job.slot,
+                                    self.trainer.train(job, self.package.chunk_bytes(job.unit_index)))
             relay.merge_ready()
             self.clock.now += 1.0
         assert relay.session.done, f"stuck: {relay.status()['round_progress']}, waiting: {relay.waiting()}"
