@@ -10,6 +10,7 @@ from __future__ import annotations
 import subprocess
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,9 @@ from runtime import wire
 from runtime.tasks import UnitResult
 from server.browser.launcher import launch_relay
 from server.browser.peers import join_url
+from server.harness.serve_command import ServeCommand
 from server.relay.client import RelayClient, RelayRefusal
+from server.relay.options import RelayOptions
 from server.relay.store import StoredResult, open_store
 from server.session import checkpoint_files as checkpoint
 from server.session.package import Package
@@ -32,12 +35,13 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO_ROOT / "tests" / "artifacts"
 
 
-def start_relay(*extra_args: str, log_name: str = "relay.log") -> tuple[subprocess.Popen, str]:
+def start_relay(serve: ServeCommand, *, log_name: str = "relay.log") -> tuple[subprocess.Popen, str]:
     """Start ``peertrain serve --port 0`` logging into tests/artifacts (kept for CI); the process and its URL.
-    Every result message is kept unless the test says otherwise: these tests replay whole sessions natively."""
+    A session without relay options gets the tests' (``relay_options``: every result message kept)."""
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    keep = () if "--keep-results" in extra_args or "--no-session" in extra_args else ("--keep-results", "all")
-    return launch_relay(*extra_args, *keep, log_path=ARTIFACTS / log_name)
+    if serve.options is None and not serve.no_session:
+        serve = replace(serve, options=relay_options())
+    return launch_relay(serve, log_path=ARTIFACTS / log_name)
 
 
 def session_status(url: str) -> dict:
@@ -63,11 +67,10 @@ ARITH_SETTINGS = {"num_examples": 600, "chunks": 6, "n_layer": 1, "n_embd": 32, 
 BOOT_SECONDS = 240  # several pages boot Pyodide at once on two cores that other work may share
 
 
-def task_args(task: str, settings: dict[str, Any], *more: str) -> list[str]:
-    args = ["--task", task, "--admin-token", ADMIN_TOKEN]
-    for key, value in settings.items():
-        args += ["--set", f"{key}={value}"]
-    return args + list(more)
+def relay_options(**changes: Any) -> RelayOptions:
+    """The tests' relay options: the admin token they call with, and every result message kept (these tests replay
+    whole sessions natively), with ``changes``."""
+    return RelayOptions(**{"admin_token": ADMIN_TOKEN, "keep_results": None, **changes})
 
 
 def admin(url: str, action: str) -> None:

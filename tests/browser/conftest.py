@@ -9,6 +9,7 @@ import pytest
 from browser_helpers import ARTIFACTS, start_relay
 
 from server.browser.chromium import launch_options
+from server.harness.serve_command import ServeCommand
 
 
 @pytest.fixture(scope="session")
@@ -25,7 +26,7 @@ def artifacts_dir() -> Path:
 @pytest.fixture(scope="session")
 def relay_url() -> Iterator[str]:
     """A relay serving the page and assets only (no session): for tests of the runtime in the worker."""
-    process, url = start_relay("--no-session")
+    process, url = start_relay(ServeCommand(no_session=True))
     yield url
     process.terminate()
     process.wait(timeout=10)

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from browser_helpers import ARITH_SETTINGS, close_pages, start_relay, stop, task_args, train_to_the_end
+from browser_helpers import ARITH_SETTINGS, close_pages, relay_options, start_relay, stop, train_to_the_end
 from playwright.sync_api import Browser, Page
 
 from runtime import wire
+from server.harness.serve_command import ServeCommand
 from server.relay.store import open_store
 from server.session import checkpoint_files as checkpoint
 from server.session.buffered import Arrival, replay
@@ -23,9 +24,9 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 def test_three_pages_train_asynchronously(browser: Browser, tmp_path: Path) -> None:
     session_dir = tmp_path / "session"
-    relay, url = start_relay(*task_args("arith", ARITH_SETTINGS, "-k", "3", "--passes", "2", "--mode", "async",
-                                        "--buffer", "2", "--session-dir", str(session_dir)),
-                             log_name="relay-async.log")
+    serve = ServeCommand(task="arith", task_settings=ARITH_SETTINGS, session_dir=session_dir,
+                         config=SessionConfig(participants=2, passes=2, mode="async"), options=relay_options())
+    relay, url = start_relay(serve, log_name="relay-async.log")
     pages: list[Page] = []
     try:
         final = train_to_the_end(browser, url, 3, relay, pages)

@@ -21,13 +21,16 @@ from browser_helpers import (
     ARITH_SETTINGS,
     close_pages,
     fresh_session,
+    relay_options,
     start_relay,
     stop,
-    task_args,
     wait_for_status,
 )
 from playwright.sync_api import Browser, Page
 from poisoning import Poisoner, open_pages
+
+from server.harness.serve_command import ServeCommand
+from server.session.config import SessionConfig
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -58,9 +61,10 @@ def test_a_page_uploading_flipped_updates_is_refused_or_outvoted(browser: Browse
     # without it and every flipped upload arrive for a round already merged (passed on unchanged, nothing
     # poisoned). Backups are not what this test is about (tests/server/relay/test_backups.py is); without them a round
     # cannot merge before the intercepted page's upload for it is answered, so that upload is for the open round.
-    relay, url = start_relay(*task_args("arith", ARITH_SETTINGS, "-k", "3", "--passes", "2", "--min-peers", "1",
-                                        "--no-backups", "--session-dir", str(session_dir)),
-                             log_name="relay-attacker.log")
+    serve = ServeCommand(task="arith", task_settings=ARITH_SETTINGS, session_dir=session_dir,
+                         config=SessionConfig(participants=3, passes=2),
+                         options=relay_options(min_peers=1, backup_after=None))
+    relay, url = start_relay(serve, log_name="relay-attacker.log")
     poisoner = Poisoner(url)
     pages: list[Page] = []
     try:

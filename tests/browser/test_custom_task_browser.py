@@ -5,16 +5,19 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from browser_helpers import REPO_ROOT, start_relay, wait_until_done
+from browser_helpers import REPO_ROOT, relay_options, start_relay, wait_until_done
 from playwright.sync_api import Page
+
+from server.harness.serve_command import ServeCommand
+from server.session.config import SessionConfig
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 
 def test_file_task_is_installed_from_the_relay_and_learns(page: Page, tmp_path: Path) -> None:
-    process, url = start_relay("--task", str(REPO_ROOT / "examples" / "majority_task.py"), "--session-dir",
-                               str(tmp_path / "session"), "-k", "2", "--passes", "1", "--min-peers", "1",
-                               "--admin-token", "test-admin", log_name="relay-custom-task.log")
+    serve = ServeCommand(task=str(REPO_ROOT / "examples" / "majority_task.py"), session_dir=tmp_path / "session",
+                         config=SessionConfig(participants=2, passes=1), options=relay_options(min_peers=1))
+    process, url = start_relay(serve, log_name="relay-custom-task.log")
     try:
         requested: list[str] = []
         page.context.on("request", lambda request: requested.append(request.url))  # the worker's too

@@ -15,19 +15,14 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from browser_helpers import (
-    ADMIN_TOKEN,
-    close_pages,
-    start_relay,
-    stop,
-    task_args,
-    wait_for_status,
-)
+from browser_helpers import ADMIN_TOKEN, close_pages, relay_options, start_relay, stop, wait_for_status
 from playwright.sync_api import Browser, Page
 from poisoning import Poisoner, open_pages
 
 from runtime.codec import Codec
 from server.browser_assets.engines import pyodide_missing
+from server.harness.serve_command import ServeCommand
+from server.session.config import SessionConfig
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow,
               pytest.mark.skipif(pyodide_missing() is not None, reason=f"no Pyodide under Node: {pyodide_missing()}")]
@@ -42,9 +37,11 @@ def free_ride(global_weights: np.ndarray, result: np.ndarray) -> np.ndarray:
 
 def test_a_free_riding_page_is_banned_by_a_bit_for_bit_replay_and_no_honest_page_is(browser: Browser,
                                                                                      tmp_path: Path) -> None:
-    relay, url = start_relay(*task_args("bytetext", TEXT_SETTINGS, "-k", "3", "--passes", "1", "--min-peers", "1",
-                                        "--no-backups",  # (the intercepted page's units must not be raced)
-                                        "--session-dir", str(tmp_path / "session")), log_name="relay-free-rider.log")
+    # No backups: the intercepted page's units must not be raced.
+    serve = ServeCommand(task="bytetext", task_settings=TEXT_SETTINGS, session_dir=tmp_path / "session",
+                         config=SessionConfig(participants=3, passes=1),
+                         options=relay_options(min_peers=1, backup_after=None))
+    relay, url = start_relay(serve, log_name="relay-free-rider.log")
     poisoner = Poisoner(url, poison=free_ride, codec=Codec.from_json({"name": "int8"}))
     pages: list[Page] = []
     try:

@@ -28,14 +28,15 @@ from browser_helpers import (
     REPO_ROOT,
     close_pages,
     recorded_results,
+    relay_options,
     start_relay,
     stop,
-    task_args,
     wait_for_status,
 )
 from playwright.sync_api import Browser, Page
 
 from server.browser.peers import join_url
+from server.harness.serve_command import ServeCommand
 from server.session import checkpoint_files as checkpoint
 from server.session.package import Package
 from server.session.session import SessionConfig
@@ -131,8 +132,9 @@ def test_three_browsers_train_the_csv_example_on_their_own_files(browser: Browse
     broken.write_text("x1,x2,x3,x4,label\n0.5,0.5,0.5,0.5,1\n9.25,8.5\n")
     # --min-peers 3: each peer holds one class mostly, so the host waits for all three before the first round (with
     # no gate the first page to join trained every slot of round 1 on its own class: 0.875 at the end, not 0.95).
-    relay, url = start_relay(*task_args(str(CSV_TASK), CSV_SETTINGS, "-k", "3", "--passes", "3", "--min-peers", "3",
-                                        "--session-dir", str(session_dir)), log_name="relay-local-csv.log")
+    serve = ServeCommand(task=str(CSV_TASK), task_settings=CSV_SETTINGS, session_dir=session_dir,
+                         config=SessionConfig(participants=3, passes=3), options=relay_options(min_peers=3))
+    relay, url = start_relay(serve, log_name="relay-local-csv.log")
     bodies: list[tuple[str, bytes]] = []
     pages: list[Page] = []
     try:
@@ -212,8 +214,9 @@ def test_headless_peers_on_text_files_give_the_simulated_session(tmp_path: Path)
     folders = write_text_peers(root)
     # --min-peers 2: each peer must train on its own files, so the first round waits for both pages; without it a
     # page that boots first can train all 8 units before the other boots (seen under load in CI).
-    relay, url = start_relay(*task_args("bytetext-local", TEXT_SETTINGS, "-k", "2", "--passes", "2", "--min-peers", "2",
-                                        "--session-dir", str(session_dir)), log_name="relay-local-text.log")
+    serve = ServeCommand(task="bytetext-local", task_settings=TEXT_SETTINGS, session_dir=session_dir,
+                         config=SessionConfig(participants=2, passes=2), options=relay_options(min_peers=2))
+    relay, url = start_relay(serve, log_name="relay-local-text.log")
     log_path = ARTIFACTS / "peers-local-text.log"
     with log_path.open("w") as log:
         command = [sys.executable, "-m", "server.cli", "peers", "2", "--url", url, "--local-data", str(root),

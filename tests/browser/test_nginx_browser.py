@@ -15,11 +15,12 @@ from __future__ import annotations
 import dataclasses
 import ssl
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
 import pytest
-from browser_helpers import ARITH_SETTINGS, ARTIFACTS, BOOT_SECONDS, task_args
+from browser_helpers import ADMIN_TOKEN, ARITH_SETTINGS, ARTIFACTS, BOOT_SECONDS
 from nginx_proxy import free_port, nginx_in_front
 from playwright.sync_api import BrowserType, Page
 
@@ -28,17 +29,25 @@ from server.browser.chromium import launch_options
 from server.browser.peers import join_url
 from server.harness.native_peer import Job, NativePeer, PeerHooks
 from server.harness.relay_process import RelayProcess
+from server.harness.serve_command import ServeCommand
 from server.relay.client import Credentials, RelayClient, result_call
+from server.relay.options import RelayOptions
+from server.session.config import SessionConfig
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
-ADMIN = {"Authorization": "Bearer test-admin"}  # (browser_helpers.ADMIN_TOKEN)
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 LATENCY_TRIES = 3
 
 
-def relay_behind_proxy(tmp_path: Path, *more: str, settings: dict | None = None, k: int = 2) -> RelayProcess:
-    relay = RelayProcess([*task_args("arith", settings or ARITH_SETTINGS, "--session-dir", str(tmp_path / "s"),
-                                     "-k", str(k), "--passes", "1", "--forwarded-allow-ips", "127.0.0.1", *more),
-                          "--port", str(free_port())], log=ARTIFACTS / f"relay-{tmp_path.name}.log")
+def relay_behind_proxy(tmp_path: Path, *, options: RelayOptions | None = None, settings: dict | None = None,
+                       k: int = 2) -> RelayProcess:
+    """An arith session of one pass, k units a round, whose relay believes the X-Forwarded-For of a proxy on
+    127.0.0.1; ``options``: the relay's others (default: the tests' admin token)."""
+    options = replace(options or RelayOptions(admin_token=ADMIN_TOKEN), forwarded_allow_ips="127.0.0.1")
+    serve = ServeCommand(task="arith", task_settings=settings or ARITH_SETTINGS, session_dir=tmp_path / "s",
+                         config=SessionConfig(participants=k, passes=1), options=options,
+                         extra=("--port", str(free_port())))
+    relay = RelayProcess(serve, log=ARTIFACTS / f"relay-{tmp_path.name}.log")
     relay.start()
     return relay
 
@@ -117,7 +126,8 @@ def current_digest(proxy: httpx.Client) -> str:
 
 
 def test_a_forged_forwarded_for_is_ignored_through_nginx(tmp_path: Path) -> None:
-    relay = relay_behind_proxy(tmp_path, "--join-burst", "2", "--join-rate", "0.001")
+    options = RelayOptions(admin_token=ADMIN_TOKEN, join_burst=2, join_rate=0.001)
+    relay = relay_behind_proxy(tmp_path, options=options)
     try:
         with nginx_in_front(relay.host_port[1], tmp_path / "nginx") as (url, issued):
             trusted = ssl.create_default_context(cafile=str(issued.authority))
@@ -153,7 +163,8 @@ def test_forty_volunteers_and_two_attackers_behind_one_address(tmp_path: Path) -
         return wire.encode((-4 * vector).astype("float32"), header)
 
     settings = {**ARITH_SETTINGS, "num_examples": 2100, "chunks": 42}
-    relay = relay_behind_proxy(tmp_path, "--min-peers", "42", "--lease-seconds", "600", settings=settings, k=21)
+    options = RelayOptions(admin_token=ADMIN_TOKEN, min_peers=42, lease_seconds=600)
+    relay = relay_behind_proxy(tmp_path, options=options, settings=settings, k=21)
     try:
         with nginx_in_front(relay.host_port[1], tmp_path / "nginx") as (url, issued):
             trusted = ssl.create_default_context(cafile=str(issued.authority))

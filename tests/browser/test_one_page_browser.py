@@ -15,24 +15,27 @@ import pytest
 from browser_helpers import (
     ARITH_SETTINGS,
     BOOT_SECONDS,
+    relay_options,
     session_status,
     start_relay,
     stop,
-    task_args,
     wait_for_status,
 )
 from playwright.sync_api import Page, Request, Route
 
 from runtime.weights import WeightSpec
 from server.browser.peers import join_url
+from server.harness.serve_command import ServeCommand
+from server.session.config import SessionConfig
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 
 @pytest.mark.parametrize("codec", ["none", "int8"])
 def test_the_default_serve_with_one_page_finishes(page: Page, tmp_path: Path, codec: str) -> None:
-    relay, url = start_relay(*task_args("arith", ARITH_SETTINGS, "--session-dir", str(tmp_path / "session"),
-                                        "--codec", codec), log_name=f"relay-one-page-{codec}.log")
+    serve = ServeCommand(task="arith", task_settings=ARITH_SETTINGS, session_dir=tmp_path / "session",
+                         config=SessionConfig(participants=3, codec=codec))  # (serve's defaults but the codec)
+    relay, url = start_relay(serve, log_name=f"relay-one-page-{codec}.log")
     uploads: list[bytes] = []
     weights_requests: list[tuple[str, bool]] = []  # (path, sent credentials)
 
@@ -82,8 +85,9 @@ def test_a_page_that_sends_weights_to_an_int8_session_stops_and_says_reload(page
     """An out-of-date page (here: its jobs rewritten in flight to name no codec, so it sends float32 weights) is
     refused ``422 wrong_codec`` once, stops asking, and tells its person to reload, instead of training and being
     refused forever."""
-    relay, url = start_relay(*task_args("arith", ARITH_SETTINGS, "--session-dir", str(tmp_path / "session"),
-                                        "--codec", "int8"), log_name="relay-outdated-page.log")
+    serve = ServeCommand(task="arith", task_settings=ARITH_SETTINGS, session_dir=tmp_path / "session",
+                         config=SessionConfig(participants=3, codec="int8"))
+    relay, url = start_relay(serve, log_name="relay-outdated-page.log")
 
     def without_codec(route: Route) -> None:
         response = route.fetch()
@@ -106,9 +110,10 @@ def test_a_page_that_sends_weights_to_an_int8_session_stops_and_says_reload(page
 def test_a_reloaded_page_keeps_its_topk_residual(page: Page, tmp_path: Path) -> None:
     """topk's error feedback: the page keeps its residual in IndexedDB after every upload, and a reload (a new
     worker, a new peer) starts from it instead of from zeros."""
-    relay, url = start_relay(*task_args("arith", ARITH_SETTINGS, "--session-dir", str(tmp_path / "session"),
-                                        "--codec", "topk", "--topk-fraction", "0.1", "--no-verify", "-k", "1",
-                                        "--passes", "3"), log_name="relay-residual.log")
+    serve = ServeCommand(task="arith", task_settings=ARITH_SETTINGS, session_dir=tmp_path / "session",
+                         config=SessionConfig(participants=1, passes=3, codec="topk", topk_fraction=0.1),
+                         options=relay_options(verify=False))
+    relay, url = start_relay(serve, log_name="relay-residual.log")
     try:
         page.goto(join_url(url))
         wait_for_status(url, lambda s: s["counters"].get("results_accepted", 0) >= 2, timeout_s=BOOT_SECONDS + 120,

@@ -11,10 +11,12 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from browser_helpers import ADMIN_TOKEN, ARITH_SETTINGS, close_pages, start_relay, stop, task_args, train_to_the_end
+from browser_helpers import ADMIN_TOKEN, ARITH_SETTINGS, close_pages, relay_options, start_relay, stop, train_to_the_end
 from playwright.sync_api import Browser, Page
 
+from server.harness.serve_command import ServeCommand
 from server.session import checkpoint_files as checkpoint
+from server.session.config import SessionConfig
 from server.session.export import exported_weights
 from server.session.package import Package
 
@@ -31,8 +33,9 @@ def wait_js(page: Page, expression: str, timeout_s: float) -> None:
 
 def test_the_page_shows_people_metrics_and_answers(browser: Browser, tmp_path: Path, artifacts_dir: Path) -> None:
     session_dir = tmp_path / "session"
-    relay, url = start_relay(*task_args("arith", ARITH_SETTINGS, "-k", "3", "--passes", "1", "--no-backups",
-                                        "--session-dir", str(session_dir)), log_name="relay-page.log")
+    serve = ServeCommand(task="arith", task_settings=ARITH_SETTINGS, session_dir=session_dir,
+                         config=SessionConfig(participants=3, passes=1), options=relay_options(backup_after=None))
+    relay, url = start_relay(serve, log_name="relay-page.log")
     pages: list[Page] = []
     try:
         final = train_to_the_end(browser, url, 3, relay, pages)
@@ -92,8 +95,9 @@ def test_the_page_shows_people_metrics_and_answers(browser: Browser, tmp_path: P
 
 
 def test_public_model_downloads_without_a_token(browser: Browser, tmp_path: Path) -> None:
-    relay, url = start_relay(*task_args("arith", ARITH_SETTINGS, "-k", "3", "--passes", "1", "--public-model",
-                                        "--session-dir", str(tmp_path / "session")), log_name="relay-public.log")
+    serve = ServeCommand(task="arith", task_settings=ARITH_SETTINGS, session_dir=tmp_path / "session",
+                         config=SessionConfig(participants=3, passes=1), options=relay_options(public_model=True))
+    relay, url = start_relay(serve, log_name="relay-public.log")
     page = browser.new_context().new_page()
     try:
         page.goto(url)

@@ -20,17 +20,19 @@ from browser_helpers import (
     admin,
     close_pages,
     recorded_results,
+    relay_options,
     session_status,
     start_relay,
     stop,
-    task_args,
     wait_for_status,
 )
 from playwright.sync_api import Browser, Page
 
 from runtime import wire
 from server.browser.peers import join_url
+from server.harness.serve_command import ServeCommand
 from server.session import accountant
+from server.session.config import SessionConfig
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -40,6 +42,7 @@ Z, DELTA = 2.0, 1e-6
 # 2 units a pass, 4 passes, k = 2: 4 rounds planned; every volunteer may be in every round, so the budget (between
 # 2 and 3 rounds' epsilon) stops the session once some page has been in 2 rounds and a third would pass it.
 BUDGET = (accountant.epsilon(Z, 2, DELTA) + accountant.epsilon(Z, 3, DELTA)) / 2
+CSV_SETTINGS = {"validation_file": str(DATA / "validation.csv"), "units": 2}
 
 
 def page_text(page: Page, selector: str, wanted: str, tries: int = 200) -> str:
@@ -66,12 +69,12 @@ def open_csv_pages(browser: Browser, url: str, relay: Any, pages: list[Page]) ->
 
 
 def test_the_page_shows_epsilon_after_each_round_and_the_budget_stop(browser: Browser, tmp_path: Path) -> None:
-    relay, url = start_relay(*task_args(str(CSV_TASK), {"validation_file": str(DATA / "validation.csv"), "units": 2},
-                                        "-k", "2", "--passes", "4", "--min-peers", "2", "--aggregate", "mean",
-                                        "--dp-noise-multiplier", str(Z), "--dp-clip", "0.05",
-                                        "--divergence-factor", "1000",  # (two peers' noisy mean: not about utility)
-                                        "--dp-epsilon-budget", f"{BUDGET:.6f}", "--session-dir",
-                                        str(tmp_path / "session")), log_name="relay-privacy-csv.log")
+    config = SessionConfig(participants=2, passes=4, aggregate="mean", dp_noise_multiplier=Z, dp_clip=0.05,
+                           divergence_factor=1000,  # (two peers' noisy mean: not about utility)
+                           dp_epsilon_budget=float(f"{BUDGET:.6f}"))
+    serve = ServeCommand(task=str(CSV_TASK), task_settings=CSV_SETTINGS, session_dir=tmp_path / "session",
+                         config=config, options=relay_options(min_peers=2))
+    relay, url = start_relay(serve, log_name="relay-privacy-csv.log")
     pages: list[Page] = []
     shown: dict[int, str] = {}  # rounds merged -> the page's privacy line then
     try:
@@ -119,10 +122,10 @@ def test_a_volunteer_adds_noise_of_their_own_and_sees_their_epsilon(browser: Bro
     """Local DP: the first page chooses noise 2 before training; its uploads carry the noise (and say so in their
     header), the other page's do not; the page shows the epsilon of its own uploads, as dp-accounting gives it."""
     session_dir = tmp_path / "session"
-    relay, url = start_relay(*task_args(str(CSV_TASK), {"validation_file": str(DATA / "validation.csv"), "units": 2},
-                                        "-k", "2", "--passes", "2", "--min-peers", "2", "--session-dir",
-                                        str(session_dir), "--divergence-factor", "1000"),  # (noise of 2 per weight)
-                             log_name="relay-local-dp-csv.log")
+    config = SessionConfig(participants=2, passes=2, divergence_factor=1000)  # (noise of 2 per weight)
+    serve = ServeCommand(task=str(CSV_TASK), task_settings=CSV_SETTINGS, session_dir=session_dir, config=config,
+                         options=relay_options(min_peers=2))
+    relay, url = start_relay(serve, log_name="relay-local-dp-csv.log")
     pages: list[Page] = []
     try:
         open_csv_pages(browser, url, relay, pages)

@@ -11,24 +11,27 @@ from browser_helpers import (
     ARITH_SETTINGS,
     close_pages,
     recorded_results,
+    relay_options,
     start_relay,
     stop,
-    task_args,
     train_to_the_end,
 )
 from playwright.sync_api import Browser, Page
 
 from runtime import wire
+from server.harness.serve_command import ServeCommand
 from server.relay.store import open_store
+from server.session.config import SessionConfig
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 
 def test_two_honest_pyodide_copies_are_identical(browser: Browser, tmp_path: Path) -> None:
     session_dir = tmp_path / "session"
-    relay, url = start_relay(*task_args("arith", {**ARITH_SETTINGS, "chunks": 4}, "-k", "2", "--passes", "1",
-                                        "--redundancy", "1",  # (address bans are off: both pages are 127.0.0.1)
-                                        "--session-dir", str(session_dir)), log_name="relay-redundancy.log")
+    serve = ServeCommand(task="arith", task_settings={**ARITH_SETTINGS, "chunks": 4}, session_dir=session_dir,
+                         config=SessionConfig(participants=2, passes=1),
+                         options=relay_options(redundancy=1.0))  # (address bans are off: both pages are 127.0.0.1)
+    relay, url = start_relay(serve, log_name="relay-redundancy.log")
     pages: list[Page] = []
     try:
         final = train_to_the_end(browser, url, 2, relay, pages)

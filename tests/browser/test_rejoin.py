@@ -19,14 +19,16 @@ from browser_helpers import (
     admin,
     check_pages,
     recorded_results,
+    relay_options,
     start_relay,
     stop,
-    task_args,
     wait_for_status,
 )
 from playwright.sync_api import Page
 
 from server.browser.launcher import READY_SELECTOR
+from server.harness.serve_command import ServeCommand
+from server.session.config import SessionConfig
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -59,12 +61,13 @@ def test_peer_rejoins_a_new_session_with_its_join_code(page: Page, tmp_path: Pat
     session_dir = tmp_path / "session"
     port = str(free_port())
 
-    def session_args(passes: int, *more: str) -> list[str]:
-        return task_args(TASK, SETTINGS, "-k", "2", "--passes", str(passes), "--min-peers", "1", "--join-code",
-                         JOIN_CODE, "--session-dir", str(session_dir), "--port", port, *more)
+    def session(passes: int, *, fresh: bool = False) -> ServeCommand:
+        return ServeCommand(task=TASK, task_settings=SETTINGS, session_dir=session_dir, fresh=fresh,
+                            config=SessionConfig(participants=2, passes=passes),
+                            options=relay_options(min_peers=1, join_code=JOIN_CODE), extra=("--port", port))
 
     # The first session is long (40 rounds), so it is still running when its relay is stopped.
-    relay, url = start_relay(*session_args(20), log_name="relay-rejoin-1.log")
+    relay, url = start_relay(session(20), log_name="relay-rejoin-1.log")
     try:
         # The way a user joins: open the page, type the code, press the button.
         page.goto(url)
@@ -81,7 +84,7 @@ def test_peer_rejoins_a_new_session_with_its_join_code(page: Page, tmp_path: Pat
         first_units = int(page.evaluate("window.peertrain.unitsDone"))
 
         # A new session (three passes: six rounds of two units) behind the same address and join code.
-        relay, again = start_relay(*session_args(3, "--fresh"), log_name="relay-rejoin-2.log")
+        relay, again = start_relay(session(3, fresh=True), log_name="relay-rejoin-2.log")
         assert again == url
         final = wait_for_status(url, lambda s: s["done"], timeout_s=180, what="the new session to finish",
                                 pages=[page], relay=relay)

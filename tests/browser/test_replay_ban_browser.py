@@ -16,17 +16,12 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from browser_helpers import (
-    ADMIN_TOKEN,
-    ARITH_SETTINGS,
-    close_pages,
-    start_relay,
-    stop,
-    task_args,
-    wait_for_status,
-)
+from browser_helpers import ADMIN_TOKEN, ARITH_SETTINGS, close_pages, relay_options, start_relay, stop, wait_for_status
 from playwright.sync_api import Browser, Page
 from poisoning import Poisoner, open_pages
+
+from server.harness.serve_command import ServeCommand
+from server.session.config import SessionConfig
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -37,12 +32,13 @@ def subtle(global_weights: np.ndarray, result: np.ndarray) -> np.ndarray:
 
 def test_a_subtly_poisoning_page_is_banned_after_its_first_checked_result(browser: Browser, tmp_path: Path) -> None:
     session_dir = tmp_path / "session"
-    relay, url = start_relay(*task_args("arith", ARITH_SETTINGS, "-k", "3", "--passes", "2", "--min-peers", "1",
-                                        # (address bans are off by default: all three pages come from 127.0.0.1)
-                                        # The intercepted page is the slow one: a backup would race it and turn
-                                        # its first check into a copy comparison (tests/server/relay/test_backups.py).
-                                        "--no-backups",
-                                        "--session-dir", str(session_dir)), log_name="relay-replay-ban.log")
+    # (Address bans are off by default: all three pages come from 127.0.0.1.) No backups: the intercepted page is
+    # the slow one, and a backup would race it and turn its first check into a copy comparison
+    # (tests/server/relay/test_backups.py).
+    serve = ServeCommand(task="arith", task_settings=ARITH_SETTINGS, session_dir=session_dir,
+                         config=SessionConfig(participants=3, passes=2),
+                         options=relay_options(min_peers=1, backup_after=None))
+    relay, url = start_relay(serve, log_name="relay-replay-ban.log")
     poisoner = Poisoner(url, poison=subtle)
     pages: list[Page] = []
     try:

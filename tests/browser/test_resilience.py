@@ -14,6 +14,7 @@ import os
 import re
 import signal
 import time
+from dataclasses import replace
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -28,13 +29,16 @@ from browser_helpers import (
     final_checkpoint,
     open_peers,
     recorded_results,
+    relay_options,
     replay,
     start_relay,
     stop,
-    task_args,
     wait_for_status,
 )
 from playwright.sync_api import Browser, Page
+
+from server.harness.serve_command import ServeCommand
+from server.session.config import SessionConfig
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -58,9 +62,10 @@ def test_closed_page_mid_unit_is_covered_by_lease_expiry(browser: Browser, tmp_p
     settings = {**ARITH_SETTINGS, "chunks": 2, "steps": 60}
     # --no-backups: an idle page would race the closed page's unit first (tests/server/relay/test_backups.py); this
     # test is about the lease running out
-    relay, url = start_relay(*task_args("arith", settings, "-k", "2", "--passes", "1", "--lease-seconds", "20",
-                                        "--no-backups", "--session-dir", str(session_dir)),
-                             log_name="relay-lease.log")
+    serve = ServeCommand(task="arith", task_settings=settings, session_dir=session_dir,
+                         config=SessionConfig(participants=2, passes=1),
+                         options=relay_options(lease_seconds=20, backup_after=None))
+    relay, url = start_relay(serve, log_name="relay-lease.log")
     pages: list[Page] = []
     try:
         pages = open_peers(browser, url, 2)
@@ -96,8 +101,9 @@ def test_relay_killed_mid_round_resumes_and_finishes(browser: Browser, tmp_path:
     # Three rounds of two units of 40 steps; the relay dies while round 1 (the second) is in flight.
     session_dir = tmp_path / "session"
     settings = {**ARITH_SETTINGS, "steps": 40}
-    args = task_args("arith", settings, "-k", "2", "--passes", "1", "--session-dir", str(session_dir))
-    relay, url = start_relay(*args, log_name="relay-kill-1.log")
+    serve = ServeCommand(task="arith", task_settings=settings, session_dir=session_dir,
+                         config=SessionConfig(participants=2, passes=1), options=relay_options())
+    relay, url = start_relay(serve, log_name="relay-kill-1.log")
     pages: list[Page] = []
     try:
         pages = open_peers(browser, url, 2)
@@ -108,7 +114,7 @@ def test_relay_killed_mid_round_resumes_and_finishes(browser: Browser, tmp_path:
         peer_ids = {page.evaluate("window.peertrain.peerId") for page in pages}
 
         port = str(urlsplit(url).port)
-        relay, again = start_relay(*args, "--port", port, log_name="relay-kill-2.log")
+        relay, again = start_relay(replace(serve, extra=("--port", port)), log_name="relay-kill-2.log")
         assert again == url
         final = wait_for_status(url, lambda s: s["done"], timeout_s=180, what="the resumed session to finish",
                                 pages=pages, relay=relay)

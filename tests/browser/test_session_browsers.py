@@ -28,10 +28,10 @@ from browser_helpers import (
     fresh_session,
     open_peers,
     recorded_results,
+    relay_options,
     replay,
     start_relay,
     stop,
-    task_args,
     wait_for_status,
 )
 from playwright.sync_api import Browser, Page
@@ -39,8 +39,10 @@ from playwright.sync_api import Browser, Page
 from runtime import wire
 from runtime.peer import Peer
 from runtime.protocol import Job
+from server.harness.serve_command import ServeCommand
 from server.relay.store import StoredResult
 from server.session import checkpoint_files as checkpoint
+from server.session.config import SessionConfig
 from server.session.package import Package
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -76,8 +78,9 @@ def assert_png(path: Path) -> None:
 
 def test_three_browsers_train_arithmetic(browser: Browser, tmp_path: Path, artifacts_dir: Path) -> None:
     session_dir = tmp_path / "session"
-    relay, url = start_relay(*task_args("arith", ARITH_SETTINGS, "-k", "3", "--passes", "2",
-                                        "--session-dir", str(session_dir)), log_name="relay-arith-3.log")
+    serve = ServeCommand(task="arith", task_settings=ARITH_SETTINGS, session_dir=session_dir,
+                         config=SessionConfig(participants=3, passes=2), options=relay_options())
+    relay, url = start_relay(serve, log_name="relay-arith-3.log")
     pages: list[Page] = []
     try:
         pages = open_peers(browser, url, 3)
@@ -152,8 +155,9 @@ CARTPOLE_SETTINGS = {"units": 10, "episodes_per_unit": 16, "eval_episodes": 10, 
 
 def test_serve_with_two_headless_peers_learns_cartpole(tmp_path: Path) -> None:
     session_dir = tmp_path / "session"
-    relay, url = start_relay(*task_args("cartpole", CARTPOLE_SETTINGS, "-k", "2", "--passes", "1",
-                                        "--session-dir", str(session_dir), "--peers", "2"),
+    relay, url = start_relay(ServeCommand(task="cartpole", task_settings=CARTPOLE_SETTINGS, session_dir=session_dir,
+                                          config=SessionConfig(participants=2, passes=1), options=relay_options(),
+                                          extra=("--peers", "2")),
                              log_name="relay-cartpole-2.log")
     log_path = ARTIFACTS / "relay-cartpole-2.log"
     try:

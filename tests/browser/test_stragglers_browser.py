@@ -35,15 +35,18 @@ from browser_helpers import (
     admin,
     close_pages,
     recorded_results,
+    relay_options,
     start_relay,
     stop,
-    task_args,
     wait_for_status,
 )
 from playwright.sync_api import Browser, Page
 
 from server.browser.chromium import launch_options
 from server.browser.peers import join_url
+from server.harness.serve_command import ServeCommand
+from server.relay.options import RelayOptions
+from server.session.config import SessionConfig
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -92,11 +95,11 @@ def worker_throttle_answer(browser: Browser, page: Page) -> str:
     return next((a for a in answers if '"id":1' in a), "")
 
 
-def one_session(browser: Browser, tmp_path: Path, name: str, *relay_args: str) -> dict[str, Any]:
+def one_session(browser: Browser, tmp_path: Path, name: str, options: RelayOptions) -> dict[str, Any]:
     session_dir = tmp_path / name
-    relay, url = start_relay(*task_args("arith", SETTINGS, "-k", "3", "--passes", "2",
-                                        "--session-dir", str(session_dir), *relay_args),
-                             log_name=f"relay-stragglers-{name}.log")
+    serve = ServeCommand(task="arith", task_settings=SETTINGS, session_dir=session_dir,
+                         config=SessionConfig(participants=3, passes=2), options=options)
+    relay, url = start_relay(serve, log_name=f"relay-stragglers-{name}.log")
     slow_browser = browser.browser_type.launch(**launch_options())
     pages: list[Page] = []
     try:
@@ -133,9 +136,9 @@ def one_session(browser: Browser, tmp_path: Path, name: str, *relay_args: str) -
 # two took 510 s on the loaded 2 cores, more than half the suite's 900 s per test.
 @pytest.mark.timeout(2400)
 def test_a_slowed_page_and_backups_merge_every_unit_once(browser: Browser, tmp_path: Path) -> None:
-    without = one_session(browser, tmp_path, "no-backups", "--no-backups")
-    default = one_session(browser, tmp_path, "backups")
-    at_once = one_session(browser, tmp_path, "backups-0", "--backup-after", "0")
+    without = one_session(browser, tmp_path, "no-backups", relay_options(backup_after=None))
+    default = one_session(browser, tmp_path, "backups", relay_options())
+    at_once = one_session(browser, tmp_path, "backups-0", relay_options(backup_after=0.0))
     assert "only supported for pages, not workers" in without["worker_throttle"], without
     # Without backups nothing trains the slowed page's units again: its own results are merged and no backup is
     # handed out. With backups the race may leave it none (its units merged from the backups). Every unit of

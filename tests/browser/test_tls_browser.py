@@ -10,22 +10,26 @@ import time
 from pathlib import Path
 
 import pytest
-from browser_helpers import ARITH_SETTINGS, ARTIFACTS, BOOT_SECONDS, task_args
+from browser_helpers import ADMIN_TOKEN, ARITH_SETTINGS, ARTIFACTS, BOOT_SECONDS
 from nginx_proxy import certificate
 from playwright.sync_api import BrowserType
 
 from server.browser.chromium import launch_options
 from server.browser.peers import join_url
 from server.harness.relay_process import RelayProcess
+from server.harness.serve_command import ServeCommand
+from server.relay.options import RelayOptions
+from server.session.config import SessionConfig
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 
 def test_a_tls_relay_gives_the_page_a_secure_context_and_trains(browser_type: BrowserType, tmp_path: Path) -> None:
     issued = certificate(tmp_path)
-    relay = RelayProcess([*task_args("arith", ARITH_SETTINGS, "--session-dir", str(tmp_path / "s"), "-k", "2",
-                                     "--passes", "1", "--tls-cert", str(issued.cert), "--tls-key", str(issued.key))],
-                         log=ARTIFACTS / "relay-tls.log",
+    serve = ServeCommand(task="arith", task_settings=ARITH_SETTINGS, session_dir=tmp_path / "s",
+                         config=SessionConfig(participants=2, passes=1), options=RelayOptions(admin_token=ADMIN_TOKEN),
+                         tls_cert=issued.cert, tls_key=issued.key)
+    relay = RelayProcess(serve, log=ARTIFACTS / "relay-tls.log",
                          verify=ssl.create_default_context(cafile=str(issued.authority)))
     relay.start()
     # Chromium trusts exactly this certificate's key (as it would a CA it knows); nothing else is relaxed.

@@ -17,19 +17,21 @@ from browser_helpers import (
     BOOT_SECONDS,
     close_pages,
     final_checkpoint,
+    relay_options,
     start_relay,
     stop,
-    task_args,
     wait_for_status,
 )
 from playwright.sync_api import Browser, BrowserType, Page
 
 from server.browser.chromium import launch_options
 from server.browser.peers import join_url
+from server.harness.serve_command import ServeCommand
+from server.session.config import SessionConfig
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-LONG_LEASE = ("--lease-seconds", "900")  # a lease never runs out in these tests: only leaving frees one
+LONG_LEASE = 900.0  # seconds: a lease never runs out in these tests, only leaving frees one
 SLOWER = {**ARITH_SETTINGS, "epochs": 60}  # a unit of a second or two: the session outlasts a worker's boot
 # (without host replays: after 240 local steps a native replay of a browser unit drifts past the 1 % tolerance, so the
 # relay banned an honest worker in a trial run; replays on the browser's own engine are another issue's work)
@@ -69,8 +71,10 @@ def give_cores(page: Page, cores: int) -> None:
 
 def test_two_workers_boot_once_from_the_network_train_as_two_peers_and_leave_with_the_page(
         browser_type: BrowserType, tmp_path: Path) -> None:
-    relay, url = start_relay(*task_args("arith", ARITH_SETTINGS, "--passes", "40", "-k", "3", *LONG_LEASE,
-                                        "--session-dir", str(tmp_path / "session")), log_name="relay-workers-1.log")
+    serve = ServeCommand(task="arith", task_settings=ARITH_SETTINGS, session_dir=tmp_path / "session",
+                         config=SessionConfig(participants=3, passes=40),
+                         options=relay_options(lease_seconds=LONG_LEASE))
+    relay, url = start_relay(serve, log_name="relay-workers-1.log")
     # A profile on disk, as a volunteer's browser has: an incognito context keeps its cache in memory, where
     # Chromium does not keep a file as large as Pyodide's 10 MB interpreter.
     context = browser_type.launch_persistent_context(str(tmp_path / "profile"), **launch_options())
@@ -108,8 +112,10 @@ def test_two_workers_boot_once_from_the_network_train_as_two_peers_and_leave_wit
 
 def test_the_cores_control_changes_the_workers_while_the_session_runs_without_losing_a_unit(
         browser: Browser, tmp_path: Path) -> None:
-    relay, url = start_relay(*task_args("arith", SLOWER, "--passes", "8", "-k", "3", "--no-verify", *LONG_LEASE,
-                                        "--session-dir", str(tmp_path / "session")), log_name="relay-workers-2.log")
+    serve = ServeCommand(task="arith", task_settings=SLOWER, session_dir=tmp_path / "session",
+                         config=SessionConfig(participants=3, passes=8),
+                         options=relay_options(verify=False, lease_seconds=LONG_LEASE))
+    relay, url = start_relay(serve, log_name="relay-workers-2.log")
     pages: list[Page] = []
     try:
         pages.append(page := browser.new_context().new_page())
@@ -151,8 +157,9 @@ def train_session(browser: Browser, session_dir: Path, log_name: str,
                   pages_and_workers: list[int]) -> tuple[np.ndarray, list[dict[str, Any]]]:
     """A session trained by pages with the given worker counts; returns its final weights and its history."""
     peers = sum(pages_and_workers)
-    relay, url = start_relay(*task_args("arith", ARITH_SETTINGS, "--passes", "2", "-k", "3", "--min-peers",
-                                        str(peers), "--session-dir", str(session_dir)), log_name=log_name)
+    serve = ServeCommand(task="arith", task_settings=ARITH_SETTINGS, session_dir=session_dir,
+                         config=SessionConfig(participants=3, passes=2), options=relay_options(min_peers=peers))
+    relay, url = start_relay(serve, log_name=log_name)
     pages: list[Page] = []
     try:
         for workers in pages_and_workers:

@@ -15,8 +15,11 @@ from relay_fixtures import EXAMPLE, SMALL_SETTINGS
 from runtime import wire
 from server.harness.native_peer import Job, NativePeer, PeerHooks
 from server.harness.relay_process import RelayProcess
+from server.harness.serve_command import ServeCommand
 from server.relay.app import RelayPaths
+from server.relay.options import RelayOptions
 from server.relay.peer_endpoints import RESULT_REFUSALS
+from server.session.config import SessionConfig
 from server.session.export import exported_weights
 
 pytestmark = pytest.mark.skipif(bool(RelayPaths().missing()), reason="set-up has not built node_modules and wheels")
@@ -27,15 +30,16 @@ def majority_importable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.syspath_prepend(str(EXAMPLE.parent))  # the peers import majority_task as the relay does
 
 
-def serve_arguments(session_dir: Path, *more: str) -> list[str]:
-    """The majority example (4 units, 2 a round, one pass: 2 rounds), one peer enough, no host replays."""
-    return ["--task", "majority_task:MajorityTask", "--session-dir", str(session_dir), "-k", "2", "--passes", "1",
-            "--min-peers", "1", "--no-verify", *more,
-            *(f"--set={key}={value}" for key, value in SMALL_SETTINGS.items())]
+def majority(session_dir: Path, admin_token: str = "") -> ServeCommand:
+    """The majority example (4 units, 2 a round, one pass: 2 rounds), one peer enough, no host replays; an empty
+    admin token: serve makes one up and prints it."""
+    return ServeCommand(task="majority_task:MajorityTask", task_settings=SMALL_SETTINGS, session_dir=session_dir,
+                        config=SessionConfig(participants=2, passes=1),
+                        options=RelayOptions(admin_token=admin_token, min_peers=1, verify=False))
 
 
 def test_start_url_token_kill_restart_and_stop_of_a_real_relay(tmp_path: Path) -> None:
-    relay = RelayProcess(serve_arguments(tmp_path / "session"), log=tmp_path / "serve.log", examples=True)
+    relay = RelayProcess(majority(tmp_path / "session"), log=tmp_path / "serve.log", examples=True)
     with relay:
         assert re.fullmatch(r"http://127\.0\.0\.1:\d+", relay.url) and relay.page_url == relay.url + "/"
         first_url, first_pid = relay.url, relay.pid
@@ -64,7 +68,7 @@ def test_a_peer_whose_hook_changes_the_upload_is_refused_with_the_documented_cod
         header, vector = wire.decode(honest)
         return wire.encode(vector, dataclasses.replace(header, num_examples=10**6))  # a unit holds 256
 
-    with RelayProcess(serve_arguments(tmp_path / "session", "--admin-token", "t"), log=tmp_path / "serve.log",
+    with RelayProcess(majority(tmp_path / "session", "t"), log=tmp_path / "serve.log",
                       examples=True) as relay:
         assert relay.admin_token == "t"
         hooks = PeerHooks(upload=claim_everything)
@@ -88,7 +92,7 @@ def test_a_peer_whose_hook_skips_training_uploads_the_given_bytes(tmp_path: Path
         return wire.encode(vector, dataclasses.replace(header, round=job.round, num_examples=1,
                                                        metrics={"loss": 1.0}))
 
-    with RelayProcess(serve_arguments(tmp_path / "session", "--admin-token", "t"), log=tmp_path / "serve.log",
+    with RelayProcess(majority(tmp_path / "session", "t"), log=tmp_path / "serve.log",
                       examples=True) as relay:
         peer = NativePeer(relay.url, hooks=PeerHooks(train=unchanged_weights), timeout_s=120)
         assert peer.run() == "done"
