@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -48,71 +48,63 @@ from runtime.data.arith import (
 from runtime.data.tokenizer import Tokenizer, TokenizerError, inspect_tokenization, tokenization_warning
 from runtime.models.transformer import Transformer, TransformerConfig, preset
 from runtime.tasks.base import HostServices, Sample, TaskData, TaskError, WorkUnit
-from runtime.tasks.lm import check_recipe, greedy_continuations, mean_loss, pass_batches, warmup_cosine
+from runtime.tasks.lm import greedy_continuations, mean_loss, pass_batches, warmup_cosine
+from runtime.tasks.lm_recipe import LMRecipe, recipe_default
 from runtime.tasks.lm_task import LMTask
+from runtime.tasks.settings import setting
 
 TOKENIZERS = ("char", "bpe")
 MODEL_OVERRIDES = ("n_layer", "n_head", "n_embd", "context")
 SAMPLE_COUNT = 8  # the sample problems "1+1=", "1+2=", ...
+SIZE = "None: the preset's"
 
 
-@dataclass(frozen=True)
-class ArithTaskSettings:
-    # the problems (see runtime.data.arith.ArithSettings)
-    operand_min: int = 0
-    operand_max: int = 99
-    operators: tuple[str, ...] = ("+",)
-    num_examples: int = 10_000
-    chunks: int = 8
-    seed: int = 0
-    heldout_fraction: float = 0.1
-    validation_size: int = 200
-    generalization_size: int = 200
-    beyond_range_size: int = 50
-    # the tokenizer: "char" (every character a token, a real <eos>) or "bpe" (glues digits and operators: no sums)
-    tokenizer: str = "char"
-    merges: int = 300  # bpe only
-    glue_end_marker: bool = True  # bpe only: "<eos>\n" written as text the merges can fuse with the last digit
-    # the model: a preset, with optional overrides (None keeps the preset's value)
-    model: str = "arith"
-    n_layer: int | None = None
-    n_head: int | None = None
-    n_embd: int | None = None
-    context: int | None = None
-    # local training per unit: `epochs` shuffled passes over the chunk (or exactly `steps` batches when > 0)
-    epochs: int = 1
-    steps: int = 0
-    batch_size: int = 32
-    lr: float = 3e-3
-    warmup: int = 10  # steps of linear warm-up at the start of each unit (a fresh Adam per unit)
-    final_lr_ratio: float = 0.1  # cosine decay to lr * this at the unit's last step
-    session_final_lr_ratio: float = 0.1  # and across the session: lr * this by its last round (1: no decay)
-    optimizer: str = "adam"  # the local optimizer: adam or sgd (runtime.tasks.lm.LOCAL_OPTIMIZERS)
-    momentum: float = 0.0  # sgd only: heavy-ball momentum (0: plain SGD)
-    clip: float = 1.0  # clip each step's gradients to this global norm (0: no clipping)
+@dataclass(frozen=True, kw_only=True)
+class ArithTaskSettings(LMRecipe):
+    """The recipe (``runtime.tasks.lm_recipe.LMRecipe``) with arith's own preset, batch and ``steps``, the problems,
+    the tokenizer, the model's sizes, and whole passes over a chunk with a warm-up and cosine learning rate."""
+
+    # -- the problems (runtime.data.arith.ArithSettings checks them)
+    operand_min: int = field(default=0, metadata=setting(help="the smallest operand"))
+    operand_max: int = field(default=99, metadata=setting(help="the largest operand"))
+    operators: tuple[str, ...] = field(default=("+",), metadata=setting(help="the operators, of + - *"))
+    num_examples: int = field(default=10_000, metadata=setting(help="training problems"))
+    chunks: int = field(default=8, metadata=setting(help="work units the training problems are cut into"))
+    seed: int = field(default=0, metadata=setting(help="seeds the problems and the held-out pairs"))
+    heldout_fraction: float = field(default=0.1, metadata=setting(
+        help="the share of operand pairs never trained on (the gen_* scores)"))
+    validation_size: int = field(default=200, metadata=setting(help="validation problems from the whole range"))
+    generalization_size: int = field(default=200, metadata=setting(help="problems on the held-out pairs"))
+    beyond_range_size: int = field(default=50, metadata=setting(help="three-digit problems beyond the range"))
+    # -- the tokenizer
+    tokenizer: str = field(default="char", metadata=setting(
+        help="char (every character a token, a real <eos>) or bpe (glues digits and operators: no sums)",
+        choices=TOKENIZERS))
+    merges: int = field(default=300, metadata=setting(help="bpe only: the merges it learns", minimum=0))
+    glue_end_marker: bool = field(default=True, metadata=setting(
+        help="bpe only: \"<eos>\\n\" written as text the merges can fuse with the last digit"))
+    # -- the model: a preset, with optional sizes
+    model: str = recipe_default("model", "arith")
+    n_layer: int | None = field(default=None, metadata=setting(help=f"transformer blocks; {SIZE}", minimum=1))
+    n_head: int | None = field(default=None, metadata=setting(help=f"attention heads; {SIZE}", minimum=1))
+    n_embd: int | None = field(default=None, metadata=setting(help=f"embedding width; {SIZE}", minimum=1))
+    context: int | None = field(default=None, metadata=setting(help=f"tokens a sequence holds; {SIZE}", minimum=1))
+    # -- local training per unit: `epochs` shuffled passes over the chunk (or exactly `steps` batches when > 0)
+    epochs: int = field(default=1, metadata=setting(help="shuffled passes over the chunk per unit", minimum=1))
+    steps: int = field(default=0, metadata=setting(
+        help="exactly this many batches per unit (from as many shuffled passes as needed); 0: `epochs` passes",
+        minimum=0))
+    batch_size: int = recipe_default("batch_size", 32)
+    warmup: int = field(default=10, metadata=setting(
+        help="steps of linear warm-up at the start of each unit (a fresh optimizer per unit)", minimum=0))
+    final_lr_ratio: float = field(default=0.1, metadata=setting(
+        help="cosine decay to lr * this at the unit's last step", minimum=0, maximum=1))
+    session_final_lr_ratio: float = field(default=0.1, metadata=setting(
+        help="and across the session: lr * this by its last round (1: no decay)", above=0, maximum=1))
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "operators", tuple(self.operators))
-        check_recipe("arith", self.optimizer, self.momentum, self.clip)
-        checks = {
-            "tokenizer": self.tokenizer in TOKENIZERS,
-            "merges": self.merges >= 0,
-            "epochs": self.epochs >= 1,
-            "steps": self.steps >= 0,
-            "batch_size": self.batch_size >= 1,
-            "lr": self.lr > 0,
-            "warmup": self.warmup >= 0,
-            "final_lr_ratio": 0 <= self.final_lr_ratio <= 1,
-            "session_final_lr_ratio": 0 < self.session_final_lr_ratio <= 1,
-        }
-        for name, ok in checks.items():
-            if not ok:
-                allowed = f"one of {TOKENIZERS}" if name == "tokenizer" else "out of range"
-                raise ValueError(f"setting {name}={getattr(self, name)!r} is {allowed}")
-        for name in MODEL_OVERRIDES:
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value < 1):
-                raise ValueError(f"setting {name}={value!r} must be a positive integer or null")
+        super().__post_init__()  # (the declared bounds, the recipe's rule)
         self.arith()  # ArithSettings checks the problem settings (operators, operand range, chunks)
         self.base_config()
 

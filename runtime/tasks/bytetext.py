@@ -10,44 +10,35 @@ prompts.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from runtime.data.text import byte_chunks, default_corpus
 from runtime.tasks.base import HostServices, TaskData, TaskError, WorkUnit
-from runtime.tasks.lm import check_recipe
-from runtime.tasks.lm_task import ByteLMTask
+from runtime.tasks.lm_task import ByteLMTask, ByteSettings
+from runtime.tasks.settings import setting
 
 
-@dataclass(frozen=True)
-class ByteTextSettings:
-    files: tuple[str, ...] = ()  # text files; empty means the built-in pydoc corpus
-    chunks: int = 55
-    validation_fraction: float = 0.1
-    data_seed: int = 0
-    model: str = "bytelm-2.3mb"
-    # the local training recipe: `steps` steps of `optimizer` on batches of `batch_size` windows per unit
-    steps: int = 8
-    batch_size: int = 16
-    lr: float = 3e-3
-    optimizer: str = "adam"  # adam or sgd (runtime.tasks.lm.LOCAL_OPTIMIZERS); a fresh one per unit
-    momentum: float = 0.0  # sgd only: heavy-ball momentum (0: plain SGD, as the clients of Reddi et al. 2021)
-    clip: float = 1.0  # clip each step's gradients to this global norm (0: no clipping)
-    validation_windows: int = 256
-    # hold out every other validation window as a report split: val_loss (what the session selects its best
-    # round on, and a study its settings on) comes from the others, report_loss from these
-    report_half: bool = False
-    sample_tokens: int = 48
+@dataclass(frozen=True, kw_only=True)
+class ByteTextSettings(ByteSettings):
+    """The recipe (``runtime.tasks.lm_recipe.LMRecipe``, its defaults the ones tuned here) and where the bytes come
+    from and how they are judged."""
+
+    files: tuple[str, ...] = field(default=(), metadata=setting(help="text files; empty: the built-in pydoc corpus"))
+    chunks: int = field(default=55, metadata=setting(help="work units the corpus is cut into", minimum=1))
+    validation_fraction: float = field(default=0.1, metadata=setting(
+        help="the share of the corpus held out (interleaved) for validation (runtime.data.text.byte_chunks)"))
+    data_seed: int = field(default=0, metadata=setting(help="seeds the cut into chunks and the held-out share"))
+    validation_windows: int = field(default=256, metadata=setting(help="evenly spaced windows validation scores"))
+    report_half: bool = field(default=False, metadata=setting(
+        help="hold out every other validation window as a report split: val_loss (what the session selects its best "
+        "round on, and a study its settings on) comes from the others, report_loss from these"))
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "files", tuple(self.files))
-        if self.chunks < 1 or self.steps < 1 or self.batch_size < 1:
-            raise ValueError("chunks, steps and batch_size must be positive")
-        if not self.lr > 0:
-            raise ValueError(f"bytetext: lr must be > 0, got {self.lr!r}")
-        check_recipe("bytetext", self.optimizer, self.momentum, self.clip)
+        super().__post_init__()
 
 
 class ByteTextTask(ByteLMTask):

@@ -17,51 +17,45 @@ is judged by federated evaluation.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from runtime.tasks.base import HostServices, TaskData, TaskError
-from runtime.tasks.lm import check_recipe
-from runtime.tasks.lm_task import ByteLMTask
+from runtime.tasks.lm_task import ByteLMTask, ByteSettings
 from runtime.tasks.local import LocalDataError, decode_text
+from runtime.tasks.settings import setting
 
 BLOCK_BYTES = 1024  # the held-out share is drawn in blocks of this many bytes (a window needs neighbours)
+SIZE = "0: the preset's (a smaller model for tests and slow machines)"
 
 
-@dataclass(frozen=True)
-class ByteTextLocalSettings:
-    units: int = 12  # work units per pass: each is "train on your text" for one peer
-    model: str = "bytelm-2.3mb"
-    n_layer: int = 0  # 0: the preset's (a smaller model for tests and slow machines)
-    n_embd: int = 0
-    n_head: int = 0
-    context: int = 0
-    # the local training recipe, bytetext's: `steps` steps of `optimizer` on batches of `batch_size` windows per unit
-    steps: int = 8
-    batch_size: int = 16
-    lr: float = 3e-3
-    optimizer: str = "adam"  # adam or sgd (runtime.tasks.lm.LOCAL_OPTIMIZERS); a fresh one per unit
-    momentum: float = 0.0  # sgd only: heavy-ball momentum (0: plain SGD)
-    clip: float = 1.0  # clip each step's gradients to this global norm (0: no clipping)
-    holdout: float = 0.1  # share of a peer's 1 kB blocks held out for federated evaluation
-    max_bytes_per_unit: int = 1 << 20  # the relay's cap on a unit's example count (bytes)
-    local_eval_windows: int = 64  # windows of the held-out text a peer evaluates on
-    validation_files: tuple[str, ...] = ()  # host text to validate on; empty: federated evaluation only
-    validation_windows: int = 256
-    sample_tokens: int = 48
+@dataclass(frozen=True, kw_only=True)
+class ByteTextLocalSettings(ByteSettings):
+    """bytetext's recipe with its defaults (``runtime.tasks.lm_recipe.LMRecipe``), the model's optional sizes, and
+    how a peer's own text is used and judged."""
+
+    units: int = field(default=12, metadata=setting(
+        help="work units per pass: each is \"train on your text\" for one peer", minimum=1))
+    n_layer: int = field(default=0, metadata=setting(help=f"transformer blocks; {SIZE}", minimum=0))
+    n_embd: int = field(default=0, metadata=setting(help=f"embedding width; {SIZE}", minimum=0))
+    n_head: int = field(default=0, metadata=setting(help=f"attention heads; {SIZE}", minimum=0))
+    context: int = field(default=0, metadata=setting(help=f"tokens (bytes) a window holds; {SIZE}", minimum=0))
+    holdout: float = field(default=0.1, metadata=setting(
+        help="share of a peer's 1 kB blocks held out for federated evaluation", minimum=0, below=1))
+    max_bytes_per_unit: int = field(default=1 << 20, metadata=setting(
+        help="the relay's cap on a unit's example count (bytes)", minimum=1))
+    local_eval_windows: int = field(default=64, metadata=setting(
+        help="windows of the held-out text a peer evaluates on"))
+    validation_files: tuple[str, ...] = field(default=(), metadata=setting(
+        help="host text to validate on; empty: federated evaluation only"))
+    validation_windows: int = field(default=256, metadata=setting(help="windows of the host's text validation scores"))
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "validation_files", tuple(self.validation_files))
-        if self.units < 1 or self.steps < 1 or self.batch_size < 1 or self.max_bytes_per_unit < 1:
-            raise ValueError("units, steps, batch_size and max_bytes_per_unit must be positive")
-        if not 0 <= self.holdout < 1:
-            raise ValueError(f"holdout must be in [0, 1), got {self.holdout}")
-        if not self.lr > 0:
-            raise ValueError(f"bytetext-local: lr must be > 0, got {self.lr!r}")
-        check_recipe("bytetext-local", self.optimizer, self.momentum, self.clip)
+        super().__post_init__()
 
 
 class ByteTextLocalTask(ByteLMTask):

@@ -14,20 +14,8 @@ from runtime.models.transformer import Transformer
 from runtime.optim import SGD, Adam, Optimizer
 from runtime.train_step import lm_step, lm_step_async
 
-# The local optimizers a language-model task's recipe may name (settings ``optimizer``, ``lr``, ``momentum``).
+# The local optimizers a language-model task's recipe may name (``runtime.tasks.lm_recipe.LMRecipe.optimizer``).
 LOCAL_OPTIMIZERS = ("adam", "sgd")
-
-
-def check_recipe(task: str, optimizer: str, momentum: float, clip: float) -> None:
-    """Refuse a local training recipe a task cannot run, naming the setting."""
-    if optimizer not in LOCAL_OPTIMIZERS:
-        raise ValueError(f"{task}: optimizer must be one of {', '.join(LOCAL_OPTIMIZERS)}, got {optimizer!r}")
-    if not 0 <= momentum < 1:
-        raise ValueError(f"{task}: momentum must be in [0, 1), got {momentum!r}")
-    if optimizer == "adam" and momentum:
-        raise ValueError(f"{task}: momentum is an SGD setting (Adam has its own betas); leave it 0 with adam")
-    if not clip >= 0:
-        raise ValueError(f"{task}: clip must be >= 0 (0: no clipping), got {clip!r}")
 
 
 def local_optimizer(model: Transformer, optimizer: str, lr: float, momentum: float) -> Optimizer:

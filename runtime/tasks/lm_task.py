@@ -1,11 +1,11 @@
 """One transformer language-model task, which the built-in text tasks specialise by their tokens.
 
 :class:`LMTask` owns what every language-model task shares: the model (a ``runtime.models.transformer`` preset
-named by the ``model`` setting, with the task's overrides), the local recipe (settings ``steps``, ``batch_size``,
-``lr``, ``optimizer`` adam|sgd, ``momentum``, ``clip``: a fresh optimizer per unit, so a retried unit repeats
-exactly), training a unit, the device probe, and the loss that validation reports. A subclass says only where its
-tokens come from and how they are prepared and judged (as nanoGPT keeps one model and one training script, and
-datasets differ only in how they are prepared):
+named by the ``model`` setting, with the task's overrides), the local recipe (``runtime.tasks.lm_recipe.LMRecipe``,
+which the task's ``Settings`` inherit: ``steps``, ``batch_size``, ``lr``, ``optimizer`` adam|sgd, ``momentum``,
+``clip``; a fresh optimizer per unit, so a retried unit repeats exactly), training a unit, the device probe, and the
+loss that validation reports. A subclass says only where its tokens come from and how they are prepared and judged
+(as nanoGPT keeps one model and one training script, and datasets differ only in how they are prepared):
 
 - ``unit_tokens(unit)``: the unit's (inputs, targets) arrays and the example count it reports (required);
 - ``prepare``, ``validate``, ``samples``, ``respond`` and ``crosses_boundary``: its data and how it is judged;
@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar, Protocol
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -31,34 +32,18 @@ from runtime.device_probe import Probe
 from runtime.models.transformer import Transformer, TransformerConfig, preset
 from runtime.tasks.base import Sample, Task, TaskError, UnitResult, WorkUnit
 from runtime.tasks.lm import bits_per_token, lm_probe, local_steps, mean_loss
+from runtime.tasks.lm_recipe import LMRecipe
+from runtime.tasks.settings import setting
 
 # Prompts of equal length so a byte task's samples come from one batched generation (it sits beside every round).
 PROMPTS = ("The ", "When", "A fu")
 
 
-class LMSettings(Protocol):
-    """The settings every language-model task has: the model preset and the local recipe."""
-
-    @property
-    def model(self) -> str: ...
-    @property
-    def steps(self) -> int: ...
-    @property
-    def batch_size(self) -> int: ...
-    @property
-    def lr(self) -> float: ...
-    @property
-    def optimizer(self) -> str: ...
-    @property
-    def momentum(self) -> float: ...
-    @property
-    def clip(self) -> float: ...
-
-
 class LMTask(Task):
-    """A causal transformer trained by the local recipe on the token arrays ``unit_tokens`` gives."""
+    """A causal transformer trained by the local recipe on the token arrays ``unit_tokens`` gives; its ``Settings``
+    inherit the recipe (``runtime.tasks.lm_recipe.LMRecipe``)."""
 
-    settings: LMSettings
+    settings: LMRecipe
 
     # -- the model ------------------------------------------------------------------------------
     def model_overrides(self) -> dict[str, Any]:
@@ -115,9 +100,11 @@ class LMTask(Task):
         return UnitResult(self.flat_weights(model), num_examples=examples, metrics=metrics)
 
 
-class ByteSettings(LMSettings, Protocol):
-    @property
-    def sample_tokens(self) -> int: ...
+@dataclass(frozen=True, kw_only=True)
+class ByteSettings(LMRecipe):
+    """The recipe, and what a byte-level task's samples and answers continue a prompt by."""
+
+    sample_tokens: int = field(default=48, metadata=setting(help="bytes a sample or an answer continues its prompt by"))
 
 
 def decode_bytes(ids: np.ndarray) -> str:
