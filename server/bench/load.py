@@ -91,7 +91,7 @@ from server.bench.load_figures import (
     slope_per_minute,
 )
 from server.harness.relay_process import EXAMPLES, RelayProcess
-from server.relay.limits import DEFAULT_BODY_TIMEOUT, DEFAULT_HEADER_TIMEOUT
+from server.relay.options import DEFAULT_BODY_TIMEOUT, DEFAULT_HEADER_TIMEOUT
 
 TASK = "majority_task:MajorityTask"  # examples/majority_task.py, importable with examples/ on the path
 ADMIN = "bench-load"

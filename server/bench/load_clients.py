@@ -22,7 +22,7 @@ import httpx
 
 from runtime.peer import Peer
 from server.relay.client import AsyncRelayClient, Credentials, result_call, unit_call, weights_call
-from server.relay.limits import DEFAULT_BODY_TIMEOUT, DEFAULT_HEADER_TIMEOUT
+from server.relay.options import DEFAULT_BODY_TIMEOUT, DEFAULT_HEADER_TIMEOUT
 
 LAG_PROBE_SECONDS = 0.1
 ROUND_RE = re.compile(rb'"round": (\d+), "num_rounds"')  # the session's round, first in the status

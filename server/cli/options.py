@@ -8,7 +8,10 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from server.relay.options import ServerLimits
 
 
 def merge_names() -> list[str]:
@@ -40,12 +43,9 @@ def read_settings(args: argparse.Namespace, command: str, *, file_also: Sequence
     settings the file may hold though the command has no flag for them. A ``SettingError`` names a bad one."""
     from server.relay.options import RelayOptions
     from server.session.config import SessionConfig
-    from server.session.settings import SettingError, combine, declared, explicit, read_file
+    from server.session.settings import SettingError, combine, explicit
 
-    accepted = {**declared(SessionConfig, command), **declared(RelayOptions, command)}
-    accepted.update({name: declared(SessionConfig)[name] for name in file_also})
-    every = {*declared(SessionConfig), *declared(RelayOptions)}
-    from_file = read_file(args.config, accepted, command=command, elsewhere=every) if args.config else {}
+    from_file = config_file(args, command, file_also=file_also)
     environ = os.environ if environ is None else environ
     session = combine(SessionConfig, command, explicit(SessionConfig, args), from_file, environ)
     session.update({name: from_file[name] for name in file_also if name in from_file})
@@ -55,6 +55,32 @@ def read_settings(args: argparse.Namespace, command: str, *, file_also: Sequence
             raise SettingError("buffer", "is async mode's results per merge: only with --mode async", name="--buffer")
         session["participants"] = args.buffer
     return session, relay
+
+
+def config_file(args: argparse.Namespace, command: str, *, file_also: Sequence[str] = ()) -> dict[str, Any]:
+    """The settings in ``command``'s ``--config`` file (none without one), each checked: those of ``SessionConfig``,
+    ``RelayOptions`` and ``ServerLimits`` the command takes, and ``file_also``'s session settings."""
+    from server.relay.options import RelayOptions, ServerLimits
+    from server.session.config import SessionConfig
+    from server.session.settings import declared, read_file
+
+    if not args.config:
+        return {}
+    classes = (SessionConfig, RelayOptions, ServerLimits)
+    accepted = {name: item for cls in classes for name, item in declared(cls, command).items()}
+    accepted.update({name: declared(SessionConfig)[name] for name in file_also})
+    every = {name for cls in classes for name in declared(cls)}
+    return read_file(args.config, accepted, command=command, elsewhere=every)
+
+
+def read_limits(args: argparse.Namespace) -> ServerLimits:
+    """``serve``'s connection limits (``server.relay.options.ServerLimits``): a flag, else the ``--config`` file,
+    else the declared default. A ``SettingError`` names a bad one."""
+    from server.relay.options import ServerLimits
+    from server.session.settings import combine, explicit
+
+    values = combine(ServerLimits, "serve", explicit(ServerLimits, args), config_file(args, "serve"), os.environ)
+    return ServerLimits(**values)
 
 
 def add_sweep_options(parser: argparse.ArgumentParser) -> None:

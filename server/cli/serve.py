@@ -14,10 +14,17 @@ from pathlib import Path
 
 import uvicorn
 
-from server.cli.options import add_buffer_option, add_config_option, add_task_options, parse_sets, read_settings
+from server.cli.options import (
+    add_buffer_option,
+    add_config_option,
+    add_task_options,
+    parse_sets,
+    read_limits,
+    read_settings,
+)
 from server.paths import REPO_ROOT
 from server.relay.app import RelayPaths, create_app
-from server.relay.limits import add_limit_options, limits_from_args, raise_file_limit
+from server.relay.limits import raise_file_limit, uvicorn_settings
 from server.relay.verify import DEFAULT_VERIFY_RTOL
 from server.session.settings import add_flags
 
@@ -27,7 +34,7 @@ DESCRIPTION = ("Start (or resume) a session and the relay that serves the page, 
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from server.relay.options import RelayOptions
+    from server.relay.options import RelayOptions, ServerLimits
     from server.session.config import SessionConfig
 
     parser.add_argument("--host", default="127.0.0.1", help="interface to listen on (default 127.0.0.1)")
@@ -60,7 +67,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        "for sessions whose peers all run natively, e.g. the benches)")
     parser.add_argument("--peers", type=int, default=0, help="also start N headless Chromium peers")
     parser.add_argument("--no-session", action="store_true", help="serve the page and assets only")
-    add_limit_options(parser)  # (server.relay.limits: slow and silent clients)
+    limits = parser.add_argument_group("connection limits: slow or silent clients (server.relay.options.ServerLimits; "
+                                       "a --config file's keys)")
+    add_flags(parser, ServerLimits, "serve", groups={"": limits})
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -178,7 +187,7 @@ def run(args: argparse.Namespace, paths: RelayPaths | None = None) -> int:
             print(f"peertrain serve: {problem}", file=sys.stderr)
         return 2
     try:
-        limits = limits_from_args(args)
+        limits = read_limits(args)
     except ValueError as error:
         print(f"peertrain serve: {error}", file=sys.stderr)
         return 2
@@ -217,7 +226,7 @@ def run(args: argparse.Namespace, paths: RelayPaths | None = None) -> int:
 
     config = uvicorn.Config(create_app(paths, relay, limits), log_level=args.log_level, lifespan="on",
                             timeout_graceful_shutdown=3, ssl_certfile=args.tls_cert, ssl_keyfile=args.tls_key,
-                            **limits.uvicorn_settings(on_header_timeout))
+                            **uvicorn_settings(limits, on_header_timeout))
     try:
         uvicorn.Server(config).run(sockets=[sock])
     finally:

@@ -20,18 +20,17 @@ but enough of them would exhaust the connections ``--limit-concurrency`` allows.
   it get uvicorn's plain ``503``), ``--backlog`` (the listen queue), ``--max-head-bytes`` (a request head
   larger than this gets uvicorn's ``400``).
 
-``ServerLimits`` holds them; ``add_limit_options`` and ``limits_from_args`` are ``serve``'s options.
+``server.relay.options.ServerLimits`` declares them (``serve``'s flags, a ``--config`` file's keys, their bounds);
+this module enforces them.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import resource
 import socket
 from collections.abc import Callable
-from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
 
@@ -42,79 +41,22 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from server.relay.options import ServerLimits
 from server.relay.refusal import Refusal
 
-DEFAULT_TIMEOUT_KEEP_ALIVE = 5  # uvicorn's default: an idle keep-alive connection is closed after this
-DEFAULT_HEADER_TIMEOUT = 10.0
-DEFAULT_BODY_TIMEOUT = 60.0  # half the default lease: a result later than its lease is refused anyway
-DEFAULT_LIMIT_CONCURRENCY = 1000  # 200 peers and 200 page watchers are ~400 connections
-DEFAULT_BACKLOG = 2048  # uvicorn's default; a burst of joins beyond the listen queue waits for SYN retries
-DEFAULT_MAX_HEAD_BYTES = 16 * 1024  # h11's default
 NO_BODY_LIMIT = 64 * 1024  # the largest body when nothing says otherwise (the page and assets take none)
 FILE_DESCRIPTOR_MARGIN = 64  # descriptors beyond the connections: SQLite, the session's files, logs
 
 
-@dataclass(frozen=True, kw_only=True)
-class ServerLimits:
-    """What ``peertrain serve`` bounds; ``max_body_bytes`` None: the largest body an endpoint accepts."""
-
-    timeout_keep_alive: int = DEFAULT_TIMEOUT_KEEP_ALIVE
-    header_timeout: float = DEFAULT_HEADER_TIMEOUT
-    body_timeout: float = DEFAULT_BODY_TIMEOUT
-    max_body_bytes: int | None = None
-    limit_concurrency: int = DEFAULT_LIMIT_CONCURRENCY
-    backlog: int = DEFAULT_BACKLOG
-    max_head_bytes: int = DEFAULT_MAX_HEAD_BYTES
-
-    def uvicorn_settings(self, on_header_timeout: Callable[[], None] | None = None) -> dict[str, Any]:
-        """Keyword arguments of ``uvicorn.Config``: the limits uvicorn enforces and the protocol with the head
-        deadline (``on_header_timeout`` is called for each head refused)."""
-        # proxy_headers off: uvicorn's own default trusts X-Forwarded-For from 127.0.0.1; the app applies the same
-        # middleware with the host's explicit list (``serve --forwarded-allow-ips``) instead.
-        return {"proxy_headers": False,
-                "timeout_keep_alive": self.timeout_keep_alive, "limit_concurrency": self.limit_concurrency,
-                "backlog": self.backlog, "h11_max_incomplete_event_size": self.max_head_bytes,
-                "http": head_timeout_protocol(self.header_timeout, on_header_timeout)}
-
-
-def add_limit_options(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("connection limits (slow or silent clients)")
-    group.add_argument("--timeout-keep-alive", type=int, default=DEFAULT_TIMEOUT_KEEP_ALIVE, metavar="S",
-                       help="close an idle keep-alive connection after S seconds (default "
-                       f"{DEFAULT_TIMEOUT_KEEP_ALIVE})")
-    group.add_argument("--header-timeout", type=float, default=DEFAULT_HEADER_TIMEOUT, metavar="S",
-                       help="a connection must send a complete request head within S seconds of opening or of its "
-                       f"previous response, else it is closed (408 header_timeout; default {DEFAULT_HEADER_TIMEOUT:g})")
-    group.add_argument("--body-timeout", type=float, default=DEFAULT_BODY_TIMEOUT, metavar="S",
-                       help="a request body must arrive in full within S seconds of its head, else 408 body_timeout "
-                       f"and the connection is closed (default {DEFAULT_BODY_TIMEOUT:g}: a 2.3 MB result needs 40 "
-                       "KB/s; raise it for big models on slow links)")
-    group.add_argument("--max-body-bytes", type=int, default=None, metavar="N",
-                       help="refuse a body over N bytes with 413 too_large before reading it (default: the largest "
-                       "body an endpoint accepts, a result of this task's model)")
-    group.add_argument("--limit-concurrency", type=int, default=DEFAULT_LIMIT_CONCURRENCY, metavar="N",
-                       help="beyond N open connections or requests in flight, uvicorn answers 503 (default "
-                       f"{DEFAULT_LIMIT_CONCURRENCY}; each page holds about 2: its event stream and its worker's)")
-    group.add_argument("--backlog", type=int, default=DEFAULT_BACKLOG, metavar="N",
-                       help=f"connections waiting to be accepted (default {DEFAULT_BACKLOG})")
-    group.add_argument("--max-head-bytes", type=int, default=DEFAULT_MAX_HEAD_BYTES, metavar="N",
-                       help=f"a request head over N bytes gets 400 (default {DEFAULT_MAX_HEAD_BYTES})")
-
-
-def limits_from_args(args: argparse.Namespace) -> ServerLimits:
-    limits = ServerLimits(timeout_keep_alive=args.timeout_keep_alive, header_timeout=args.header_timeout,
-                          body_timeout=args.body_timeout, max_body_bytes=args.max_body_bytes,
-                          limit_concurrency=args.limit_concurrency, backlog=args.backlog,
-                          max_head_bytes=args.max_head_bytes)
-    for name in ("header_timeout", "body_timeout"):
-        if not getattr(limits, name) > 0:
-            raise ValueError(f"--{name.replace('_', '-')} must be a number of seconds above 0")
-    for name in ("timeout_keep_alive", "limit_concurrency", "backlog", "max_head_bytes"):
-        if getattr(limits, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be 1 or more")
-    if limits.max_body_bytes is not None and limits.max_body_bytes < 1:
-        raise ValueError("--max-body-bytes must be 1 or more")
-    return limits
+def uvicorn_settings(limits: ServerLimits, on_header_timeout: Callable[[], None] | None = None) -> dict[str, Any]:
+    """Keyword arguments of ``uvicorn.Config``: the limits uvicorn enforces and the protocol with the head deadline
+    (``on_header_timeout`` is called for each head refused)."""
+    # proxy_headers off: uvicorn's own default trusts X-Forwarded-For from 127.0.0.1; the app applies the same
+    # middleware with the host's explicit list (``serve --forwarded-allow-ips``) instead.
+    return {"proxy_headers": False,
+            "timeout_keep_alive": limits.timeout_keep_alive, "limit_concurrency": limits.limit_concurrency,
+            "backlog": limits.backlog, "h11_max_incomplete_event_size": limits.max_head_bytes,
+            "http": head_timeout_protocol(limits.header_timeout, on_header_timeout)}
 
 
 def raise_file_limit(connections: int) -> int:

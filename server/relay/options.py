@@ -1,5 +1,6 @@
 """The relay's options: what ``peertrain serve`` (and every other way of starting a relay) sets, typed, in one leaf
-module that every part of the relay reads."""
+module that every part of the relay reads: ``RelayOptions`` (the session's relay) and ``ServerLimits`` (what
+slow or silent clients may hold, which ``server.relay.limits`` enforces)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from server.browser_assets.engines import ENGINE_CHOICES
 from server.relay.coverage import DEFAULT_VERIFY_EVERY
 from server.relay.direction import DEFAULT_VERIFY_DIRECTION, PREVIOUS_STEP_SLACK
 from server.relay.verify import DEFAULT_VERIFY_ATOL, DEFAULT_VERIFY_FRACTION, DEFAULT_VERIFY_RTOL, REPLAY_WAITS
-from server.session.settings import setting
+from server.session.settings import check_fields, setting
 
 # Defaults of an open session (README, "What an open session defends against").
 DEFAULT_OUTLIER_FACTOR = 3.0
@@ -24,6 +25,13 @@ DEFAULT_KEEP_RESULTS = 1
 # checkpoints stay on disk that long. 16 rounds of arith or bytetext are a few megabytes; a patient attacker caught
 # by the default 10 % replay share has about 10 results merged before its ban, one or two a round.
 DEFAULT_UNDO_ROUNDS = 16
+# Connection limits (server.relay.limits).
+DEFAULT_TIMEOUT_KEEP_ALIVE = 5  # uvicorn's default: an idle keep-alive connection is closed after this
+DEFAULT_HEADER_TIMEOUT = 10.0
+DEFAULT_BODY_TIMEOUT = 60.0  # half the default lease: a result later than its lease is refused anyway
+DEFAULT_LIMIT_CONCURRENCY = 1000  # 200 peers and 200 page watchers are ~400 connections
+DEFAULT_BACKLOG = 2048  # uvicorn's default; a burst of joins beyond the listen queue waits for SYN retries
+DEFAULT_MAX_HEAD_BYTES = 16 * 1024  # h11's default
 
 
 SECONDS = "a number of seconds"
@@ -147,3 +155,34 @@ class RelayOptions:
         "keeps every one); older rounds keep one audit row per result (peer, unit, examples, metrics, sha256, "
         "verification), so the disk stays flat. The open round's messages are always kept (its merge, a "
         "restart, a dispute need them)", minimum=0, metavar="N", none_word="all", commands=("serve",)))
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServerLimits:
+    """What ``peertrain serve`` bounds for slow or silent clients (``server.relay.limits`` enforces it): each field
+    declares its setting, so ``serve``'s flags, a ``--config`` file's keys and the check of a value come from here,
+    as for ``RelayOptions``. They hold without a session too (``serve --no-session``)."""
+
+    timeout_keep_alive: int = field(default=DEFAULT_TIMEOUT_KEEP_ALIVE, metadata=setting(
+        help="close an idle keep-alive connection after S seconds", minimum=1, metavar="S",
+        commands=("serve",)))
+    header_timeout: float = field(default=DEFAULT_HEADER_TIMEOUT, metadata=setting(
+        help="a connection must send a complete request head within S seconds of opening or of its previous "
+        "response, else it is closed (408 header_timeout)", above=0, what=SECONDS, metavar="S", commands=("serve",)))
+    body_timeout: float = field(default=DEFAULT_BODY_TIMEOUT, metadata=setting(
+        help="a request body must arrive in full within S seconds of its head, else 408 body_timeout and the "
+        "connection is closed (a 2.3 MB result needs 40 KB/s at the default; raise it for big models on slow links)",
+        above=0, what=SECONDS, metavar="S", commands=("serve",)))
+    max_body_bytes: int | None = field(default=None, metadata=setting(
+        help="refuse a body over N bytes with 413 too_large before reading it", minimum=1, metavar="N",
+        default_text="the largest body an endpoint accepts, a result of this task's model", commands=("serve",)))
+    limit_concurrency: int = field(default=DEFAULT_LIMIT_CONCURRENCY, metadata=setting(
+        help="beyond N open connections or requests in flight, uvicorn answers 503 (each page holds about 2: its "
+        "event stream and its worker's)", minimum=1, metavar="N", commands=("serve",)))
+    backlog: int = field(default=DEFAULT_BACKLOG, metadata=setting(
+        help="connections waiting to be accepted", minimum=1, metavar="N", commands=("serve",)))
+    max_head_bytes: int = field(default=DEFAULT_MAX_HEAD_BYTES, metadata=setting(
+        help="a request head over N bytes gets 400", minimum=1, metavar="N", commands=("serve",)))
+
+    def __post_init__(self) -> None:
+        check_fields(self)  # (a programmatic ServerLimits gets the bounds the flags get)

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
+import re
 import time
 from pathlib import Path
 
@@ -20,12 +22,18 @@ import pytest
 from runtime.peer import Peer
 from server.bench.load import relay_process, run_async
 from server.cli import serve
+from server.cli.commands import build_parser
+from server.cli.options import read_limits, read_settings
 from server.relay.app import RelayPaths
-from server.relay.limits import DEFAULT_BODY_TIMEOUT, ServerLimits, limits_from_args
+from server.relay.limits import uvicorn_settings
+from server.relay.options import DEFAULT_BODY_TIMEOUT, RelayOptions, ServerLimits
+from server.session.config import SessionConfig
+from server.session.settings import SettingError, arguments, declarations, declared, markdown_table
 
 DEADLINE = 2.0  # --body-timeout and --header-timeout of the relay under test
 SLACK = 3.0  # what a loaded 2-core machine may add to a deadline
 AT_ONCE = 1.0  # "answered at once" on that machine
+REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
 def serve_parser() -> argparse.ArgumentParser:
@@ -34,18 +42,45 @@ def serve_parser() -> argparse.ArgumentParser:
     return parser
 
 
+LIMIT_FLAGS = ("--timeout-keep-alive", "--header-timeout", "--body-timeout", "--max-body-bytes",
+               "--limit-concurrency", "--backlog", "--max-head-bytes")
+
+
 def test_serve_shows_the_limits_with_their_defaults() -> None:
     parser = serve_parser()
     text = parser.format_help()
-    for option in ("--timeout-keep-alive", "--header-timeout", "--body-timeout", "--max-body-bytes",
-                   "--limit-concurrency", "--backlog", "--max-head-bytes"):
+    for option in LIMIT_FLAGS:
         assert option in text
-    limits = limits_from_args(parser.parse_args([]))
+    limits = read_limits(parser.parse_args([]))
     assert limits == ServerLimits() and limits.body_timeout == DEFAULT_BODY_TIMEOUT
-    settings = limits.uvicorn_settings()
+    settings = uvicorn_settings(limits)
     assert settings["limit_concurrency"] == limits.limit_concurrency and settings["backlog"] == limits.backlog
-    with pytest.raises(ValueError, match="--body-timeout"):
-        limits_from_args(parser.parse_args(["--body-timeout", "0"]))
+    with pytest.raises(ValueError, match="--body-timeout must be a number of seconds above 0, got 0"):
+        read_limits(parser.parse_args(["--body-timeout", "0"]))
+
+
+def test_the_limits_are_declared_once_with_the_relays_options(tmp_path: Path) -> None:
+    """The flags, a --config file's keys, the bounds and README's table all come from ``ServerLimits``."""
+    assert tuple(item.flag for item in declarations(ServerLimits)) == LIMIT_FLAGS
+    names = [set(declared(cls)) for cls in (SessionConfig, RelayOptions, ServerLimits)]
+    assert all(a.isdisjoint(b) for a, b in itertools.combinations(names, 2))  # one file namespace for all three
+    assert markdown_table(ServerLimits, ("serve",)) in (REPO_ROOT / "README.md").read_text()
+    config = tmp_path / "serve.toml"
+    config.write_text("header_timeout = 4\nbacklog = 64\nparticipants = 2\n")
+    args = serve_parser().parse_args(["--config", str(config), "--backlog", "128"])  # a flag overrides the file
+    assert read_limits(args) == ServerLimits(header_timeout=4, backlog=128)
+    assert read_settings(args, "serve", environ={}) == ({"participants": 2}, {})  # (not the relay's options)
+    config.write_text("max_head_bytes = 0\n")
+    with pytest.raises(SettingError, match=re.escape(f"{config}: max_head_bytes must be 1 or more, got 0")):
+        read_limits(serve_parser().parse_args(["--config", str(config)]))
+    with pytest.raises(SettingError, match="limit_concurrency must be 1 or more, got 0"):
+        ServerLimits(limit_concurrency=0)  # (built in code, checked as a flag is)
+    config.write_text("backlog = 64\n")
+    with pytest.raises(SettingError, match="backlog is not a setting of simulate"):
+        read_settings(build_parser().parse_args(["simulate", "--config", str(config)]), "simulate")
+    # An object says itself as serve's flags, as the harness hands RelayOptions to serve.
+    limits = ServerLimits(body_timeout=DEADLINE, max_body_bytes=4096, backlog=16)
+    assert read_limits(serve_parser().parse_args(arguments(limits, "serve"))) == limits
 
 
 async def read_answer(reader: asyncio.StreamReader) -> tuple[int, bytes, bool]:
