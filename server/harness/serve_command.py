@@ -35,17 +35,19 @@ class ServeCommand:
     fresh: bool = False  # discard a session in session_dir
     no_session: bool = False  # the page and its assets only
     force_verify: bool = False
+    port: int | None = None  # None: RelayProcess asks for a free one at the first start, the same one after
+    peers: int | None = None  # headless Chromium peers serve also starts
     tls_cert: Path | None = None
     tls_key: Path | None = None
     config_file: Path | None = None  # a TOML file of settings (the objects' flags override it)
     extra: Sequence[str] = ()  # serve's other arguments as typed: --host, --log-level, the connection limits
 
     def arguments(self) -> list[str]:
-        """The command line (after ``serve``); ``RelayProcess`` adds the port."""
+        """The command line (after ``serve``); ``RelayProcess`` puts ``--port 0`` before it: ``port`` overrides it."""
         said: list[str] = []
         for flag, value in (("--task", self.task), ("--package", self.package), ("--session-dir", self.session_dir),
-                            ("--tls-cert", self.tls_cert), ("--tls-key", self.tls_key),
-                            ("--config", self.config_file)):
+                            ("--port", self.port), ("--peers", self.peers), ("--tls-cert", self.tls_cert),
+                            ("--tls-key", self.tls_key), ("--config", self.config_file)):
             if value is not None:
                 said.append(f"{flag}={value}")
         said += [f"--set={key}={set_text(value)}" for key, value in self.task_settings.items()]

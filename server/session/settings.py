@@ -315,8 +315,9 @@ def arguments(instance: Any, command: str = "serve") -> list[str]:
     field. Each is ``--flag=VALUE`` (a value may start with a dash). A value the command cannot be given (a field
     it has no flag for, None without a flag or a word for it) is a ``SettingError``. The environment is left out:
     a field with an ``env`` left at its default can still be set by that variable where the command runs."""
+    cls: type = type(instance)
     said: list[str] = []
-    for item in declarations(type(instance)):
+    for item in declarations(cls):
         value = getattr(instance, item.name)
         if item.default is not dataclasses.MISSING and is_default(instance, item, command):
             continue

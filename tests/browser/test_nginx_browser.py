@@ -45,8 +45,7 @@ def relay_behind_proxy(tmp_path: Path, *, options: RelayOptions | None = None, s
     127.0.0.1; ``options``: the relay's others (default: the tests' admin token)."""
     options = replace(options or RelayOptions(admin_token=ADMIN_TOKEN), forwarded_allow_ips="127.0.0.1")
     serve = ServeCommand(task="arith", task_settings=settings or ARITH_SETTINGS, session_dir=tmp_path / "s",
-                         config=SessionConfig(participants=k, passes=1), options=options,
-                         extra=("--port", str(free_port())))
+                         config=SessionConfig(participants=k, passes=1), options=options, port=free_port())
     relay = RelayProcess(serve, log=ARTIFACTS / f"relay-{tmp_path.name}.log")
     relay.start()
     return relay

@@ -59,12 +59,12 @@ def wait_for_units(page: Page, count: int, *, timeout_s: float) -> int:
 
 def test_peer_rejoins_a_new_session_with_its_join_code(page: Page, tmp_path: Path) -> None:
     session_dir = tmp_path / "session"
-    port = str(free_port())
+    port = free_port()
 
     def session(passes: int, *, fresh: bool = False) -> ServeCommand:
         return ServeCommand(task=TASK, task_settings=SETTINGS, session_dir=session_dir, fresh=fresh,
                             config=SessionConfig(participants=2, passes=passes),
-                            options=relay_options(min_peers=1, join_code=JOIN_CODE), extra=("--port", port))
+                            options=relay_options(min_peers=1, join_code=JOIN_CODE), port=port)
 
     # The first session is long (40 rounds), so it is still running when its relay is stopped.
     relay, url = start_relay(session(20), log_name="relay-rejoin-1.log")

@@ -113,8 +113,8 @@ def test_relay_killed_mid_round_resumes_and_finishes(browser: Browser, tmp_path:
         relay.wait(timeout=10)
         peer_ids = {page.evaluate("window.peertrain.peerId") for page in pages}
 
-        port = str(urlsplit(url).port)
-        relay, again = start_relay(replace(serve, extra=("--port", port)), log_name="relay-kill-2.log")
+        port = urlsplit(url).port
+        relay, again = start_relay(replace(serve, port=port), log_name="relay-kill-2.log")
         assert again == url
         final = wait_for_status(url, lambda s: s["done"], timeout_s=180, what="the resumed session to finish",
                                 pages=pages, relay=relay)

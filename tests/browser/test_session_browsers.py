@@ -157,7 +157,7 @@ def test_serve_with_two_headless_peers_learns_cartpole(tmp_path: Path) -> None:
     session_dir = tmp_path / "session"
     relay, url = start_relay(ServeCommand(task="cartpole", task_settings=CARTPOLE_SETTINGS, session_dir=session_dir,
                                           config=SessionConfig(participants=2, passes=1), options=relay_options(),
-                                          extra=("--peers", "2")),
+                                          peers=2),
                              log_name="relay-cartpole-2.log")
     log_path = ARTIFACTS / "relay-cartpole-2.log"
     try:

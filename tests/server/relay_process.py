@@ -51,7 +51,7 @@ class Relayd(RelayProcess):
                  options: RelayOptions | None = None) -> None:
         super().__init__(ServeCommand(task="majority_task:MajorityTask", task_settings=SMALL_SETTINGS,
                                       session_dir=session_dir, config=config, options=options or relayd_options(),
-                                      extra=("--port", str(port))), log=log, examples=True)
+                                      port=port), log=log, examples=True)
         self.url = f"http://127.0.0.1:{port}"
 
 

@@ -27,13 +27,15 @@ def test_serve_reads_back_every_part_of_the_command(tmp_path: Path) -> None:
                 "path": str(tmp_path / "a b.csv")}
     command = ServeCommand(task="arith", task_settings=settings, package=tmp_path / "package",
                            session_dir=tmp_path / "session", config=config, options=options, fresh=True,
-                           force_verify=True, tls_cert=tmp_path / "cert.pem", tls_key=tmp_path / "key.pem",
+                           force_verify=True, port=8123, peers=2, tls_cert=tmp_path / "cert.pem",
+                           tls_key=tmp_path / "key.pem",
                            config_file=tmp_path / "session.toml", extra=("--log-level", "info"))
     args = parsed(command.arguments())
     assert (args.task, args.package, args.session_dir, args.tls_cert, args.tls_key, args.config) == (
         "arith", tmp_path / "package", tmp_path / "session", tmp_path / "cert.pem", tmp_path / "key.pem",
         tmp_path / "session.toml")
     assert args.fresh and args.force_verify and not args.no_session and args.log_level == "info"
+    assert (args.port, args.peers) == (8123, 2)
     assert parse_sets(args.sets) == settings  # (the text "3" stays text, True a boolean)
     args.config = None  # (the file does not exist: its reading is test_settings.py's)
     session, relay = read_settings(args, "serve", environ={})
