@@ -1,13 +1,13 @@
 """Attacker peers for ``peertrain bench attacks``: the poisoned uploads' maths, and native peers that drive one
 session of a real relay over HTTP.
 
-Every peer, honest or not, speaks the documented API through ``server.relay.client.RelayClient`` over its own
-``httpx.Client`` (its own client address, sent in ``PROXY_HEADER`` for a relay started with ``--forwarded-allow-ips
-127.0.0.1``): join, ask for work, fetch the global weights (again when a job names others, as after a ban's undo) and
-the unit's chunk, train (``attack_training``: the code a browser's worker runs, natively or on the browser's own
-engine) and upload the wire message. An
-attacker trains honestly too and then replaces its upload (``poisoned``); everything else it does is honest. Nothing
-here is a flag of the product: the relay sees clients and nothing else.
+Every peer, honest or not, is the one Python peer (``server.harness.peer.RelayPeer``) over its own ``httpx.Client``
+(its own client address, sent in ``PROXY_HEADER`` for a relay started with ``--forwarded-allow-ips 127.0.0.1``),
+driven step by step in lock-step passes: join, ask for work, fetch the global weights (again when a job names others,
+as after a ban's undo) and the unit's chunk; the pass's units train at once (``attack_training``: the code a
+browser's worker runs, natively or on the browser's own engine); every peer uploads. An attacker trains honestly too
+and then its hooks (``Attacker``) replace its upload (``poisoned``); everything else it does is honest. Nothing here
+is a flag of the product: the relay sees clients and nothing else.
 
 The uploads (g: the round's global weights, w: the attacker's honestly trained weights, u = w - g):
 
@@ -32,21 +32,22 @@ was first refused with 401/403 (``Observed.peers``), for the bench's verificatio
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from statistics import NormalDist
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import numpy as np
 
 from runtime import wire
 from runtime.codec import Codec
-from server.bench.attack_training import Trainer, peer_engine
-from server.relay.client import Credentials, RelayClient, RelayRefusal, checked, join_call
+from runtime.protocol import Done, Job, Wait, WorkAnswer
+from server.bench.attack_training import Trainer, bench_trainer, peer_engine
+from server.harness.peer import Fetched, PeerHooks, Refused, RelayPeer, RetryPolicy, Steps, SyncTransport, WeightsFrom
+from server.relay.client import RelayClient
 
 UPLOAD_ATTACKS = ("noise_claim", "flip", "free_rider", "scaled", "little_is_enough", "inner_product")
 ATTACKS = (*UPLOAD_ATTACKS, "sybil")
@@ -62,6 +63,7 @@ SYBIL_ADDRESS = "10.66.0.1"
 JOIN_RETRIES = 5  # an honest peer refused with 429 waits Retry-After (at most MAX_RETRY_AFTER) and tries again
 MAX_RETRY_AFTER = 5.0
 MAX_PASSES = 20_000  # passes over the peers in one run (each pass makes at least one request)
+T = TypeVar("T")
 
 
 # ---------------------------------------------------------------- the uploads' maths
@@ -111,32 +113,37 @@ def little_is_enough(global_weights: np.ndarray, colluders: Sequence[np.ndarray]
     return (global_weights.astype(np.float64) + updates.mean(axis=0) - z * updates.std(axis=0)).astype(np.float32)
 
 
-def result_weights(message: bytes, global_weights: np.ndarray, job: dict[str, Any]) -> tuple[wire.WireHeader,
-                                                                                              np.ndarray]:
+def codec_of(job: Job) -> Codec | None:
+    """The codec a job's results travel in (None: float32 weights)."""
+    return Codec.from_json(job.codec) if job.codec else None
+
+
+def result_weights(message: bytes, global_weights: np.ndarray, codec: Codec | None = None) -> tuple[wire.WireHeader,
+                                                                                                 np.ndarray]:
     """A result message of either kind as (header, the weights it stands for): a session with a codec gets
     updates (``runtime.codec``), which the attacker decodes against the weights it was handed, as the relay does."""
     if not wire.is_update(message):
         return wire.decode(message)
-    return wire.result_weights(message, global_weights, codec=Codec.from_json(job["codec"]))
+    return wire.result_weights(message, global_weights, codec=codec if codec is not None else Codec())
 
 
-def as_upload(vector: np.ndarray, header: wire.WireHeader, global_weights: np.ndarray, job: dict[str, Any]) -> bytes:
+def as_upload(vector: np.ndarray, header: wire.WireHeader, global_weights: np.ndarray, codec: Codec | None = None,
+              seed: int = 0) -> bytes:
     """``vector`` as the upload the session takes: float32 weights, or the update from the weights handed out in the
-    job's codec (seeded by the unit, as an honest peer encodes: a poisoned update goes through the same quantizer)."""
-    if not job.get("codec"):
+    session's ``codec`` (seeded by the unit's ``seed``, as an honest peer encodes: a poisoned update goes through the
+    same quantizer)."""
+    if codec is None or not codec.compresses:
         return wire.encode(vector, header)
-    codec = Codec.from_json(job["codec"])
     step = (np.asarray(vector, dtype=np.float32) - global_weights).astype(np.float32)
-    return wire.encode_update(codec.encode(step, int(job["unit_seed"])), header, codec,
-                              wire.weights_digest(global_weights))
+    return wire.encode_update(codec.encode(step, seed), header, codec, wire.weights_digest(global_weights))
 
 
 def poisoned(attack: str, message: bytes, global_weights: np.ndarray, *, rng: np.random.Generator,
-             colluders: Sequence[np.ndarray] = (), z: float = 1.0, job: dict[str, Any] | None = None) -> bytes:
+             colluders: Sequence[np.ndarray] = (), z: float = 1.0, codec: Codec | None = None, seed: int = 0) -> bytes:
     """The upload that replaces the honest result ``message``: the same header (round, slot, metrics), new
-    weights; ``noise_claim`` also claims CLAIMED_EXAMPLES examples. ``job``: the assignment (its codec, if any)."""
-    job = job or {}
-    header, honest = result_weights(message, global_weights, job)
+    weights; ``noise_claim`` also claims CLAIMED_EXAMPLES examples. ``codec``, ``seed``: the session's codec (None:
+    float32 weights) and the unit's seed."""
+    header, honest = result_weights(message, global_weights, codec)
     if attack == "noise_claim":
         header = dataclasses.replace(header, num_examples=CLAIMED_EXAMPLES)
         vector = noise(global_weights, rng)
@@ -152,7 +159,7 @@ def poisoned(attack: str, message: bytes, global_weights: np.ndarray, *, rng: np
         vector = inner_product(global_weights, honest)
     else:
         raise ValueError(f"unknown attack {attack!r}; known: {', '.join(UPLOAD_ATTACKS)}")
-    return as_upload(vector, header, global_weights, job)
+    return as_upload(vector, header, global_weights, codec, seed)
 
 
 # ---------------------------------------------------------------- one session driven over HTTP
@@ -203,58 +210,77 @@ class Observed:
         return sum(n for key, n in self.uploads.items() if key.split(" ")[0] == role)
 
 
-class BenchPeer:
-    """A native peer with its own client address; ``role`` is "honest", an attack, or "sybil"; ``upload`` the
-    attack its uploads carry (None: honest uploads)."""
+@dataclass
+class Attacker:
+    """An attacker's hooks: it sees its honest result (and shares it with its colluders) before any of them uploads,
+    then uploads ``attack``'s poisoned result instead, after ``honest_first`` honest uploads."""
 
-    def __init__(self, url: str, address: str, role: str, timeout_s: float) -> None:
+    attack: str
+    colluders: dict[int, list[np.ndarray]]  # round -> the honest weights of every attacker of the run, shared
+    trainer: Trainer
+    rng: np.random.Generator  # the run's generator (the noise of each upload is drawn in the order of the uploads)
+    z: float
+    honest_first: int
+    uploaded: int = 0
+    handed: bytes = b""  # the weights message its last honest result was trained from
+
+    def saw(self, job: Job, weights: bytes, honest: bytes) -> None:
+        self.handed = weights
+        global_weights = self.trainer.global_weights(weights)
+        self.colluders.setdefault(job.round, []).append(result_weights(honest, global_weights, codec_of(job))[1])
+
+    def upload(self, job: Job, honest: bytes) -> bytes:
+        self.uploaded += 1
+        if self.uploaded <= self.honest_first:
+            return honest
+        return poisoned(self.attack, honest, self.trainer.global_weights(self.handed), rng=self.rng,
+                        colluders=self.colluders[job.round], z=self.z, codec=codec_of(job), seed=job.unit_seed)
+
+    def hooks(self) -> PeerHooks:
+        return PeerHooks(upload=self.upload, honest_result=self.saw)
+
+
+class BenchPeer:
+    """A native peer (``server.harness.peer.RelayPeer``, driven step by step) with its own client address; ``role`` is
+    "honest", an attack, or "sybil"; ``hooks`` (an attacker's) replace its uploads. It fetches the relay's current
+    weights (``GET /api/weights``) when a job names others than those it holds, as the bench's peers always have."""
+
+    def __init__(self, url: str, address: str, role: str, timeout_s: float, *, join_tries: int,
+                 hooks: PeerHooks | None = None) -> None:
         self.role, self.address = role, address
-        self.upload = SYBIL_UPLOAD if role == "sybil" else role if role in UPLOAD_ATTACKS else None
         limits = httpx.Limits(max_connections=2, max_keepalive_connections=2, keepalive_expiry=2.0)
-        self.http = httpx.Client(base_url=url, headers={PROXY_HEADER: address}, timeout=timeout_s, limits=limits)
-        self.relay = RelayClient(self.http)
-        self.uploaded = 0
-        self.message: bytes = b""
-        self.digest = ""
-        self.round: int | None = None
-        self.named: str | None = None  # the weights digest its job named when it fetched them
-        self.active = True
+        self.transport = SyncTransport(httpx.Client(base_url=url, headers={PROXY_HEADER: address}, timeout=timeout_s,
+                                                    limits=limits))
+        self.protocol = RelayPeer(hooks=hooks, retry=RetryPolicy(retry_5xx=False), weights_from=WeightsFrom.CURRENT,
+                                  join_tries=join_tries, retry_after_cap_s=MAX_RETRY_AFTER)
+        self.admitted = False
         self.refused_round: int | None = None  # the round it last knew of when first refused as banned (or 401)
 
-    def refused(self, refusal: RelayRefusal) -> None:
-        """A ban or a revoked token (401) ends the peer, noted with the round it knew of (a 403 ``not_leased``, as for a
-        result whose lease a ban's undo took back, does not: an honest page moves on to its next unit)."""
-        if refusal.code == "banned" or refusal.status == 401:
-            self.active = False
+    @property
+    def peer_id(self) -> str | None:
+        return self.protocol.peer_id
+
+    @property
+    def active(self) -> bool:
+        """Admitted, and not told to stop (a ban)."""
+        return self.admitted and self.protocol.stopped is None
+
+    def run(self, steps: Steps[T]) -> T:
+        return self.transport.run(steps)
+
+    def note(self, refusal: Refused) -> None:
+        """A ban or a revoked token (401) is noted with the round the peer knew of (that of the weights it holds)."""
         if (refusal.code == "banned" or refusal.status == 401) and self.refused_round is None:
-            self.refused_round = self.round if self.round is not None else 0
+            self.refused_round = self.protocol.held_round if self.protocol.held_round is not None else 0
 
     def close(self) -> None:
-        self.http.close()
+        self.transport.close()
 
-    def join(self, retry: bool) -> str:
-        """"admitted" or "refused.<code>"; a peer that retries waits what a 429's Retry-After says."""
-        for attempt in range(JOIN_RETRIES if retry else 1):
-            response = self.relay.send(join_call())
-            if response.status_code < 400:
-                body = response.json()
-                self.relay.credentials = Credentials(body["peer_id"], body["token"])
-                return "admitted"
-            code = "http_error"
-            try:
-                checked(response)
-            except RelayRefusal as refusal:
-                code = refusal.code
-            if response.status_code != 429 or attempt == JOIN_RETRIES - 1 or not retry:
-                return f"refused.{code}"
-            time.sleep(min(MAX_RETRY_AFTER, float(response.headers.get("retry-after", "1") or 1)))
-        return "refused.retries"
-
-    def weights(self, job: dict[str, Any]) -> None:
-        if (self.round, self.named) != (job["round"], job.get("weights_digest")):
-            self.message = self.relay.weights()
-            self.digest = hashlib.sha256(self.message).hexdigest()
-            self.round, self.named = wire.decode(self.message)[0].round, job.get("weights_digest")
+    def join(self) -> str:
+        """"admitted" or "refused.<code>" (a peer that retries waits what a 429's Retry-After says)."""
+        joined = self.run(self.protocol.sign_in())
+        self.admitted = not isinstance(joined, Refused)
+        return f"refused.{joined.code}" if isinstance(joined, Refused) else "admitted"
 
 
 def drive(spec: RunSpec, trainers: dict[str, Trainer], workers: int = 1) -> tuple[dict[str, Any], Observed]:
@@ -268,28 +294,32 @@ def drive(spec: RunSpec, trainers: dict[str, Trainer], workers: int = 1) -> tupl
     if spec.attack in UPLOAD_ATTACKS:
         for index in rng.choice(spec.k, size=spec.attackers, replace=False):
             roles[int(index)] = spec.attack
-    peers = [BenchPeer(spec.url, f"10.0.{i // 250}.{i % 250 + 1}", role, spec.request_timeout_s)
-             for i, role in enumerate(roles)]
     observer = RelayClient(httpx.Client(base_url=spec.url, timeout=spec.request_timeout_s))
+    peers: list[BenchPeer] = []
     sybils: list[BenchPeer] = []
     try:
-        for peer in peers:
-            outcome = peer.join(retry=True)
-            observed.joins[f"{peer.role} {outcome}"] += 1
-            peer.active = outcome == "admitted"
-        if spec.attack == "sybil":
-            for _ in range(spec.sybil_joins):
-                sybil = BenchPeer(spec.url, SYBIL_ADDRESS, "sybil", spec.request_timeout_s)
-                outcome = sybil.join(retry=False)
-                observed.joins[f"sybil {outcome}"] += 1
-                sybil.active = outcome == "admitted"
-                sybils.append(sybil)
-        everyone = sybils + peers  # the order peers ask in is shuffled on every pass
         info = observer.task()
         engine = peer_engine(info, spec.replay_engine)
         if f"{info['fingerprint']} {engine}" not in trainers:
-            trainers[f"{info['fingerprint']} {engine}"] = Trainer(info, workers, engine)
+            trainers[f"{info['fingerprint']} {engine}"] = bench_trainer(info, workers, engine)
         trainer = trainers[f"{info['fingerprint']} {engine}"]
+        colluders: dict[int, list[np.ndarray]] = {}  # round -> the attackers' honest weights (little_is_enough)
+        z = spec.z if spec.z is not None else paper_z(spec.k, spec.attackers)
+
+        def hooks(role: str) -> PeerHooks | None:
+            attack = SYBIL_UPLOAD if role == "sybil" else role if role in UPLOAD_ATTACKS else None
+            return Attacker(attack, colluders, trainer, rng, z, spec.honest_first).hooks() if attack else None
+
+        for i, role in enumerate(roles):
+            peers.append(BenchPeer(spec.url, f"10.0.{i // 250}.{i % 250 + 1}", role, spec.request_timeout_s,
+                                   join_tries=JOIN_RETRIES, hooks=hooks(role)))
+            observed.joins[f"{role} {peers[-1].join()}"] += 1
+        if spec.attack == "sybil":
+            for _ in range(spec.sybil_joins):
+                sybils.append(BenchPeer(spec.url, SYBIL_ADDRESS, "sybil", spec.request_timeout_s, join_tries=1,
+                                        hooks=hooks("sybil")))
+                observed.joins[f"sybil {sybils[-1].join()}"] += 1
+        everyone = sybils + peers  # the order peers ask in is shuffled on every pass
         trained, reused = trainer.trained, trainer.reused
         clock = time.perf_counter()
         rounds_of_work(spec, everyone, trainer, observed, rng, deadline)
@@ -315,25 +345,25 @@ def peer_listing(peers: Sequence[BenchPeer], listing: Sequence[dict[str, Any]]) 
     by_id = {str(entry.get("peer_id")): entry for entry in listing}
     out = []
     for peer in peers:
-        if peer.relay.credentials is None:
+        if peer.peer_id is None:
             continue  # its join was refused
-        entry = by_id.get(peer.relay.credentials.peer_id, {})
-        out.append({"role": peer.role, "peer_id": peer.relay.credentials.peer_id,
+        entry = by_id.get(peer.peer_id, {})
+        out.append({"role": peer.role, "peer_id": peer.peer_id,
                     "banned": entry.get("banned") if entry else None, "ban_reason": entry.get("ban_reason"),
                     "banned_at": entry.get("banned_at"), "refused_round": peer.refused_round})
     return out
 
 
-def ask(peer: BenchPeer, observed: Observed, hold: float | None = None) -> dict[str, Any]:
-    try:
-        return peer.relay.work(hold)
-    except RelayRefusal as refusal:
-        observed.uploads[f"{peer.role} work_refused.{refusal.code}"] += 1
-        peer.refused(refusal)
-        return {"wait": 0.0}
+def ask(peer: BenchPeer, observed: Observed, hold: float | None = None) -> WorkAnswer:
+    answer = peer.run(peer.protocol.ask(hold))
+    if isinstance(answer, Refused):
+        observed.uploads[f"{peer.role} work_refused.{answer.code}"] += 1
+        peer.note(answer)
+        return Wait(0.0, answer.code)
+    return answer
 
 
-def poll(everyone: list[BenchPeer], batch: dict[int, tuple[BenchPeer, dict[str, Any]]], observed: Observed,
+def poll(everyone: list[BenchPeer], batch: dict[int, tuple[BenchPeer, Job]], observed: Observed,
          rng: np.random.Generator) -> bool:
     """Every active peer not yet in ``batch`` asks once, in a shuffled order (who asks first gets a slot first);
     assignments go into ``batch``. True when the relay says the session is done."""
@@ -341,25 +371,25 @@ def poll(everyone: list[BenchPeer], batch: dict[int, tuple[BenchPeer, dict[str, 
     for index in rng.permutation(len(waiting)):
         peer = waiting[int(index)]
         job = ask(peer, observed)
-        if job.get("done"):
+        if isinstance(job, Done):
             return True
-        if "slot" in job:
+        if isinstance(job, Job):
             batch[id(peer)] = (peer, job)
     return False
 
 
 def rounds_of_work(spec: RunSpec, everyone: list[BenchPeer], trainer: Trainer, observed: Observed,
                    rng: np.random.Generator, deadline: float) -> None:
-    """Each pass: every active peer asks for work; those given an assignment train, the attackers replace
-    their uploads, all upload in a shuffled order. With no work to hand out, one peer's held request waits
-    for the next round (what a browser's worker does), which also times the relay's work between rounds."""
-    colluders: dict[int, list[np.ndarray]] = {}  # round -> the attackers' honest weights (little_is_enough)
+    """Each pass: every active peer asks for work; those given an assignment fetch it, the pass's units train at once
+    on ``trainer`` (the attackers see each other's honest results), all upload in a shuffled order (the attackers'
+    hooks replace theirs). With no work to hand out, one peer's held request waits for the next round (what a
+    browser's worker does), which also times the relay's work between rounds."""
     last_upload, last_round = None, -1
     for _ in range(MAX_PASSES):  # every pass makes requests; the deadline ends a stuck run first
         if time.monotonic() > deadline:
             observed.stalled = True
             return
-        batch: dict[int, tuple[BenchPeer, dict[str, Any]]] = {}
+        batch: dict[int, tuple[BenchPeer, Job]] = {}
         clock = time.perf_counter()
         if poll(everyone, batch, observed, rng):
             return
@@ -371,53 +401,42 @@ def rounds_of_work(spec: RunSpec, everyone: list[BenchPeer], trainer: Trainer, o
                 return
             job = ask(holder, observed, min(spec.hold_s, max(0.0, deadline - time.monotonic())))
             clock = observed.spent("hold", clock)
-            if job.get("done"):
+            if isinstance(job, Done):
                 return
-            if "slot" not in job:
+            if not isinstance(job, Job):
                 continue
-            if last_upload is not None and job["round"] > last_round:
+            if last_upload is not None and job.round > last_round:
                 observed.round_seconds.append(time.perf_counter() - last_upload)
             batch[id(holder)] = (holder, job)
             if poll(everyone, batch, observed, rng):  # the others take the new round's other slots
                 return
             clock = observed.spent("ask", clock)
-        fetched = []
+        fetched: list[tuple[BenchPeer, Job, Fetched]] = []
         for peer, job in batch.values():
-            try:
-                peer.weights(job)
-                unit = peer.relay.unit(job["unit_index"]) if job.get("kind", "data") == "data" else None
-            except RelayRefusal as refusal:  # banned meanwhile (a replay of an earlier result), or the lease lost
-                observed.uploads[f"{peer.role} fetch_refused.{refusal.code}"] += 1
-                peer.refused(refusal)
+            got = peer.run(peer.protocol.fetch(job))
+            if isinstance(got, Refused):  # banned meanwhile (a replay of an earlier result), or the lease lost
+                observed.uploads[f"{peer.role} fetch_refused.{got.code}"] += 1
+                peer.note(got)
                 continue
-            fetched.append((peer, job, unit))
+            fetched.append((peer, job, got))
         clock = observed.spent("fetch", clock)
-        messages = trainer.train_all([(peer.message, peer.digest, job, unit) for peer, job, unit in fetched])
+        messages = trainer.train_all([(job, got.weights, got.unit) for _, job, got in fetched])
         clock = observed.spent("train", clock)
         uploads = []
-        for (peer, job, _), message in zip(fetched, messages, strict=True):
+        for (peer, job, got), message in zip(fetched, messages, strict=True):
             if message is None:  # (a job whose round an undo took back while its weights were fetched: dropped)
                 observed.uploads[f"{peer.role} stale_job"] += 1
                 continue
-            if peer.upload is not None:
-                handed = trainer.global_weights(peer.message, peer.digest)
-                colluders.setdefault(job["round"], []).append(result_weights(message, handed, job)[1])
-            uploads.append((peer, job, message))
+            uploads.append((peer, job, peer.protocol.trained(job, got, message)))
         for index in rng.permutation(len(uploads)):
-            peer, job, message = uploads[int(index)]
-            if peer.upload is not None and peer.uploaded >= spec.honest_first:
-                global_weights = trainer.global_weights(peer.message, peer.digest)
-                z = spec.z if spec.z is not None else paper_z(spec.k, spec.attackers)
-                message = poisoned(peer.upload, message, global_weights, rng=rng, colluders=colluders[job["round"]],
-                                   z=z, job=job)
-            peer.uploaded += 1
-            try:
-                peer.relay.result(job["round"], job["slot"], message)
+            peer, job, result = uploads[int(index)]
+            receipt = peer.run(peer.protocol.upload(job, result))
+            if isinstance(receipt, Refused):
+                observed.uploads[f"{peer.role} refused.{receipt.code}"] += 1
+                if receipt.code == "banned":
+                    peer.note(receipt)
+            else:
                 observed.uploads[f"{peer.role} accepted"] += 1
-            except RelayRefusal as refusal:
-                observed.uploads[f"{peer.role} refused.{refusal.code}"] += 1
-                if refusal.code == "banned":
-                    peer.refused(refusal)
-            last_upload, last_round = time.perf_counter(), max(last_round, job["round"])
+            last_upload, last_round = time.perf_counter(), max(last_round, job.round)
         observed.spent("upload", clock)
     observed.stalled = True

@@ -41,8 +41,7 @@ class Poisoner:
                 response = RelayClient(http).send(
                     weights_call(), headers={"Authorization": request.all_headers().get("authorization", "")})
             global_header, global_weights = wire.decode(response.content)
-            job = {"codec": self.codec.to_json(), "unit_seed": 0} if self.codec is not None else {}
-            header, result = result_weights(body, global_weights, job)
+            header, result = result_weights(body, global_weights, self.codec)
         except Exception as error:  # noqa: BLE001 (the page must not hang on a failed interception)
             self.passed.append(f"{type(error).__name__}: {error}")
             route.continue_()
@@ -52,7 +51,7 @@ class Poisoner:
             route.continue_()
             return
         self.poisoned.append((header.round, int(header.meta.get("slot", -1))))
-        route.continue_(post_data=as_upload(self.poison(global_weights, result), header, global_weights, job))
+        route.continue_(post_data=as_upload(self.poison(global_weights, result), header, global_weights, self.codec))
 
 
 def open_pages(browser: Browser, url: str, count: int, poisoner: Poisoner, pages: list[Page],

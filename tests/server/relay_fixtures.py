@@ -186,8 +186,9 @@ def flipped(peer: HttpPeer, job: dict[str, Any], relay: Relay) -> bytes:
     from server.bench.attack_peers import as_upload, result_weights
 
     g = relay.session.weights
-    header, trained = result_weights(peer.train(job), g, job)
-    return as_upload((g - 2 * (trained - g)).astype(np.float32), header, g, job)
+    codec = relay.session.config.result_codec
+    header, trained = result_weights(peer.train(job), g, codec)
+    return as_upload((g - 2 * (trained - g)).astype(np.float32), header, g, codec, job["unit_seed"])
 
 
 def replay(package: Package, config: SessionConfig, results: list[StoredResult]) -> Session:

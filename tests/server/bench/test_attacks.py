@@ -152,10 +152,11 @@ def test_poisoned_keeps_the_header_and_claims_only_for_noise_claim() -> None:
         poisoned("sybil", honest, G, rng=np.random.default_rng(0))
     # An int8 session: the attacker decodes its honest update and sends the poisoned one in int8 against the weights
     # it was handed, as the relay reads results; it stands for the flip up to one int8 step per entry.
-    job = {"codec": Codec("int8").to_json(), "unit_seed": 5}
-    update = as_upload(W, header, G, job)
-    assert wire.is_update(update) and np.allclose(result_weights(update, G, job)[1], W, atol=4 / 127)
-    out_header, vector = result_weights(poisoned("flip", update, G, rng=np.random.default_rng(0), job=job), G, job)
+    codec = Codec("int8")
+    update = as_upload(W, header, G, codec, seed=5)
+    assert wire.is_update(update) and np.allclose(result_weights(update, G, codec)[1], W, atol=4 / 127)
+    out_header, vector = result_weights(poisoned("flip", update, G, rng=np.random.default_rng(0), codec=codec, seed=5),
+                                        G, codec)
     assert out_header.meta == header.meta and np.allclose(vector, [-1.0, 6.0, -1.0, -0.5], atol=8 / 127)
 
 
@@ -292,8 +293,7 @@ def test_verification_columns_from_a_peer_listing_and_history() -> None:
 
 
 def test_peer_listing_matches_the_relay_listing_to_the_bench_roles() -> None:
-    peer = lambda role, pid, seen=None: SimpleNamespace(  # noqa: E731
-        role=role, refused_round=seen, relay=SimpleNamespace(credentials=SimpleNamespace(peer_id=pid) if pid else None))
+    peer = lambda role, pid, seen=None: SimpleNamespace(role=role, refused_round=seen, peer_id=pid)  # noqa: E731
     listing = [{"peer_id": "a", "banned": False, "ban_reason": None, "banned_at": None},
                {"peer_id": "b", "banned": True, "ban_reason": "replay", "banned_at": 12.5}]
     out = peer_listing([peer("honest", "a"), peer("flip", "b", 3), peer("flip", None), peer("honest", "c")],

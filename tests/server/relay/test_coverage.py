@@ -125,8 +125,9 @@ def test_a_restart_replays_each_peers_next_result_so_the_bound_holds_across_it(p
 def inner_product_upload(peer: HttpPeer, job: dict[str, Any], relay: Relay) -> bytes:
     """``global - 0.5 x update``, sent as the session takes results."""
     base = relay.session.weights
-    header, trained = result_weights(peer.train(job), base, job)
-    return as_upload(inner_product(base, trained), header, base, job)
+    codec = relay.session.config.result_codec
+    header, trained = result_weights(peer.train(job), base, codec)
+    return as_upload(inner_product(base, trained), header, base, codec, job["unit_seed"])
 
 
 @pytest.mark.parametrize("arrives", ["last", "first"])

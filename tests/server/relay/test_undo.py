@@ -17,6 +17,7 @@ import pytest
 from relay_fixtures import HttpPeer, make_relay, serving, session_status, wait_for_round, wait_until
 
 from runtime import wire
+from runtime.codec import Codec
 from runtime.tasks import UnitResult
 from server.bench.attack_peers import as_upload, result_weights
 from server.relay.client import work_call
@@ -57,8 +58,9 @@ def upload(peer: HttpPeer, job: dict[str, Any], trained_from: dict[Key, np.ndarr
     base = peer.peer.weights.copy()
     trained_from[(job["round"], job["slot"])] = base
     if poison:
-        header, trained = result_weights(body, base, job)
-        body = as_upload((base - 0.5 * (trained - base)).astype(np.float32), header, base, job)
+        codec = Codec.from_json(job["codec"]) if job.get("codec") else None
+        header, trained = result_weights(body, base, codec)
+        body = as_upload((base - 0.5 * (trained - base)).astype(np.float32), header, base, codec, job["unit_seed"])
     response = peer.upload(job["round"], job["slot"], body)
     assert response.status_code == 200, response.text
 

@@ -60,8 +60,9 @@ def test_the_sampled_share_is_seeded_and_near_its_fraction() -> None:
 def poisoned(peer: HttpPeer, job: dict, attack: str, relay: Relay) -> bytes:
     """The attack's upload, sent as the session takes results (weights, or an update in the session's codec)."""
     base = relay.session.weights
-    header, trained = result_weights(peer.train(job), base, job)
-    return as_upload(ATTACKS[attack](base, trained, np.random.default_rng(0)), header, base, job)
+    codec = relay.session.config.result_codec
+    header, trained = result_weights(peer.train(job), base, codec)
+    return as_upload(ATTACKS[attack](base, trained, np.random.default_rng(0)), header, base, codec, job["unit_seed"])
 
 
 @pytest.mark.parametrize("codec", ["none", "int8"])
