@@ -37,7 +37,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from statistics import NormalDist
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 import numpy as np
@@ -63,7 +63,6 @@ SYBIL_ADDRESS = "10.66.0.1"
 JOIN_RETRIES = 5  # an honest peer refused with 429 waits Retry-After (at most MAX_RETRY_AFTER) and tries again
 MAX_RETRY_AFTER = 5.0
 MAX_PASSES = 20_000  # passes over the peers in one run (each pass makes at least one request)
-T = TypeVar("T")
 
 
 # ---------------------------------------------------------------- the uploads' maths
@@ -265,7 +264,7 @@ class BenchPeer:
         """Admitted, and not told to stop (a ban)."""
         return self.admitted and self.protocol.stopped is None
 
-    def run(self, steps: Steps[T]) -> T:
+    def run[T](self, steps: Steps[T]) -> T:
         return self.transport.run(steps)
 
     def note(self, refusal: Refused) -> None:

@@ -29,6 +29,7 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import math
 import shutil
 import statistics
 import tempfile
@@ -41,9 +42,11 @@ import httpx
 import numpy as np
 
 from runtime import wire
+from runtime.protocol import Done, Job
 from server.browser.launcher import relay_process
 from server.browser_assets import engines
-from server.relay.client import AsyncRelayClient, result_call, status_call, unit_call, weights_call, work_call
+from server.harness.peer import AsyncTransport, Refused, RelayPeer, Result, Trainer, WeightsFrom
+from server.relay.client import AsyncRelayClient, RelayRefusal, status_call
 from server.session.package import Package, build_package
 
 ADMIN = "bench-relay"
@@ -132,27 +135,35 @@ def serve_arguments(package: Path, session_dir: Path, k: int, passes: int,
 
 @dataclass
 class SimPeer:
-    relay: AsyncRelayClient  # this peer's credentials over the bench's shared connection pool
+    """One peer of the bench (``server.harness.peer.RelayPeer``, stepped on the bench's shared connection pool), which
+    fetches the relay's current weights each round and uploads them plus its fixed perturbation."""
+
+    protocol: RelayPeer
     perturbation: np.ndarray
     weights: np.ndarray | None = None
-    weights_round: int | None = None
 
 
-async def ask_for_work(peer: SimPeer) -> tuple[dict[str, Any], float]:
+def steps_of[T](answer: T | Refused) -> T:
+    """A step's outcome; the bench's peers are never refused (any refusal fails the run)."""
+    if isinstance(answer, Refused):
+        raise RelayRefusal(answer.status, answer.code, answer.message)
+    return answer
+
+
+async def ask_for_work(transport: AsyncTransport, peer: SimPeer) -> tuple[Job, float]:
     """The next assignment and when it arrived; the request is held until a round has work for this peer."""
     while True:
-        job = await peer.relay.call(work_call(HOLD_SECONDS))
-        if "slot" in job:
-            return dict(job), time.perf_counter()
-        if job.get("done"):
-            raise RuntimeError(f"the session ended early: {job}")
-        await asyncio.sleep(float(job.get("wait", POLL_SECONDS)))
+        answer = steps_of(await transport.run(peer.protocol.ask(HOLD_SECONDS)))
+        if isinstance(answer, Job):
+            return answer, time.perf_counter()
+        if isinstance(answer, Done):
+            raise RuntimeError(f"the session ended early: {answer}")
+        await transport.run(peer.protocol.wait(answer))
 
 
-async def fetch_weights(peer: SimPeer, round_index: int) -> float:
-    header, vector = wire.decode(await peer.relay.call(weights_call()))
-    peer.weights, peer.weights_round = vector, header.round
-    assert header.round == round_index, (header.round, round_index)
+async def fetch_weights(transport: AsyncTransport, peer: SimPeer, job: Job) -> float:
+    header, peer.weights = wire.decode(steps_of(await transport.run(peer.protocol.weights(job))))
+    assert header.round == job.round, (header.round, job.round)
     return time.perf_counter()
 
 
@@ -162,16 +173,16 @@ def fake_result(peer: SimPeer, header: wire.WireHeader) -> bytes:
     return wire.encode(peer.weights + peer.perturbation, header)
 
 
-async def upload(peer: SimPeer, job: dict[str, Any], body: bytes) -> tuple[float, float, int]:
+async def upload(transport: AsyncTransport, peer: SimPeer, job: Job, body: bytes) -> tuple[float, float, int]:
     started = time.perf_counter()
-    await peer.relay.call(result_call(job["round"], job["slot"], body))  # a refusal raises RelayRefusal
+    steps_of(await transport.run(peer.protocol.upload(job, Result(body, honest=False))))
     return started, time.perf_counter(), len(body)
 
 
-async def upload_and_ask(peer: SimPeer, job: dict[str, Any], body: bytes,
-                         ) -> tuple[tuple[float, float, int], tuple[dict[str, Any], float]]:
-    uploaded = await upload(peer, job, body)
-    return uploaded, await ask_for_work(peer)
+async def upload_and_ask(transport: AsyncTransport, peer: SimPeer, job: Job, body: bytes,
+                         ) -> tuple[tuple[float, float, int], tuple[Job, float]]:
+    uploaded = await upload(transport, peer, job, body)
+    return uploaded, await ask_for_work(transport, peer)
 
 
 async def wait_for_round(relay: AsyncRelayClient, round_index: int, *, samples: bool = False) -> dict[str, Any]:
@@ -184,76 +195,72 @@ async def wait_for_round(relay: AsyncRelayClient, round_index: int, *, samples: 
         await asyncio.sleep(POLL_SECONDS)
 
 
-def unit_key(job: dict[str, Any]) -> tuple[Any, ...]:
-    """What a unit's result is a function of (the weights, the unit, its seed)."""
-    return job.get("weights_digest"), job["round"], job["unit_index"], job["unit_seed"]
-
-
-async def trained_results(peers: list[SimPeer], jobs: list[dict[str, Any]], trainer: Trainer,
+async def trained_results(transport: AsyncTransport, peers: list[SimPeer], jobs: list[Job], training: Training,
                           handed_out: float) -> list[bytes]:
     """Each job trained for real, on the relay's replay engine (``--verify-fraction``: a host replay must find the
-    same weights), one after another; or, where ``trainer`` holds every result of the round from the first session,
-    those results when ``trainer.unit_seconds`` after the hand-out have passed: k peers training in parallel."""
-    if trainer.unit_seconds is not None and all(unit_key(job) in trainer.results for job in jobs):
-        await asyncio.sleep(max(0.0, handed_out + trainer.unit_seconds - time.perf_counter()))
-        trainer.timed_rounds += 1
-        return [trainer.results[unit_key(job)] for job in jobs]
-    weights = await peers[0].relay.call(weights_call())
+    same weights), one after another; or, where ``training`` keeps every result of the round from the first session,
+    those results when ``training.unit_seconds`` after the hand-out have passed: k peers training in parallel."""
+    trainer = training.trainer
+    kept = [trainer.kept(job, peer.protocol.weights_message) for peer, job in zip(peers, jobs, strict=True)]
+    if training.unit_seconds is not None and all(body is not None for body in kept):
+        await asyncio.sleep(max(0.0, handed_out + training.unit_seconds - time.perf_counter()))
+        training.timed_rounds += 1
+        return [body for body in kept if body is not None]
     out = []
     for peer, job in zip(peers, jobs, strict=True):
-        unit = await peer.relay.call(unit_call(job["unit_index"]))
-        body = trainer.engine.train(trainer.task_info, job, weights, unit)
-        trainer.results[unit_key(job)] = body
-        out.append(body)
+        fetched = steps_of(await transport.run(peer.protocol.fetch(job)))
+        out.append(trainer.train(job, fetched.weights, fetched.unit))
     return out
 
 
 @dataclass
-class Trainer:
+class Training:
     """The simulated peers' training where results are replayed: the browser's engine (Pyodide under Node) where it
     runs, as the relay's replays, else native. The first session trains every unit one after another (the replays
     then have k units' time to catch up) and keeps the results; the session is deterministic (the same package,
     seed and results give the same rounds), so a second one uploads them ``unit_seconds`` (a browser unit's time)
     after each hand-out, as k browsers training at once would, while this machine's cores are the relay's alone."""
 
-    engine: engines.Engine
-    task_info: dict[str, Any]
-    results: dict[tuple[Any, ...], bytes] = field(default_factory=dict)
+    trainer: Trainer
     unit_seconds: float | None = None  # None: train (the first session)
     timed_rounds: int = 0  # rounds of the second session uploaded on the browser's clock
 
     @classmethod
-    def for_package(cls, package: Package) -> Trainer:
-        engine = engines.make_engine("native" if engines.pyodide_missing() else "pyodide")
-        return cls(engine, package.task_description())
+    def for_package(cls, package: Package) -> Training:
+        engine = "native" if engines.pyodide_missing() else "pyodide"
+        return cls(Trainer(package.task_description(), engine=engine))
 
 
 async def drive(url: str, package: Package, k: int, rounds: int, perturbation: float,
-                figures: KFigures, trainer: Trainer | None = None) -> None:
+                figures: KFigures, training: Training | None = None) -> None:
     # Idle connections are dropped here before uvicorn's 5 s keep-alive closes them: a request sent on a
     # connection the server is closing at that moment fails with ReadError.
     limits = httpx.Limits(max_connections=k + 4, max_keepalive_connections=k + 4, keepalive_expiry=2.0)
     async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
         rng = np.random.default_rng(0)
+        transport = AsyncTransport(client)
         observer = AsyncRelayClient(client)
         peers = []
         for _ in range(k):
-            relay = AsyncRelayClient(client)
-            await relay.join()
-            peers.append(SimPeer(relay, (rng.standard_normal(package.spec.size) * perturbation).astype(np.float32)))
-        asked = await asyncio.gather(*(ask_for_work(peer) for peer in peers))
+            peer = SimPeer(RelayPeer(weights_from=WeightsFrom.CURRENT, wait_cap_s=math.inf),
+                           (rng.standard_normal(package.spec.size) * perturbation).astype(np.float32))
+            steps_of(await transport.run(peer.protocol.sign_in()))
+            peers.append(peer)
+        asked = await asyncio.gather(*(ask_for_work(transport, peer) for peer in peers))
         available = max(at for _, at in asked)
         for round_index in range(rounds):
             jobs = [job for job, _ in asked]
-            fetched = await asyncio.gather(*(fetch_weights(peer, round_index) for peer in peers))
+            assert all(job.round == round_index for job in jobs), [job.round for job in jobs]
+            fetched = await asyncio.gather(*(fetch_weights(transport, peer, job)
+                                             for peer, job in zip(peers, jobs, strict=True)))
             fan_out = max(fetched) - available
             header = wire.WireHeader(spec=package.spec, round=round_index, fingerprint=package.fingerprint,
                                      num_examples=1000, metrics={"train_loss": 1.0})
             # Before the clock: the peers' own work.
-            bodies = await trained_results(peers, jobs, trainer, available) if trainer is not None else [
-                fake_result(peer, header) for peer in peers]
+            bodies = await trained_results(transport, peers, jobs, training, available) if training is not None \
+                else [fake_result(peer, header) for peer in peers]
             # Each peer asks for its next unit as soon as its upload is answered, as the page's worker does.
-            done = await asyncio.gather(*(upload_and_ask(peer, job, body)
+            done = await asyncio.gather(*(upload_and_ask(transport, peer, job, body)
                                           for peer, job, body in zip(peers, jobs, bodies, strict=True)))
             uploads, asked = [pair[0] for pair in done], [pair[1] for pair in done]
             last_end = max(end for _, end, _ in uploads)
@@ -274,18 +281,18 @@ async def drive(url: str, package: Package, k: int, rounds: int, perturbation: f
             print(f"  k={k} round {round_index}: relay {available - last_end:.2f} s (merge {seconds['merge']:.3f}, "
                   f"validate {seconds['validate']:.2f}), fan-out {fan_out:.2f} s, samples after "
                   f"{sampled - available:.2f} s" + (f", {figures.rounds[-1].replayed} replayed, the merge waited "
-                  f"{figures.rounds[-1].replay_wait:.2f} s for them" if trainer is not None else ""), flush=True)
+                  f"{figures.rounds[-1].replay_wait:.2f} s for them" if training is not None else ""), flush=True)
             available = sampled  # the fan-out of the next round starts when the bench lets it
 
 
 def one_session(package: Package, k: int, passes: int, args: argparse.Namespace, work: Path, figures: KFigures,
-                trainer: Trainer | None) -> None:
+                training: Training | None) -> None:
     session = work / f"session-k{k}"
     shutil.rmtree(session, ignore_errors=True)
     with relay_process(*serve_arguments(package.path, session, k, passes, args.verify_fraction, args.replay_workers),
                        log_path=work / f"serve-k{k}.log") as url:
         print(f"k={k}: relay at {url}, {package.data.num_units} units, {passes} passes", flush=True)
-        asyncio.run(drive(url.rstrip("/"), package, k, args.rounds, args.perturbation, figures, trainer))
+        asyncio.run(drive(url.rstrip("/"), package, k, args.rounds, args.perturbation, figures, training))
     shutil.rmtree(session, ignore_errors=True)  # k x 2.3 MB of results per round
 
 
@@ -320,6 +327,7 @@ def training_seconds(package: Package) -> float:
 BROWSER_UNIT = """
 import json, time
 from pyodide.http import pyfetch
+from runtime.protocol import Job
 from runtime.worker import build_peer
 
 async def get(path, **options):
@@ -331,12 +339,12 @@ async def get(path, **options):
 joined = await (await get("/api/join", method="POST", body="{}")).json()
 auth = {"Authorization": f"Bearer {joined['peer_id']}:{joined['token']}"}
 peer = build_peer(json.dumps(await (await get("/api/task")).json()))
-job = await (await get("/api/work", method="POST", headers=auth)).json()
+job = Job.from_json(await (await get("/api/work", method="POST", headers=auth)).json())
 peer.set_weights(await (await get("/api/weights", headers=auth)).bytes())
-chunk = await (await get(f"/api/unit/{job['unit_index']}", headers=auth)).bytes()
+chunk = await (await get(f"/api/unit/{job.unit_index}", headers=auth)).bytes()
 started = time.perf_counter()
-peer.train(json.dumps(job), chunk)
-json.dumps({"seconds": time.perf_counter() - started, "unit": job["unit_index"]})
+peer.train(job.dumps(), chunk)
+json.dumps({"seconds": time.perf_counter() - started, "unit": job.unit_index})
 """
 
 
@@ -391,18 +399,18 @@ def run(args: argparse.Namespace) -> int:
             figures = KFigures(k=k, units=chunks, message_mb=len(wire.encode(package.initial_weights, wire.WireHeader(
                 spec=package.spec, round=0, fingerprint=package.fingerprint, num_examples=1000))) / 1e6,
                 check_seconds=check_seconds(package))
-            trainer = Trainer.for_package(package) if args.verify_fraction is not None else None
-            if trainer is not None:  # the first session trains the results; the second is timed with them
+            training = Training.for_package(package) if args.verify_fraction is not None else None
+            if training is not None:  # the first session trains the results; the second is timed with them
                 trained = dataclasses.replace(figures, rounds=[])
                 print(f"k={k}: a first session trains every unit, one after another", flush=True)
-                one_session(package, k, passes, args, work, trained, trainer)
-                trainer.engine.close()
-                trainer.unit_seconds = browser or train
+                one_session(package, k, passes, args, work, trained, training)
+                training.trainer.close()
+                training.unit_seconds = browser or train
                 print(f"k={k}: the same session again, each round's results uploaded "
-                      f"{trainer.unit_seconds or 0:.2f} s (a browser unit) after the hand-out", flush=True)
-            one_session(package, k, passes, args, work, figures, trainer)
-            if trainer is not None and trainer.timed_rounds < len(figures.rounds):
-                print(f"WARNING: {len(figures.rounds) - trainer.timed_rounds} rounds of the timed session were "
+                      f"{training.unit_seconds or 0:.2f} s (a browser unit) after the hand-out", flush=True)
+            one_session(package, k, passes, args, work, figures, training)
+            if training is not None and training.timed_rounds < len(figures.rounds):
+                print(f"WARNING: {len(figures.rounds) - training.timed_rounds} rounds of the timed session were "
                       "trained again (the session did not repeat the first): their replays had k units' time")
             results.append(figures)
     finally:

@@ -232,6 +232,10 @@ class RelayPeer:
         answer = yield from self.call(work_call(hold))
         return answer if isinstance(answer, Refused) else work_answer_from_json(answer)
 
+    def wait(self, answer: Wait) -> Steps[None]:
+        """What a ``Wait`` says: ask again after its seconds (at most ``wait_cap_s``)."""
+        yield from self.pause(min(answer.wait, self.wait_cap_s))
+
     def weights(self, job: Job) -> Steps[bytes | Refused]:
         """The weights message the job names, fetched when the one held is other weights. A peer with its own
         runtime asks for the chain of steps from the weights it holds (``runtime.deltas``): ``weights_message`` is
@@ -359,7 +363,7 @@ class RelayPeer:
         if isinstance(answer, Done):
             return "done"
         if isinstance(answer, Wait):
-            yield from self.pause(min(answer.wait, self.wait_cap_s))
+            yield from self.wait(answer)
             return None
         if isinstance(answer, Refused):
             if answer.action is PeerAction.CONTINUE:  # (a request the relay will refuse again: not in a hot loop)
