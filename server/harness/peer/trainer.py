@@ -66,7 +66,7 @@ class _Engine:
 
     def train(self, job: Job, message: bytes, digest: str, unit: bytes | None) -> bytes:
         if isinstance(self.trainer, engines.PyodideEngine):  # (it is handed the weights with every job)
-            return self.trainer.train(self.task_info, job.to_json(), message, unit)
+            return self.trainer.train(self.task_info, job, message, unit)
         if self.held != digest:
             self.trainer.set_weights(message)
             self.held = digest
