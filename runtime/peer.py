@@ -59,6 +59,7 @@ class Peer:
         self.last_metrics_json = "{}"
         self.local: LocalData | None = LocalData(self.task) if self.task.kind == "local" else None
         self.feedback = ErrorFeedback(self.spec.size)  # what topk dropped so far (runtime.codec)
+        self.keeps_residual = False  # the last unit's codec carries what it dropped into the next (error feedback)
         self.local_privacy: tuple[float, float] | None = None  # the volunteer's own DP: (noise multiplier, clip)
 
     def set_local_privacy(self, noise_multiplier: float, clip: float) -> None:
@@ -117,6 +118,7 @@ class Peer:
                                        **({"local_dp": {"noise_multiplier": self.local_privacy[0],
                                                         "clip": self.local_privacy[1]}} if self.local_privacy else {})})
         codec = Codec.from_json(job.codec) if job.codec else Codec()
+        self.keeps_residual = codec.needs_error_feedback
         if not codec.compresses:
             return wire.encode(result.weights, header)
         # The update against the weights handed out, in the session's codec (seeded by the unit: a replay or a

@@ -10,7 +10,8 @@ Python source of its own; what it holds between calls is the ``WorkerPeer`` that
     WorkerPeer.choose_device    (async) cpu | webgpu | auto -> the choice as JSON
     WorkerPeer.set_weights      the round's weights message, or a chain of steps from the weights held -> its round
     WorkerPeer.weights_sha      the digest of the weights held (a job's weights_digest names the ones it needs)
-    WorkerPeer.residual, WorkerPeer.restore_residual   topk's error-feedback residual out to IndexedDB and back
+    WorkerPeer.residual, WorkerPeer.restore_residual   a codec's error-feedback residual out to IndexedDB and back
+    WorkerPeer.keeps_residual                           whether the last unit's codec keeps one
     WorkerPeer.train            one job -> (result message, metrics as JSON)
     WorkerPeer.respond          global weights + a visitor's prompt -> the task's answer as JSON
     WorkerPeer.add_local_file   local tasks: a chosen file's name and bytes -> its report as JSON
@@ -86,6 +87,11 @@ class WorkerPeer:
     def set_weights(self, message: object) -> int:
         """Keep the round's global weights (a weights message or a chain of steps); returns their round."""
         return self.peer.set_weights(message)
+
+    @property
+    def keeps_residual(self) -> bool:
+        """Whether the last unit's codec keeps an error-feedback residual (the page then saves ``residual``)."""
+        return self.peer.keeps_residual
 
     def residual(self) -> bytes:
         """The error-feedback residual (what topk dropped so far) as float32 bytes: the page keeps it in IndexedDB,

@@ -95,6 +95,12 @@ def test_one_job_from_task_json_and_messages(package: Package) -> None:
     with pytest.raises(TaskError, match="assignment is for round 1"):
         peer.train(dataclasses.replace(job, round=1).dumps(), package.chunk_bytes(assignment.unit_index))
 
+    # Whether the page saves the error-feedback residual is the codec's to say (the page names no codec).
+    assert not peer.keeps_residual
+    for codec, keeps in (({"name": "topk", "block": 256, "fraction": 0.1}, True), ({"name": "int8"}, False)):
+        peer.train(dataclasses.replace(job, codec=codec).dumps(), package.chunk_bytes(assignment.unit_index))
+        assert peer.keeps_residual is keeps
+
 
 def test_a_session_through_the_relay_api(package: Package, tmp_path: Path) -> None:
     """Two worker peers talk to an in-process relay as the browser's worker does; the session completes with

@@ -142,7 +142,7 @@ const permanent = (error) => error.status >= 400 && error.status < 500 && error.
 
 // The task and its Python peer for the relay's current session (built again when a new session trains
 // another task; a local task's peer gets the chosen files again).
-// topk's error-feedback residual survives a reload: kept in IndexedDB per task package (its fingerprint).
+// A codec's error-feedback residual (topk's) survives a reload: kept in IndexedDB per task package (its fingerprint).
 function residuals(mode, use) {
   return new Promise((resolve, reject) => {
     const opening = indexedDB.open("peertrain", 1);
@@ -308,7 +308,7 @@ async function trainLoop(joinCode, device) {
       try {
         await api(`/api/result?round=${job.round}&slot=${job.slot}`, { method: "POST", body: result });
         report("uploaded", { job, metrics, seconds, sent: result.byteLength, received, heapBytes: heapBytes() });
-        if (job.codec && job.codec.name === "topk") {
+        if (prepared.peer.keeps_residual) { // (the codec carries what it dropped into the next update)
           const residual = prepared.peer.residual();
           await saveResidual(prepared.taskInfo.fingerprint, residual.toJs()).catch((error) =>
             report("log", { level: "error", message: `could not keep the residual: ${error}` }));
