@@ -1,7 +1,8 @@
 """What a ``peertrain serve`` child is started with, typed: the session's settings (``SessionConfig``), the relay's
-(``RelayOptions``), the task or the package, the session's folder, and serve's own switches. ``arguments()`` is
-its command line, derived from the declarations (``server.session.settings.arguments``: only what differs from
-serve's defaults), so a bench or a test builds objects and never spells a setting's flag.
+(``RelayOptions``) and its connection limits (``ServerLimits``), the task or the package, the session's folder, and
+serve's own switches. ``arguments()`` is its command line, derived from the declarations
+(``server.session.settings.arguments``: only what differs from serve's defaults), so a bench or a test builds
+objects and never spells a setting's flag.
 
 Flags rather than a ``--config`` file written for the child: they need no file beside the session, a caller's own
 ``--config`` still composes with them, and the command in a log says what the relay was given.
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from server.relay.options import RelayOptions
+from server.relay.options import RelayOptions, ServerLimits
 from server.session.config import SessionConfig
 from server.session.settings import arguments
 
@@ -32,6 +33,7 @@ class ServeCommand:
     session_dir: Path | None = None
     config: SessionConfig | None = None
     options: RelayOptions | None = None
+    limits: ServerLimits | None = None  # None: serve's connection limits
     fresh: bool = False  # discard a session in session_dir
     no_session: bool = False  # the page and its assets only
     force_verify: bool = False
@@ -40,7 +42,7 @@ class ServeCommand:
     tls_cert: Path | None = None
     tls_key: Path | None = None
     config_file: Path | None = None  # a TOML file of settings (the objects' flags override it)
-    extra: Sequence[str] = ()  # serve's other arguments as typed: --host, --log-level, the connection limits
+    extra: Sequence[str] = ()  # serve's other arguments as typed: --host, --log-level
 
     def arguments(self) -> list[str]:
         """The command line (after ``serve``); ``RelayProcess`` puts ``--port 0`` before it: ``port`` overrides it."""
@@ -53,10 +55,9 @@ class ServeCommand:
         said += [f"--set={key}={set_text(value)}" for key, value in self.task_settings.items()]
         said += [flag for flag, on in (("--fresh", self.fresh), ("--no-session", self.no_session),
                                        ("--force-verify", self.force_verify)) if on]
-        if self.config is not None:
-            said += arguments(self.config, "serve")
-        if self.options is not None:
-            said += arguments(self.options, "serve")
+        for settings in (self.config, self.options, self.limits):
+            if settings is not None:
+                said += arguments(settings, "serve")
         return [*said, *self.extra]
 
 

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from server.cli.options import parse_sets, read_settings
+from server.cli.options import parse_sets, read_limits, read_settings
 from server.cli.serve import add_arguments
 from server.harness.serve_command import ServeCommand, set_text
-from server.relay.options import RelayOptions
+from server.relay.options import RelayOptions, ServerLimits
 from server.session.config import SessionConfig
 
 
@@ -23,10 +23,11 @@ def parsed(arguments: list[str]) -> argparse.Namespace:
 def test_serve_reads_back_every_part_of_the_command(tmp_path: Path) -> None:
     config = SessionConfig(participants=2, passes=4, mode="async", codec="int8")
     options = RelayOptions(admin_token="t", backup_after=None, keep_results=None)
+    limits = ServerLimits(body_timeout=2.5, max_body_bytes=10**6)
     settings = {"units": 2, "tokenizer": "char", "lr": 0.03, "flag": True, "name": "3", "items": [1, 2],
                 "path": str(tmp_path / "a b.csv")}
     command = ServeCommand(task="arith", task_settings=settings, package=tmp_path / "package",
-                           session_dir=tmp_path / "session", config=config, options=options, fresh=True,
+                           session_dir=tmp_path / "session", config=config, options=options, limits=limits, fresh=True,
                            force_verify=True, port=8123, peers=2, tls_cert=tmp_path / "cert.pem",
                            tls_key=tmp_path / "key.pem",
                            config_file=tmp_path / "session.toml", extra=("--log-level", "info"))
@@ -39,7 +40,7 @@ def test_serve_reads_back_every_part_of_the_command(tmp_path: Path) -> None:
     assert parse_sets(args.sets) == settings  # (the text "3" stays text, True a boolean)
     args.config = None  # (the file does not exist: its reading is test_settings.py's)
     session, relay = read_settings(args, "serve", environ={})
-    assert (SessionConfig(**session), RelayOptions(**relay)) == (config, options)
+    assert (SessionConfig(**session), RelayOptions(**relay), read_limits(args)) == (config, options, limits)
 
 
 def test_no_objects_no_flags() -> None:

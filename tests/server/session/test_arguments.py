@@ -1,6 +1,6 @@
 """``server.session.settings.arguments``: a settings object back to the flags that build it again. For every
-declared field of ``SessionConfig`` and ``RelayOptions``, a value other than serve's default goes through the flags
-and serve's own parser and comes back the same object."""
+declared field of ``SessionConfig``, ``RelayOptions`` and ``ServerLimits``, a value other than serve's default goes
+through the flags and serve's own parser and comes back the same object."""
 
 from __future__ import annotations
 
@@ -11,21 +11,22 @@ from typing import Any
 
 import pytest
 
-from server.cli.options import read_settings
+from server.cli.options import read_limits, read_settings
 from server.cli.serve import add_arguments
-from server.relay.options import RelayOptions
+from server.relay.options import RelayOptions, ServerLimits
 from server.session.config import SessionConfig
 from server.session.settings import Declared, SettingError, arguments, check, declarations, setting
 
 ADMIN = "-a token that starts with a dash"  # (said as --admin-token=..., so argparse reads it as a value)
 
 
-def served(flags: list[str]) -> tuple[SessionConfig, RelayOptions]:
+def served(flags: list[str]) -> tuple[SessionConfig, RelayOptions, ServerLimits]:
     """What ``peertrain serve`` builds from ``flags`` (its parser, its reading of flags; no file, no environment)."""
     parser = argparse.ArgumentParser()
     add_arguments(parser)
-    config_values, relay_values = read_settings(parser.parse_args(flags), "serve", environ={})
-    return SessionConfig(**config_values), RelayOptions(**relay_values)
+    args = parser.parse_args(flags)
+    config_values, relay_values = read_settings(args, "serve", environ={})
+    return SessionConfig(**config_values), RelayOptions(**relay_values), read_limits(args)
 
 
 def other_values(item: Declared) -> list[Any]:
@@ -55,7 +56,8 @@ def other_values(item: Declared) -> list[Any]:
 BASE_CONFIG = SessionConfig(participants=3)  # serve's defaults
 BASE_OPTIONS = RelayOptions(admin_token=ADMIN)
 DP_BASE = SessionConfig(participants=3, dp_noise_multiplier=1.1, aggregate="mean")  # (dp_* need noise, and the mean)
-CASES = [(cls, item.name, value) for cls in (SessionConfig, RelayOptions) for item in declarations(cls)
+BASE_LIMITS = ServerLimits()
+CASES = [(cls, item.name, value) for cls in (SessionConfig, RelayOptions, ServerLimits) for item in declarations(cls)
          for value in other_values(item)]
 
 
@@ -65,11 +67,13 @@ def test_every_setting_round_trips_through_serves_parser(cls: type, name: str, v
         base = DP_BASE if name.startswith("dp_") else BASE_CONFIG
         if name == "aggregate_config":
             base = dataclasses.replace(base, aggregate="trimmed_mean")
-        config, options = dataclasses.replace(base, **{name: value}), BASE_OPTIONS
+        config, options, limits = dataclasses.replace(base, **{name: value}), BASE_OPTIONS, BASE_LIMITS
+    elif cls is RelayOptions:
+        config, options, limits = BASE_CONFIG, dataclasses.replace(BASE_OPTIONS, **{name: value}), BASE_LIMITS
     else:
-        config, options = BASE_CONFIG, dataclasses.replace(BASE_OPTIONS, **{name: value})
-    flags = [*arguments(config), *arguments(options)]
-    assert served(flags) == (config, options), flags
+        config, options, limits = BASE_CONFIG, BASE_OPTIONS, dataclasses.replace(BASE_LIMITS, **{name: value})
+    flags = [*arguments(config), *arguments(options), *arguments(limits)]
+    assert served(flags) == (config, options, limits), flags
 
 
 def test_only_what_differs_from_serves_defaults_is_said() -> None:
@@ -80,7 +84,8 @@ def test_only_what_differs_from_serves_defaults_is_said() -> None:
     assert arguments(SessionConfig(participants=3, aggregate="mean")) == ["--aggregate=mean"]
     assert arguments(RelayOptions(admin_token="t", backup_after=None, keep_results=None, verify_direction=-0.5)) == [
         "--admin-token=t", "--verify-direction=-0.5", "--no-backups", "--keep-results=all"]
-    assert served(["--admin-token=t"]) == (SessionConfig(participants=3), RelayOptions(admin_token="t"))
+    assert arguments(ServerLimits()) == []
+    assert served(["--admin-token=t"]) == (SessionConfig(participants=3), RelayOptions(admin_token="t"), ServerLimits())
 
 
 @dataclass(kw_only=True)
