@@ -62,6 +62,7 @@ from typing import Any
 import httpx
 
 from server.bench.load_clients import (
+    KEEP,
     Crowd,
     LoadSettings,
     Recorder,
@@ -193,7 +194,7 @@ async def drive(relay: RelayProcess, settings: LoadSettings) -> LoadFigures:
         task_info = (await client.get("/api/task")).json()
         hold = float(task_info["limits"]["hold_seconds"])
         recorder = Recorder()
-        crowd = Crowd(client, Trainer(task_info), recorder, settings, hold, asyncio.Event(), host, port)
+        crowd = Crowd(client, Trainer(task_info, keep=KEEP), recorder, settings, hold, asyncio.Event(), host, port)
 
         # The anchor: one peer alone on the relay (``--min-peers 1``), no compute time.
         await sim_peer(crowd, -1, anchor_units=settings.anchor_units)

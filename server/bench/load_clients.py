@@ -1,7 +1,8 @@
 """``peertrain bench load``'s clients, all on one asyncio loop: simulated peers, slow and silent clients, page watchers.
 
-``sim_peer`` does what the page's worker does over httpx (``Crowd.client``, one shared pool); the slow clients and
-the watchers speak raw HTTP/1.1 over asyncio streams (a trickle or a half-sent head cannot be made with httpx, and
+``sim_peer`` does what the page's worker does: the one Python peer (``server.harness.peer.RelayPeer``) stepped on
+the crowd's shared pool (``Crowd.transport``), with a timer for its compute; the slow clients' uploads and the
+watchers speak raw HTTP/1.1 over asyncio streams (a trickle or a half-sent head cannot be made with httpx, and
 200 event streams are cheaper read as bytes). Everything timed goes to the ``Recorder``.
 """
 
@@ -20,12 +21,29 @@ from typing import Any
 
 import httpx
 
-from runtime.peer import Peer
-from server.relay.client import AsyncRelayClient, Credentials, result_call, unit_call, weights_call
+from runtime.protocol import Done, Job
+from server.harness.peer import (
+    AsyncTransport,
+    Exchange,
+    PeerHooks,
+    Refused,
+    RelayPeer,
+    Result,
+    Retention,
+    RetryPolicy,
+    Trainer,
+    Unanswered,
+    WeightsFrom,
+)
+from server.relay.client import Call, result_call
 from server.relay.options import DEFAULT_BODY_TIMEOUT, DEFAULT_HEADER_TIMEOUT
 
 LAG_PROBE_SECONDS = 0.1
 ROUND_RE = re.compile(rb'"round": (\d+), "num_rounds"')  # the session's round, first in the status
+KINDS = (("/api/join", "join"), ("/api/weights", "weights"), ("/api/unit/", "unit"), ("/api/result", "result"))
+RETRY = RetryPolicy(resend=1_000_000, retry_5xx=False, first_delay_s=1.0, max_delay_s=1.0)  # until the run stops
+JOIN_TRIES = 10
+KEEP = Retention(rounds=2)  # a backup copies a unit of the open round (or the one just merged): older ones go
 
 
 @dataclass(frozen=True)
@@ -91,41 +109,33 @@ class Recorder:
             code = response.text[:40].strip()
         self.answers[f"{response.status_code} {code}"] += 1
 
-    def time(self, kind: str, started: float) -> None:
-        self.latencies[kind].append((started - self.started, time.perf_counter() - started))
+    def exchange(self, exchange: Exchange) -> None:
+        """A simulated peer's request (``PeerHooks.on_exchange``): its answer, timed under its kind (``kind_of``)."""
+        if exchange.response is None:
+            self.answers[f"transport {type(exchange.error).__name__}"] += 1
+            return
+        kind = kind_of(exchange.call)
+        if kind is not None:
+            self.latencies[kind].append((exchange.started - self.started, exchange.seconds))
+        self.answer(exchange.response)
+
+
+def kind_of(call: Call) -> str | None:
+    """Which latency a peer's request is timed under; a held poll is not timed (it waits for a round by design)."""
+    if call.path.startswith("/api/work"):
+        return "work" if call.path == "/api/work" else None
+    return next((kind for prefix, kind in KINDS if call.path.startswith(prefix)), None)
 
 
 # ---------------------------------------------------------------- simulated peers
 
 
-class Trainer:
-    """Trains each (round, unit) once with the runtime a browser runs and keeps the result: a backup of that unit
-    trains the same unit from the same weights, which gives these bytes."""
-
-    def __init__(self, task_info: dict[str, Any]) -> None:
-        self.peer = Peer(task_info)
-        self.results: dict[tuple[int, int], bytes] = {}
-
-    def result(self, job: dict[str, Any], weights: bytes, unit: bytes, recorder: Recorder) -> bytes:
-        key = (int(job["round"]), int(job["unit_index"]))
-        if key in self.results:
-            recorder.trained_cache_hits += 1
-            return self.results[key]
-        if self.peer.weights_round != job["weights_round"]:
-            self.peer.set_weights(weights)
-        body = self.peer.train(job, unit)
-        recorder.units_trained += 1
-        self.results = {k: v for k, v in self.results.items() if k[0] >= key[0] - 1}  # (older rounds are merged)
-        self.results[key] = body
-        return body
-
-
 @dataclass
 class Crowd:
-    """What every simulated client shares."""
+    """What every simulated client shares: one connection pool (``transport``), one ``trainer``, the ``recorder``."""
 
     client: httpx.AsyncClient
-    trainer: Trainer
+    trainer: Trainer  # trains each unit once from its weights: a backup of that unit gets these bytes
     recorder: Recorder
     settings: LoadSettings
     hold: float
@@ -133,6 +143,17 @@ class Crowd:
     host: str
     port: int
     slow: asyncio.Event = field(default_factory=asyncio.Event)  # set while the slow clients run
+    transport: AsyncTransport = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.transport = AsyncTransport(self.client, self.stop)
+
+    def peer(self) -> RelayPeer:
+        """A simulated page's peer: the weights of every unit downloaded (``GET /api/weights?round=V``: each unit costs
+        the relay a download), a request that got no answer sent again a second later until the run stops."""
+        return RelayPeer(hooks=PeerHooks(on_exchange=self.recorder.exchange, stop=self.stop.is_set), retry=RETRY,
+                         trainer=self.trainer, weights_from=WeightsFrom.ROUND, reuse_weights=False,
+                         wait_cap_s=math.inf, join_tries=JOIN_TRIES)
 
     async def sleep(self, seconds: float) -> bool:
         """Sleep, or return early (False) when the run stops."""
@@ -143,97 +164,66 @@ class Crowd:
         return False
 
 
-async def request(crowd: Crowd, relay: AsyncRelayClient, method: str, path: str, kind: str | None = None,
-                  **kwargs: Any) -> httpx.Response | None:
-    """One request, timed under ``kind``; None after a transport error (counted)."""
-    headers = relay.credentials.headers if relay.credentials else {}
-    started = time.perf_counter()
-    try:
-        response = await crowd.client.request(method, path, headers=headers, **kwargs)
-    except httpx.HTTPError as error:
-        crowd.recorder.answers[f"transport {type(error).__name__}"] += 1
-        return None
-    if kind is not None:
-        crowd.recorder.time(kind, started)
-    crowd.recorder.answer(response)
-    return response
-
-
-async def join(crowd: Crowd) -> AsyncRelayClient | None:
-    relay = AsyncRelayClient(crowd.client)
-    for _ in range(10):
-        response = await request(crowd, relay, "POST", "/api/join", "join", json={})
-        if response is not None and response.status_code == 200:
-            body = response.json()
-            relay.credentials = Credentials(body["peer_id"], body["token"])
-            return relay
-        if not await crowd.sleep(1.0):
-            return None
-    return None
-
-
-async def next_job(crowd: Crowd, relay: AsyncRelayClient, *, probe: bool = True) -> dict[str, Any] | None:
+async def next_job(crowd: Crowd, peer: RelayPeer, *, probe: bool = True) -> Job | None:
     """An assignment: first asked without hold (timed: answered at once), then held polls; None at the end."""
+    run = crowd.transport.run
     if probe:
-        response = await request(crowd, relay, "POST", "/api/work", "work")
-        if response is not None and response.status_code == 200 and "slot" in response.json():
-            return dict(response.json())
+        answer = await run(peer.ask())
+        if isinstance(answer, Job):
+            return answer
     while not crowd.stop.is_set():
         crowd.recorder.held_polls += 1
-        response = await request(crowd, relay, "POST", f"/api/work?hold={crowd.hold:g}",
-                                 timeout=crowd.hold + 30)
-        if response is None or response.status_code != 200:
+        answer = await run(peer.ask(crowd.hold))
+        if isinstance(answer, Job):
+            return answer
+        if isinstance(answer, Done):
+            return None
+        if isinstance(answer, Refused):
             if not await crowd.sleep(1.0):
                 return None
             continue
-        job = response.json()
-        if "slot" in job:
-            return dict(job)
-        if job.get("done"):
-            return None
-        if job.get("wait") and not await crowd.sleep(float(job["wait"])):
+        if answer.wait and not await crowd.sleep(answer.wait):
             return None
     return None
 
 
-async def fetch_and_train(crowd: Crowd, relay: AsyncRelayClient, job: dict[str, Any]) -> bytes | None:
-    """The job's weights (downloaded when this peer lacks them) and unit, trained (or the cached result)."""
+async def fetch_and_train(crowd: Crowd, peer: RelayPeer, job: Job) -> Result | None:
+    """The job's weights and unit, trained on the crowd's trainer (or its kept result); None when either is refused."""
     recorder = crowd.recorder
-    round_index = int(job["round"])
-    recorder.handed_out.add((round_index, int(job["slot"]), int(job["unit_index"])))
-    recorder.backups += job.get("copy") == "backup"
-    weights_round = int(job["weights_round"])
-    response = await request(crowd, relay, weights_call(weights_round).method, weights_call(weights_round).path,
-                             "weights")
-    if response is None or response.status_code != 200:
+    recorder.handed_out.add((job.round, job.slot, job.unit_index))
+    recorder.backups += job.copy == "backup"
+    fetched = await crowd.transport.run(peer.fetch(job))
+    if isinstance(fetched, Refused):
         return None
-    weights = response.content
-    response = await request(crowd, relay, "GET", unit_call(int(job["unit_index"])).path, "unit")
-    if response is None or response.status_code != 200:
-        return None
-    return crowd.trainer.result(job, weights, response.content, recorder)
+    reused = crowd.trainer.reused
+    result = peer.train(job, fetched)
+    recorder.trained_cache_hits += crowd.trainer.reused - reused
+    recorder.units_trained += crowd.trainer.reused == reused
+    return result
 
 
 async def sim_peer(crowd: Crowd, index: int, *, anchor_units: int | None = None) -> None:
     """The page's worker loop; ``anchor_units``: the single-peer anchor (no compute time, that many units)."""
     rng = random.Random(index)
-    relay = await join(crowd)
-    if relay is None:
+    peer = crowd.peer()
+    try:
+        if isinstance(await crowd.transport.run(peer.sign_in()), Refused):
+            return
+        done = 0
+        while not crowd.stop.is_set() and (anchor_units is None or done < anchor_units):
+            job = await next_job(crowd, peer)
+            if job is None:
+                return
+            result = await fetch_and_train(crowd, peer, job)
+            if result is None:
+                continue
+            if anchor_units is None and not await crowd.sleep(crowd.settings.unit_seconds * rng.uniform(0.5, 1.5)):
+                return
+            receipt = await crowd.transport.run(peer.upload(job, result))
+            crowd.recorder.units_uploaded += not isinstance(receipt, Refused)
+            done += 1
+    except Unanswered:  # (the run stopped while a request waited to be sent again)
         return
-    done = 0
-    while not crowd.stop.is_set() and (anchor_units is None or done < anchor_units):
-        job = await next_job(crowd, relay)
-        if job is None:
-            return
-        body = await fetch_and_train(crowd, relay, job)
-        if body is None:
-            continue
-        if anchor_units is None and not await crowd.sleep(crowd.settings.unit_seconds * rng.uniform(0.5, 1.5)):
-            return
-        call = result_call(job["round"], job["slot"], body)
-        response = await request(crowd, relay, call.method, call.path, "result", content=body)
-        crowd.recorder.units_uploaded += response is not None and response.status_code == 200
-        done += 1
 
 
 # ---------------------------------------------------------------- slow and silent clients (raw sockets)
@@ -303,19 +293,23 @@ class SlowFigures:
 async def trickler(crowd: Crowd, index: int, figures: SlowFigures) -> None:
     """An honest peer on a very slow uplink: its units must be taken by backups, its uploads refused in time."""
     await crowd.slow.wait()
-    relay = await join(crowd)
-    if relay is None or relay.credentials is None:
-        return
-    while crowd.slow.is_set() and not crowd.stop.is_set():
-        job = await next_job(crowd, relay, probe=False)
-        if job is None:
+    peer = crowd.peer()
+    try:
+        if isinstance(await crowd.transport.run(peer.sign_in()), Refused):
             return
-        body = await fetch_and_train(crowd, relay, job)
-        if body is None:
-            continue
-        figures.trickled_units.add((int(job["round"]), int(job["unit_index"])))
-        call = result_call(job["round"], job["slot"], body)
-        figures.trickled.append(await trickle(crowd, call.path, relay.credentials.headers, body))
+        while crowd.slow.is_set() and not crowd.stop.is_set():
+            job = await next_job(crowd, peer, probe=False)
+            if job is None or peer.credentials is None:
+                return
+            result = await fetch_and_train(crowd, peer, job)
+            if result is None:
+                continue
+            figures.trickled_units.add((job.round, job.unit_index))
+            # (its upload a trickle over a raw socket: httpx cannot send a body that slowly)
+            call = result_call(job.round, job.slot, result.body)
+            figures.trickled.append(await trickle(crowd, call.path, peer.credentials.headers, result.body))
+    except Unanswered:
+        return
 
 
 async def silent(crowd: Crowd, figures: SlowFigures) -> None:
