@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from runtime.protocol import Done, Job, work_answer_from_json
 from server.harness.relay_process import RelayProcess
 
 ADMIN = "fuzz-admin-token"
@@ -153,7 +154,7 @@ class Fuzzer:
         self.baseline = self.checksum()
         self.merged = 0  # rounds the session had merged when the baseline was taken
         self._history: list[dict[str, Any]] = []
-        self.assignment: dict[str, Any] | None = None  # the latest one a fuzz request was answered with
+        self.assignment: Job | None = None  # the latest one a fuzz request was answered with
 
     # -- helpers of the fuzzer's own (not counted) -------------------------------------------------
     def join(self) -> str:
@@ -255,7 +256,7 @@ class Fuzzer:
         self.tally.by_status[status] += 1
         self.check(key, label, status, content_type, body, described)
         if key == ("POST", "/api/work") and status == 200 and b'"slot"' in body:
-            self.assignment = json.loads(body)
+            self.assignment = Job.from_json(body)
         if mode == "mutated-result" and status in (200, 403, 409):
             self.assignment = None  # used up, or not (or no longer) the peer's: the next one asks for work
         if status == 200 and key == ("POST", "/api/admin/{action}") and kwargs["url"].endswith("/stop"):
@@ -298,21 +299,21 @@ class Fuzzer:
                 break
             answer = self.control.post(f"{self.url}/api/work", headers={"Authorization": self.peer_header},
                                        timeout=self.request_timeout)
-            job = answer.json() if answer.status_code == 200 else {}
-            if "slot" in job:
-                self.assignment = job
-            elif job.get("done"):
+            work = work_answer_from_json(answer.content) if answer.status_code == 200 else None
+            if isinstance(work, Job):
+                self.assignment = work
+            elif isinstance(work, Done):
                 self.new_session()  # every round merged: a new session, so that results keep mattering
         job = self.assignment if self.random.random() < LEASED_QUERY_SHARE else None
         if job is not None:
-            kwargs["params"] = {"round": job["round"], "slot": job["slot"]}
-        query = f"?round={job['weights_round']}" if job is not None else ""
+            kwargs["params"] = {"round": job.round, "slot": job.slot}
+        query = f"?round={job.weights_round}" if job is not None else ""
         answer = self.control.get(f"{self.url}/api/weights{query}", headers={"Authorization": self.peer_header},
                                   timeout=self.request_timeout)
         if answer.status_code != 200:
             return "mutated-result"
         header, vector = wire.decode(answer.content)
-        round_index = job["round"] if job is not None else header.round
+        round_index = job.round if job is not None else header.round
         header = wire.WireHeader(spec=header.spec, round=round_index, fingerprint=header.fingerprint,
                                  num_examples=self.random.choice([1, 64, 256, 10**6]), metrics={"loss": 0.5})
         message = bytearray(wire.encode(vector, header))

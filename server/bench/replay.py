@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import base64
 import hashlib
-import inspect
 import json
 import math
 import shutil
@@ -37,6 +36,8 @@ import numpy as np
 
 from runtime import wire
 from runtime.peer import Peer
+from runtime.protocol import Job
+from server.bench.replay_worker import WORKER_BATCH, WORKER_DEVICE, WORKER_SETUP, actions_digest
 from server.browser_assets.engines import PyodideEngine
 from server.relay.verify import DEFAULT_VERIFY_ATOL, DEFAULT_VERIFY_RTOL, deviation, matches
 
@@ -72,84 +73,6 @@ TASKS: dict[str, TaskSetup] = {
 }
 QUICK_TASK = "arith"
 QUICK_UNITS = 3
-
-# Run once per page: join, build the peer exactly as the page does, choose the device. Leaves the globals the
-# batch call uses. The last expression is the task JSON (as received) and the device choice.
-WORKER_SETUP = """
-import asyncio, base64, hashlib, json, time
-import numpy as np
-from pyodide.ffi import to_js
-from pyodide.http import pyfetch
-from runtime.worker import build_peer
-
-async def _bench_get(path, **options):
-    response = await pyfetch(path, **options)
-    if not response.ok:
-        raise RuntimeError(f"{path}: HTTP {response.status}: {await response.string()}")
-    return response
-
-_bench_joined = await (await _bench_get("/api/join", method="POST", body="{}")).json()
-_bench_auth = {"Authorization": f"Bearer {_bench_joined['peer_id']}:{_bench_joined['token']}"}
-_bench_task = await (await _bench_get("/api/task")).string()
-_bench_peer = build_peer(_bench_task)
-
-async def _bench_batch(units, seconds, hold, max_waits):
-    # Train up to `units` units (stopping after `seconds`): get work, the round's weights (once per round),
-    # the unit's data, train, upload. Returns what the host needs to replay each unit exactly.
-    out, started = {"units": [], "weights": {}, "done": False}, time.perf_counter()
-    while len(out["units"]) < units and (not out["units"] or time.perf_counter() - started < seconds):
-        for _ in range(max_waits):
-            job = await (await _bench_get(f"/api/work?hold={hold}", method="POST", headers=_bench_auth)).json()
-            if "slot" in job or job.get("done"):
-                break
-            await asyncio.sleep(float(job.get("wait") or 0.0) or 0.01)
-        else:
-            raise RuntimeError(f"no work after {max_waits} held requests: {job}")
-        if job.get("done"):
-            out["done"] = True
-            break
-        if _bench_peer.weights_round != job["round"]:
-            message = await (await _bench_get("/api/weights", headers=_bench_auth)).bytes()
-            if _bench_peer.set_weights(message) != job["round"]:
-                raise RuntimeError(f"weights of round {_bench_peer.weights_round} for a job of round {job['round']}")
-            out["weights"][str(job["round"])] = base64.b64encode(message).decode()
-        unit = None
-        if job.get("kind") == "data":
-            unit = await (await _bench_get(f"/api/unit/{job['unit_index']}", headers=_bench_auth)).bytes()
-        tic = time.perf_counter()
-        result, metrics = _bench_peer.train(json.dumps(job), unit)
-        seconds_trained = time.perf_counter() - tic
-        actions = _bench_actions(job)
-        await _bench_get(f"/api/result?round={job['round']}&slot={job['slot']}", method="POST",
-                         headers=_bench_auth, body=to_js(memoryview(result)))
-        out["units"].append({"job": job, "result": base64.b64encode(result).decode(), "seconds": seconds_trained,
-                             "unit_sha256": hashlib.sha256(unit).hexdigest() if unit is not None else None,
-                             "actions_sha256": actions})
-    return json.dumps(out)
-
-def _bench_actions(job):
-    # An experience task's episodes played again from the same weights and seed: a digest of every action.
-    task = _bench_peer.peer.task
-    if job.get("kind") != "experience" or not hasattr(task, "play"):
-        return None
-    return actions_digest(task.play(_bench_peer.peer.weights, int(job["unit_seed"]), int(job["episodes"])))
-
-_bench_task
-"""
-
-
-def actions_digest(trajectories: list) -> str:
-    """A digest of every action of an experience unit's episodes (the worker runs this same source)."""
-    digest = hashlib.sha256()
-    for trajectory in trajectories:
-        digest.update(np.asarray(trajectory.actions, dtype=np.int64).tobytes() + b"|")
-    return digest.hexdigest()
-
-
-WORKER_SETUP = WORKER_SETUP.replace("\n_bench_task\n", "\n" + inspect.getsource(actions_digest) + "\n_bench_task\n")
-WORKER_DEVICE = "await _bench_peer.choose_device({device!r})"
-WORKER_BATCH = "await _bench_batch({units}, {seconds}, {hold}, {max_waits})"
-
 
 # ---------------------------------------------------------------- the deviation maths
 
@@ -254,32 +177,32 @@ class Replayer:
             self.futures.append(self._pool.submit(self._replay, unit))
 
     def _replay(self, unit: dict[str, Any]) -> UnitDeviation:
-        job = unit["job"]
+        job = Job.from_json(unit["job"])
         if self._peer is None:
             self._peer = Peer(self.task_json)
         peer = self._peer
-        if peer.weights_round != job["round"]:
-            peer.set_weights(self.weights[int(job["round"])])
+        if peer.weights_round != job.round:
+            peer.set_weights(self.weights[job.round])
         assert peer.weights is not None
         chunk = None
-        if job.get("kind") == "data":
-            chunk = self.chunk(int(job["unit_index"]))
+        if job.kind == "data":
+            chunk = self.chunk(job.unit_index)
             if hashlib.sha256(chunk).hexdigest() != unit["unit_sha256"]:
-                raise RuntimeError(f"unit {job['unit_index']}: the package's chunk is not what the browser got")
+                raise RuntimeError(f"unit {job.unit_index}: the package's chunk is not what the browser got")
         started = time.perf_counter()
-        message = self.engine.train(json.loads(self.task_json), job, self.weights[int(job["round"])], chunk) \
-            if self.engine is not None else peer.train(json.dumps(job), chunk)
+        message = self.engine.train(json.loads(self.task_json), job, self.weights[job.round], chunk) \
+            if self.engine is not None else peer.train(job, chunk)
         native_header, native = wire.decode(message)
         native_seconds = time.perf_counter() - started
         browser_header, browser = wire.decode(base64.b64decode(unit["result"]))
         relative, absolute, scale, accepted = compare(browser, native, peer.weights)
         actions_match = None
         if unit.get("actions_sha256") is not None:
-            played = peer.task.play(peer.weights, int(job["unit_seed"]), int(job["episodes"]))  # type: ignore[attr-defined]
+            played = peer.task.play(peer.weights, job.unit_seed, job.episodes)  # type: ignore[attr-defined]
             actions_match = actions_digest(played) == unit["actions_sha256"]
         return UnitDeviation(
-            task=self.task, device=self.device, round=int(job["round"]), slot=int(job["slot"]),
-            unit_index=int(job["unit_index"]), unit_seed=int(job["unit_seed"]), relative=relative,
+            task=self.task, device=self.device, round=job.round, slot=job.slot,
+            unit_index=job.unit_index, unit_seed=job.unit_seed, relative=relative,
             absolute=absolute, update_norm=scale,
             identical=bool(np.array_equal(browser, native)), accepted=accepted,
             examples_browser=browser_header.num_examples, examples_native=native_header.num_examples,
