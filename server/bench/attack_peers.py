@@ -43,7 +43,8 @@ import httpx
 import numpy as np
 
 from runtime import wire
-from runtime.codec import Codec
+from runtime.codecs import Codec, NoneCodec
+from runtime.codecs import from_json as codec_from_json
 from runtime.protocol import Done, Job, Wait, WorkAnswer
 from server.bench.attack_training import Trainer, bench_trainer, peer_engine
 from server.harness.peer import Fetched, PeerHooks, Refused, RelayPeer, RetryPolicy, Steps, SyncTransport, WeightsFrom
@@ -114,7 +115,7 @@ def little_is_enough(global_weights: np.ndarray, colluders: Sequence[np.ndarray]
 
 def codec_of(job: Job) -> Codec | None:
     """The codec a job's results travel in (None: float32 weights)."""
-    return Codec.from_json(job.codec) if job.codec else None
+    return codec_from_json(job.codec) if job.codec else None
 
 
 def result_weights(message: bytes, global_weights: np.ndarray, codec: Codec | None = None) -> tuple[wire.WireHeader,
@@ -123,7 +124,7 @@ def result_weights(message: bytes, global_weights: np.ndarray, codec: Codec | No
     updates (``runtime.codec``), which the attacker decodes against the weights it was handed, as the relay does."""
     if not wire.is_update(message):
         return wire.decode(message)
-    return wire.result_weights(message, global_weights, codec=codec if codec is not None else Codec())
+    return wire.result_weights(message, global_weights, codec=codec if codec is not None else NoneCodec())
 
 
 def as_upload(vector: np.ndarray, header: wire.WireHeader, global_weights: np.ndarray, codec: Codec | None = None,

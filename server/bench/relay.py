@@ -36,7 +36,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import httpx
 import numpy as np
@@ -143,17 +143,24 @@ class SimPeer:
     weights: np.ndarray | None = None
 
 
+def fail(refusal: Refused) -> NoReturn:
+    """The bench's peers are never refused: a refusal fails the run."""
+    raise RelayRefusal(refusal.status, refusal.code, refusal.message)
+
+
 def steps_of[T](answer: T | Refused) -> T:
-    """A step's outcome; the bench's peers are never refused (any refusal fails the run)."""
+    """A step's outcome, which no refusal may take the place of."""
     if isinstance(answer, Refused):
-        raise RelayRefusal(answer.status, answer.code, answer.message)
+        fail(answer)
     return answer
 
 
 async def ask_for_work(transport: AsyncTransport, peer: SimPeer) -> tuple[Job, float]:
     """The next assignment and when it arrived; the request is held until a round has work for this peer."""
     while True:
-        answer = steps_of(await transport.run(peer.protocol.ask(HOLD_SECONDS)))
+        answer = await transport.run(peer.protocol.ask(HOLD_SECONDS))
+        if isinstance(answer, Refused):
+            fail(answer)
         if isinstance(answer, Job):
             return answer, time.perf_counter()
         if isinstance(answer, Done):

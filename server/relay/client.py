@@ -15,6 +15,8 @@ from typing import Any
 
 import httpx
 
+from runtime.protocol import Joined, Receipt
+
 
 class RelayRefusal(Exception):
     """The relay refused a request: ``status`` (HTTP), ``code`` (the relay's reason) and its message."""
@@ -127,8 +129,8 @@ class RelayClient:
         return call.parse(self.send(call))
 
     def join(self, join_code: str | None = None) -> Credentials:
-        joined = self.call(join_call(join_code))
-        self.credentials = Credentials(joined["peer_id"], joined["token"])
+        joined = Joined.from_json(self.call(join_call(join_code)))
+        self.credentials = Credentials(joined.peer_id, joined.token)
         return self.credentials
 
     def task(self) -> dict[str, Any]:
@@ -138,6 +140,8 @@ class RelayClient:
         return dict(self.call(status_call()))
 
     def work(self, hold: float | str | None = None) -> dict[str, Any]:
+        """The answer's JSON as it came (the relay's tests read and tamper with its fields; a peer reads it with
+        ``runtime.protocol.work_answer_from_json``)."""
         return dict(self.call(work_call(hold)))
 
     def leave(self) -> dict[str, Any]:
@@ -149,8 +153,8 @@ class RelayClient:
     def unit(self, index: int) -> bytes:
         return bytes(self.call(unit_call(index)))
 
-    def result(self, round_index: int, slot: int, body: bytes) -> dict[str, Any]:
-        return dict(self.call(result_call(round_index, slot, body)))
+    def result(self, round_index: int, slot: int, body: bytes) -> Receipt:
+        return Receipt.from_json(self.call(result_call(round_index, slot, body)))
 
 
 @dataclass
@@ -169,6 +173,6 @@ class AsyncRelayClient:
         return call.parse(await self.send(call))
 
     async def join(self, join_code: str | None = None) -> Credentials:
-        joined = await self.call(join_call(join_code))
-        self.credentials = Credentials(joined["peer_id"], joined["token"])
+        joined = Joined.from_json(await self.call(join_call(join_code)))
+        self.credentials = Credentials(joined.peer_id, joined.token)
         return self.credentials
