@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
@@ -38,6 +36,7 @@ from runtime.protocol import (
     work_answer_from_json,
 )
 from server.harness.peer.hooks import Exchange, PeerHooks, RetryPolicy
+from server.harness.peer.outcomes import Fetched, PeerLog, Refused, Result, Unanswered, retry_after
 from server.harness.peer.trainer import Trainer
 from server.harness.peer.transport import Pause, Request, Send, Steps
 from server.relay.client import (
@@ -57,65 +56,12 @@ Wrap = Callable[[Send], httpx.Response]
 RETRY_AFTER_CAP_S = 1.0  # the longest wait a Retry-After gets by default (a join refused 429 waits 1 s, as a page)
 
 
-class Unanswered(Exception):
-    """A request got no answer (connection refused, reset, timed out) or a 5xx, and the retry policy gave up."""
-
-
 class WeightsFrom(StrEnum):
     """Which URL a peer fetches a job's weights from."""
 
     DIGEST = "digest"  # GET /api/weights/{weights_digest}[/from/{held}], as a page (a job naming none: by round)
     ROUND = "round"  # GET /api/weights?round={weights_round}
     CURRENT = "current"  # GET /api/weights: the relay's current weights, whatever the job names
-
-
-@dataclass(frozen=True)
-class Refused:
-    """A refusal as the peer took it: the relay's status, code and message, what the protocol says to do next and
-    the Retry-After the relay asked for (seconds; 1 when it named none)."""
-
-    status: int
-    code: str
-    message: str
-    action: PeerAction
-    retry_after: float = 1.0
-
-
-@dataclass(frozen=True)
-class Fetched:
-    weights: bytes  # the weights message the job trains from (a chain of steps where the peer rebuilt from one)
-    unit: bytes | None  # the unit's data (data tasks)
-
-
-@dataclass(frozen=True)
-class Result:
-    """What a peer uploads; ``honest``: trained as a page trains (the upload hook may replace it)."""
-
-    body: bytes
-    honest: bool = True
-
-
-@dataclass
-class PeerLog:
-    """What the peer saw."""
-
-    refusals: list[tuple[int, str]] = field(default_factory=list)  # (status, code) of every 4xx/5xx kept
-    accepted: list[tuple[int, int]] = field(default_factory=list)  # (round, slot) of every accepted upload
-    results: Counter[str] = field(default_factory=Counter)  # "accepted", "403 not_leased", ...
-    trained: int = 0
-    uploads_skipped_training: int = 0
-    rejoins: int = 0
-    unanswered: int = 0  # requests given up on (each a resend or a restart followed)
-    weights_bytes: int = 0  # bytes of weights received (full messages and chains of steps)
-    join_waits: int = 0  # joins refused 429 (join_rate, too_many_peers) and tried again
-    chains: int = 0  # weights rebuilt from a chain of steps
-
-
-def retry_after(response: httpx.Response) -> float:
-    try:
-        return max(0.0, float(response.headers.get("retry-after", "1") or 1))
-    except ValueError:  # (an HTTP date: not sent by the relay)
-        return 1.0
 
 
 class RelayPeer:
