@@ -46,7 +46,7 @@ import httpx
 import numpy as np
 
 from runtime import wire
-from server.bench.chaos_relay import EXAMPLES, RelayProcess, Uploads, retrying_peer, wait_until
+from server.bench.chaos_relay import EXAMPLES, RelayProcess, Uploads, chaos_relay, retrying_peer, wait_until
 from server.bench.full_disk import DiskFiller, small_filesystem
 from server.harness.serve_command import ServeCommand
 from server.relay.options import DEFAULT_KEEP_RESULTS, RelayOptions
@@ -279,8 +279,7 @@ def run_session(config: ChaosConfig, work: Path, *, kills: int, log: Any = print
     """One session with ``kills`` SIGKILLs (0: the uninterrupted anchor) or a full disk; the report."""
     session_dir = work / "session"
     work.mkdir(parents=True, exist_ok=True)
-    relay = RelayProcess(config.serve_command(session_dir), log=work.parent / f"{work.name}-serve.log", examples=True,
-                         start_timeout_s=120)
+    relay = chaos_relay(config.serve_command(session_dir), work.parent / f"{work.name}-serve.log")
     # A merge starts when a round's k results are in (sync), or when the buffer of k results fills (async).
     uploads, stop = Uploads(slots=config.k, per_round=config.mode == "sync"), threading.Event()
     started = time.monotonic()

@@ -17,6 +17,7 @@ import httpx
 from runtime.protocol import Job
 from server.harness.native_peer import NativePeer, PeerHooks, RetryPolicy
 from server.harness.relay_process import EXAMPLES, RelayProcess
+from server.harness.serve_command import ServeCommand
 
 __all__ = ["EXAMPLES", "RelayProcess", "Uploads", "chaos_relay", "retrying_peer", "wait_until"]
 
@@ -25,9 +26,9 @@ HOLD_SECONDS = 2.0  # peers hold their work requests briefly: a killed relay's h
 RETRY = RetryPolicy(resend=0, restarts=100_000, retry_5xx=True, first_delay_s=0.05, max_delay_s=0.5)
 
 
-def chaos_relay(arguments: list[str], log: Path) -> RelayProcess:
+def chaos_relay(serve: ServeCommand, log: Path) -> RelayProcess:
     """``peertrain serve`` with examples/ on its path; port 0 at the first start, the same port at a restart."""
-    return RelayProcess(arguments, log=log, examples=True, start_timeout_s=120)
+    return RelayProcess(serve, log=log, examples=True, start_timeout_s=120)
 
 
 @dataclass

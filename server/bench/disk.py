@@ -22,8 +22,7 @@ from typing import Any
 
 import httpx
 
-from server.bench.chaos_relay import EXAMPLES, Uploads, retrying_peer
-from server.harness.relay_process import RelayProcess
+from server.bench.chaos_relay import EXAMPLES, Uploads, chaos_relay, retrying_peer
 from server.harness.serve_command import ServeCommand
 from server.relay.options import DEFAULT_KEEP_RESULTS, RelayOptions
 from server.session.config import SessionConfig
@@ -45,8 +44,7 @@ def measure(work: Path, *, keep: str, passes: int, hidden: int, peers: int = 2, 
             log: Any = print) -> list[dict[str, Any]]:
     """The relay's storage report after each round of one session."""
     work.mkdir(parents=True, exist_ok=True)
-    relay = RelayProcess(serve_command(work / "session", passes=passes, hidden=hidden, keep=keep),
-                         log=work / "serve.log", examples=True, start_timeout_s=120)
+    relay = chaos_relay(serve_command(work / "session", passes=passes, hidden=hidden, keep=keep), work / "serve.log")
     uploads, stop = Uploads(), threading.Event()
     relay.start()
     deadline = time.monotonic() + timeout_s
