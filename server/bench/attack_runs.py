@@ -18,21 +18,27 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from server.bench.attack_peers import PROXY_HEADER, Observed, RunSpec, drive
+from server.bench.attack_peers import Observed, RunSpec, drive
 from server.bench.attack_training import Trainer
 from server.browser.launcher import relay_process
+from server.harness.serve_command import ServeCommand
 from server.paths import REPO_ROOT
+from server.relay.options import RelayOptions
+from server.session.config import SessionConfig
 
 ADMIN = "bench-attacks"
 LEASE_SECONDS = 60.0  # a slot held by a peer that went quiet is handed on after this
-# "checks off": the relay's switches for the result checks that have one, where `peertrain serve --help` lists them
-CHECKS_OFF = (("--outlier-factor", ("--outlier-factor", "0")), ("--no-verify", ("--no-verify",)))
+# "checks off": the relay's switches for the result checks that have one (its flag, where `peertrain serve --help`
+# lists it, and the RelayOptions values that turn it off)
+CHECKS_OFF: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = (
+    ("--outlier-factor", (("outlier_factor", 0.0),)), ("--no-verify", (("verify", False),)))
 
 
 @dataclass(frozen=True)
@@ -47,7 +53,7 @@ class RelayFeatures:
 
     @property
     def proxied(self) -> bool:
-        """Whether the relay reads the peers' own addresses from X-Forwarded-For (``serve_args`` sets it up)."""
+        """Whether the relay reads the peers' own addresses from X-Forwarded-For (``serve_command`` sets it up)."""
         return bool({"--forwarded-allow-ips", "--trusted-proxy-header"} & self.flags)
 
 
@@ -142,40 +148,44 @@ class RunRecord:
         return self.uploads.get(f"{self.attack} accepted", 0)
 
 
-def serve_args(package: Path, session_dir: Path, k: int, passes: int, aggregator: str, features: RelayFeatures,
-               *, checks: str = "on", configs: dict[str, str] | None = None, verify: float | None = None,
-               extra: list[str] | None = None) -> list[str]:
-    """``peertrain serve`` for one run. --min-peers 1: a peer the relay bans must not hold up the next rounds
+def serve_command(package: Path, session_dir: Path, k: int, passes: int, aggregator: str, features: RelayFeatures,
+                  *, checks: str = "on", configs: dict[str, str] | None = None, verify: float | None = None,
+                  replay_engine: str | None = None, extra: Sequence[str] = ()) -> ServeCommand:
+    """``peertrain serve`` for one run. min_peers 1: a peer the relay bans must not hold up the next rounds
     (every peer joins before any asks for work, so the first round still goes to all of them). ``verify``: the
-    share of results the host replays (``--verify-fraction``); 0 is ``--no-verify`` (no replay at all, not even
-    of first results); None leaves the relay's default."""
-    args = ["--package", str(package), "--session-dir", str(session_dir), "--fresh", "-k", str(k),
-            "--passes", str(passes), "--admin-token", ADMIN, "--lease-seconds", str(LEASE_SECONDS),
-            "--peer-timeout", "600", "--min-peers", "1",
-            "--no-backups"]  # each peer trains its own unit of a round (backups race stragglers: not measured here)
+    share of results the host replays (``verify_fraction``); 0 is no verification (no replay at all, not even of
+    first results); None leaves the relay's default. ``configs``: the aggregators' settings as the bench's user
+    typed them (JSON); ``extra``: serve arguments the user typed (``--serve-arg``). A setting whose flag the relay's
+    help does not list (``features``) is left at the relay's default."""
+    session: dict[str, Any] = {"participants": k, "passes": passes}
     if aggregator != "default":
-        args += ["--aggregate", aggregator]
+        session["aggregate"] = aggregator
         if configs and aggregator in configs:
-            args += ["--aggregate-config", configs[aggregator]]
+            session["aggregate_config"] = json.loads(configs[aggregator])
+    # backup_after None: each peer trains its own unit of a round (backups race stragglers: not measured here)
+    relay: dict[str, Any] = {"admin_token": ADMIN, "lease_seconds": LEASE_SECONDS, "peer_timeout": 600.0,
+                             "min_peers": 1, "backup_after": None}
     if "--forwarded-allow-ips" in features.flags:  # the bench's peers all connect from 127.0.0.1, its only proxy
-        args += ["--forwarded-allow-ips", "127.0.0.1"]
-    elif "--trusted-proxy-header" in features.flags:  # (a relay before uvicorn's proxy headers)
-        args += ["--trusted-proxy-header", PROXY_HEADER]
+        relay["forwarded_allow_ips"] = "127.0.0.1"
     if checks == "off":
-        args += [word for flag, words in CHECKS_OFF if flag in features.flags for word in words]
+        relay |= {name: value for flag, switch in CHECKS_OFF if flag in features.flags for name, value in switch}
     if verify is not None and checks != "off":
-        args += ["--no-verify"] if verify <= 0 else ["--verify-fraction", f"{verify:g}"]
-    return args + list(extra or [])
+        relay |= {"verify": False} if verify <= 0 else {"verify_fraction": verify}
+    if replay_engine is not None and "--replay-engine" in features.flags:
+        relay["replay_engine"] = replay_engine
+    return ServeCommand(package=package, session_dir=session_dir, fresh=True, config=SessionConfig(**session),
+                        options=RelayOptions(**relay), extra=tuple(extra))
 
 
-def one_run(record: RunRecord, spec: RunSpec, arguments: list[str], work: Path, trainers: dict[str, Trainer],
+def one_run(record: RunRecord, spec: RunSpec, serve: ServeCommand, work: Path, trainers: dict[str, Trainer],
             workers: int) -> None:
-    """Start the relay with ``arguments``, drive the session, fill ``record`` (or its ``error``)."""
-    session_dir = Path(arguments[arguments.index("--session-dir") + 1])
+    """Start the relay with ``serve``, drive the session, fill ``record`` (or its ``error``)."""
+    assert serve.session_dir is not None, "a run's session has its own folder"
+    session_dir = serve.session_dir
     shutil.rmtree(session_dir, ignore_errors=True)
     started = time.perf_counter()
     try:
-        with relay_process(*arguments, log_path=work / "serve.log") as url:
+        with relay_process(serve, log_path=work / "serve.log") as url:
             spec.url = url.rstrip("/")
             status, observed = drive(spec, trainers, workers)
             rows = audit_rows(spec.url) if spec.attack else []

@@ -82,7 +82,7 @@ from typing import Any
 
 from server.bench.attack_peers import ATTACKS, UPLOAD_ATTACKS, RunSpec
 from server.bench.attack_report import compare, print_progress, tables
-from server.bench.attack_runs import ADMIN, RelayFeatures, RunRecord, one_run, relay_features, serve_args
+from server.bench.attack_runs import ADMIN, RelayFeatures, RunRecord, one_run, relay_features, serve_command
 from server.bench.attack_training import BLAS_THREADS, Trainer
 from server.browser_assets import engines
 from server.session.package import Package, build_package
@@ -377,7 +377,6 @@ def run(args: argparse.Namespace) -> int:
     sections = supported(sections, features, configs)
     z = None if str(args.lie_z) == "paper" else float(args.lie_z)
     engine, fallback = engines.resolve(args.replay_engine) if "--replay-engine" in features.flags else ("native", None)
-    engine_args = ["--replay-engine", engine] if "--replay-engine" in features.flags else []
     work = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="peertrain-bench-attacks-"))
     work.mkdir(parents=True, exist_ok=True)
     for name in BLAS_THREADS:  # the relays and training processes started from here: one BLAS thread each, so
@@ -419,10 +418,10 @@ def run(args: argparse.Namespace) -> int:
                                attackers=planned.attackers, k=k, seed=args.seed, z=z, sybil_joins=args.sybil_joins,
                                timeout_s=args.run_timeout, honest_first=planned.honest_first, admin_token=ADMIN,
                                replay_engine=engine)
-                arguments = serve_args(packages[section.task].path, work / "session", k, passes, planned.aggregator,
-                                       features, checks=section.checks, configs=configs, verify=planned.verify,
-                                       extra=engine_args + args.serve_arg)
-                one_run(record, spec, arguments, work, trainers.setdefault(section.task, {}), args.jobs)
+                serve = serve_command(packages[section.task].path, work / "session", k, passes, planned.aggregator,
+                                      features, checks=section.checks, configs=configs, verify=planned.verify,
+                                      replay_engine=engine, extra=args.serve_arg)
+                one_run(record, spec, serve, work, trainers.setdefault(section.task, {}), args.jobs)
                 done[planned.key] = record
                 rows.append(record)
                 records.append(record)

@@ -19,6 +19,7 @@ import json
 import re
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from statistics import NormalDist
 from types import SimpleNamespace
@@ -65,7 +66,7 @@ from server.bench.attack_runs import (
     ban_round,
     default_aggregate,
     relay_features,
-    serve_args,
+    serve_command,
     verification_columns,
 )
 from server.bench.attack_training import Trainer
@@ -84,6 +85,7 @@ from server.bench.attacks import (
 )
 from server.browser.launcher import relay_process
 from server.browser_assets import engines
+from server.relay.options import RelayOptions
 
 G = np.array([1.0, 2.0, -1.0, 0.5], dtype=np.float32)
 W = np.array([1.5, 1.0, -1.0, 0.75], dtype=np.float32)  # an honest result: update u = w - g = [0.5, -1, 0, 0.25]
@@ -227,14 +229,17 @@ def test_sections_and_verify_shares_pick_and_narrow_the_grid() -> None:
         options("--verify-shares", "0,2")
 
 
-def test_serve_args_turn_a_share_into_verify_fraction_or_no_verify() -> None:
+def test_serve_command_turns_a_share_into_verify_fraction_or_no_verify() -> None:
     features = RelayFeatures(frozenset({"--no-verify", "--outlier-factor"}), None)
-    base = len(serve_args(Path("p"), Path("s"), 3, 1, "default", features))
-    tail = lambda verify, checks="on": serve_args(Path("p"), Path("s"), 3, 1, "default", features,  # noqa: E731
-                                                  checks=checks, verify=verify)[base:]
-    assert tail(None) == [] and tail(0.0) == ["--no-verify"] and tail(0.25) == ["--verify-fraction", "0.25"]
-    assert tail(1.0) == ["--verify-fraction", "1"]
-    assert tail(0.5, "off") == ["--outlier-factor", "0", "--no-verify"]  # checks off: no replays whatever the share
+    options = lambda verify, checks="on": serve_command(Path("p"), Path("s"), 3, 1, "default",  # noqa: E731
+                                                        features, checks=checks, verify=verify).options
+    shipped = options(None)
+    assert shipped is not None and (shipped.verify, shipped.verify_fraction) == (True, RelayOptions.verify_fraction)
+    assert options(0.0) == replace(shipped, verify=False) and options(0.25) == replace(shipped, verify_fraction=0.25)
+    assert options(1.0) == replace(shipped, verify_fraction=1.0)
+    # checks off: no replays whatever the share
+    assert options(0.5, "off") == replace(shipped, outlier_factor=0.0, verify=False)
+    assert shipped.forwarded_allow_ips is None and shipped.replay_engine == RelayOptions.replay_engine  # not listed
 
 
 # A session of 4 rounds that ended at t = 100, 110, 120, 130 (the history's ``time``, the relay's clock).
@@ -347,8 +352,8 @@ def test_native_peers_drive_a_real_relay_with_a_flipping_attacker_and_sybils(tmp
     features = relay_features()
     trainers: dict[str, Trainer] = {}
     try:
-        arguments = serve_args(package.path, tmp_path / "s1", 3, 2, "default", features)
-        with relay_process(*arguments, log_path=tmp_path / "s1.log") as url:
+        serve = serve_command(package.path, tmp_path / "s1", 3, 2, "default", features)
+        with relay_process(serve, log_path=tmp_path / "s1.log") as url:
             status, seen = drive(RunSpec(url=url.rstrip("/"), attack="flip", attackers=1, k=3, timeout_s=120),
                                  trainers)
         counters = status["counters"]
@@ -360,9 +365,12 @@ def test_native_peers_drive_a_real_relay_with_a_flipping_attacker_and_sybils(tmp
         if "--no-verify" in features.flags:  # the host replays every peer's first result: the flipper is banned
             assert counters.get("peers_banned") == 1, (counters, seen.uploads)
 
-        cap = ["--max-peers-per-address", "2"] if "--max-peers-per-address" in features.flags else []
-        arguments = serve_args(package.path, tmp_path / "s2", 3, 2, "default", features, extra=cap)
-        with relay_process(*arguments, log_path=tmp_path / "s2.log") as url:
+        cap = "--max-peers-per-address" in features.flags
+        serve = serve_command(package.path, tmp_path / "s2", 3, 2, "default", features)
+        if cap:
+            assert serve.options is not None
+            serve = replace(serve, options=replace(serve.options, max_peers_per_address=2))
+        with relay_process(serve, log_path=tmp_path / "s2.log") as url:
             status, seen = drive(RunSpec(url=url.rstrip("/"), attack="sybil", attackers=0, k=3, sybil_joins=6,
                                          timeout_s=120), trainers)
         assert status["done"] and seen.joins["honest admitted"] == 3, seen.joins
