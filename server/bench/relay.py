@@ -46,7 +46,10 @@ from runtime.protocol import Done, Job
 from server.browser.launcher import relay_process
 from server.browser_assets import engines
 from server.harness.peer import AsyncTransport, Refused, RelayPeer, Result, Trainer, WeightsFrom
+from server.harness.serve_command import ServeCommand
 from server.relay.client import AsyncRelayClient, RelayRefusal, status_call
+from server.relay.options import RelayOptions
+from server.session.config import SessionConfig
 from server.session.package import Package, build_package
 
 ADMIN = "bench-relay"
@@ -110,24 +113,23 @@ class KFigures:
 # ---------------------------------------------------------------- the relay under test
 
 
-def serve_arguments(package: Path, session_dir: Path, k: int, passes: int,
-                    verify_fraction: float | None = None, replay_workers: int | None = None) -> list[str]:
+def serve_command(package: Path, session_dir: Path, k: int, passes: int,
+                  verify_fraction: float | None = None, replay_workers: int | None = None) -> ServeCommand:
     # Made-up results would fail a host replay: verification runs only where the peers train for real, on the
     # engine the relay replays on (the browser's, Pyodide under Node, where it runs; else native, forced for bytetext)
     native = engines.pyodide_missing() is not None
-    verify = ["--no-verify"] if verify_fraction is None else ["--verify-fraction", str(verify_fraction),
-                                                              *(["--replay-engine", "native", "--force-verify"]
-                                                                if native else ["--replay-engine", "pyodide"]),
-                                                              *(["--replay-workers", str(replay_workers)]
-                                                                if replay_workers else [])]
-    # --no-backups: each simulated peer trains one unit a round and asks for the next at once; a backup of a
+    verify: dict[str, Any] = {"verify": False} if verify_fraction is None else {
+        "verify_fraction": verify_fraction, "replay_engine": "native" if native else "pyodide",
+        "replay_workers": replay_workers or None}
+    # backup_after None: each simulated peer trains one unit a round and asks for the next at once; a backup of a
     # unit of the round being merged would be stale by the time it is fetched
-    return [*verify, "--no-backups", "--package", str(package), "--session-dir", str(session_dir), "--fresh",
-            "-k", str(k),
-            "--passes", str(passes), "--admin-token", ADMIN, "--lease-seconds", "3600", "--peer-timeout", "3600",
-            "--codec", "none",  # (the simulated peers upload float32 weights: this bench times the relay, not codecs)
-            # every simulated peer joins from loopback at once: no admission limit per address here
-            "--join-rate", "0", "--max-peers-per-address", "0"]
+    options = RelayOptions(admin_token=ADMIN, lease_seconds=3600.0, peer_timeout=3600.0, backup_after=None,
+                           # every simulated peer joins from loopback at once: no admission limit per address here
+                           join_rate=0.0, max_peers_per_address=0, **verify)
+    # codec none: the simulated peers upload float32 weights (this bench times the relay, not codecs)
+    config = SessionConfig(participants=k, passes=passes, codec="none")
+    return ServeCommand(package=package, session_dir=session_dir, fresh=True, config=config, options=options,
+                        force_verify=native and verify_fraction is not None)
 
 
 # ---------------------------------------------------------------- simulated peers
@@ -296,7 +298,7 @@ def one_session(package: Package, k: int, passes: int, args: argparse.Namespace,
                 training: Training | None) -> None:
     session = work / f"session-k{k}"
     shutil.rmtree(session, ignore_errors=True)
-    with relay_process(*serve_arguments(package.path, session, k, passes, args.verify_fraction, args.replay_workers),
+    with relay_process(serve_command(package.path, session, k, passes, args.verify_fraction, args.replay_workers),
                        log_path=work / f"serve-k{k}.log") as url:
         print(f"k={k}: relay at {url}, {package.data.num_units} units, {passes} passes", flush=True)
         asyncio.run(drive(url.rstrip("/"), package, k, args.rounds, args.perturbation, figures, training))
@@ -359,8 +361,8 @@ def browser_training_seconds(package: Package, work: Path) -> float:
     """One bytetext unit trained in the page's worker (Pyodide in headless Chromium, its default matmul)."""
     from server.browser.launcher import relay_process, run_in_worker, worker_page
 
-    arguments = serve_arguments(package.path, work / "session-browser", 1, 1)
-    with relay_process(*arguments, log_path=work / "serve-browser.log") as url, worker_page(url) as page:
+    serve = serve_command(package.path, work / "session-browser", 1, 1)
+    with relay_process(serve, log_path=work / "serve-browser.log") as url, worker_page(url) as page:
         return float(json.loads(run_in_worker(page, BROWSER_UNIT))["seconds"])
 
 
