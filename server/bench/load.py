@@ -92,7 +92,9 @@ from server.bench.load_figures import (
     slope_per_minute,
 )
 from server.harness.relay_process import EXAMPLES, RelayProcess
-from server.relay.options import DEFAULT_BODY_TIMEOUT, DEFAULT_HEADER_TIMEOUT
+from server.harness.serve_command import ServeCommand
+from server.relay.options import DEFAULT_BODY_TIMEOUT, DEFAULT_HEADER_TIMEOUT, RelayOptions, ServerLimits
+from server.session.config import SessionConfig
 
 TASK = "majority_task:MajorityTask"  # examples/majority_task.py, importable with examples/ on the path
 ADMIN = "bench-load"
@@ -138,16 +140,15 @@ def settings_from_args(args: argparse.Namespace) -> LoadSettings:
                         serve_args=tuple(args.serve_arg), profile=args.profile)
 
 
-def serve_arguments(settings: LoadSettings, session_dir: Path) -> list[str]:
+def serve_command(settings: LoadSettings, session_dir: Path) -> ServeCommand:
+    """The relay under load; ``settings.serve_args`` (the user's ``--serve-arg``) come last, as typed."""
     task_settings = {"chunks": settings.chunks, "examples": settings.chunks * settings.rows, "epochs": 1}
-    return ["--host", "127.0.0.1", "--port", "0", "--task", TASK,
-            *[f"--set={key}={value}" for key, value in task_settings.items()],
-            "--session-dir", str(session_dir), "--fresh", "-k", str(settings.k), "--passes", str(settings.passes()),
-            "--admin-token", ADMIN, "--min-peers", "1",
-            # every simulated peer joins from 127.0.0.1: no admission limit per address here
-            "--join-rate", "0", "--max-peers-per-address", "0",
-            "--body-timeout", str(settings.body_timeout), "--header-timeout", str(settings.header_timeout),
-            *settings.serve_args]
+    # every simulated peer joins from 127.0.0.1: no admission limit per address here
+    options = RelayOptions(admin_token=ADMIN, min_peers=1, join_rate=0.0, max_peers_per_address=0)
+    limits = ServerLimits(body_timeout=settings.body_timeout, header_timeout=settings.header_timeout)
+    return ServeCommand(task=TASK, task_settings=task_settings, session_dir=session_dir, fresh=True,
+                        config=SessionConfig(participants=settings.k, passes=settings.passes()), options=options,
+                        limits=limits, extra=("--host", "127.0.0.1", *settings.serve_args))
 
 
 # ---------------------------------------------------------------- the run
@@ -292,8 +293,7 @@ async def drive(relay: RelayProcess, settings: LoadSettings) -> LoadFigures:
 def run_load(settings: LoadSettings, work: Path) -> LoadFigures:
     if str(EXAMPLES) not in sys.path:
         sys.path.insert(0, str(EXAMPLES))  # the trainer imports the task as the relay does
-    arguments = serve_arguments(settings, work / "session")
-    with relay_process(arguments, work / "serve.log", settings.profile) as relay:
+    with relay_process(serve_command(settings, work / "session"), work / "serve.log", settings.profile) as relay:
         print(f"relay at {relay.url} (pid {relay.pid}): {TASK}, {settings.chunks} units of {settings.rows} rows, "
               f"k = {settings.k}, {settings.passes()} passes; log {relay.log}", flush=True)
         return run_async(lambda: drive(relay, settings))

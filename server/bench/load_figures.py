@@ -21,6 +21,7 @@ import numpy as np
 
 from server.bench.load_clients import LoadSettings, Recorder
 from server.harness.relay_process import RelayProcess
+from server.harness.serve_command import ServeCommand
 
 RSS_SAMPLE_SECONDS = 1.0
 
@@ -29,13 +30,13 @@ RSS_SAMPLE_SECONDS = 1.0
 
 
 @contextmanager
-def relay_process(arguments: list[str], log: Path, profile: Path | None = None) -> Iterator[RelayProcess]:
+def relay_process(serve: ServeCommand, log: Path, profile: Path | None = None) -> Iterator[RelayProcess]:
     """``peertrain serve`` in a child process (``server.harness.RelayProcess``, examples/ on its path), its output
     in ``log``; stopped after. With ``profile``, under cProfile, stopped with SIGINT: uvicorn re-raises the signal
     it shut down on, and SIGTERM's default action would lose cProfile's stats where a KeyboardInterrupt lets
     cProfile write them on its way out."""
     python = [sys.executable, "-m", "cProfile", "-o", str(profile)] if profile else None
-    with RelayProcess(arguments, log=log, examples=True, python=python,
+    with RelayProcess(serve, log=log, examples=True, python=python,
                       stop_signal=signal.SIGINT if profile else signal.SIGTERM, stop_timeout_s=30) as relay:
         yield relay
 

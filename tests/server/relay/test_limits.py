@@ -24,6 +24,7 @@ from server.bench.load import relay_process, run_async
 from server.cli import serve
 from server.cli.commands import build_parser
 from server.cli.options import read_limits, read_settings
+from server.harness.serve_command import ServeCommand
 from server.relay.app import RelayPaths
 from server.relay.limits import uvicorn_settings
 from server.relay.options import DEFAULT_BODY_TIMEOUT, RelayOptions, ServerLimits
@@ -162,10 +163,11 @@ async def too_large(host: str, port: int, auth: str) -> tuple[int, bytes, bool]:
 @pytest.mark.skipif(bool(RelayPaths().missing()), reason="set-up has not built web/node_modules and wheels/")
 @pytest.mark.usefixtures("majority_importable")  # the peer imports majority_task as the relay does
 def test_a_trickled_upload_gets_408_at_the_deadline_while_others_are_answered_at_once(tmp_path: Path) -> None:
-    arguments = ["--task", "majority_task:MajorityTask", "--set", "chunks=4", "--set", "examples=1024",
-                 "--session-dir", str(tmp_path / "session"), "-k", "1", "--passes", "2", "--admin-token", "a",
-                 "--body-timeout", str(DEADLINE), "--header-timeout", str(DEADLINE)]
-    with relay_process(arguments, tmp_path / "serve.log") as relay:
+    serve = ServeCommand(task="majority_task:MajorityTask", task_settings={"chunks": 4, "examples": 1024},
+                         session_dir=tmp_path / "session", config=SessionConfig(participants=1, passes=2),
+                         options=RelayOptions(admin_token="a"),
+                         limits=ServerLimits(body_timeout=DEADLINE, header_timeout=DEADLINE))
+    with relay_process(serve, tmp_path / "serve.log") as relay:
         host, port = relay.host_port
         with httpx.Client(base_url=relay.url, timeout=10) as client:
             joined = client.post("/api/join", json={}).json()
