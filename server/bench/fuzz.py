@@ -48,25 +48,19 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from runtime.protocol import Done, Job, work_answer_from_json
-from server.harness.relay_process import RelayProcess
+from server.bench.fuzz_relay import ADMIN, LOOPBACK, relay_process
 
-ADMIN = "fuzz-admin-token"
-TASK = "majority_task:MajorityTask"  # examples/ on PYTHONPATH (a task file would rebuild the shared wheels/)
-TASK_SETTINGS = {"chunks": 4, "examples": 1024, "epochs": 2}
 WRONG_AUTH_SHARE = 0.1  # requests sent with a wrong token or none
 MUTATED_RESULT_SHARE = 0.5  # result uploads whose body is a mutated real result instead of Schemathesis' bytes
 LEASED_QUERY_SHARE = 0.7  # of those, the share sent for (round, slot) of the fuzzer's latest assignment
 STREAM_READ_SECONDS = 0.5  # how long an event stream is read before it is closed
 MODEL_PATH = "/api/admin/export/model"
-LOOPBACK = "127.0.0.1"
 CHECKS = {"undocumented_code": "4xx with a code the document lists for the operation",
           "refusal_not_json": "4xx answered as JSON", "refusal_without_code": "4xx with an error code",
           "undocumented_status": "statuses the document lists",
@@ -99,22 +93,6 @@ class Tally:
     results_accepted: int = 0
     merges_without_a_new_result: int = 0  # rounds merged after their last slot was refused to everyone
     findings: list[Finding] = field(default_factory=list)
-
-
-# ---------------------------------------------------------------- the relay under test
-
-
-@contextmanager
-def relay_process(work_dir: Path, *more: str, timeout: float = 120.0) -> Iterator[str]:
-    """``peertrain serve`` on 127.0.0.1, port 0, in a child process (``server.harness.RelayProcess``, its log in
-    ``work_dir``); yields its base URL (no trailing slash)."""
-    arguments = ["--host", LOOPBACK, "--task", TASK, "--session-dir", str(work_dir / "session"), "--fresh", "-k", "2",
-                 "--passes", "2", "--min-peers", "1", "--peer-timeout", "1", "--no-verify", "--admin-token", ADMIN,
-                 *more, *(f"--set={key}={value}" for key, value in TASK_SETTINGS.items())]
-    with RelayProcess(arguments, log=work_dir / "serve.log", examples=True, start_timeout_s=timeout) as relay:
-        if urlsplit(relay.url).hostname != LOOPBACK:
-            raise RuntimeError(f"the fuzzer only targets {LOOPBACK}, the relay printed {relay.url}")
-        yield relay.url
 
 
 # ---------------------------------------------------------------- the fuzzer

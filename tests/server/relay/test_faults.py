@@ -24,7 +24,7 @@ import httpx
 import pytest
 from relay_fixtures import ADMIN_TOKEN, build_small_package, make_relay, serving
 
-from server.bench.fuzz import ADMIN, relay_process
+from server.bench.fuzz_relay import ADMIN, relay_process
 from server.relay.admin import MAX_PLANNED_UNITS
 from server.relay.app import RelayPaths
 
