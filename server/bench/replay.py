@@ -39,7 +39,10 @@ from runtime.peer import Peer
 from runtime.protocol import Job
 from server.bench.replay_worker import WORKER_BATCH, WORKER_DEVICE, WORKER_SETUP, actions_digest
 from server.browser_assets.engines import PyodideEngine
+from server.harness.serve_command import ServeCommand
+from server.relay.options import RelayOptions
 from server.relay.verify import DEFAULT_VERIFY_ATOL, DEFAULT_VERIFY_RTOL, deviation, matches
+from server.session.config import SessionConfig
 
 DEVICES = ("cpu", "webgpu")
 MARGIN = 10.0
@@ -226,15 +229,15 @@ def _metrics(header: wire.WireHeader) -> dict[str, float]:
 
 # ---------------------------------------------------------------- the browser side
 
-def serve_arguments(package: Path, session_dir: Path, setup: TaskSetup, units: int, num_units: int) -> list[str]:
+def serve_command(package: Path, session_dir: Path, setup: TaskSetup, units: int, num_units: int) -> ServeCommand:
     passes = -(-(units + 2 * setup.k) // num_units) + 1  # more rounds than the bench trains: none ends the session
-    return ["--package", str(package), "--session-dir", str(session_dir), "--fresh", "-k", str(setup.k),
-            "--passes", str(passes), "--min-peers", "1", "--admin-token", "bench-replay",
-            "--lease-seconds", "3600", "--peer-timeout", "3600",
-            "--join-rate", "0", "--max-peers-per-address", "0",
-            "--outlier-factor", "0",  # one peer uploads every slot: never refuse an honest result
-            "--codec", "none",  # (browser and native float32 weights compared, not updates)
-            "--no-verify"]  # measuring the tolerance, not applying it
+    options = RelayOptions(admin_token="bench-replay", min_peers=1, lease_seconds=3600.0, peer_timeout=3600.0,
+                           join_rate=0.0, max_peers_per_address=0,
+                           outlier_factor=0.0,  # one peer uploads every slot: never refuse an honest result
+                           verify=False)  # measuring the tolerance, not applying it
+    # codec none: browser and native float32 weights compared, not updates
+    return ServeCommand(package=package, session_dir=session_dir, fresh=True, options=options,
+                        config=SessionConfig(participants=setup.k, passes=passes, codec="none"))
 
 
 @dataclass
@@ -284,9 +287,9 @@ def measure_task(task: str, setup: TaskSetup, units: dict[str, int], work: Path,
 
     package = build_package(task, setup.settings, work / f"package-{task}", check=False, log=lambda _: None)
     runs = [Run(task, device, count) for device, count in units.items() if count > 0]
-    arguments = serve_arguments(package.path, work / f"session-{task}", setup,
-                                sum(r.requested for r in runs), package.data.num_units)
-    with relay_process(*arguments, log_path=work / f"serve-{task}.log") as url, worker_page(url) as page:
+    serve = serve_command(package.path, work / f"session-{task}", setup, sum(r.requested for r in runs),
+                          package.data.num_units)
+    with relay_process(serve, log_path=work / f"serve-{task}.log") as url, worker_page(url) as page:
         task_json = run_in_worker(page, WORKER_SETUP)
         weights: dict[int, bytes] = {}  # the worker sends a round's weights once, whichever device asked first
         for run in runs:
