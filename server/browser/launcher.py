@@ -36,29 +36,19 @@ def with_test_flag(url: str) -> str:
 RELAY_START_SECONDS = 240
 
 
-def served(serve: tuple[ServeCommand | str, ...]) -> ServeCommand | list[str]:
-    """One ``ServeCommand``, or serve's arguments as strings (the benches not yet converted spread theirs)."""
-    if len(serve) == 1 and isinstance(serve[0], ServeCommand):
-        return serve[0]
-    if any(isinstance(part, ServeCommand) for part in serve):
-        raise TypeError("a ServeCommand comes alone: its extra holds serve's other arguments")
-    return [str(part) for part in serve]
-
-
-def launch_relay(*serve: ServeCommand | str, log_path: Path) -> tuple[subprocess.Popen[bytes], str]:
+def launch_relay(serve: ServeCommand, *, log_path: Path) -> tuple[subprocess.Popen[bytes], str]:
     """Start ``peertrain serve --port 0`` (``server.harness.RelayProcess``) with its output in ``log_path``;
     returns the process, once ``/healthz`` answers, and the URL it printed. The caller stops the process."""
-    relay = RelayProcess(served(serve), log=log_path, start_timeout_s=RELAY_START_SECONDS)
+    relay = RelayProcess(serve, log=log_path, start_timeout_s=RELAY_START_SECONDS)
     relay.start()
     assert relay.process is not None
     return relay.process, relay.page_url
 
 
 @contextmanager
-def relay_process(*serve: ServeCommand | str, log_path: Path | None = None) -> Iterator[str]:
-    """Run ``peertrain serve --port 0`` in a child process (a ``ServeCommand``, or serve's arguments as strings);
-    yields the URL it printed (stopped after)."""
-    with RelayProcess(served(serve), log=log_path, start_timeout_s=RELAY_START_SECONDS) as relay:
+def relay_process(serve: ServeCommand, *, log_path: Path | None = None) -> Iterator[str]:
+    """Run ``peertrain serve --port 0`` in a child process; yields the URL it printed (stopped after)."""
+    with RelayProcess(serve, log=log_path, start_timeout_s=RELAY_START_SECONDS) as relay:
         yield relay.page_url
 
 

@@ -54,18 +54,18 @@ def option_value(arguments: Sequence[str], name: str) -> str | None:
 class RelayProcess:
     """One ``peertrain serve`` child process (``python -m server.cli serve --port 0 *arguments``).
 
-    ``serve`` is what it is started with: a ``ServeCommand`` (the settings as objects), or serve's arguments as
-    strings (the command line itself: the benches not yet converted, tests of the flags). ``env`` is added to this
+    ``serve`` is what it is started with: a ``ServeCommand`` (the settings as objects; serve's own switches that no
+    settings object declares, or flags a user typed for a bench, in its ``extra``). ``env`` is added to this
     process's environment; ``examples`` puts ``examples/`` on the child's PYTHONPATH (tasks named as
     ``majority_task:MajorityTask``); ``python`` replaces the interpreter's command (e.g. with ``-m cProfile -o
     FILE``); ``stop_signal`` is what ``stop`` sends first (SIGINT lets cProfile write its stats). The log (``log``,
     default a file in $TMPDIR) holds every start's output, the first start's first."""
 
-    def __init__(self, serve: ServeCommand | Sequence[str] = (), *, log: Path | None = None,
+    def __init__(self, serve: ServeCommand, *, log: Path | None = None,
                  env: Mapping[str, str] | None = None, examples: bool = False, python: Sequence[str] | None = None,
                  stop_signal: signal.Signals = signal.SIGTERM, stop_timeout_s: float = 10.0,
                  start_timeout_s: float = 120.0, verify: ssl.SSLContext | bool = True) -> None:
-        self.arguments = serve.arguments() if isinstance(serve, ServeCommand) else list(serve)
+        self.arguments = serve.arguments()
         self.log = log or Path(os.environ.get("TMPDIR", "/tmp")) / f"peertrain-relay-{os.getpid()}-{id(self)}.log"
         extra = dict(env or {})
         if examples:

@@ -10,6 +10,7 @@ import pytest
 
 from server import cli
 from server.browser.launcher import relay_process
+from server.harness.serve_command import ServeCommand
 from server.relay.app import RelayPaths
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -39,7 +40,7 @@ def test_a_bench_not_built_yet_says_so(capsys: pytest.CaptureFixture[str], monke
 @pytest.mark.skipif(bool(RelayPaths().missing()), reason="set-up has not built web/node_modules and wheels/")
 def test_serve_prints_url_and_serves(tmp_path: Path) -> None:
     log_path = tmp_path / "serve.log"
-    with relay_process("--no-session", log_path=log_path) as url:
+    with relay_process(ServeCommand(no_session=True), log_path=log_path) as url:
         assert url.startswith("http://127.0.0.1:")
         assert f"Open {url} in a browser to join." in log_path.read_text()
         with httpx.Client(base_url=url, timeout=10) as client:
