@@ -23,7 +23,8 @@ from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from server.paths import REPO_ROOT
 from server.relay import admin_endpoints, endpoints, peer_endpoints, static, storage
-from server.relay.limits import NO_BODY_LIMIT, BodyLimits, ServerLimits, plain_refusal_response
+from server.relay.limits import NO_BODY_LIMIT, BodyLimits, plain_refusal_response
+from server.relay.options import ServerLimits
 from server.relay.state import Relay
 
 # Only our own origin; Pyodide compiles WebAssembly, which needs 'wasm-unsafe-eval' (not 'unsafe-eval').

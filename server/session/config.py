@@ -179,11 +179,6 @@ class SessionConfig:
         return cls(**data)
 
 
-def privacy_fields(config: SessionConfig) -> dict[str, Any]:
-    """The ``dp_*`` settings of ``config``, for a caller that builds sessions of its own from them (simulate)."""
-    return {f.name: getattr(config, f.name) for f in fields(config) if f.name.startswith("dp_")}
-
-
 def privacy_settings(config: SessionConfig) -> PrivacySettings | None:
     """The session's DP settings (None: off); a ``SessionError`` for a DP setting given without the noise."""
     return settings_of(config.dp_noise_multiplier, config.dp_clip, config.dp_adaptive_clip, config.dp_delta,
