@@ -129,6 +129,38 @@ def test_the_test_import_check_catches_a_test_importing_a_test(tmp_path: Path) -
                                              "server/test_a.py:3 imports test_b", "server/test_b.py:2 imports test_a"]
 
 
+# Where an event loop may start on the calling thread: run_async (which moves to a thread of its own when the caller
+# already runs one) and the shaped link (a thread of its own). After a browser test, Playwright's sync API leaves a
+# loop marked running in the test session's thread, so an asyncio.run there fails only when a browser test ran first.
+LOOP_STARTERS = frozenset({"server/harness/peer/transport.py", "server/harness/link.py"})
+
+
+def loops_started(folder: Path) -> list[str]:
+    """``file:line`` of every ``asyncio.run(...)`` or ``loop.run_until_complete(...)`` call under ``folder``."""
+    found = []
+    for path in sorted(folder.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and (node.func.attr == "run_until_complete"
+                         or (node.func.attr == "run" and isinstance(node.func.value, ast.Name)
+                             and node.func.value.id == "asyncio"))):
+                found.append(f"{path.relative_to(folder).as_posix()}:{node.lineno}")
+    return found
+
+
+def test_event_loops_start_through_run_async() -> None:
+    started = [f"{folder}/{place}" for folder in (*PACKAGES, "tests", "examples")
+               for place in loops_started(REPO_ROOT / folder)]
+    started = [place for place in started if place.split(":")[0] not in LOOP_STARTERS]
+    assert started == [], "start an event loop with server.harness.peer.run_async, not asyncio.run"
+
+
+def test_the_loop_check_finds_both_forms(tmp_path: Path) -> None:
+    (tmp_path / "a.py").write_text("import asyncio\n\ndef f(c, loop):\n    asyncio.run(c)\n"
+                                   "    loop.run_until_complete(c)\n    runner.run(c)\n")
+    assert loops_started(tmp_path) == ["a.py:4", "a.py:5"]
+
+
 def test_no_import_cycles_among_the_projects_modules() -> None:
     """Dependencies run one way (cli -> relay / session -> runtime); a cycle is named with its path."""
     graph = import_graph(REPO_ROOT, PACKAGES)

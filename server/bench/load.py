@@ -53,11 +53,8 @@ import sys
 import tempfile
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Coroutine
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
 
 import httpx
 
@@ -91,6 +88,7 @@ from server.bench.load_figures import (
     sample_rss,
     slope_per_minute,
 )
+from server.harness.peer import run_async
 from server.harness.relay_process import EXAMPLES, RelayProcess
 from server.harness.serve_command import ServeCommand
 from server.relay.options import DEFAULT_BODY_TIMEOUT, DEFAULT_HEADER_TIMEOUT, RelayOptions, ServerLimits
@@ -297,17 +295,6 @@ def run_load(settings: LoadSettings, work: Path) -> LoadFigures:
         print(f"relay at {relay.url} (pid {relay.pid}): {TASK}, {settings.chunks} units of {settings.rows} rows, "
               f"k = {settings.k}, {settings.passes()} passes; log {relay.log}", flush=True)
         return run_async(lambda: drive(relay, settings))
-
-
-def run_async[T](make: Callable[[], Coroutine[Any, Any, T]]) -> T:
-    """``asyncio.run`` of the coroutine ``make()`` builds, in a thread of its own when this thread already runs an
-    event loop (a caller's, or Playwright's sync API, which keeps one running in the test session's thread)."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(make())
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(lambda: asyncio.run(make())).result()
 
 
 def run(args: argparse.Namespace) -> int:

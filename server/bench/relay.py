@@ -45,7 +45,7 @@ from runtime import wire
 from runtime.protocol import Done, Job
 from server.browser.launcher import relay_process
 from server.browser_assets import engines
-from server.harness.peer import AsyncTransport, Refused, RelayPeer, Result, Trainer, WeightsFrom
+from server.harness.peer import AsyncTransport, Refused, RelayPeer, Result, Trainer, WeightsFrom, run_async
 from server.harness.serve_command import ServeCommand
 from server.relay.client import AsyncRelayClient, RelayRefusal, status_call
 from server.relay.options import RelayOptions
@@ -301,7 +301,7 @@ def one_session(package: Package, k: int, passes: int, args: argparse.Namespace,
     with relay_process(serve_command(package.path, session, k, passes, args.verify_fraction, args.replay_workers),
                        log_path=work / f"serve-k{k}.log") as url:
         print(f"k={k}: relay at {url}, {package.data.num_units} units, {passes} passes", flush=True)
-        asyncio.run(drive(url.rstrip("/"), package, k, args.rounds, args.perturbation, figures, training))
+        run_async(lambda: drive(url.rstrip("/"), package, k, args.rounds, args.perturbation, figures, training))
     shutil.rmtree(session, ignore_errors=True)  # k x 2.3 MB of results per round
 
 

@@ -8,7 +8,8 @@ written once and runs on either transport:
 * ``SyncTransport``: an ``httpx.Client`` on the calling thread (``NativePeer`` in a thread of its own, the lock-step
   peers of ``bench attacks``); a pause waits on a ``threading.Event`` that a stop sets;
 * ``AsyncTransport``: an ``httpx.AsyncClient`` on an event loop (``bench relay`` and ``bench load`` run hundreds of
-  peers in one process); a pause waits on an ``asyncio.Event`` that a stop sets.
+  peers in one process); a pause waits on an ``asyncio.Event`` that a stop sets. ``run_async`` starts such a loop
+  from synchronous code, in a thread of its own where the calling thread already runs one.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import threading
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Coroutine, Generator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -114,3 +116,15 @@ class AsyncTransport:
             await asyncio.wait_for(self.stop.wait(), timeout=seconds)
         except TimeoutError:
             pass
+
+
+def run_async[R](make: Callable[[], Coroutine[Any, Any, R]]) -> R:
+    """``asyncio.run`` of the coroutine ``make()`` builds, in a thread of its own when this thread already runs an
+    event loop (a caller's, or Playwright's sync API, which keeps one marked running in the test session's thread
+    once a browser test has run, so a plain ``asyncio.run`` there raises)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(make())
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(lambda: asyncio.run(make())).result()

@@ -5,7 +5,6 @@ trainer keeps the results its ``Retention`` says."""
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import threading
 from collections.abc import Callable
@@ -33,6 +32,7 @@ from server.harness.peer import (
     Trainer,
     Unanswered,
     WeightsFrom,
+    run_async,
 )
 from server.session.package import Package
 
@@ -186,7 +186,8 @@ def test_both_transports_run_the_same_steps_and_the_hooks_see_every_exchange() -
                 await transport.run(RelayPeer(hooks=hooks()).upload(JOB, Result(b"result")))
             return answer
 
-    assert asyncio.run(asynchronously()) == Wait(0.0, "no unit now")
+    # run_async: after a browser test, Playwright's sync API leaves a loop marked running in this thread
+    assert run_async(asynchronously) == Wait(0.0, "no unit now")
     assert seen == [("/api/join", 200), ("/api/work", 200), ("/api/result?round=0&slot=1", 200),
                     ("/api/join", 200), ("/api/work?hold=2", 200)]
 

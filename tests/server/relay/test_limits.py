@@ -20,10 +20,11 @@ import httpx
 import pytest
 
 from runtime.peer import Peer
-from server.bench.load import relay_process, run_async
+from server.bench.load import relay_process
 from server.cli import serve
 from server.cli.commands import build_parser
 from server.cli.options import read_limits, read_settings
+from server.harness.peer import run_async
 from server.harness.serve_command import ServeCommand
 from server.relay.app import RelayPaths
 from server.relay.limits import uvicorn_settings
