@@ -28,9 +28,11 @@ MAX_PLANNED_UNITS = 1_000_000
 
 
 class SessionAdmin:
-    """``paused``: no work is handed out. ``replacing``: the old session's files are moving (the endpoints answer
-    503 meanwhile). ``start_session`` is the relay's: serve a new session with its own store. ``merge_lock`` is the
-    relay's merge lock: a replacement waits for a merge in flight and no merge starts during one."""
+    """``paused``: no work is handed out. ``pause_from``: the round from which it is paused (``pause-after-round``:
+    the round being trained is handed out to its end and merged; no later one starts). ``replacing``: the old
+    session's files are moving (the endpoints answer 503 meanwhile). ``start_session`` is the relay's: serve a new
+    session with its own store. ``merge_lock`` is the relay's merge lock: a replacement waits for a merge in flight
+    and no merge starts during one."""
 
     def __init__(self, context: RelayContext, *, merge_lock: asyncio.Lock,
                  start_session: Callable[[Session, Store, RelayOptions], None]) -> None:
@@ -39,7 +41,15 @@ class SessionAdmin:
         # turns host replays off for itself, not for the sync session after it).
         self.asked_options = context.options
         self.paused = False
+        self.pause_from: int | None = None
         self.replacing = False
+
+    def is_paused(self) -> bool:
+        """Whether no work is handed out now: paused, or the round ``pause-after-round`` waited for has merged."""
+        return self.paused or (self.pause_from is not None and self.context.session.round >= self.pause_from)
+
+    def clear_pause(self) -> None:
+        self.paused, self.pause_from = False, None
 
     async def replace_session(self, request: dict[str, Any]) -> Path:
         """A new session on the same package from a session request (``POST /api/admin/session``): the
@@ -86,11 +96,16 @@ class SessionAdmin:
         return archived
 
     def admin_action(self, action: str) -> None:
-        """``pause``, ``resume`` or ``stop`` (ends the session, recorded so a restart does not resume it)."""
+        """``pause``, ``pause-after-round`` (hand out the current round, paused or not, and pause once it has
+        merged: the host reads each round before the next one starts, which a pause sent from outside cannot
+        promise, since the next round is handed out the moment one merges), ``resume`` or ``stop`` (ends the
+        session, recorded so a restart does not resume it)."""
         if action == "pause":
             self.paused = True
+        elif action == "pause-after-round":  # (sent while paused: one round runs, then it pauses again)
+            self.paused, self.pause_from = False, self.context.session.round + 1
         elif action == "resume":
-            self.paused = False
+            self.clear_pause()
         elif action == "stop":
             self.context.session.stop("stopped by the admin")
         else:

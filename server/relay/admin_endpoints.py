@@ -23,11 +23,13 @@ from server.session.config import session_request_schema
 
 UNBAN_BODY_LIMIT = 4096  # bytes: an unban body holds a peer id
 SESSION_BODY_LIMIT = 65536  # bytes: a session request is a small JSON object of settings
-ADMIN_ACTIONS = ("pause", "resume", "stop")
+ADMIN_ACTIONS = ("pause", "pause-after-round", "resume", "stop")
 
 
 @operation(Operation(
     summary="pause or resume handing out work, or stop the session", auth="admin",
+    description="`pause-after-round` hands out the current round to its end (also when paused) and pauses once "
+    "it has merged: one round at a time.",
     params=[Param(name="action", where="path", schema={"type": "string", "enum": list(ADMIN_ACTIONS)})],
     answers=[Answer(description="the relay's state after the action")],
     refusals=[*ADMIN_REFUSALS, *NOT_FOUND, (404, "unknown_action")]))
@@ -35,7 +37,8 @@ async def admin_action(request: Request) -> Response:
     require_admin(request)
     relay = relay_of(request)
     relay.admin.admin_action(request.path_params["action"])
-    return JSONResponse({"ok": True, "paused": relay.paused, "stopped": relay.session.stopped})
+    return JSONResponse({"ok": True, "paused": relay.paused, "pause_from": relay.admin.pause_from,
+                         "stopped": relay.session.stopped})
 
 
 @operation(Operation(summary="every peer: address, units, last seen, ban and its reason", auth="admin",

@@ -1,4 +1,5 @@
-"""Who may join: a token bucket of joins per client address, and a cap on live peers per address. (Behind a
+"""Who may join: joins per client address at a rate, first come first served (a refused joiner is given a ticket for
+its place), and a cap on live peers per address. (Behind a
 reverse proxy the address is the one uvicorn's proxy-headers middleware reads for the relay's trusted proxies,
 ``serve --forwarded-allow-ips``: ``server.relay.app``.)
 
@@ -10,65 +11,111 @@ keeps one machine from flooding the session and keeps the relay responsive.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import math
+import secrets
 import time
 from dataclasses import dataclass, field
 
 from server.relay.context import RelayContext
 from server.relay.refusal import Refusal
 
-MAX_TRACKED_ADDRESSES = 10_000  # buckets kept in memory; full (idle) ones are dropped first past this
+MAX_TRACKED_ADDRESSES = 10_000  # addresses kept in memory; idle ones (no queue, a full burst) are dropped first
+JOIN_QUEUE = 1_000  # places one address's queue holds; past it a join is refused with no ticket (a flood)
+TICKET_GRACE_S = 60.0  # a ticket admits from its time until this much later; then it is only a place at the back
 
 
 @dataclass
-class TokenBucket:
-    """``burst`` joins at once, refilled at ``rate`` per second."""
+class AddressQueue:
+    """One address's joins as a generic cell rate algorithm (a token bucket kept as one time): ``due`` is when the
+    joins admitted and promised so far would have used up the address's rate; a join is admitted at once while
+    ``due`` is within ``burst`` joins of now. A join refused is promised the next place all the same (``due`` moves
+    on by one interval), so the joiners behind one address are let in in the order they first asked."""
 
-    rate: float
-    burst: float
-    tokens: float
-    updated: float
-
-    def take(self, now: float) -> float:
-        """Take one token; returns 0 when taken, else the seconds until one is there."""
-        self.tokens = min(self.burst, self.tokens + (now - self.updated) * self.rate)
-        self.updated = now
-        if self.tokens >= 1:
-            self.tokens -= 1
-            return 0.0
-        return (1 - self.tokens) / self.rate if self.rate > 0 else math.inf
+    due: float
+    serial: int = 0
+    redeemed: dict[int, float] = field(default_factory=dict)  # ticket serial -> its expiry, while it could be shown
 
 
 @dataclass
 class JoinLimiter:
-    """Token buckets per address; ``rate <= 0`` turns the limit off."""
+    """Joins per address: ``burst`` at once, then ``rate`` per second, first come first served; ``rate <= 0`` turns
+    the limit off.
+
+    A join past the rate is refused 429 ``join_rate`` with ``Retry-After`` and a ticket for the next free place
+    (its time and a number, signed with this relay's secret for this address). Shown again with the join
+    (``{"ticket": ...}``) from its time on, the ticket admits at once whatever the joins since; shown early, it is
+    refused with the seconds still to wait and keeps its place. So n joiners behind one address are all in within
+    ``(n - burst) / rate`` seconds of the first and the retry a client makes on ``Retry-After``, whoever is unlucky
+    on the network, while the address still gets no more than its rate. A ticket is good once, for
+    ``TICKET_GRACE_S`` after its time; an unused one costs its place (later joiners are not moved up)."""
 
     rate: float
     burst: int
-    buckets: dict[str, TokenBucket] = field(default_factory=dict)
+    queues: dict[str, AddressQueue] = field(default_factory=dict)
+    secret: bytes = field(default_factory=lambda: secrets.token_bytes(32))
 
-    def admit(self, address: str, now: float | None = None) -> None:
-        """Refuse with 429 ``join_rate`` (and ``Retry-After``) when ``address`` has no join left."""
+    def admit(self, address: str, now: float | None = None, *, ticket: str = "") -> None:
+        """Admit a join from ``address`` or refuse it with 429 ``join_rate``, ``Retry-After`` and (while the
+        address's queue has room) a ticket in the refusal's body."""
         if self.rate <= 0:
             return
         now = time.monotonic() if now is None else now
-        bucket = self.buckets.get(address)
-        if bucket is None:
+        queue = self.queues.get(address)
+        if queue is None:
             self._make_room(now)
-            bucket = self.buckets[address] = TokenBucket(self.rate, float(self.burst), float(self.burst), now)
-        wait = bucket.take(now)
-        if wait > 0:
-            raise Refusal(429, "join_rate", f"too many joins from {address}: {self.burst} at once, then "
-                          f"{self.rate:g} per second; try again in {wait:.1f} s",
-                          headers={"Retry-After": str(max(1, math.ceil(wait)))})
+            queue = self.queues[address] = AddressQueue(due=now)
+        if ticket and self._redeem(address, queue, ticket, now):
+            return
+        interval = 1.0 / self.rate
+        due = max(queue.due, now) + interval
+        turn = due - max(self.burst, 1) * interval  # when this join fits within the burst
+        if turn <= now:
+            queue.due = due
+            return
+        if turn - now > JOIN_QUEUE * interval:
+            raise self._refusal(address, turn - now, "", "its queue is full")
+        queue.due, queue.serial = due, queue.serial + 1
+        raise self._refusal(address, turn - now, self._ticket(address, queue.serial, turn), "")
+
+    def _redeem(self, address: str, queue: AddressQueue, ticket: str, now: float) -> bool:
+        """True when ``ticket`` admits now; refused (the same ticket, the seconds left) when it is early; False when
+        it is not one of this address's tickets, was used or has expired (the join then queues as a new one)."""
+        try:
+            serial_text, turn_text, signature = ticket.split(".")
+            serial, turn = int(serial_text), int(turn_text) / 1000
+        except ValueError:
+            return False
+        expected = self._ticket(address, serial, turn).rsplit(".", 1)[1]
+        if not hmac.compare_digest(signature.encode(), expected.encode()) or serial in queue.redeemed:
+            return False
+        if now > turn + TICKET_GRACE_S:
+            return False
+        if now < turn:
+            raise self._refusal(address, turn - now, ticket, "")
+        queue.redeemed = {s: t for s, t in queue.redeemed.items() if t >= now}
+        queue.redeemed[serial] = turn + TICKET_GRACE_S
+        return True
+
+    def _ticket(self, address: str, serial: int, turn: float) -> str:
+        text = f"{serial}.{round(turn * 1000)}"
+        return f"{text}.{hmac.new(self.secret, f'{address}|{text}'.encode(), hashlib.sha256).hexdigest()[:32]}"
+
+    def _refusal(self, address: str, wait: float, ticket: str, why: str) -> Refusal:
+        told = f"{why}: " if why else ""
+        return Refusal(429, "join_rate", f"too many joins from {address} ({told}{self.burst} at once, then "
+                       f"{self.rate:g} per second); try again in {wait:.1f} s"
+                       + (" with the ticket, which keeps this join's place" if ticket else ""),
+                       headers={"Retry-After": str(max(1, math.ceil(wait)))},
+                       body={"ticket": ticket} if ticket else None)
 
     def _make_room(self, now: float) -> None:
-        if len(self.buckets) < MAX_TRACKED_ADDRESSES:
+        if len(self.queues) < MAX_TRACKED_ADDRESSES:
             return
-        refilled = [a for a, b in self.buckets.items() if b.tokens + (now - b.updated) * b.rate >= b.burst]
-        for address in refilled or list(self.buckets)[: len(self.buckets) // 2]:
-            del self.buckets[address]
+        idle = [a for a, q in self.queues.items() if q.due <= now and not q.redeemed]
+        for address in idle or list(self.queues)[: len(self.queues) // 2]:
+            del self.queues[address]
 
 
 class Admission:
@@ -79,10 +126,10 @@ class Admission:
         self.context = context
         self.joins = JoinLimiter(context.options.join_rate, context.options.join_burst)
 
-    def join(self, address: str, *, agent: str = "", join_code: str = "") -> tuple[str, str]:
+    def join(self, address: str, *, agent: str = "", join_code: str = "", ticket: str = "") -> tuple[str, str]:
         """A new peer's id and token. Refused with the join code missing or wrong (403 ``join_code``), from the
-        address of a banned peer (403 ``banned``), past the address's join rate or its cap of live peers (429,
-        ``Retry-After``)."""
+        address of a banned peer (403 ``banned``), past the address's join rate (429 with ``Retry-After`` and a
+        ticket that keeps the join's place: ``JoinLimiter``) or its cap of live peers (429, ``Retry-After``)."""
         options, store = self.context.options, self.context.store
         if options.join_code and not hmac.compare_digest(join_code.encode(), options.join_code.encode()):
             raise Refusal(403, "join_code", "this session needs a join code")
@@ -93,7 +140,7 @@ class Admission:
         if cap > 0 and store.live_peers_at(address, options.peer_timeout) >= cap:
             raise Refusal(429, "too_many_peers", f"{address} already has {cap} live peers in this session",
                           headers={"Retry-After": str(max(1, int(options.peer_timeout)))})
-        self.joins.admit(address)
+        self.joins.admit(address, ticket=ticket)
         credentials = store.add_peer(agent, address)
         self.context.notices.work_changed()
         return credentials

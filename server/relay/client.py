@@ -19,11 +19,12 @@ from runtime.protocol import Joined, Receipt
 
 
 class RelayRefusal(Exception):
-    """The relay refused a request: ``status`` (HTTP), ``code`` (the relay's reason) and its message."""
+    """The relay refused a request: ``status`` (HTTP), ``code`` (the relay's reason), its message and the ``ticket``
+    a refused join is given (``""`` otherwise)."""
 
-    def __init__(self, status: int, code: str, message: str) -> None:
+    def __init__(self, status: int, code: str, message: str, ticket: str = "") -> None:
         super().__init__(f"{status} {code}: {message}")
-        self.status, self.code, self.message = status, code, message
+        self.status, self.code, self.message, self.ticket = status, code, message, ticket
 
 
 def checked(response: httpx.Response) -> httpx.Response:
@@ -34,7 +35,7 @@ def checked(response: httpx.Response) -> httpx.Response:
             body = {}
         body = body if isinstance(body, dict) else {}
         raise RelayRefusal(response.status_code, str(body.get("error", "http_error")),
-                           str(body.get("message", response.text[:200])))
+                           str(body.get("message", response.text[:200])), str(body.get("ticket", "")))
     return response
 
 
@@ -59,8 +60,10 @@ class Call:
     follow_redirects: bool = False
 
 
-def join_call(join_code: str | None = None) -> Call:
-    return Call("POST", "/api/join", json={"join_code": join_code} if join_code else {}, authorized=False)
+def join_call(join_code: str | None = None, ticket: str = "") -> Call:
+    """``POST /api/join``; ``ticket``: the one the last ``429 join_rate`` gave, which keeps the join's place."""
+    body = ({"join_code": join_code} if join_code else {}) | ({"ticket": ticket} if ticket else {})
+    return Call("POST", "/api/join", json=body, authorized=False)
 
 
 def task_call() -> Call:

@@ -69,7 +69,7 @@ def refusal_response(request: Request, refusal: Exception) -> Response:
     relay: Relay = request.app.state.relay
     if not relay.replacing:  # (between two sessions there is no store to count in)
         relay.count_refusal(refusal)
-    return JSONResponse({"error": refusal.code, "message": refusal.message}, status_code=refusal.status,
+    return JSONResponse(refusal.to_json(), status_code=refusal.status,
                         headers=refusal.headers)
 
 

@@ -74,7 +74,7 @@ def raise_file_limit(connections: int) -> int:
 
 def refusal_bytes(refusal: Refusal) -> bytes:
     """A complete HTTP/1.1 response for ``refusal`` that closes the connection (for use below the ASGI app)."""
-    body = json.dumps({"error": refusal.code, "message": refusal.message}).encode()
+    body = json.dumps(refusal.to_json()).encode()
     head = (f"HTTP/1.1 {refusal.status} {HTTPStatus(refusal.status).phrase}\r\ncontent-type: application/json\r\n"
             f"content-length: {len(body)}\r\nconnection: close\r\n\r\n")
     return head.encode() + body
@@ -147,7 +147,7 @@ def head_timeout_protocol(seconds: float, on_timeout: Callable[[], None] | None 
 def plain_refusal_response(request: Request, refusal: Exception) -> Response:
     """A refusal's JSON answer where no relay counts it (the page-only app)."""
     assert isinstance(refusal, Refusal)
-    return JSONResponse({"error": refusal.code, "message": refusal.message}, status_code=refusal.status,
+    return JSONResponse(refusal.to_json(), status_code=refusal.status,
                         headers=refusal.headers)
 
 

@@ -165,8 +165,11 @@ def declaration(endpoint: Callable[..., Any]) -> Operation:
 
 
 def refusal_schema(codes: Sequence[str]) -> dict[str, Any]:
-    return {**REFUSAL_SCHEMA, "properties": {"error": {"type": "string", "enum": list(codes)},
-                                             "message": {"type": "string"}}}
+    properties: dict[str, Any] = {"error": {"type": "string", "enum": list(codes)}, "message": {"type": "string"}}
+    if "join_rate" in codes:
+        properties["ticket"] = {"type": "string", "description": "join_rate: shown with the next join (from "
+                                "Retry-After on), it keeps this join's place in the address's queue"}
+    return {**REFUSAL_SCHEMA, "properties": properties}
 
 
 def wire_refusals() -> tuple[tuple[int, str], ...]:

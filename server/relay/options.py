@@ -73,7 +73,8 @@ class RelayOptions:
         above=0, what=SECONDS, metavar="S", commands=("serve",)))
     join_rate: float = field(default=DEFAULT_JOIN_RATE, metadata=setting(
         help="joins per second per client address after a burst (0: no limit); over it a join gets 429 with "
-        "Retry-After", minimum=0, metavar="R", group="guards", commands=("serve",)))
+        "Retry-After and a ticket that keeps its place: one address's joiners get in first come, first served",
+        minimum=0, metavar="R", group="guards", commands=("serve",)))
     join_burst: int = field(default=DEFAULT_JOIN_BURST, metadata=setting(
         help="joins one address may make at once", minimum=0, metavar="N", group="guards", commands=("serve",)))
     max_peers_per_address: int = field(default=DEFAULT_MAX_PEERS_PER_ADDRESS, metadata=setting(

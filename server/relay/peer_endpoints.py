@@ -28,13 +28,15 @@ from server.relay.requests import (
 from server.relay.state import MAX_HOLD_SECONDS
 
 JOIN_BODY_LIMIT = 4096  # bytes: a join body holds at most a join code
+MAX_TICKET_CHARS = 100  # a join's ticket (server.relay.admission): a longer one is not one the relay gave
 MAX_INDEX_DIGITS = 18  # a unit index in a path: int() of a longer digit string is slow or refused (4300 digits)
 
 
 @operation(Operation(
     summary="join the session: a peer id and its token",
-    body=Body(schema={"type": "object", "properties": {"join_code": {"type": "string"}}},
-              description=f"at most {JOIN_BODY_LIMIT} bytes; an empty body is {{}}"),
+    body=Body(schema={"type": "object", "properties": {"join_code": {"type": "string"}, "ticket": {"type": "string"}}},
+              description=f"at most {JOIN_BODY_LIMIT} bytes; an empty body is {{}}; ticket: the one a 429 join_rate "
+              "gave this address, which keeps the join's place in the address's queue"),
     answers=[Answer(description="the peer's credentials (Authorization: Bearer <peer_id>:<token>)",
                     content={JSON: {"type": "object", "required": ["peer_id", "token"],
                                     "properties": {"peer_id": {"type": "string"}, "token": {"type": "string"}}}})],
@@ -44,7 +46,8 @@ async def join(request: Request) -> Response:
     payload = await read_json_object(request, JOIN_BODY_LIMIT, "join")
     address = request.client.host if request.client else "unknown"  # (behind a proxy: the app's ProxyHeaders)
     peer_id, token = relay.join(address, agent=request.headers.get("user-agent", ""),
-                                join_code=str(payload.get("join_code", "")))
+                                join_code=str(payload.get("join_code", "")),
+                                ticket=str(payload.get("ticket", ""))[:MAX_TICKET_CHARS])
     return JSONResponse({"peer_id": peer_id, "token": token})
 
 

@@ -136,7 +136,7 @@ class Relay:
         self.store = self.context.store = store
         if options is not None:
             self.options = self.context.options = options
-        self.admin.paused = False
+        self.admin.clear_pause()
         self.samples.clear()
         self.jobs.forget()
         self.book.clear()
@@ -164,7 +164,7 @@ class Relay:
 
     @property
     def paused(self) -> bool:
-        return self.admin.paused
+        return self.admin.is_paused()
 
     @property
     def replacing(self) -> bool:
@@ -202,8 +202,8 @@ class Relay:
                 "peer_timeout": self.options.peer_timeout, "result_bytes": self.result_body_limit}
 
     # -- joining and who a request is from (server.relay.admission) ---------------------------------------
-    def join(self, address: str, *, agent: str = "", join_code: str = "") -> tuple[str, str]:
-        return self.admission.join(address, agent=agent, join_code=join_code)
+    def join(self, address: str, *, agent: str = "", join_code: str = "", ticket: str = "") -> tuple[str, str]:
+        return self.admission.join(address, agent=agent, join_code=join_code, ticket=ticket)
 
     def peer(self, peer_id: str, token: str) -> str:
         """Who a request is from (a peer that left is not marked as seen by its requests still in flight)."""
@@ -331,6 +331,6 @@ class Relay:
 
     def serve_restored(self, session: Session) -> None:
         """The session as of its last checkpoint, after a merge failed on the disk (paused stays as it was)."""
-        paused = self.paused
+        paused = self.admin.paused, self.admin.pause_from
         self.start_session(session, self.store)
-        self.admin.paused = paused
+        self.admin.paused, self.admin.pause_from = paused

@@ -60,7 +60,8 @@ class StatusReport(Part):
             **session.describe(),
             "task": session.task.describe(),
             "fingerprint": self.context.package.fingerprint,
-            "paused": self.admin.paused,
+            "paused": self.admin.is_paused(),
+            "pause_from": self.admin.pause_from,  # (pause-after-round: the round no work of is handed out)
             "merging": self.context.merging,
             "peers": {"connected": len(active), "joined": store.peer_count(), "needed": options.min_peers,
                       "addresses": store.addresses(options.peer_timeout),
@@ -85,7 +86,7 @@ class StatusReport(Part):
         that asks is handed work, or the session is over or merging). The rules behind it: docs/liveness.md."""
         if self.session.done or self.context.merging:
             return None
-        if self.admin.paused:
+        if self.admin.is_paused():
             return "paused by the host"
         if self.disk.problem:
             return f"the relay cannot write ({self.disk.problem}); the session goes on when space returns"

@@ -22,7 +22,8 @@ from browser_helpers import (
     stop,
     wait_for_status,
 )
-from playwright.sync_api import Browser, BrowserType, Page
+from playwright.sync_api import Browser, BrowserType, Page, Request
+from playwright.sync_api import Error as PlaywrightError
 
 from server.browser.chromium import launch_options
 from server.browser.peers import join_url
@@ -59,6 +60,18 @@ def wait_for_page(page: Page, check: Any, *, what: str, timeout_s: float = BOOT_
         page.wait_for_timeout(250)
 
 
+def page_rows_of_mine(page: Page, wanted: list[str], tries: int = 240) -> list[str]:
+    """The peers the page's participants table marks as its own, once they are ``wanted`` (the table follows the
+    status stream, which trails a worker's own count of its uploads by up to a status interval)."""
+    mine: list[str] = []
+    for _ in range(tries):  # (bounded: a minute of 0.25 s polls)
+        mine = sorted(page.eval_on_selector_all("#participants tr[data-mine]", "rows => rows.map(r => r.dataset.peer)"))
+        if mine == wanted:
+            break
+        page.wait_for_timeout(250)
+    return mine
+
+
 def history_of(session_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (session_dir / "history.jsonl").read_text().splitlines() if line.strip()]
 
@@ -81,14 +94,21 @@ def test_two_workers_boot_once_from_the_network_train_as_two_peers_and_leave_wit
     fetched: dict[str, list[int]] = defaultdict(list)  # path -> body bytes of each fetch (<= 0: the browser's cache)
     try:
         page = context.new_page()
-        page.on("requestfinished", lambda request: fetched[request.url.removeprefix(url.rstrip("/"))].append(
-            request.sizes()["responseBodySize"]))
+        def finished(request: Request) -> None:
+            try:
+                size = request.sizes()["responseBodySize"]
+            except PlaywrightError:  # (a request still finishing as the context closes: not one the test reads)
+                return
+            fetched[request.url.removeprefix(url.rstrip("/"))].append(size)
+
+        page.on("requestfinished", finished)
         page.goto(join_url(url, 2))
         workers = wait_for_page(page, lambda ws: len(ws) == 2 and all(w["units"] >= 1 for w in ws),
                                 what="two workers to upload a unit each")
         assert len({w["peerId"] for w in workers}) == 2  # two peers, each with its own token and leases
-        mine = page.eval_on_selector_all("#participants tr[data-mine]", "rows => rows.map(r => r.dataset.peer)")
-        assert sorted(mine) == sorted(w["peerId"][:8] for w in workers)  # (the table shows 8 characters of an id)
+        ids = sorted(w["peerId"][:8] for w in workers)  # (the table shows 8 characters of an id)
+        mine = page_rows_of_mine(page, ids)
+        assert mine == ids
         assert page.is_visible("#workers") and page.locator("#workers li").count() == 2
 
         assets = {path: sizes for path, sizes in fetched.items() if path.startswith("/pyodide/")}

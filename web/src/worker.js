@@ -132,6 +132,8 @@ async function api(path, { method = "GET", body = null, binary = false, cacheabl
     const error = new Error(detail.message || `${method} ${path}: HTTP ${response.status}`);
     error.status = response.status;
     error.code = detail.error;
+    error.retryAfter = Number(response.headers.get("Retry-After")) || 1; // (seconds, on a 429 or 503)
+    error.ticket = detail.ticket || ""; // (a refused join's place in its address's queue)
     throw error;
   }
   return binary ? new Uint8Array(await response.arrayBuffer()) : response.json();
@@ -202,9 +204,23 @@ function reportLocal(peer) {
 
 // Join the session, with the join code the page was given. Used at the start and whenever the relay refuses
 // the stored token (401: a relay restarted with a new session no longer knows this peer).
+// Many volunteers behind one address (a classroom's NAT) join in turn: a join past the address's rate is refused 429
+// with Retry-After and a ticket that keeps its place, shown with the next try.
+const MAX_JOIN_TRIES = 200;
 async function join(joinCode, prepared) {
   credentials = null;
-  credentials = await api("/api/join", { method: "POST", body: JSON.stringify({ join_code: joinCode || "" }) });
+  let ticket = "";
+  for (let tries = 1; !credentials; tries++) {
+    try {
+      const body = { join_code: joinCode || "", ...(ticket ? { ticket } : {}) };
+      credentials = await api("/api/join", { method: "POST", body: JSON.stringify(body) });
+    } catch (error) {
+      if (error.status !== 429 || stopping || tries >= MAX_JOIN_TRIES) throw error;
+      ticket = error.ticket || ticket;
+      report("waiting", { reason: `joining in turn with others at this address: in ${error.retryAfter} s` });
+      await interruptible(error.retryAfter * 1000);
+    }
+  }
   report("joined", { peerId: credentials.peer_id, token: credentials.token, device: prepared.description });
 }
 

@@ -18,13 +18,14 @@ class Unanswered(Exception):
 @dataclass(frozen=True)
 class Refused:
     """A refusal as the peer took it: the relay's status, code and message, what the protocol says to do next and
-    the Retry-After the relay asked for (seconds; 1 when it named none)."""
+    the Retry-After the relay asked for (seconds; 1 when it named none) and the ticket a refused join was given."""
 
     status: int
     code: str
     message: str
     action: PeerAction
     retry_after: float = 1.0
+    ticket: str = ""
 
 
 @dataclass(frozen=True)

@@ -138,7 +138,8 @@ class RelayPeer:
             return call.parse(response)
         except RelayRefusal as refusal:
             return self.refused(Refused(refusal.status, refusal.code, refusal.message,
-                                        action_after(refusal.status, refusal.code), retry_after(response)))
+                                        action_after(refusal.status, refusal.code), retry_after(response),
+                                        refusal.ticket))
 
     def refused(self, refusal: Refused) -> Refused:
         """What a refusal changes in the peer: stop for good, join again, or forget the weights held."""
@@ -154,10 +155,11 @@ class RelayPeer:
     # -- the steps -------------------------------------------------------------------------------------------
     def sign_in(self) -> Steps[Joined | Refused]:
         """``POST /api/join``; a 429 (too many joins from this address) waits Retry-After and tries again, up to
-        ``join_tries`` times."""
-        tries = 0
+        ``join_tries`` times, showing the ticket the refusal gave (it keeps this join's place in the address's
+        queue)."""
+        tries, ticket = 0, ""
         while True:
-            answer = yield from self.call(join_call(self.join_code))
+            answer = yield from self.call(join_call(self.join_code, ticket))
             tries += 1
             if not isinstance(answer, Refused):
                 joined = Joined.from_json(answer)
@@ -167,7 +169,9 @@ class RelayPeer:
                     or self.stopping() or time.monotonic() > self.deadline:
                 return answer
             self.log.join_waits += 1
-            yield from self.pause(min(answer.retry_after, self.retry_after_cap_s))
+            ticket = answer.ticket or ticket  # (held, the place is kept: its Retry-After is the turn, not a guess)
+            yield from self.pause(answer.retry_after if answer.ticket else min(answer.retry_after,
+                                                                               self.retry_after_cap_s))
 
     def ask(self, hold: float | None = None) -> Steps[WorkAnswer | Refused]:
         """``POST /api/work[?hold=S]`` (joining first when the peer holds no token)."""

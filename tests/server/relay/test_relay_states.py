@@ -142,6 +142,9 @@ class RelayStates(RuleBasedStateMachine):
             return
         if self.live.paused:
             assert not isinstance(answer, Job)
+        pause_from = self.live.admin.pause_from  # (pause-after-round: nothing of a later round is handed out)
+        if isinstance(answer, Job) and pause_from is not None:
+            assert answer.round < pause_from, (answer.round, pause_from)
         if isinstance(answer, Job):
             member.job = answer
 
@@ -181,7 +184,7 @@ class RelayStates(RuleBasedStateMachine):
         self.relay = self._relay(Session.restore(self.directory / "session", self.package))
         # (leases are released on start: a job a peer still holds is refused when it comes)
 
-    @rule(action=st.sampled_from(["pause", "resume"]))
+    @rule(action=st.sampled_from(["pause", "pause-after-round", "resume"]))
     def admin(self, action: str) -> None:
         self.live.admin.admin_action(action)
 
