@@ -189,5 +189,12 @@ def test_forty_volunteers_and_two_attackers_behind_one_address(tmp_path: Path) -
     assert {p["address"] for p in listing} == {"127.0.0.1"} and len(listing) == 42  # one address, all admitted
     trained = sum(peer.log.trained for peer in honest)
     waits = sum(peer.log.join_waits for peer in [*honest, *attackers])
+    # In turn: each joiner past the burst was refused once, with a ticket, and admitted at its turn; the last within
+    # (42 - burst) / rate s of its first ask, the Retry-After's rounding up (1 s) and the requests' time.
+    longest = max(s for peer in [*honest, *attackers] for s in peer.log.join_seconds)
+    bound = (42 - options.join_burst) / options.join_rate + 1
     (ARTIFACTS / "nat-42-peers.txt").write_text(f"{seconds:.1f} s, {trained} honest units, {waits} join waits, "
-                                                f"counters {status['counters']}\n")
+                                                f"the longest wait to join {longest:.1f} s (bound {bound:g} s and "
+                                                f"the requests' time), counters {status['counters']}\n")
+    assert max(peer.log.join_waits for peer in [*honest, *attackers]) <= 1
+    assert longest <= bound + 30, longest  # (30 s: the requests' own time on two loaded cores)

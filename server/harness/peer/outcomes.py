@@ -55,6 +55,7 @@ class PeerLog:
     unanswered: int = 0  # requests given up on (each a resend or a restart followed)
     weights_bytes: int = 0  # bytes of weights received (full messages and chains of steps)
     join_waits: int = 0  # joins refused 429 (join_rate, too_many_peers) and tried again
+    join_seconds: list[float] = field(default_factory=list)  # each sign-in: its first ask to admitted
     chains: int = 0  # weights rebuilt from a chain of steps
 
 

@@ -157,13 +157,14 @@ class RelayPeer:
         """``POST /api/join``; a 429 (too many joins from this address) waits Retry-After and tries again, up to
         ``join_tries`` times, showing the ticket the refusal gave (it keeps this join's place in the address's
         queue)."""
-        tries, ticket = 0, ""
+        tries, ticket, asked = 0, "", time.monotonic()
         while True:
             answer = yield from self.call(join_call(self.join_code, ticket))
             tries += 1
             if not isinstance(answer, Refused):
                 joined = Joined.from_json(answer)
                 self.credentials = Credentials(joined.peer_id, joined.token)
+                self.log.join_seconds.append(time.monotonic() - asked)
                 return joined
             if answer.action is not PeerAction.RETRY or (self.join_tries is not None and tries >= self.join_tries) \
                     or self.stopping() or time.monotonic() > self.deadline:
