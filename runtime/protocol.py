@@ -273,6 +273,7 @@ ACTIONS: dict[RefusalCode, PeerAction] = {
     RefusalCode.BANNED: PeerAction.STOP,
     RefusalCode.OUTDATED_FORMAT: PeerAction.STOP,  # the page's wire format is older than the relay's
     RefusalCode.WRONG_CODEC: PeerAction.STOP,  # the page's runtime does not send the session's codec
+    RefusalCode.ENGINE_NOT_REPLAYABLE: PeerAction.STOP,  # its engine's results cannot be checked in this session
     RefusalCode.UNKNOWN_WEIGHTS: PeerAction.REFETCH_WEIGHTS,
     RefusalCode.WRONG_BASE: PeerAction.REFETCH_WEIGHTS,
     RefusalCode.CHAIN_MISMATCH: PeerAction.REFETCH_WEIGHTS,

@@ -57,7 +57,7 @@ async def join(request: Request) -> Response:
                   description=f"hold a wait answer up to this many seconds (at most {MAX_HOLD_SECONDS:g} and half "
                   "the peer timeout); work is answered the moment it exists")],
     answers=[Answer(description="an assignment (round, slot, unit_index, lease deadline), a wait or done")],
-    refusals=[*PEER_REFUSALS, (400, "bad_query")]))
+    refusals=[*PEER_REFUSALS, (400, "bad_query"), (422, "engine_not_replayable")]))
 async def work(request: Request) -> Response:
     relay = relay_of(request)
     try:

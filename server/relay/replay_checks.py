@@ -52,6 +52,9 @@ class ReplayChecks:
         self.engine_note: str | None = None  # why --replay-engine auto fell back to native
         self._unapplied: list[Verdict] = []  # verdicts a full disk kept from being applied
         self.wait_seconds = 0.0  # how long the last merge waited for its round's replays (its added time)
+        # Peers whose result was refused for its engine (peer id -> the engine it named): they are not handed
+        # more work to waste, and a round that only they could train says what it needs (``waiting``).
+        self.unjudgeable_peers: dict[str, str] = {}
         self.start()
 
     @property
@@ -62,6 +65,7 @@ class ReplayChecks:
         """For the session being served: a verifier of its own task on the engine ``--replay-engine`` names, or
         none."""
         self.close()
+        self.unjudgeable_peers = {}
         options, session, package = self.context.options, self.context.session, self.context.package
         replayable = options.verify and session.task.kind != "local"  # (a peer's own data: no replay)
         self.engine, self.engine_note = engines.resolve(options.replay_engine)
@@ -82,6 +86,24 @@ class ReplayChecks:
                        f"by replaying them bit for bit on {self.queue.verifier.engine_name}, and its units part ways "
                        f"across engines; a result trained on {engine or 'an unnamed engine'} cannot be checked (a "
                        "page trains such a session on the CPU)")
+
+    def refuse_engine(self, peer_id: str, refusal: Refusal, engine: str) -> Refusal:
+        """``refusal`` (``engine_not_replayable``) for ``peer_id``, remembered: its next ask for work is refused."""
+        self.unjudgeable_peers[peer_id] = engine
+        return refusal
+
+    def refusal_for_peer(self, peer_id: str) -> Refusal | None:
+        """The refusal of a peer whose engine this session cannot judge, asking for more work (None: any other)."""
+        engine = self.unjudgeable_peers.get(peer_id)
+        return None if engine is None else self.refusal(engine)
+
+    def needed(self, active: list[str]) -> str | None:
+        """In words, when every connected peer trains on an engine this session cannot judge: what it needs."""
+        if self.queue is None or not active or any(peer not in self.unjudgeable_peers for peer in active):
+            return None
+        engines_named = sorted({self.unjudgeable_peers[peer] or "an unnamed engine" for peer in active})
+        return (f"a peer on {self.queue.verifier.engine_name} (a browser page trains on it): the connected peers "
+                f"train on {', '.join(engines_named)}, whose results this session cannot check bit for bit")
 
     def dry_run(self) -> str:
         """A task from a file, at set-up: one unit of the open round trained on the replays' engine twice and natively,

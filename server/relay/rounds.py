@@ -147,9 +147,13 @@ class SyncRounds:
         slots = len(session.assignments())
         out = sum(1 for s, lease in leases.items() if s not in results and lease.deadline >= now)
         unsent = slots - len(results) - out
-        if not store.active_peers(options.peer_timeout) and unsent > 0:
-            units = f"{unsent} unit{'s' if unsent > 1 else ''}"
+        active = store.active_peers(options.peer_timeout)
+        units = f"{unsent} unit{'s' if unsent > 1 else ''}"
+        if not active and unsent > 0:
             return f"round {round_index + 1}: {units} wait for a peer (none is connected)"
+        needed = self.replays.needed(active) if unsent > 0 else None
+        if needed is not None:
+            return f"round {round_index + 1}: {units} wait for {needed}"
         if unsent > 0:
             return None
         if out:
@@ -210,9 +214,10 @@ class SyncRounds:
             header, vector, count, norm = read_result(body, session=session,
                                                       fingerprint=self.context.package.fingerprint,
                                                       round_index=round_index, unit=session.work_unit(assignment))
-            unjudgeable = self.replays.refusal(str(header.meta.get("engine", "")))
+            engine = str(header.meta.get("engine", ""))
+            unjudgeable = self.replays.refusal(engine)
             if unjudgeable is not None:
-                raise unjudgeable
+                raise self.replays.refuse_engine(peer_id, unjudgeable, engine)
             noise = local_noise(header.meta, session.task.kind)  # (a volunteer's own DP noise: its own bound)
             if noise is None:
                 check_update_norm(norm, self.book.norms(round_index), max_norm=options.max_update_norm,

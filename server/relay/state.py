@@ -234,6 +234,9 @@ class Relay:
         if session.done:
             return Done(session.stopped or "the session is complete")
         self.disk.refuse_while_full()
+        unjudgeable = self.verification.refusal_for_peer(peer_id)
+        if unjudgeable is not None:  # (its results are refused: it would train for nothing)
+            raise unjudgeable
         if self.paused:
             return Wait(self.options.retry_seconds, "paused")
         if self.merging and not self.mode.hands_out_while_merging:

@@ -140,9 +140,11 @@ def test_the_worker_reads_only_declared_job_fields() -> None:
 
 
 def test_the_worker_stops_after_exactly_the_codes_the_protocol_says_stop() -> None:
-    """worker.js stops for ``banned`` and for its OUT_OF_DATE codes; the protocol's STOP codes are the same set."""
+    """worker.js stops for ``banned`` and for its OUT_OF_DATE and CANNOT_BE_CHECKED codes; the protocol's STOP codes
+    are the same set."""
     source = WORKER.read_text()
-    out_of_date = set(re.findall(r'"(\w+)"', re.search(r"const OUT_OF_DATE = new Set\(\[(.*?)\]\)", source)[1]))
+    sets = {name: set(re.findall(r'"(\w+)"', re.search(rf"const {name} = new Set\(\[(.*?)\]\)", source)[1]))
+            for name in ("OUT_OF_DATE", "CANNOT_BE_CHECKED")}
     assert 'error.code === "banned"' in source
     stops = {code.value for code, action in protocol.ACTIONS.items() if action is PeerAction.STOP}
-    assert stops == out_of_date | {"banned"}
+    assert stops == sets["OUT_OF_DATE"] | sets["CANNOT_BE_CHECKED"] | {"banned"}

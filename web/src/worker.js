@@ -20,6 +20,9 @@ const STEPS = ["fetch and start Pyodide", "install numpy + runtime", "import run
 const TEST_FLAG = "test";
 // Refusals that mean this page's runtime is older than the relay's: retraining cannot help, a reload does.
 const OUT_OF_DATE = new Set(["outdated_format", "wrong_codec"]);
+// Refusals that mean this session cannot check what this page's engine computes: it stops rather than train for
+// nothing (a page is told to train such a session on the CPU, whose results it can check).
+const CANNOT_BE_CHECKED = new Set(["engine_not_replayable"]);
 
 // The answers of POST /api/work, as runtime/protocol.py declares them (tests/runtime/test_protocol.py holds these
 // typedefs to its JSON Schema: a field added there must be added here, and the worker reads no other field).
@@ -333,6 +336,10 @@ async function trainLoop(joinCode, device) {
       } catch (error) {
         if (OUT_OF_DATE.has(error.code)) { // the relay expects results this page's runtime does not send
           report("outdated", { message: error.message });
+          return;
+        }
+        if (CANNOT_BE_CHECKED.has(error.code)) {
+          report("refused", { job, code: error.code, message: error.message });
           return;
         }
         if (error.code !== "banned" && error.status !== 401 && permanent(error)) {

@@ -27,8 +27,9 @@ from relay_fixtures import (
 )
 
 from runtime import wire
-from runtime.protocol import Job
+from runtime.protocol import Job, PeerAction, action_after
 from server.browser_assets import engines
+from server.relay.client import RelayRefusal
 from server.relay.state import Relay
 from server.session.package import Package
 
@@ -110,7 +111,8 @@ def text_package(tmp_path_factory: pytest.TempPathFactory) -> Package:
 def test_bytetext_is_verified_and_a_native_result_is_refused_not_banned(
         text_package: Package, tmp_path: Path, engine: engines.PyodideEngine) -> None:
     """bytetext's units part ways across engines (Adam): the session replays them on the browser's engine, takes
-    results from it only, and tells pages to train on the CPU."""
+    results from it only, and tells pages to train on the CPU. The native peer is not handed more work to waste
+    (the protocol says stop), and while it is the only peer the session says what it needs."""
     relay = make_relay(text_package, tmp_path / "session", k=2, passes=1, config={"codec": "int8"}, verify=True,
                        verify_fraction=1.0, replay_engine="pyodide")
     with serving(relay) as client:
@@ -118,6 +120,14 @@ def test_bytetext_is_verified_and_a_native_result_is_refused_not_banned(
         native = HttpPeer(client)
         answer = native.train_and_upload()
         assert answer.status_code == 422 and answer.json()["error"] == "engine_not_replayable", answer.json()
+        assert action_after(422, answer.json()["error"]) is PeerAction.STOP
+        waiting = session_status(client)["waiting"]
+        assert waiting == ("round 1: 2 units wait for a peer on pyodide-numpy (a browser page trains on it): the "
+                           "connected peers train on native-numpy, whose results this session cannot check bit for "
+                           "bit"), waiting
+        with pytest.raises(RelayRefusal) as again:
+            native.work()
+        assert (again.value.status, again.value.code) == (422, "engine_not_replayable")
         work_until_done(client, [PyodidePeer(client, engine, task_info(text_package)) for _ in range(2)], hold=5)
         status = session_status(client)
         assert relay.store.ban_reason(native.peer_id) is None
