@@ -43,9 +43,10 @@ import numpy as np
 
 from runtime import wire
 from runtime.protocol import Done, Job
-from server.browser.launcher import relay_process
+from server.browser.launcher import RELAY_START_SECONDS
 from server.browser_assets import engines
 from server.harness.peer import AsyncTransport, Refused, RelayPeer, Result, Trainer, WeightsFrom, run_async
+from server.harness.relay_process import RelayProcess
 from server.harness.serve_command import ServeCommand
 from server.relay.client import AsyncRelayClient, RelayRefusal, status_call
 from server.relay.options import RelayOptions
@@ -96,6 +97,7 @@ class KFigures:
     message_mb: float
     check_seconds: float  # in-process decode + finiteness + norm of one result
     rounds: list[RoundFigures] = field(default_factory=list)
+    peak_rss_mb: float = 0.0  # the relay process's peak resident memory over its session
 
     def mean(self, name: str) -> float:
         return float(statistics.fmean(getattr(r, name) for r in self.rounds))
@@ -298,10 +300,13 @@ def one_session(package: Package, k: int, passes: int, args: argparse.Namespace,
                 training: Training | None) -> None:
     session = work / f"session-k{k}"
     shutil.rmtree(session, ignore_errors=True)
-    with relay_process(serve_command(package.path, session, k, passes, args.verify_fraction, args.replay_workers),
-                       log_path=work / f"serve-k{k}.log") as url:
+    with RelayProcess(serve_command(package.path, session, k, passes, args.verify_fraction, args.replay_workers),
+                      log=work / f"serve-k{k}.log", start_timeout_s=RELAY_START_SECONDS) as relay:
+        url = relay.page_url
         print(f"k={k}: relay at {url}, {package.data.num_units} units, {passes} passes", flush=True)
         run_async(lambda: drive(url.rstrip("/"), package, k, args.rounds, args.perturbation, figures, training))
+        figures.peak_rss_mb = relay.peak_rss_mb()
+        print(f"  k={k}: the relay's peak RSS {figures.peak_rss_mb:.0f} MB", flush=True)
     shutil.rmtree(session, ignore_errors=True)  # k x 2.3 MB of results per round
 
 
@@ -373,13 +378,13 @@ def table(results: list[KFigures], train: float | None, browser: float | None) -
     lines = ["| k | units | rounds | upload MB | upload latency median (ms) | checks in-process (ms) | "
              "upload MB/s | merge (s) | validate (s) | relay per round (s) | relay less validation (s) | "
              "weights fan-out (s) | samples, off the critical path (s) | share vs browser unit | "
-             "share vs native unit |", "|" + " ---: |" * 15]
+             "share vs native unit | relay peak RSS (MB) |", "|" + " ---: |" * 16]
     for f in results:
         shares = " | ".join(f"{f.added / anchor:.1%}" if anchor else "-" for anchor in (browser, train))
         lines.append(f"| {f.k} | {f.units} | {len(f.rounds)} | {f.message_mb:.2f} | {1e3 * f.upload_median:.0f} | "
                      f"{1e3 * f.check_seconds:.1f} | {f.mean('upload_mb_per_s'):.0f} | {f.mean('merge'):.3f} | "
                      f"{f.mean('validate'):.2f} | {f.mean('relay_seconds'):.2f} | {f.added:.3f} | "
-                     f"{f.mean('fan_out'):.2f} | {f.mean('samples'):.2f} | {shares} |")
+                     f"{f.mean('fan_out'):.2f} | {f.mean('samples'):.2f} | {shares} | {f.peak_rss_mb:.0f} |")
     return "\n".join(lines)
 
 

@@ -104,6 +104,16 @@ class RelayProcess:
         assert self.process is not None, "the relay was never started"
         return self.process.pid
 
+    def peak_rss_mb(self) -> float:
+        """The relay process's peak resident memory so far (Linux's VmHWM; its replay workers are processes of their
+        own and not counted), in MB; 0 where /proc does not say."""
+        try:
+            status = Path(f"/proc/{self.pid}/status").read_text()
+        except OSError:
+            return 0.0
+        kilobytes = next((line.split()[1] for line in status.splitlines() if line.startswith("VmHWM:")), "0")
+        return int(kilobytes) / 1024
+
     @property
     def host_port(self) -> tuple[str, int]:
         host, _, port = self.url.split("://", 1)[-1].rpartition(":")
