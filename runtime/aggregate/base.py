@@ -13,6 +13,7 @@ are positions in the round's full list of results.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import ClassVar
 
 import numpy as np
 
@@ -31,6 +32,10 @@ class Aggregator(Configurable):
     """
 
     last_outliers: Outliers = ()
+    # Bytes a merge holds per weight per result beyond the results themselves: 0 for those that go over the results
+    # one at a time (mean, centered clipping); the float64 matrix of every result and a temporary for those that
+    # need every row at once (median, trimmed mean, Krum).
+    row_bytes: ClassVar[int] = 0
 
     def aggregate(
         self, global_weights: np.ndarray, results: Sequence[Result], *, spec: WeightSpec | None = None
@@ -57,6 +62,25 @@ class Aggregator(Configurable):
 
     def reset(self) -> None:
         self.last_outliers = ()
+
+
+STACKED_ROW_BYTES = 16  # ``stacked``'s float64 matrix and one temporary of its size
+
+
+def fit_refusal(aggregator: Aggregator, results: int, size: int, memory_bytes: int) -> str | None:
+    """Why ``aggregator`` cannot merge ``results`` results of ``size`` weights with ``memory_bytes`` to spare (None:
+    it can): Krum's assumption k > 2f + 2, and the matrix of every result the row-at-once aggregators hold."""
+    assumed = getattr(aggregator, "f", None)
+    if isinstance(assumed, int) and results <= 2 * assumed + 2:
+        return (f"{aggregator.name} with f={assumed} needs more than {2 * assumed + 2} results a round; this session "
+                f"has k={results}")
+    needed = aggregator.row_bytes * results * size
+    if needed > memory_bytes:
+        return (f"{aggregator.name} holds every result of a round at once, {aggregator.row_bytes} bytes a weight: "
+                f"k={results} x {size:,} weights is {needed / 2**30:.1f} GiB, more than the {memory_bytes / 2**30:.1f} "
+                "GiB a merge may use here; choose centered_clipping (the default) or mean, which go over the "
+                "results one at a time, or fewer participants")
+    return None
 
 
 def stacked(vectors: Sequence[np.ndarray]) -> np.ndarray:

@@ -13,7 +13,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from runtime.aggregate.base import Aggregator, Outliers, stacked
+from runtime.aggregate.base import STACKED_ROW_BYTES, Aggregator, Outliers, stacked
 
 
 def coordinate_median(matrix: np.ndarray) -> np.ndarray:
@@ -31,6 +31,7 @@ class Median(Aggregator):
 
     name: ClassVar[str] = "median"
     is_stateful: ClassVar[bool] = False
+    row_bytes: ClassVar[int] = STACKED_ROW_BYTES
 
     def _combine(
         self, global_weights: np.ndarray, vectors: Sequence[np.ndarray], counts: Sequence[int]

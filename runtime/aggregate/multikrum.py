@@ -12,7 +12,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from runtime.aggregate.base import Aggregator, Outliers, stacked
+from runtime.aggregate.base import STACKED_ROW_BYTES, Aggregator, Outliers, stacked
 from runtime.aggregate.checks import TooFewResults, checked_integer
 from runtime.aggregate.krum import checked_round_size, krum_scores, lowest_scores
 
@@ -42,6 +42,7 @@ class MultiKrum(Aggregator):
 
     name: ClassVar[str] = "multikrum"
     is_stateful: ClassVar[bool] = False
+    row_bytes: ClassVar[int] = STACKED_ROW_BYTES
 
     def __post_init__(self) -> None:
         self.f = checked_integer(self.name, "f", self.f, at_least=0)

@@ -14,7 +14,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from runtime.aggregate.base import Aggregator, Outliers, stacked
+from runtime.aggregate.base import STACKED_ROW_BYTES, Aggregator, Outliers, stacked
 from runtime.aggregate.checks import TooFewResults, checked_number
 
 # fraction * k is computed in floating point: 0.29 * 100 gives 28.999999999999996, which must trim 29
@@ -53,6 +53,7 @@ class TrimmedMean(Aggregator):
 
     name: ClassVar[str] = "trimmed_mean"
     is_stateful: ClassVar[bool] = False
+    row_bytes: ClassVar[int] = STACKED_ROW_BYTES
 
     def __post_init__(self) -> None:
         self.fraction = checked_number(self.name, "fraction", self.fraction, at_least=0, below=0.5)

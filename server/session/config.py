@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
@@ -36,6 +37,15 @@ DIVERGENCE_ACTIONS: tuple[DivergenceAction, ...] = ("stop", "rollback")
 # (SessionError is defined in server.session.settings, whose checks raise it, and read from here as before.)
 
 
+
+def merge_memory_bytes() -> int:
+    """What a merge may hold at once: half this machine's physical memory (the aggregators that need every result
+    at once are refused past it: ``runtime.aggregate.base.fit_refusal``)."""
+    try:
+        return int(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")) // 2
+    except (ValueError, OSError, AttributeError):  # (a system that does not say: 8 GiB)
+        return 8 * 2**30
+
 @dataclass(frozen=True)
 class SessionConfig:
     """How a session runs. Round-trips through JSON (``to_json``/``from_json``). Each field declares its setting
@@ -48,7 +58,9 @@ class SessionConfig:
         help='merge hyperparameters as JSON, e.g. {"eta": 0.01}', metavar="JSON", commands=("serve",), admin=True))
     # How a round's results become one average before the merge's step (runtime.aggregate).
     aggregate: str = field(default=DEFAULT_AGGREGATE, metadata=setting(
-        help="how a round's results become one average before the merge's step (mean: plain FedAvg)",
+        help="how a round's results become one average before the merge's step (mean: plain FedAvg); median, "
+        "trimmed_mean, krum and multikrum hold every result of a round at once (16 bytes a weight a result): a "
+        "session past half this machine's memory with them is refused",
         registry="runtime.aggregate:AGGREGATORS", admin=True,
         default_text=DEFAULT_AGGREGATE + (f" with {json.dumps(DEFAULT_AGGREGATE_CONFIG)}" if DEFAULT_AGGREGATE_CONFIG
                                           else "")))

@@ -30,6 +30,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from runtime.aggregate import Aggregator, make_aggregator
+from runtime.aggregate.base import fit_refusal
 from runtime.merge import MergeMethod, Result, make_merge
 from runtime.merge.diagnostics import round_diagnostics
 from runtime.planner import Assignment, RoundPlan, check_merge_guard, unit_seed
@@ -38,7 +39,7 @@ from runtime.tasks.base import check_unit_result
 from server.session import checkpoint_files as checkpoint
 from server.session import federated
 from server.session.checkpoint_files import split_server_state
-from server.session.config import DivergenceAction, SessionConfig, SessionError, privacy_settings
+from server.session.config import DivergenceAction, SessionConfig, SessionError, merge_memory_bytes, privacy_settings
 from server.session.downloads import Downloads, split_download_state
 from server.session.privacy import CentralPrivacy, privacy_units
 from server.session.privacy import describe as describe_privacy
@@ -71,11 +72,10 @@ class Session:
         check_merge_guard(config.merge, self.plan, force=config.force)
         self.merge: MergeMethod = make_merge(config.merge, **config.merge_config)
         self.aggregator: Aggregator = make_aggregator(config.aggregate, **(config.aggregate_config or {}))
-        assumed = getattr(self.aggregator, "f", None)  # Krum's assumption: k > 2f + 2 results a round
-        if isinstance(assumed, int) and config.participants <= 2 * assumed + 2:
-            raise SessionError(f"{config.aggregate} with f={assumed} needs more than {2 * assumed + 2} results a "
-                               f"round; this session has k={config.participants}")
         self.spec = self.task.spec()
+        unfit = fit_refusal(self.aggregator, config.participants, self.spec.size, merge_memory_bytes())
+        if unfit is not None:
+            raise SessionError(unfit)
         self.weights = np.array(package.initial_weights, dtype=np.float32)
         self.downloads = Downloads(config.result_codec, self.spec.size, config.seed)  # how merged steps move them
         self.directory = Path(directory) if directory is not None else None

@@ -325,3 +325,18 @@ def test_history_diagnostics_follow_the_weights() -> None:
     first, third = entries[0]["diagnostics"], entries[2]["diagnostics"]
     assert first["step_norm"] == pytest.approx(first["pseudo_gradient_norm"])  # round 1: momentum is the delta
     assert third["step_norm"] > third["pseudo_gradient_norm"]  # agreeing rounds: momentum lengthens the step
+
+
+def test_an_aggregator_that_holds_every_result_is_refused_past_the_memory_a_merge_may_use(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    package = toy_package(6)
+    size = package.task.spec().size
+    # What this machine's half of its memory would be if it held only 4 results of this model in float64 twice.
+    monkeypatch.setattr("server.session.session.merge_memory_bytes", lambda: 16 * size * 4)
+    with pytest.raises(SessionError, match=r"median holds every result of a round at once, 16 bytes a weight: k=5"):
+        Session.create(package, SessionConfig(aggregate="median", participants=5))
+    Session.create(package, SessionConfig(aggregate="median", participants=4))
+    for aggregate in ("mean", "centered_clipping"):  # (one result at a time: any k)
+        Session.create(package, SessionConfig(aggregate=aggregate, participants=6))
+    with pytest.raises(SessionError, match="krum with f=1 needs more than 4 results a round"):
+        Session.create(package, SessionConfig(aggregate="krum", aggregate_config={"f": 1}, participants=4))
