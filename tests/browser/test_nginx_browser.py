@@ -183,7 +183,9 @@ def test_forty_volunteers_and_two_attackers_behind_one_address(tmp_path: Path) -
         relay.close()
     assert status["done"], status["waiting"]
     assert [peer.ended for peer in honest] == ["done"] * 40, [peer.error for peer in honest if peer.ended != "done"]
-    assert all(peer.log.refusals[-1] == (403, "banned") for peer in attackers), [p.log.refusals for p in attackers]
+    # Both attackers are banned (the listing below); one is told so unless the session ended before it asked again
+    # (1 run in 10 on a fresh clone: its last word was a 409 duplicate of a backup's slot, then the session was done).
+    assert all(peer.ended in {"banned", "done"} for peer in attackers), [(p.ended, p.log.refusals) for p in attackers]
     banned = {p["peer_id"] for p in listing if p["banned"]}
     assert banned == {peer.peer_id for peer in attackers}
     assert {p["address"] for p in listing} == {"127.0.0.1"} and len(listing) == 42  # one address, all admitted
