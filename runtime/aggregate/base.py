@@ -18,6 +18,7 @@ from typing import ClassVar
 import numpy as np
 
 from runtime.aggregate.checks import Configurable, Result, check_results
+from runtime.aggregate.streaming import Reread, Stream
 from runtime.weights import WeightSpec
 
 Outliers = tuple[int, ...]
@@ -62,6 +63,32 @@ class Aggregator(Configurable):
 
     def reset(self) -> None:
         self.last_outliers = ()
+
+    # -- one result at a time (``runtime.aggregate.streaming``) ------------------------------------------------
+    def streams(self) -> bool:
+        """Whether this aggregator takes a round's results one at a time as they arrive (``open_stream``, then
+        ``Stream.add`` per result, then ``finish_stream``), to the bits ``combine`` gives on them all at once."""
+        return False
+
+    def open_stream(self, global_weights: np.ndarray) -> Stream:
+        """A round's sum, opened from the global weights (float64) and this aggregator's state."""
+        raise NotImplementedError(f"{self.name} needs every result of a round at once")
+
+    def finish_stream(self, stream: Stream, reread: Reread) -> tuple[np.ndarray, list[object]]:
+        """(the average in float64, the keys of the results it set aside or distrusted); updates the state as
+        ``combine`` would. ``reread(key)``: a result's weights again (only for those the aggregator must look at
+        twice)."""
+        raise NotImplementedError(f"{self.name} needs every result of a round at once")
+
+    def combine_by_stream(self, global_weights: np.ndarray, vectors: Sequence[np.ndarray],
+                          counts: Sequence[int]) -> tuple[np.ndarray, Outliers]:
+        """``_combine`` for the aggregators that stream: the results added in order through a ``Stream``, so the
+        round merged at once and the round summed as it arrived give the same bits."""
+        stream = self.open_stream(global_weights)
+        for index, (vector, count) in enumerate(zip(vectors, counts, strict=True)):
+            stream.add(index, vector, count)
+        average, outliers = self.finish_stream(stream, lambda index: vectors[int(index)])  # type: ignore[call-overload]
+        return average, tuple(int(index) for index in outliers)  # type: ignore[call-overload]
 
 
 STACKED_ROW_BYTES = 16  # ``stacked``'s float64 matrix and one temporary of its size

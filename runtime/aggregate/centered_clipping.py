@@ -23,6 +23,7 @@ import numpy as np
 
 from runtime.aggregate.base import Aggregator, Outliers
 from runtime.aggregate.checks import (
+    MergeError,
     StateDict,
     StateMismatch,
     StateValue,
@@ -30,6 +31,7 @@ from runtime.aggregate.checks import (
     checked_number,
     checked_state_array,
 )
+from runtime.aggregate.streaming import Reread, Stream
 
 RADIUS_FACTOR = 2.0  # radius=None: tau = RADIUS_FACTOR * the median distance ||x_i - v_0|| of the round
 
@@ -140,11 +142,9 @@ class CenteredClipping(Aggregator):
     def _combine(
         self, global_weights: np.ndarray, vectors: Sequence[np.ndarray], counts: Sequence[int]
     ) -> tuple[np.ndarray, Outliers]:
-        center = np.zeros_like(global_weights) if self.center is None else self.center
-        if center.shape != global_weights.shape:
-            raise StateMismatch(
-                f"centered_clipping center has {center.shape[0]} values, weights have {global_weights.shape[0]}"
-            )
+        if self.streams():
+            return self.combine_by_stream(global_weights, vectors, counts)
+        center = self._center(global_weights)
         updates = Updates(vectors, global_weights)
         first_norms = distances(updates, center)
         radius = radius_of(first_norms) if self.radius is None else self.radius
@@ -153,6 +153,35 @@ class CenteredClipping(Aggregator):
                                    weights if weights.sum() > 0 else None, first_norms=first_norms)
         self.center, self.last_radius = v, radius
         return global_weights + v, tuple(int(i) for i in np.flatnonzero(clipped))
+
+    def _center(self, global_weights: np.ndarray) -> np.ndarray:
+        center = np.zeros_like(global_weights) if self.center is None else self.center
+        if center.shape != global_weights.shape:
+            raise StateMismatch(
+                f"centered_clipping center has {center.shape[0]} values, weights have {global_weights.shape[0]}"
+            )
+        return center
+
+    def streams(self) -> bool:
+        """One iteration (the default) streams: v_1 = v_0 + sum_i p_i clip(x_i - v_0) needs, per result, only its
+        distance from v_0 (known when it arrives) and, once the radius is known, a second look at the results
+        beyond it. More iterations go over every result again each time."""
+        return self.iterations == 1
+
+    def open_stream(self, global_weights: np.ndarray) -> Stream:
+        if not self.streams():
+            return super().open_stream(global_weights)
+        return Stream(global_weights, self._center(global_weights))
+
+    def finish_stream(self, stream: Stream, reread: Reread) -> tuple[np.ndarray, list[object]]:
+        taking_part = stream.taking_part()
+        if not taking_part:
+            raise MergeError("a merge needs at least one result with examples")
+        radius = radius_of(np.array([stream.distances[key] for key in taking_part])) if self.radius is None \
+            else self.radius
+        v, clipped = stream.clipped_mean(radius, reread)
+        self.center, self.last_radius = v, radius
+        return stream.global_weights + v, clipped
 
     def state_dict(self) -> StateDict:
         return {} if self.center is None else {"center": self.center.copy()}

@@ -13,6 +13,7 @@ from typing import ClassVar
 import numpy as np
 
 from runtime.aggregate.base import Aggregator, Outliers
+from runtime.aggregate.streaming import Reread, Stream
 
 
 def weighted_average(vectors: Sequence[np.ndarray], counts: Sequence[int]) -> np.ndarray:
@@ -28,7 +29,9 @@ def weighted_average(vectors: Sequence[np.ndarray], counts: Sequence[int]) -> np
 
 @dataclass(eq=False)
 class Mean(Aggregator):
-    """The example-weighted mean, in float64. No hyperparameters, no state; names no outliers."""
+    """The example-weighted mean: the global weights plus sum_i n_i (w_i - global) / sum_i n_i, the sum exact and
+    the same in any order (``runtime.aggregate.streaming``), so a relay adds each result as it arrives. No
+    hyperparameters, no state; names no outliers."""
 
     name: ClassVar[str] = "mean"
     is_stateful: ClassVar[bool] = False
@@ -36,4 +39,14 @@ class Mean(Aggregator):
     def _combine(
         self, global_weights: np.ndarray, vectors: Sequence[np.ndarray], counts: Sequence[int]
     ) -> tuple[np.ndarray, Outliers]:
-        return weighted_average(vectors, counts), ()
+        return self.combine_by_stream(global_weights, vectors, counts)
+
+    def streams(self) -> bool:
+        return True
+
+    def open_stream(self, global_weights: np.ndarray) -> Stream:
+        return Stream(global_weights, np.zeros_like(global_weights))
+
+    def finish_stream(self, stream: Stream, reread: Reread) -> tuple[np.ndarray, list[object]]:
+        mean_update, _ = stream.clipped_mean(None, reread)
+        return stream.global_weights + mean_update, []

@@ -67,6 +67,13 @@ class MergeMethod(Configurable):
         global64, vectors, counts = check_results(global_weights, results, spec)
         self.check_state(global64)
         average = or_mean(aggregator).combine(global64, vectors, counts)
+        return self.merge_average(global64, average)
+
+    def merge_average(self, global_weights: np.ndarray, average: np.ndarray) -> np.ndarray:
+        """The new global weights (float32) from an average an aggregator made already (float64): a round summed
+        as its results arrived (``Aggregator.finish_stream``)."""
+        global64 = np.asarray(global_weights, dtype=np.float64)
+        self.check_state(global64)
         self.last_delta = average - global64
         return self.step(global64, average).astype(np.float32)
 

@@ -1,8 +1,16 @@
 """The relay's memory of the rounds still open (``RoundBook``): what the sync round, second copies, replays, bans
 and the async buffer share, owned in one place and changed only through these methods.
 
-- the accepted results of a round that has not merged, with their decoded weights (the merge then needs no second
-  decode; after a restart they are read back from SQLite);
+- the accepted results of a round that has not merged, and what the merge and the direction check need of their
+  weights. A round whose aggregator streams (``Session.open_stream``: the default centered clipping, the mean) adds
+  each result to its sum when it arrives and keeps the decoded weights only of its first ``EARLY`` results (judged
+  again by direction when the round is complete); the rest is in SQLite. So the relay holds O(n) for a round of
+  any k, not k decoded results, and the merge after the last result is O(n). A round whose aggregator needs every
+  result at once (median, Krum, a privacy stage) keeps every result's weights to the merge, as after a restart they
+  are read back from SQLite. A result dropped before the merge (its peer banned, a dispute) makes the round's sums
+  stale: ``SyncRounds`` rebuilds them from SQLite, or the merge reads the results from there;
+- the sum of the round's updates in arrival order (the direction check's "the round's others"), kept as it grows
+  rather than summed again over every kept result at each arrival;
 - the accepted updates' norms per round (the relative outlier check);
 - the peers refused on each slot, which are not handed that slot again (an honest peer takes it at once instead of
   after the lease). The async stream uses round ``ASYNC_ROUND`` and the schedule entry as its slot.
@@ -15,39 +23,96 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from runtime.aggregate.streaming import Stream
 from server.relay.store import StoredResult
 
 Key = tuple[int, int]  # (round, slot)
+EARLY = 8  # a streamed round keeps the weights of its first results: those judged by direction against fewer others
 
 
 @dataclass
 class RoundBook:
-    _decoded: dict[Key, tuple[StoredResult, np.ndarray]] = field(default_factory=dict)
+    _decoded: dict[Key, tuple[StoredResult, np.ndarray | None]] = field(default_factory=dict)
     _norms: dict[int, list[float]] = field(default_factory=dict)
     _refused: dict[Key, set[str]] = field(default_factory=dict)
+    _streams: dict[int, Stream] = field(default_factory=dict)
+    _sums: dict[int, tuple[np.ndarray, int]] = field(default_factory=dict)  # round -> (sum of weights, how many)
+    _stale: set[int] = field(default_factory=set)
 
     # -- accepted results and their weights ----------------------------------------------------------
+    def open_stream(self, round_index: int, stream: Stream | None) -> None:
+        """Sum ``round_index``'s results as they arrive (called before its first one); None: keep them instead."""
+        if stream is not None:
+            self._streams[round_index] = stream
+        self._stale.discard(round_index)
+
+    def stream(self, round_index: int) -> Stream | None:
+        """The round's sum, if it holds every kept result of the round."""
+        return self._streams.get(round_index)
+
+    def stale(self, round_index: int) -> bool:
+        """A result summed into the round was dropped: its sums must be rebuilt from what is stored."""
+        return round_index in self._stale
+
     def keep(self, stored: StoredResult, vector: np.ndarray) -> None:
-        """Keep an accepted result (its message dropped: SQLite has it) and its decoded weights until the merge."""
-        self._decoded[(stored.round, stored.slot)] = (dataclasses.replace(stored, message=b""), vector)
+        """Keep an accepted result (its message dropped: SQLite has it): add it to the round's sums, and keep its
+        decoded weights unless the round streams and it is not among the first ``EARLY``."""
+        key = (stored.round, stored.slot)
+        stream = self._streams.get(stored.round)
+        if stream is not None:
+            stream.add(stored.slot, vector, stored.num_examples)
+        early = stream is None or sum(1 for r, _ in self._decoded if r == stored.round) < EARLY
+        self._decoded[key] = (dataclasses.replace(stored, message=b""), vector if early else None)
+        total, count = self._sums.get(stored.round, (None, 0))
+        total = vector.astype(np.float64) if total is None else np.add(total, vector, out=total)
+        self._sums[stored.round] = (total, count + 1)
 
     def kept(self, round_index: int, slot: int) -> tuple[StoredResult, np.ndarray] | None:
-        return self._decoded.get((round_index, slot))
+        """A kept result with its weights (None: not kept, or its weights are in SQLite only)."""
+        kept = self._decoded.get((round_index, slot))
+        return (kept[0], kept[1]) if kept is not None and kept[1] is not None else None
 
     def kept_round(self, round_index: int) -> list[tuple[StoredResult, np.ndarray]]:
-        """Every kept result of ``round_index`` (its accepted results, unless read back after a restart)."""
-        return [kept for (r, _), kept in self._decoded.items() if r == round_index]
+        """The kept results of ``round_index`` that have their weights here (its accepted results, or the first of
+        a streamed round's; after a restart they are read back from SQLite)."""
+        return [(stored, vector) for (r, _), (stored, vector) in self._decoded.items()
+                if r == round_index and vector is not None]
 
-    def take(self, round_index: int, slot: int) -> tuple[StoredResult, np.ndarray] | None:
-        """The kept result of a slot, forgotten here (the merge takes it)."""
+    def results_kept(self, round_index: int) -> int:
+        return sum(1 for r, _ in self._decoded if r == round_index)
+
+    def sum_of_updates(self, round_index: int, global_weights: np.ndarray) -> np.ndarray | None:
+        """The sum of the kept results' updates (w - global, float64, in arrival order: ``direction.sum_of_updates``
+        over them, to the bit); None before the first."""
+        total, count = self._sums.get(round_index, (None, 0))
+        if total is None:
+            return None
+        return total - count * global_weights.astype(np.float64)
+
+    def take(self, round_index: int, slot: int) -> tuple[StoredResult, np.ndarray | None] | None:
+        """The kept result of a slot (its weights None where they were summed and not kept), forgotten here."""
         return self._decoded.pop((round_index, slot), None)
 
     def drop(self, round_index: int, slot: int) -> None:
-        self._decoded.pop((round_index, slot), None)
+        """A result leaves the round before its merge: the round's sums hold it, so they are stale."""
+        if self._decoded.pop((round_index, slot), None) is not None:
+            self._streams.pop(round_index, None)
+            self._sums.pop(round_index, None)
+            self._stale.add(round_index)
+
+    def rebuild(self, round_index: int, stream: Stream | None,
+                results: list[tuple[StoredResult, np.ndarray]]) -> None:
+        """The round's sums again from its stored results (after a drop), in the order given."""
+        self._decoded = {k: v for k, v in self._decoded.items() if k[0] != round_index}
+        self._sums.pop(round_index, None)
+        self._streams.pop(round_index, None)
+        self.open_stream(round_index, stream)
+        for stored, vector in results:
+            self.keep(stored, vector)
 
     def clear(self) -> None:
         """A new session: nothing kept belongs to it."""
-        self._decoded = {}
+        self._decoded, self._streams, self._sums, self._stale = {}, {}, {}, set()
 
     # -- the relative check's norms --------------------------------------------------------------------
     def add_norm(self, round_index: int, norm: float) -> None:
@@ -71,6 +136,9 @@ class RoundBook:
     def forget_from(self, round_index: int) -> None:
         """A ban's undo starts the open round again from corrected weights: nothing kept of it stands."""
         self._decoded = {k: v for k, v in self._decoded.items() if k[0] < round_index}
+        self._streams = {r: v for r, v in self._streams.items() if r < round_index}
+        self._sums = {r: v for r, v in self._sums.items() if r < round_index}
+        self._stale = {r for r in self._stale if r < round_index}
         self._norms = {r: v for r, v in self._norms.items() if r < round_index}
         self._refused = {k: v for k, v in self._refused.items() if k[0] < round_index}
 
@@ -79,3 +147,6 @@ class RoundBook:
         kept under round -1, go at every merge too: a refused peer may draw that entry again from new weights.)"""
         self._norms = {r: v for r, v in self._norms.items() if r >= round_index}
         self._refused = {k: v for k, v in self._refused.items() if k[0] >= round_index}
+        self._streams = {r: v for r, v in self._streams.items() if r >= round_index}
+        self._sums = {r: v for r, v in self._sums.items() if r >= round_index}
+        self._stale = {r for r in self._stale if r >= round_index}

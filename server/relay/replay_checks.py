@@ -20,7 +20,7 @@ import numpy as np
 from runtime import wire
 from server.browser_assets import engines
 from server.relay.context import RelayContext
-from server.relay.direction import DIRECTION, direction_of, sum_of_updates
+from server.relay.direction import DIRECTION, direction_of
 from server.relay.jobs import Jobs
 from server.relay.refusal import Refusal
 from server.relay.store import StoredResult
@@ -150,17 +150,20 @@ class ReplayChecks:
             self.queue.verifier.close()
 
     # -- what gets replayed ------------------------------------------------------------------------------
+    def judges_direction(self) -> bool:
+        """Whether results are judged by their direction (``verify`` wants the sum of the round's others)."""
+        return self.queue is not None and self.queue.direction is not None
+
     def verify(self, stored: StoredResult, vector: np.ndarray, *, outlier: bool = False,
-               others: Sequence[np.ndarray] = ()) -> None:
-        """Queue a replay of this result when the rules say so (``ReplayQueue.reason``); ``others``: the weights of
-        the round's other accepted results, for its direction."""
+               others: np.ndarray | None = None) -> None:
+        """Queue a replay of this result when the rules say so (``ReplayQueue.reason``); ``others``: the sum of the
+        updates of the round's results accepted before it (``RoundBook.sum_of_updates``), for its direction."""
         if self.queue is None:
             return
         direction = None
         if not outlier and self.queue.direction is not None:
             session = self.context.session
-            direction = direction_of(vector.astype(np.float64) - session.weights, session.merge.last_delta,
-                                     sum_of_updates(others, session.weights))
+            direction = direction_of(vector.astype(np.float64) - session.weights, session.merge.last_delta, others)
         reason = self.queue.reason(stored.peer_id, stored.round, stored.slot, outlier=outlier, direction=direction)
         if reason is None:
             return
@@ -171,14 +174,16 @@ class ReplayChecks:
                           ("outlier" if outlier else "result", stored.slot, stored.peer_id),
                           engines={stored.peer_id: stored.engine}, deferred=deferred)
 
-    def verify_round(self, kept: Sequence[tuple[StoredResult, np.ndarray]]) -> None:
-        """The round's last result is in: each result not replayed yet is judged again by its direction, now
-        against all the round's others (one that came early had few or none to compare with)."""
-        if self.queue is None or self.queue.direction is None or len(kept) < 2:
+    def verify_round(self, kept: Sequence[tuple[StoredResult, np.ndarray]], total: np.ndarray | None,
+                     results: int) -> None:
+        """The round's last result is in: each result not replayed yet whose weights are ``kept`` is judged again
+        by its direction, now against all the round's others (``total``: the sum of the updates of its ``results``
+        results). One that came early had few or none to compare with; a round that sums its results as they come
+        keeps the weights of its first ``EARLY`` (``server.relay.book``): each later one was judged on arrival
+        against at least that many."""
+        if self.queue is None or self.queue.direction is None or results < 2 or total is None:
             return
         weights = self.context.session.weights
-        total = sum_of_updates((vector for _, vector in kept), weights)
-        assert total is not None
         for stored, vector in kept:
             update = vector.astype(np.float64) - weights
             direction = direction_of(update, None, total - update)

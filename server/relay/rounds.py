@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from runtime.aggregate.streaming import STREAMED, TermTooLarge
 from runtime.planner import Assignment, RoundOutOfRange
 from runtime.protocol import Wait, WorkAnswer
 from runtime.tasks import UnitResult
@@ -185,7 +186,19 @@ class SyncRounds:
                     self.bans.ban_for_claim(peer_id, refusal.message)
                 raise
         stored, vector, norm = self.check(peer_id, round_index, slot, body)
-        store.add_result(stored)
+        self._prepare_sums(round_index)
+        weights = self.context.session.weights
+        others = self.book.sum_of_updates(round_index, weights) if self.replays.judges_direction() else None
+        try:
+            self.book.keep(stored, vector)  # (first: a sum that cannot take it refuses it before anything is stored)
+        except TermTooLarge as error:
+            self._free_slot(peer_id, round_index, slot)
+            raise Refusal(422, "update_norm", str(error)) from error
+        try:
+            store.add_result(stored)
+        except BaseException:
+            self.book.drop(round_index, slot)
+            raise
         own, second_copy = store.leases(round_index).get(slot), store.leases(round_index, 1).get(slot)
         came_first = second_copy is not None and second_copy.peer_id == peer_id
         if came_first:  # the copy's result came first: the other one is the copy now
@@ -195,14 +208,38 @@ class SyncRounds:
             self.copies.record_unit_time(round_index, slot, lease, backup_won=came_first and not self.copies.redundant(
                 round_index, slot))
             self.people.note_unit(peer_id, store.clock() - lease.issued, stored.engine)
-        self.book.keep(stored, vector)
         if not math.isnan(norm):
             self.book.add_norm(round_index, norm)
-        kept = self.book.kept_round(round_index)  # (direction: against the round's others; all of them once full)
-        self.replays.verify(stored, vector, others=[v for s, v in kept if s.slot != slot])
+        self.replays.verify(stored, vector, others=others)  # (direction: against the round's others before it)
         if len(store.result_slots(round_index)) >= len(self.context.session.assignments()):
-            self.replays.verify_round(kept)
+            total = self.book.sum_of_updates(round_index, weights)  # (and against all the others once full)
+            self.replays.verify_round(self.book.kept_round(round_index), total, self.book.results_kept(round_index))
         return stored
+
+    def _prepare_sums(self, round_index: int) -> None:
+        """Before a result of ``round_index`` is kept: its first result opens the round's sum (when the session's
+        aggregator streams: ``server.relay.book``); a round whose sums went stale (a result dropped) has them
+        rebuilt from what is stored. A round that had results before the relay started is merged from SQLite."""
+        book, store, session = self.book, self.context.store, self.context.session
+        if book.stale(round_index):
+            stored = store.results(round_index)
+            book.rebuild(round_index, session.open_stream(),
+                         [(result, self._decoded(result)) for _, result in sorted(stored.items())])
+        elif book.results_kept(round_index) == 0 and not store.result_slots(round_index) \
+                and book.stream(round_index) is None:
+            book.open_stream(round_index, session.open_stream())
+
+    def _decoded(self, result: StoredResult) -> np.ndarray:
+        return decode_result(result.message, session=self.context.session, round_index=result.round)[1]
+
+    def _reread(self, round_index: int) -> Callable[[object], np.ndarray]:
+        """A slot's stored weights again (a streamed merge's second look at a result beyond its radius)."""
+        def reread(slot: object) -> np.ndarray:
+            result = self.context.store.result(round_index, int(slot))  # type: ignore[call-overload]
+            if result is None:
+                raise SessionError(f"slot {slot} of round {round_index} was summed but is not stored")
+            return self._decoded(result)
+        return reread
 
     def check(self, peer_id: str, round_index: int, slot: int, body: bytes) -> tuple[StoredResult, np.ndarray, float]:
         """The result as it would be stored (with the relay's example count), its decoded weights and its update
@@ -293,11 +330,18 @@ class SyncRounds:
         session, store = self.context.session, self.context.store
         round_index = session.round
         slots = store.result_slots(round_index)
-        kept = {slot: taken for slot in slots if (taken := self.book.take(round_index, slot)) is not None}
-        if len(kept) < len(slots):
-            for slot, result in store.results(round_index).items():
-                if slot not in kept:
-                    kept[slot] = (result, decode_result(result.message, session=session, round_index=round_index)[1])
+        stream = self.book.stream(round_index)
+        taken = {slot: taken for slot in slots if (taken := self.book.take(round_index, slot)) is not None}
+        streamed = None
+        if stream is not None and set(stream.counts) == slots == set(taken):  # (every result summed: O(n) from here)
+            streamed = (stream, self._reread(round_index))
+            kept = {slot: (result, STREAMED) for slot, (result, _) in taken.items()}
+        else:  # (read back what is not here: a restart, a stale sum, an aggregator that needs every result)
+            kept = {slot: (result, vector) for slot, (result, vector) in taken.items() if vector is not None}
+            if len(kept) < len(slots):
+                for slot, result in store.results(round_index).items():
+                    if slot not in kept:
+                        kept[slot] = (result, self._decoded(result))
         by_slot = {a.slot: a for a in session.assignments()}
         results = [(by_slot[slot], UnitResult(vector, result.num_examples, result.metrics))
                    for slot, (result, vector) in sorted(kept.items())]
@@ -319,7 +363,8 @@ class SyncRounds:
         if backups is not None:
             extra["backups"] = backups
         return session.complete_round(results, extra=extra or None, carry_missing=True,  # (whose data: DP's unit)
-                                      contributors={slot: result.peer_id for slot, (result, _) in kept.items()})
+                                      contributors={slot: result.peer_id for slot, (result, _) in kept.items()},
+                                      streamed=streamed)
 
     def progress(self) -> dict[str, int]:
         """The status's ``round_progress``: slots, results, live leases and live second copies. The status is read

@@ -31,6 +31,7 @@ import numpy as np
 
 from runtime.aggregate import Aggregator, make_aggregator
 from runtime.aggregate.base import fit_refusal
+from runtime.aggregate.streaming import Reread, Stream
 from runtime.merge import MergeMethod, Result, make_merge
 from runtime.merge.diagnostics import round_diagnostics
 from runtime.planner import Assignment, RoundPlan, check_merge_guard, unit_seed
@@ -245,10 +246,20 @@ class Session:
                                    progress=assignment.round / self.num_rounds)
 
     # -- completing a round ---------------------------------------------------------------------
+    def open_stream(self) -> Stream | None:
+        """A sum of this round's results as they arrive (``runtime.aggregate.streaming``), when the merge can take
+        them one at a time: an aggregator that streams and no central privacy stage (which clips and noises the
+        round as a whole). None otherwise: the results are then kept to the merge. Opened from the weights and the
+        aggregator's state of now, so it belongs to this round only (a rewind or a merge makes it stale)."""
+        if self.privacy is not None or not self.aggregator.streams():
+            return None
+        return self.aggregator.open_stream(self.weights.astype(np.float64))
+
     def complete_round(self, results: Sequence[tuple[Assignment, UnitResult]], *,
                        train_seconds: float | None = None, extra: Mapping[str, Any] | None = None,
                        carry_missing: bool = False, contributors: Mapping[int, str] | None = None,
-                       carry: Sequence[tuple[int, int, int]] | None = None) -> dict[str, Any]:
+                       carry: Sequence[tuple[int, int, int]] | None = None,
+                       streamed: tuple[Stream, Reread] | None = None) -> dict[str, Any]:
         """Merge the round's results, validate, watch for divergence, record and checkpoint; return the entry.
 
         ``results`` may miss some assignments (the entry lists them) but not all; their order does not
@@ -257,10 +268,19 @@ class Session:
         fewer new units: each unit is still trained once per pass, and the session grows by what was carried.
         ``contributors``: slot -> whose data a result is (a local task's peer), for differential privacy. ``carry``:
         the (pass, unit, round first planned) to carry instead (a ban's undo merges a round again: server.relay.undo).
+        ``streamed``: the round's results were summed as they arrived (``open_stream``, keyed by slot; their weights
+        here are ``STREAMED``, checked when they came), with a way to read a slot's weights again: the merge gives the
+        bits it would give on the weights themselves.
         """
         if self.done:
             raise SessionError(f"the session is over ({self.stopped or f'all {self.num_rounds} rounds done'})")
-        ordered = self._checked_results(results)
+        ordered = self._checked_results(results, weights=streamed is None)
+        if streamed is not None:
+            summed = {int(slot): count for slot, count in streamed[0].counts.items()}  # type: ignore[call-overload]
+            given = {a.slot: int(r.num_examples) for a, r in ordered}
+            if summed != given:
+                raise SessionError(f"round {self.round}'s sum holds slots and examples {sorted(summed.items())}, its "
+                                   f"results are {sorted(given.items())}")
         planned = self.assignments()
         done_slots = {a.slot for a, _ in ordered}
         carry = list(carry) if carry is not None else [(a.pass_index, a.unit_index, self._first_planned(a)) for a in
@@ -270,6 +290,7 @@ class Session:
         federated_best, divergence = federated.judge(self, evaluated) if not self.host_validates else (False, None)
         entry, best_changed = self._merge_and_record(
             [federated.without_federated(r) for _, r in ordered], [a.unit_index for a, _ in ordered],
+            streamed=streamed, slots=[a.slot for a, _ in ordered],
             privacy_units=privacy_units(self.task.kind, [a for a, _ in ordered], contributors) if self.privacy else (),
             validate=self.host_validates, fields={
                 "missing": [a.unit_index for a in planned if a.slot not in done_slots],
@@ -304,12 +325,20 @@ class Session:
 
     def _merge_and_record(self, results: list[UnitResult], units: list[int], *, validate: bool,
                           fields: Mapping[str, Any], train_seconds: float | None, privacy_units: Sequence[str] = (),
-                          extra: Mapping[str, Any] | None) -> tuple[dict[str, Any], bool]:
+                          extra: Mapping[str, Any] | None, streamed: tuple[Stream, Reread] | None = None,
+                          slots: Sequence[int] = ()) -> tuple[dict[str, Any], bool]:
         """Merge, validate (or not), watch for divergence; the history entry and whether the best changed."""
         started = time.perf_counter()
         stage = self.privacy.stage(self.aggregator, self.round, privacy_units) if self.privacy else None
-        merged = self.merge.merge(self.weights, [Result(r.weights, int(r.num_examples)) for r in results],
-                                  spec=self.spec, aggregator=stage or self.aggregator)
+        if streamed is not None:
+            stream, reread = streamed
+            average, clipped = self.aggregator.finish_stream(stream, reread)
+            position = {slot: index for index, slot in enumerate(slots)}
+            self.aggregator.last_outliers = tuple(sorted(position[key] for key in clipped))  # type: ignore[index]
+            merged = self.merge.merge_average(self.weights, average)
+        else:
+            merged = self.merge.merge(self.weights, [Result(r.weights, int(r.num_examples)) for r in results],
+                                      spec=self.spec, aggregator=stage or self.aggregator)
         privacy = {"privacy": self.privacy.commit(stage)} if self.privacy and stage else {}  # (after the merge held)
         merged, download = self.downloads.apply(self.round, self.weights, merged)  # (compressed: the decoded step)
         outliers = [units[i] for i in self.aggregator.last_outliers]
@@ -384,7 +413,8 @@ class Session:
             self._save(new_entries=[entry], best_changed=best_changed)
         return entry
 
-    def _checked_results(self, results: Sequence[tuple[Assignment, UnitResult]]) -> list[tuple[Assignment, UnitResult]]:
+    def _checked_results(self, results: Sequence[tuple[Assignment, UnitResult]], *,
+                         weights: bool = True) -> list[tuple[Assignment, UnitResult]]:
         if not results:
             raise SessionError(f"round {self.round} got no results; a round needs at least one")
         planned = {a.slot: a for a in self.assignments()}
@@ -395,7 +425,8 @@ class Session:
             if assignment.slot in seen:
                 raise SessionError(f"round {self.round} got two results for slot {assignment.slot}")
             seen.add(assignment.slot)
-            check_unit_result(self.task, result, self.spec)
+            if weights:
+                check_unit_result(self.task, result, self.spec)
         return sorted(results, key=lambda pair: pair[0].slot)
 
     def _better(self, value: float, than: float | None) -> bool:

@@ -168,11 +168,14 @@ def wait_until(client: httpx.Client, predicate: Callable[[dict[str, Any]], bool]
 def work_until_done(client: httpx.Client, peers: list[HttpPeer], limit: int = 200, hold: float | None = None) -> None:
     """The peers take turns asking for work and uploading honest results until the session is done (at most
     ``limit`` turns each); ``hold``: each ask waits up to that many seconds for work (``POST /api/work?hold=S``: a
-    round waiting for slow replays is then waited on, not asked ``limit`` times at once)."""
-    for _ in range(limit):
+    round waiting for slow replays is then waited on, not asked ``limit`` times at once). Each turn starts one peer
+    later than the last: a peer always asking last would find every round taken whenever the merge is slower than
+    the others' asks (it did, in a loaded run), and a test that expects every peer to train would fail."""
+    for turn in range(limit):
         if session_status(client)["done"]:
             return
-        for peer in peers:
+        first = turn % len(peers)
+        for peer in peers[first:] + peers[:first]:
             job = peer.work(hold)
             if "slot" in job:
                 response = peer.train_and_upload(job)

@@ -131,6 +131,9 @@ class ResultStore(Protocol):
     def results(self, round_index: int) -> dict[int, StoredResult]:
         """The round's results by slot, messages included (an emptied message is ``b""``)."""
 
+    def result(self, round_index: int, slot: int) -> StoredResult | None:
+        """One slot's result, its message included (None: no result)."""
+
     def all_results(self) -> list[StoredResult]:
         """Every result, by round and slot."""
 

@@ -21,6 +21,7 @@ import pytest
 from relay_fixtures import (
     ADMIN_TOKEN,
     HttpPeer,
+    build_small_package,
     make_relay,
     reference_run,
     replay,
@@ -33,6 +34,7 @@ from relay_fixtures import (
 from starlette.testclient import TestClient
 
 from runtime import wire
+from server.relay.book import EARLY
 from server.relay.state import Relay
 from server.relay.store import LAST_SEEN_RESOLUTION
 from server.session.export import exported_weights
@@ -98,6 +100,34 @@ def test_replaying_recorded_results_reproduces_the_weights_bit_for_bit(package: 
     # ... and peers over HTTP computed what in-process training computes: native training is deterministic.
     capped = dataclasses.replace(relay.session.config, max_rounds=3)
     assert np.array_equal(reference_run(package, capped), relay.session.weights)
+
+
+def test_a_round_summed_as_its_results_arrive_keeps_few_weights_and_merges_the_simulators_bits(tmp_path: Path) -> None:
+    """Twelve results a round uploaded in a shuffled order: the relay adds each to the round's sum as it arrives
+    and keeps the decoded weights of the first EARLY only; the merge gives what merging the recorded results at once
+    (slot order, the simulator's way) gives, to the bit, with centered clipping (the default) and with the mean."""
+    package = build_small_package(tmp_path / "package", chunks=24, examples=24 * 32)
+    for aggregate in ("centered_clipping", "mean"):
+        relay = make_relay(package, tmp_path / aggregate, k=12, passes=1, config={"aggregate": aggregate})
+        with serving(relay) as client:
+            peers = [HttpPeer(client) for _ in range(12)]
+            rng = np.random.default_rng(5)
+            for round_index in range(2):
+                jobs = [(peer, peer.assignment()) for peer in peers]
+                bodies = [(peer, job, peer.train(job)) for peer, job in jobs]
+                for number, index in enumerate(rng.permutation(12)):
+                    peer, job, body = bodies[index]
+                    if number == 11:  # (before the last: the round's sum holds 11, its weights only the first 8)
+                        stream = relay.book.stream(round_index)
+                        assert stream is not None and len(stream.counts) == 11
+                        assert len(relay.book.kept_round(round_index)) == EARLY
+                    assert peer.upload(job["round"], job["slot"], body).status_code == 200
+                wait_for_round(client, round_index + 1)
+            recorded = relay.store.all_results()
+        replayed = replay(package, relay.session.config, recorded)
+        assert replayed.round == relay.session.round == 2
+        assert np.array_equal(replayed.weights, relay.session.weights), aggregate
+        assert [e["outliers"] for e in replayed.history] == [e["outliers"] for e in relay.session.history]
 
 
 # ---------------------------------------------------------------- bad results

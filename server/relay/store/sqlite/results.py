@@ -46,6 +46,10 @@ class SQLiteResults(TablePart):
         rows = self.connection.run(f"SELECT {COLUMNS} FROM results WHERE round = ? ORDER BY slot", (round_index,))
         return {row[1]: stored_result(row) for row in rows}
 
+    def result(self, round_index: int, slot: int) -> StoredResult | None:
+        rows = self.connection.run(f"SELECT {COLUMNS} FROM results WHERE round = ? AND slot = ?", (round_index, slot))
+        return stored_result(rows[0]) if rows else None
+
     def all_results(self) -> list[StoredResult]:
         rows = self.connection.run(f"SELECT {COLUMNS} FROM results ORDER BY round, slot")
         return [stored_result(row) for row in rows]

@@ -127,6 +127,9 @@ class SQLiteStore:
     def results(self, round_index: int) -> dict[int, StoredResult]:
         return self._results.results(round_index)
 
+    def result(self, round_index: int, slot: int) -> StoredResult | None:
+        return self._results.result(round_index, slot)
+
     def all_results(self) -> list[StoredResult]:
         return self._results.all_results()
 

@@ -1,0 +1,184 @@
+"""A round's results summed as they arrive, in any order, to the same bits.
+
+A relay with a thousand peers cannot hold a thousand results until the last one is in and then go over all of
+them: that is k decoded vectors in memory and O(k n) work after the last result, while every peer waits. An
+aggregator that goes over the results one at a time (the mean, centered clipping with one iteration) can instead
+take each result's part when it arrives and forget the result; after the last one only O(n) work is left.
+
+Arrival order differs from run to run, while the relay must reproduce the simulator, a restart and a ban's undo
+bit for bit. A float64 running sum depends on the order of its terms, so the sum here is exact instead:
+``ExactSum`` rounds every term once to a fixed grid (2^-40) and adds the grid counts as integers (two int64
+limbs), and integer addition does not care about order. Rounding a term is the only loss: the mean of k terms
+is off by at most 2^-41 (4.5e-13) a weight, below float32's resolution of any weight above 1e-5 in size (the
+float64 running sum it replaces was off by its own rounding, which followed the order). A term may reach 2^46
+(7e13) in one weight (its example count times its update), far beyond any update the relay accepts
+(``--max-update-norm``). What the sum holds is the same whatever order its terms came in, and a term taken out
+again (``subtract``) leaves exactly what was there before it.
+
+``Stream`` is one round of an aggregator that streams (``Aggregator.streams``): it keeps, per result, its example
+count and its distance from the round's center, and in ``total`` the sum of count x (update - center). Centered
+clipping's radius (twice the median distance) is known only once every result is in; a result further than it
+is then taken out of the sum and put back clipped, which needs its update again (``reread``): with honest peers
+no result is that far, and an attacker's is read once more. The outcome equals the same arithmetic done on all
+the results at once (``Aggregator.combine`` does exactly that, through a ``Stream``), whatever the order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from runtime.aggregate.checks import MergeError
+
+GRID_BITS = 40  # a term is rounded to a multiple of 2^-GRID_BITS
+LOW_BITS = 43  # the low limb holds the last LOW_BITS bits of the grid count; the high limb the rest
+TERM_LIMIT = 2.0 ** (2 * LOW_BITS - GRID_BITS)  # |count x update| per weight (2^46); 2^20 such terms fit the limbs
+MAX_TERMS = 2**20
+
+STREAMED = np.empty(0, dtype=np.float32)  # a result's weights where they were summed when it arrived
+
+HIGH_SCALE = 2.0 ** (GRID_BITS - LOW_BITS)
+LOW_SCALE = 2.0**LOW_BITS
+
+
+class TermTooLarge(MergeError):
+    """A result's part of the sum is beyond what ``ExactSum`` holds (an update of norm near 2^30 / count)."""
+
+
+@dataclass
+class ExactSum:
+    """sum_i w_i x_i over float64 vectors of one length, the same bits in any order of adding and subtracting.
+
+    Each term t = w x (computed in float64) is rounded to the nearest multiple of 2^-40 and its count of grid steps
+    is added in two int64 limbs: high = trunc(t 2^-3) and low = round((t 2^-3 - high) 2^43), each at most 2^43 in
+    size, so 2^20 terms of |t| < 2^46 stay inside int64."""
+
+    size: int
+    high: np.ndarray = field(init=False, repr=False)
+    low: np.ndarray = field(init=False, repr=False)
+    terms: int = field(default=0, init=False)
+
+    def __post_init__(self) -> None:
+        self.high = np.zeros(self.size, dtype=np.int64)
+        self.low = np.zeros(self.size, dtype=np.int64)
+
+    def add(self, vector: np.ndarray, weight: float = 1.0) -> None:
+        self._apply(vector, weight, +1)
+
+    def subtract(self, vector: np.ndarray, weight: float = 1.0) -> None:
+        """Take out a term added before with the same vector and weight: what was there before it, exactly."""
+        self._apply(vector, weight, -1)
+
+    def _apply(self, vector: np.ndarray, weight: float, sign: int) -> None:
+        if vector.shape != (self.size,):
+            raise ValueError(f"a term of shape {vector.shape} in a sum of {self.size} values")
+        if sign > 0 and self.terms >= MAX_TERMS:
+            raise TermTooLarge(f"an exact sum holds at most {MAX_TERMS:,} terms")
+        scaled = np.multiply(vector, weight * HIGH_SCALE, dtype=np.float64)  # (a power of two: exact but for weight)
+        peak = float(np.abs(scaled).max(initial=0.0)) / HIGH_SCALE
+        if not peak < TERM_LIMIT:  # (NaN too)
+            raise TermTooLarge(f"a result's part of the merge reaches {peak:.3g} in one weight (count x update); "
+                               f"at most {TERM_LIMIT:.3g} can be summed exactly")
+        high = np.trunc(scaled)
+        scaled -= high  # (exact: the fraction of a float64)
+        scaled *= LOW_SCALE
+        np.rint(scaled, out=scaled)  # (the one rounding)
+        if sign > 0:
+            self.high += high.astype(np.int64)
+            self.low += scaled.astype(np.int64)
+        else:
+            self.high -= high.astype(np.int64)
+            self.low -= scaled.astype(np.int64)
+        self.terms += sign
+
+    def value(self) -> np.ndarray:
+        """The sum in float64 (from the limbs with their carries moved up: the same integers give the same bits)."""
+        carry = self.low >> LOW_BITS  # (floor: the low limb left in [0, 2^43))
+        high = self.high + carry
+        low = self.low - (carry << LOW_BITS)
+        return high.astype(np.float64) / HIGH_SCALE + low.astype(np.float64) / (HIGH_SCALE * LOW_SCALE)
+
+
+Reread = Callable[[Hashable], np.ndarray]
+
+
+@dataclass
+class Stream:
+    """One round of a streaming aggregator: each result's part added as it comes (module docstring).
+
+    ``global_weights`` (float64) and ``center`` (float64, the point updates are measured from: centered clipping's
+    last aggregated update, zero for the mean) are fixed when the round opens. Keys name results (the relay: their
+    slots) and must be unique; a result with zero examples is recorded but takes no part."""
+
+    global_weights: np.ndarray
+    center: np.ndarray
+    total: ExactSum = field(init=False, repr=False)
+    counts: dict[Hashable, int] = field(default_factory=dict, init=False)
+    distances: dict[Hashable, float] = field(default_factory=dict, init=False)
+
+    def __post_init__(self) -> None:
+        self.total = ExactSum(self.global_weights.shape[0])
+
+    def offset(self, vector: np.ndarray) -> np.ndarray:
+        """A result's weights as its update from the center: (w - global) - center, in float64."""
+        update = np.asarray(vector, dtype=np.float64) - self.global_weights
+        update -= self.center
+        return update
+
+    def add(self, key: Hashable, vector: np.ndarray, count: int) -> float:
+        """Add a result (its weights, its example count); its distance from the center."""
+        if key in self.counts:
+            raise ValueError(f"result {key!r} is in this round's sum already")
+        if vector.shape != self.global_weights.shape:
+            raise ValueError(f"result {key!r} has shape {vector.shape}, the weights {self.global_weights.shape}")
+        offset = self.offset(vector)
+        distance = float(np.sqrt(np.square(offset).sum()))
+        if count > 0:
+            self.total.add(offset, float(count))
+        self.counts[key], self.distances[key] = int(count), distance
+        return distance
+
+    def remove(self, key: Hashable, vector: np.ndarray) -> None:
+        """Take a result out again (the same weights it was added with)."""
+        count = self.counts.pop(key)
+        del self.distances[key]
+        if count > 0:
+            self.total.subtract(self.offset(vector), float(count))
+
+    def taking_part(self) -> list[Hashable]:
+        """The keys of the results with examples, in the order of their keys (slot order for the relay)."""
+        return sorted((key for key, count in self.counts.items() if count > 0), key=sort_key)
+
+    def examples(self) -> int:
+        return sum(self.counts.values())
+
+    def clipped_mean(self, radius: float | None, reread: Reread) -> tuple[np.ndarray, list[Hashable]]:
+        """(the center plus the example-weighted mean of the updates from it, each clipped to ``radius``, in
+        float64; the keys clipped). ``radius`` None: no clipping (the mean). ``reread(key)``: a clipped result's
+        weights again."""
+        total_examples = self.examples()
+        if total_examples <= 0:
+            raise MergeError("a merge needs at least one result with examples")
+        clipped = [] if radius is None else [k for k in self.taking_part() if self.distances[k] > radius]
+        if clipped:
+            assert radius is not None
+            corrected = ExactSum(self.total.size)
+            corrected.high, corrected.low, corrected.terms = self.total.high.copy(), self.total.low.copy(), \
+                self.total.terms
+            for key in clipped:
+                offset = self.offset(reread(key))
+                count = float(self.counts[key])
+                corrected.subtract(offset, count)
+                offset *= radius / self.distances[key]
+                corrected.add(offset, count)
+            summed = corrected.value()
+        else:
+            summed = self.total.value()
+        return self.center + summed / float(total_examples), clipped
+
+
+def sort_key(key: Hashable) -> tuple[str, object]:
+    """Keys of one kind sort among themselves (ints as ints)."""
+    return (type(key).__name__, key)
