@@ -96,7 +96,12 @@ def test_a_round_streamed_in_arrival_order_gives_combines_bits(aggregator: type)
         for slot in rng.permutation(k):
             stream.add(int(slot), vectors[slot], counts[slot])
         reread: list[object] = []
-        average, outliers = streamed.finish_stream(stream, lambda key: reread.append(key) or vectors[key])
+
+        def read_again(key: object, seen: list[object] = reread) -> np.ndarray:
+            seen.append(key)
+            return vectors[int(key)]  # type: ignore[call-overload]
+
+        average, outliers = streamed.finish_stream(stream, read_again)
         assert average.tobytes() == expected.tobytes(), round_index
         assert sorted(outliers) == sorted(reread) == list(at_once.last_outliers)
         if aggregator is CenteredClipping:
