@@ -10,6 +10,8 @@ has taken its results); the undo that follows the merge, under the same lock, me
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from server.relay.book import RoundBook
 from server.relay.context import RelayContext
 from server.relay.copies import UnitCopies
@@ -17,8 +19,10 @@ from server.relay.undo import BanUndo
 
 
 class Bans:
-    def __init__(self, context: RelayContext, book: RoundBook, copies: UnitCopies, undo: BanUndo) -> None:
+    def __init__(self, context: RelayContext, book: RoundBook, copies: UnitCopies, undo: BanUndo, *,
+                 on_unban: Callable[[str], None] = lambda peer_id: None) -> None:
         self.context, self.book, self.copies, self.undo = context, book, copies, undo
+        self.on_unban = on_unban  # (the replays' record of the peer starts afresh: server.relay.coverage)
 
     def ban(self, peer_id: str, reason: str) -> None:
         store, round_index = self.context.store, self.context.session.round
@@ -42,5 +46,7 @@ class Bans:
 
     def unban(self, peer_id: str) -> bool:
         lifted = self.context.store.unban(peer_id)
+        if lifted:
+            self.on_unban(peer_id)
         self.context.notices.changed()
         return lifted

@@ -145,8 +145,11 @@ def describe_defenses(options: RelayOptions, aggregate: str, aggregate_config: M
                       f"{options.verify_fraction:.0%} of the rest, and outliers){how}; a peer whose result differs is "
                       "banned")
     if options.verify and not local:
+        trusting = options.verify_trust > options.verify_every > 0
+        trust = (f"; each replay it passes in a row doubles that, up to {options.verify_trust}, and halves its share "
+                 "of random replays") if trusting else ""
         guards += [f"no peer goes more than {options.verify_every} results without a replay (which one is drawn in "
-                   "secret)"] if options.verify_every > 0 else []
+                   f"secret){trust}"] if options.verify_every > 0 else []
         guards += [f"an update pointing away from its round's others (cosine below {options.verify_direction:g}) "
                    "or that does not move the model is always replayed"] if options.verify_direction is not None \
             else []

@@ -17,6 +17,16 @@ the peer and its number of checks so far; nothing of it reaches a peer.
 A relay restart starts every peer's count afresh, and the first result of each peer after a restart is replayed as
 its first (``ReplayQueue`` starts empty), which closes any window left open: the bound holds across a restart. (A
 replay still running when the relay stopped is lost with it; that result's audit row stays "not checked".)
+
+Trust earned (``--verify-trust W``, BOINC's adaptive replication in the host's terms): a peer earns trust by checks
+it passes in a row. Its window doubles with each (N, 2N, 4N, ... up to W) and the random share halves with each, so a
+peer with a long record is checked with a probability that falls with it, never to zero: at least one of any W
+results, about 2 / (W + 1) of them. A failed check bans the peer as ever; lifting a ban starts its record afresh,
+as does a restart. What an undetected liar can do is bounded by the window: a peer that turns after earning full
+trust has each of its results checked with probability at least 1/W and is checked within W results at the latest,
+then banned, and a ban's undo merges again every round from its last passed check (``server.relay.undo``): at most
+W - 1 lying results merged, each clipped by the aggregator, and all of them undone, unless the session ends first.
+Without ``--verify-trust`` (0, or W <= N) the window stays N and the share stays as given.
 """
 
 from __future__ import annotations
@@ -31,14 +41,39 @@ DEFAULT_VERIFY_EVERY = 4
 class Coverage:
     every: int  # N (0: no bound)
     seed: int
+    trust: int = 0  # W: the widest window a record of passed checks earns (<= N: no trust earned)
     _unchecked: dict[str, int] = field(default_factory=dict)  # accepted results since the peer's last check
     _checks: dict[str, int] = field(default_factory=dict)  # checks so far: which draw places the next one
+    _passed: dict[str, int] = field(default_factory=dict)  # checks passed in a row (the record trust is earned by)
+    _windows: dict[str, int] = field(default_factory=dict)  # the size of the peer's open window
+
+    def window(self, peer_id: str) -> int:
+        """The size of the peer's open window: N, or with trust N times 2 to the checks passed in a row, up to W."""
+        return self._windows.get(peer_id, self.every)
+
+    def earned(self, peer_id: str) -> int:
+        """How many checks in a row the peer passed (its record; 0 without ``trust``)."""
+        return self._passed.get(peer_id, 0)
+
+    def share(self, fraction: float, peer_id: str) -> float:
+        """The random share for this peer: ``fraction``, halved for each check passed in a row (with trust)."""
+        return fraction if fraction >= 1 else fraction / 2 ** min(self.earned(peer_id), 60)
+
+    def passed(self, peer_id: str) -> None:
+        """A check of the peer passed: one more on its record (the window it opens next is wider)."""
+        if self.trust > self.every > 0:
+            self._passed[peer_id] = self._passed.get(peer_id, 0) + 1
+
+    def forget(self, peer_id: str) -> None:
+        """The peer's record starts afresh (its ban was lifted): the narrowest window from its next check."""
+        self._passed.pop(peer_id, None)
+        self._windows.pop(peer_id, None)
 
     def position(self, peer_id: str) -> int:
-        """Which accepted result after the peer's last check is checked, 1..N (a seeded draw per window)."""
+        """Which accepted result after the peer's last check is checked, 1..window (a seeded draw per window)."""
         window = self._checks.get(peer_id, 0)
         digest = hashlib.sha256(f"coverage:{self.seed}:{peer_id}:{window}".encode()).digest()
-        return 1 + int.from_bytes(digest[:8], "little") % self.every
+        return 1 + int.from_bytes(digest[:8], "little") % self.window(peer_id)
 
     def due(self, peer_id: str) -> bool:
         """Whether the peer's next accepted result must be checked."""
@@ -52,5 +87,7 @@ class Coverage:
         if checked:
             self._unchecked[peer_id] = 0
             self._checks[peer_id] = self._checks.get(peer_id, 0) + 1
+            if self.trust > self.every > 0:
+                self._windows[peer_id] = min(self.trust, self.every * 2 ** min(self.earned(peer_id), 30))
         else:
             self._unchecked[peer_id] = self._unchecked.get(peer_id, 0) + 1

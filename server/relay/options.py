@@ -94,6 +94,11 @@ class RelayOptions:
         help="no peer goes more than N accepted results without a replay: after each check of a peer, one of its "
         "next N results, drawn in secret, is replayed (besides --verify-fraction; 0: no bound)", minimum=0,
         metavar="N", group="guards", commands=("serve",)))
+    verify_trust: int = field(default=0, metadata=setting(  # (server.relay.coverage)
+        help="adaptive replication: each replay a peer passes in a row doubles its --verify-every window, up to W "
+        "results, and halves its --verify-fraction share; a peer is still replayed at least once in any W results "
+        "and a lifted ban starts its record afresh (0: off, the window stays N)", minimum=0, metavar="W",
+        group="guards", commands=("serve",)))
     verify_direction: float | None = field(default=DEFAULT_VERIFY_DIRECTION, metadata=setting(
         help="replay every update whose cosine with the mean of its round's other updates is below COS (or with "
         f"the previous round's step below COS - {PREVIOUS_STEP_SLACK:g}), and every zero update "

@@ -73,7 +73,8 @@ class ReplayChecks:
         verifier = Verifier(task_info, rtol=options.verify_rtol, atol=options.verify_atol, engine=self.engine,
                             workers=options.replay_workers or engines.default_workers()) if replayable else None
         self.queue = ReplayQueue(verifier, fraction=options.verify_fraction, seed=session.config.seed,
-                                 every=options.verify_every, direction=options.verify_direction) if verifier else None
+                                 every=options.verify_every, direction=options.verify_direction,
+                                 trust=options.verify_trust) if verifier else None
 
     def refusal(self, engine: str) -> Refusal | None:
         """A result this session's replays cannot judge: trained on another engine than the replays', on a task
@@ -150,6 +151,11 @@ class ReplayChecks:
             self.queue.verifier.close()
 
     # -- what gets replayed ------------------------------------------------------------------------------
+    def forget_record(self, peer_id: str) -> None:
+        """A peer's ban was lifted: the trust its passed replays earned starts afresh (``server.relay.coverage``)."""
+        if self.queue is not None:
+            self.queue.coverage.forget(peer_id)
+
     def judges_direction(self) -> bool:
         """Whether results are judged by their direction (``verify`` wants the sum of the round's others)."""
         return self.queue is not None and self.queue.direction is not None

@@ -93,7 +93,7 @@ class Relay:
         self.copies = UnitCopies(context, self.book, self.jobs, self.verification)
         self.undo = BanUndo(context, rules=undo_rules, book=self.book, jobs=self.jobs, replays=self.verification,
                             schedule=self.merge_soon)
-        self.bans = Bans(context, self.book, self.copies, self.undo)
+        self.bans = Bans(context, self.book, self.copies, self.undo, on_unban=self.verification.forget_record)
         self.pacing = RoundPacing(context)
         self.disk = StorageGuard(context, serve_restored=self.serve_restored, retry_merge=self.merge_soon)
         self.samples = Samples()

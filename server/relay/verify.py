@@ -214,9 +214,10 @@ class ReplayQueue:
     """The replays of the open rounds: which results to replay, the pending ones, the peers already checked."""
 
     def __init__(self, verifier: Verifier, *, fraction: float, seed: int, every: int = 0,
-                 direction: float | None = None) -> None:
+                 direction: float | None = None, trust: int = 0) -> None:
         self.verifier, self.fraction, self.seed = verifier, fraction, seed
-        self.coverage = Coverage(every, seed)  # at most ``every`` accepted results of a peer between two checks
+        # at most ``every`` accepted results of a peer between two checks (up to ``trust`` for a record of passes)
+        self.coverage = Coverage(every, seed, trust)
         self.direction = direction  # replay updates pointing away (``server.relay.direction``); None: never
         self.replayed: set[tuple[int, int, str]] = set()  # (round, slot, peer) results queued for a replay
         self.pending: dict[tuple[int, Any], Future[list[Verdict]]] = {}  # (round, which result(s))
@@ -238,7 +239,7 @@ class ReplayQueue:
         self.first_queued.add(peer_id)
         why = (direction.describe() if self.suspect(direction) and direction is not None else
                FIRST if first else COVERAGE if self.coverage.due(peer_id) else
-               SAMPLED if self._sampled(round_index, slot) else None)
+               SAMPLED if self._sampled(round_index, slot, peer_id) else None)
         self.coverage.note(peer_id, checked=why is not None)
         if why is not None:
             self.replayed.add((round_index, slot, peer_id))
@@ -259,10 +260,11 @@ class ReplayQueue:
     def will_check(self, peer_id: str, round_index: int, slot: int) -> bool:
         """At hand-out: whether this slot's result will be replayed (the peer's first, its coverage bound, or the
         sampled share; a suspect by direction is known only when the result comes)."""
-        return peer_id not in self.first_queued or self.coverage.due(peer_id) or self._sampled(round_index, slot)
+        return peer_id not in self.first_queued or self.coverage.due(peer_id) or \
+            self._sampled(round_index, slot, peer_id)
 
-    def _sampled(self, round_index: int, slot: int) -> bool:
-        return self.fraction > 0 and sampled(self.seed, round_index, slot, self.fraction)
+    def _sampled(self, round_index: int, slot: int, peer_id: str) -> bool:
+        return self.fraction > 0 and sampled(self.seed, round_index, slot, self.coverage.share(self.fraction, peer_id))
 
     def prepare(self, round_index: int, slot: int, replay: Future[Replay]) -> None:
         self.prepared.setdefault((round_index, slot), (replay, [False]))
@@ -323,6 +325,7 @@ class ReplayQueue:
             self.counts[verdict.round] = self.counts.get(verdict.round, 0) + 1
             if verdict.ok and not verdict.error:
                 self.checked_peers.add(verdict.peer_id)
+                self.coverage.passed(verdict.peer_id)
         return verdicts
 
     def costs(self, round_index: int) -> dict[str, float | int]:

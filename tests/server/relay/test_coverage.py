@@ -159,3 +159,95 @@ def test_an_update_pointing_back_is_replayed_for_direction_and_its_peer_banned(p
         rows = relay.store.audit()
     assert not [r for r in rows if r["peer_id"] == attacker.peer_id and r["round"] == 1]  # dropped, never merged
     assert status["counters"].get("verification_failed") == 1
+
+
+# ---------------------------------------------------------------- trust earned (--verify-trust W)
+
+
+def checked_gaps(coverage: Coverage, results: int, peer: str = "a") -> tuple[list[int], int]:
+    """An honest peer's ``results`` accepted results: the runs of unchecked ones between checks, and the checks (each
+    passes at once)."""
+    gaps, run, checks = [], 0, 0
+    for _ in range(results):
+        due = coverage.due(peer)
+        coverage.note(peer, checked=due)
+        if due:
+            coverage.passed(peer)
+            gaps.append(run)
+            run, checks = 0, checks + 1
+        else:
+            run += 1
+    return gaps, checks
+
+
+def test_each_passed_check_doubles_the_window_up_to_w_and_never_to_no_check() -> None:
+    trusting, plain = Coverage(EVERY, seed=5, trust=32), Coverage(EVERY, seed=5)
+    gaps, checks = checked_gaps(trusting, 4000)
+    assert max(gaps) <= 31 and max(gaps) >= 20  # never 32 results unchecked; the widest window is used
+    assert [trusting.window("a") for _ in range(1)] == [32] and trusting.earned("a") == checks
+    # a window of size w checks one of its results, its place uniform in 1..w: about 2 / (w + 1) of them
+    assert 1.5 / 33 < checks / 4000 < 2.5 / 33, checks
+    plain_gaps, plain_checks = checked_gaps(plain, 4000)
+    assert max(plain_gaps) == EVERY - 1 and plain_checks > 4000 * 1.5 / 5 and plain.window("a") == EVERY
+    assert trusting.share(0.1, "a") < 1e-6 and plain.share(0.1, "a") == 0.1 and trusting.share(1.0, "a") == 1.0
+
+
+def test_the_windows_grow_one_passed_check_at_a_time_and_a_lifted_ban_starts_afresh() -> None:
+    coverage = Coverage(2, seed=1, trust=16)
+    windows = []
+    for _ in range(6):
+        coverage.note("a", checked=True)  # (the window opened at a check is sized by the passes before it)
+        windows.append(coverage.window("a"))
+        coverage.passed("a")
+    assert windows == [2, 4, 8, 16, 16, 16]
+    coverage.forget("a")
+    assert coverage.earned("a") == 0 and coverage.window("a") == 2 and coverage.share(0.2, "a") == 0.2
+    coverage.note("a", checked=True)
+    assert coverage.window("a") == 2
+    assert Coverage(4, seed=1, trust=4).window("a") == 4  # (W <= N: no trust earned)
+
+
+def free_ride(peer: HttpPeer, job: dict[str, Any], relay: Relay) -> bytes:
+    """The global weights sent back as ``peer``'s result for ``job``, in the session's codec."""
+    g = relay.session.weights
+    header, _ = result_weights(peer.train(job), g, relay.session.config.result_codec)
+    return as_upload(g.copy(), header, g, relay.session.config.result_codec, job["unit_seed"])
+
+
+def test_a_peer_that_turns_after_earning_trust_is_banned_within_w_of_its_results(
+        package: Package, tmp_path: Path) -> None:
+    """--verify-every 2 --verify-trust 8, no random share, no direction check (only the coverage window can catch it):
+    an attacker honest for its first 12 accepted results, then free-riding (the global weights sent back, as the
+    real API takes them), has at most W of its lies accepted before the replay of one bans it; the honest peer is
+    never banned and is replayed less than it would be without trust."""
+    trust = 8
+    relay = make_relay(package, tmp_path / "s", k=2, passes=30, verify_fraction=0.0, verify_every=2,
+                       verify_trust=trust, verify_direction=None)
+    with serving(relay) as client:
+        honest, attacker = HttpPeer(client), HttpPeer(client)
+        accepted = {honest.peer_id: 0, attacker.peer_id: 0}
+        lies = 0
+        for turn in range(400):
+            status = session_status(client)
+            if status["done"] or relay.store.ban_reason(attacker.peer_id):
+                break
+            for peer in (honest, attacker) if turn % 2 else (attacker, honest):
+                job = peer.work()
+                if "slot" not in job:
+                    continue
+                lying = peer is attacker and accepted[peer.peer_id] >= 12
+                body = free_ride(peer, job, relay) if lying else peer.train(job)
+                response = peer.upload(job["round"], job["slot"], body)
+                if response.status_code == 200:
+                    accepted[peer.peer_id] += 1
+                    lies += lying
+        reason = relay.store.ban_reason(attacker.peer_id)
+        assert reason is not None and "replay" in reason, (reason, accepted, lies, session_status(client)["counters"],
+                                                            session_status(client)["round"], turn)
+        assert 1 <= lies <= trust, (lies, accepted)
+        assert relay.store.ban_reason(honest.peer_id) is None
+        work_until_done(client, [honest])
+        relay.open()
+        rows = [row for row in relay.store.audit() if row["peer_id"] == honest.peer_id]
+    checked = sum(1 for row in rows if row["verification"].startswith("replay passed"))
+    assert len(rows) >= 40 and checked <= len(rows) * 0.35, (checked, len(rows))  # (N = 2 alone: about 2/3 of them)
