@@ -129,6 +129,10 @@ class RoundBook:
     def refused(self, round_index: int, slot: int, peer_id: str) -> bool:
         return peer_id in self._refused.get((round_index, slot), ())
 
+    def any_refused(self, round_index: int) -> bool:
+        """Whether any peer was refused on any slot of ``round_index`` (without one, no slot is blocked)."""
+        return any(r == round_index and peers for (r, _), peers in self._refused.items())
+
     def refused_by_all(self, round_index: int, slot: int, peers: list[str]) -> bool:
         """Whether every one of ``peers`` (the connected ones) was refused for the slot: nobody here may take it."""
         return all(self.refused(round_index, slot, peer) for peer in peers)

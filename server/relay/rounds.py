@@ -67,18 +67,23 @@ class SyncRounds:
         if gate is not None:
             return Wait(options.retry_seconds, gate)
         blocked = self.blocked_slots() if not results else set()  # (no result yet: refused peers may try again)
+        assignments = session.assignments()
+        held = [slot for slot, lease in leases.items()
+                if lease.peer_id == peer_id and lease.deadline >= now and slot not in results]
+        if held:  # (the peer asks again for the unit it holds)
+            slot = min(held)
+            return self.jobs.job(next(a for a in assignments if a.slot == slot), leases[slot].deadline)
         open_slots = []
-        for assignment in session.assignments():
+        for assignment in assignments:  # (the first open slot: no result, no live lease, not refused to this peer)
             if assignment.slot in results:
                 continue
             lease = leases.get(assignment.slot)
             if lease is not None and lease.deadline >= now:
-                if lease.peer_id == peer_id:
-                    return self.jobs.job(assignment, lease.deadline)
                 continue
             if self.book.refused(session.round, assignment.slot, peer_id) and assignment.slot not in blocked:
                 continue
             open_slots.append((assignment, lease))
+            break
         if not open_slots:
             copy = self.copies.next_copy(peer_id)
             if copy is not None:
@@ -118,6 +123,8 @@ class SyncRounds:
         round. Empty while nobody is connected: the round then waits for a peer, not for a refusal."""
         session, store, options = self.context.session, self.context.store, self.context.options
         round_index, now = session.round, store.clock()
+        if not self.book.any_refused(round_index):  # (nobody refused: nothing blocked, and no reads of the store)
+            return set()
         results, leases = store.result_slots(round_index), store.leases(round_index)
         connected = store.active_peers(options.peer_timeout)
         if not connected:
@@ -130,8 +137,8 @@ class SyncRounds:
         """The round has results and every other slot is blocked (and no second copy is awaited): it merges now
         and its blocked units open the next round."""
         session, store = self.context.session, self.context.store
-        if session.done or self.copies.copies_outstanding():
-            return False
+        if session.done or not self.book.any_refused(session.round) or self.copies.copies_outstanding():
+            return False  # (a slot is blocked only where some peer was refused)
         results = store.result_slots(session.round)
         blocked = self.blocked_slots() if results else set()
         return bool(blocked) and len(results) + len(blocked) >= len(session.assignments())

@@ -7,6 +7,7 @@ the part that owns it. The contract of every method is on the protocol (``server
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,6 +23,8 @@ from server.relay.store.sqlite.leases import SQLiteLeases
 from server.relay.store.sqlite.peers import SQLitePeers
 from server.relay.store.sqlite.results import SQLiteResults
 from server.relay.store.sqlite.undos import SQLiteUndos
+
+LEASE_CACHE_ROUNDS = 8  # (round, copy) entries of leases kept; more and all are forgotten
 
 
 class SQLiteStore:
@@ -39,6 +42,8 @@ class SQLiteStore:
         self._bans = SQLiteBans(self.connection, clock)
         self._undos = SQLiteUndos(self.connection, clock)
         self._counters = SQLiteCounters(self.connection, clock)
+        self._lease_cache: dict[tuple[int, int], dict[int, Lease]] = {}  # (round, copy) -> the rows, as read
+        self._lease_lock = threading.RLock()
         self.open()
 
     # -- opening and closing ------------------------------------------------------------------------
@@ -55,10 +60,14 @@ class SQLiteStore:
         return self.connection.closed
 
     def open(self) -> None:
-        self.connection.open()
+        with self._lease_lock:  # (the file may have changed while it was closed)
+            self._leases_changed()
+            self.connection.open()
 
     def close(self) -> None:
-        self.connection.close()
+        with self._lease_lock:
+            self._leases_changed()
+            self.connection.close()
 
     def disk_bytes(self) -> int:
         return self.connection.disk_bytes()
@@ -92,27 +101,54 @@ class SQLiteStore:
         return self._peers.peers_listing()
 
     # -- leases -------------------------------------------------------------------------------------
+    # Every request for work reads the open round's leases; at a thousand peers a round that is a thousand rows read
+    # a thousand times (a round's hand-out took seconds). The store is the leases' only writer while the relay
+    # serves, so it keeps the rows it read: a grant updates them, any other change to the table forgets them.
     def leases(self, round_index: int, copy: int = 0) -> dict[int, Lease]:
-        return self._leases.leases(round_index, copy)
+        with self._lease_lock:
+            cached = self._lease_cache.get((round_index, copy))
+            if cached is None:
+                if len(self._lease_cache) >= LEASE_CACHE_ROUNDS:
+                    self._lease_cache.clear()
+                cached = self._lease_cache[(round_index, copy)] = self._leases.leases(round_index, copy)
+            return dict(cached)
 
     def grant(self, round_index: int, slot: int, unit_index: int, peer_id: str, seconds: float,
               copy: int = 0) -> Lease:
-        return self._leases.grant(round_index, slot, unit_index, peer_id, seconds, copy)
+        with self._lease_lock:
+            lease = self._leases.grant(round_index, slot, unit_index, peer_id, seconds, copy)
+            cached = self._lease_cache.get((round_index, copy))
+            if cached is not None:
+                cached[slot] = lease
+            return lease
+
+    def _leases_changed(self) -> None:
+        self._lease_cache.clear()
 
     def release(self, round_index: int, slot: int, peer_id: str | None = None) -> None:
-        self._leases.release(round_index, slot, peer_id)
+        with self._lease_lock:
+            self._leases.release(round_index, slot, peer_id)
+            self._leases_changed()
 
     def swap_copies(self, round_index: int, slot: int) -> None:
-        self._leases.swap_copies(round_index, slot)
+        with self._lease_lock:
+            self._leases.swap_copies(round_index, slot)
+            self._leases_changed()
 
     def release_leases_of(self, peer_id: str) -> int:
-        return self._leases.release_leases_of(peer_id)
+        with self._lease_lock:
+            self._leases_changed()
+            return self._leases.release_leases_of(peer_id)
 
     def release_leases_on_leaving(self, peer_id: str) -> int:
-        return self._leases.release_leases_on_leaving(peer_id)
+        with self._lease_lock:
+            self._leases_changed()
+            return self._leases.release_leases_on_leaving(peer_id)
 
     def release_live_leases(self) -> int:
-        return self._leases.release_live_leases()
+        with self._lease_lock:
+            self._leases_changed()
+            return self._leases.release_live_leases()
 
     # -- results ------------------------------------------------------------------------------------
     def add_result(self, result: StoredResult, *, count_unit: bool = True) -> None:
@@ -140,10 +176,14 @@ class SQLiteStore:
         self._results.remove_result(round_index, slot)
 
     def remove_results_of(self, peer_id: str, round_index: int) -> list[int]:
-        return self._results.remove_results_of(peer_id, round_index)
+        with self._lease_lock:  # (its leases of the round go too)
+            self._leases_changed()
+            return self._results.remove_results_of(peer_id, round_index)
 
     def reset_round(self, round_index: int) -> int:
-        return self._results.reset_round(round_index)
+        with self._lease_lock:  # (the round's leases go too)
+            self._leases_changed()
+            return self._results.reset_round(round_index)
 
     def set_verification(self, round_index: int, slot: int, peer_id: str, outcome: str) -> None:
         self._results.set_verification(round_index, slot, peer_id, outcome)

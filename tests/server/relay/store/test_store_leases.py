@@ -3,6 +3,8 @@ and after a restart; a lease keeps its peer active while the peer trains without
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from virtual_clock import Clock
 
 from server.relay.store import Lease, Store, StoredResult
@@ -78,3 +80,55 @@ def test_a_restart_keeps_only_the_leases_of_delivered_units(store: Store) -> Non
     store.add_result(result(0, 0, "p-a"))
     assert store.release_live_leases() == 3
     assert set(store.leases(0)) == {0} and store.leases(0, copy=1) == {} and store.leases(1) == {}
+
+
+def test_the_leases_read_are_what_the_file_holds_after_every_kind_of_change(store: Store, clock: Clock,
+                                                                             tmp_path: Path) -> None:
+    """The SQLite store keeps the leases it read (every request for work reads them): after each change, what it
+    returns is what a store opened fresh on the same file reads, and a caller changing the dict it got changes
+    nothing."""
+    from server.relay.store import open_store
+
+    def fresh() -> dict[int, dict[int, Lease]]:
+        other = open_store(tmp_path / "relay.sqlite3", clock=clock)
+        try:
+            return {copy: other.leases(0, copy) for copy in (0, 1)}
+        finally:
+            other.close()
+
+    def same() -> None:
+        assert {copy: store.leases(0, copy) for copy in (0, 1)} == fresh()
+
+    if not (tmp_path / "relay.sqlite3").exists():
+        return  # (another implementation: nothing to compare with)
+    for slot in range(4):
+        store.grant(0, slot, slot, f"p-{slot}", 30.0)
+        same()
+    store.grant(0, 2, 2, "p-copy", 30.0, copy=1)
+    same()
+    store.leases(0)[0] = Lease(0, 0, 0, "p-forged", 0.0, 0.0, 0)
+    same()
+    store.swap_copies(0, 2)
+    same()
+    store.release(0, 3)
+    same()
+    store.add_result(result(0, 1, "p-1"))
+    assert store.release_leases_on_leaving("p-0") == 1
+    same()
+    store.release_leases_of("p-copy")
+    same()
+    store.grant(0, 3, 3, "p-x", 30.0)
+    store.remove_results_of("p-x", 0)
+    same()
+    store.grant(0, 0, 0, "p-y", 30.0)
+    store.reset_round(0)
+    same()
+    store.grant(0, 0, 0, "p-z", 30.0)
+    assert store.release_live_leases() == 1
+    same()
+    store.close()
+    other = open_store(tmp_path / "relay.sqlite3", clock=clock)
+    other.grant(0, 2, 2, "p-while-closed", 30.0)
+    other.close()
+    store.open()
+    same()
