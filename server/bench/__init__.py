@@ -30,6 +30,7 @@ BENCHES: dict[str, tuple[str, ...]] = {
     "privacy": ("server.bench.privacy",),
     "workers": ("server.bench.workers",),
     "direction": ("server.bench.direction",),
+    "crowd": ("server.bench.crowd",),
 }
 
 

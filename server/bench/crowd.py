@@ -1,0 +1,367 @@
+"""``peertrain bench crowd``: one real relay and a crowd of simulated peers that do not train.
+
+A crowd is what volunteer training exists for, and what the relay's cost per round must not grow with. A real
+``peertrain serve`` subprocess runs bytetext (bytelm-2.3mb, 584,736 weights) with int8 results (``--codec``), one
+chunk per unit and at least as many units as a round takes; joins are unlimited per address and replays are off
+(the results are made up, and a host replay of a made-up result fails).
+
+``--peers`` simulated peers (the harness peer, ``server.harness.peer.RelayPeer``, on ``httpx.AsyncClient``; one
+client per loopback address 127.0.0.2, 127.0.0.3, ... up to ``--addresses`` of them, so the crowd comes from many
+homes) join, hold-poll ``POST /api/work?hold=S`` and upload for each job its unit's precomputed honest update:
+one of 8 fixed random updates of standard deviation ``--perturbation`` (the unit's index picks which), encoded in
+the session's codec once, so any peer given a unit uploads the same bytes (a second copy would agree). They do not
+fetch the weights (the job names their digest, which the update carries). After each upload a peer asks for work
+once without hold (answered at once: the relay's latency), then holds.
+
+Settings, each on a fresh relay: synchronous rounds at each k of ``--ks`` (``--rounds`` rounds timed after the
+first), the crowd's size max(k, --peers) except for the anchor k = 5 (5 peers); and, unless ``--async-k 0``,
+buffered asynchronous merging of every ``--async-k`` results with ``--peers`` peers for ``--async-seconds``.
+
+Per setting: the relay's time after a round's last result (its upload answered) until k peers hold the next
+round's assignments, less the validation the history records, and its share of a browser unit (the anchor: one
+bytetext unit trained by the page's worker in headless Chromium, in the same run; ``--skip-browser``: a native
+unit, ``--skip-training`` too: no share); the relay's peak RSS (VmHWM) against k = 5's; results per second
+sustained (async: from the first result to the last; sync: results over the timed rounds' wall time); p50/p99 of
+work requests answered at once and of result requests; units lost (a unit handed out in a merged round that is
+neither merged nor carried: must be 0); refusals by code.
+
+Not measured yet: liars (a tenth of the crowd lying as in ``bench attacks``), which at this scale need a check that
+bans them without host replays of made-up results (peer copies decided by a quorum), and the host's CPU per
+verified unit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import shutil
+import statistics
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+from runtime import codecs, wire
+from runtime.codecs import Codec
+from runtime.protocol import Done, Job, Receipt, Wait
+from server.bench.relay import RESEND, browser_training_seconds, training_seconds
+from server.browser.launcher import RELAY_START_SECONDS
+from server.harness.peer import AsyncTransport, Refused, RelayPeer, Result, WeightsFrom, run_async
+from server.harness.relay_process import RelayProcess
+from server.harness.serve_command import ServeCommand
+from server.relay.client import AsyncRelayClient, status_call
+from server.relay.options import RelayOptions
+from server.session.config import SessionConfig
+from server.session.package import Package, build_package
+
+ADMIN = "crowd-bench-admin"
+HOLD_SECONDS = 15.0
+BASES = 8  # distinct precomputed updates; a unit's index picks one
+ANCHOR_K = 5
+RELAY_SHARE_GOALS = {100: 0.05, 1000: 0.10}  # the relay's time after the last result, as a share of a browser unit
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--peers", type=int, default=1000, help="simulated peers (sync: at least k)")
+    parser.add_argument("--ks", default="100,1000", help="participants per synchronous round (comma list; the k = 5 "
+                        "anchor runs first)")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds timed per k, after the first")
+    parser.add_argument("--async-k", type=int, default=100, help="results per merge in the asynchronous setting "
+                        "(0: skip it)")
+    parser.add_argument("--async-seconds", type=float, default=30.0, help="how long the asynchronous crowd runs")
+    parser.add_argument("--codec", default="int8", help="the session's result codec (none, int8, topk)")
+    parser.add_argument("--perturbation", type=float, default=1e-3, help="std of the precomputed updates")
+    parser.add_argument("--addresses", type=int, default=250, help="loopback addresses the crowd comes from "
+                        "(127.0.0.2 on)")
+    parser.add_argument("--work-dir", type=Path, help="packages and sessions (default: a temporary folder)")
+    parser.add_argument("--out", type=Path, default=Path("runs/bench/crowd.json"), help="figures as JSON")
+    parser.add_argument("--skip-training", action="store_true", help="do not time the native anchor (one unit)")
+    parser.add_argument("--skip-browser", action="store_true", help="do not time the browser anchor (one unit)")
+
+
+@dataclass
+class Timeline:
+    """What the crowd saw, on the bench's clock."""
+
+    started: float = field(default_factory=time.perf_counter)
+    jobs: list[tuple[int, int, float]] = field(default_factory=list)  # (round, unit, received)
+    results: list[tuple[int, int, float, float]] = field(default_factory=list)  # (round, unit, sent, answered)
+    work_seconds: list[float] = field(default_factory=list)  # asks answered at once (no hold)
+    refusals: dict[str, int] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Figures:
+    setting: str
+    k: int
+    peers: int
+    units: int
+    rounds: int = 0
+    relay_after_last: list[float] = field(default_factory=list)  # per timed round, validation excluded
+    validate: list[float] = field(default_factory=list)
+    merge: list[float] = field(default_factory=list)
+    results_per_second: float = 0.0
+    work_p50_ms: float = math.nan
+    work_p99_ms: float = math.nan
+    result_p50_ms: float = math.nan
+    result_p99_ms: float = math.nan
+    peak_rss_mb: float = math.nan
+    units_lost: int = 0
+    refusals: dict[str, int] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def relay_seconds(self) -> float:
+        return statistics.fmean(self.relay_after_last) if self.relay_after_last else math.nan
+
+
+class Updates:
+    """The crowd's precomputed honest updates, each encoded once in the codec the jobs name."""
+
+    def __init__(self, package: Package, std: float) -> None:
+        rng = np.random.default_rng(0)
+        self.spec, self.fingerprint, self.initial = package.spec, package.fingerprint, package.initial_weights
+        self.steps = [(rng.standard_normal(package.spec.size) * std).astype(np.float32) for _ in range(BASES)]
+        self.payloads: dict[str, tuple[Codec, list[bytes]]] = {}
+
+    def message(self, job: Job) -> bytes:
+        header = wire.WireHeader(spec=self.spec, round=job.round, fingerprint=self.fingerprint, num_examples=1,
+                                 metrics={"train_loss": 1.0})
+        base = job.unit_index % BASES
+        if job.codec is None:  # (float32 weights: the initial ones moved; the relay checks their norm, no replay)
+            return wire.encode(self.initial + self.steps[base], header)
+        key = json.dumps(job.codec, sort_keys=True)
+        if key not in self.payloads:
+            codec = codecs.from_json(job.codec)
+            self.payloads[key] = codec, [codec.encode(step, 0) for step in self.steps]
+        codec, payloads = self.payloads[key]
+        assert job.weights_digest is not None
+        return wire.encode_update(payloads[base], header, codec, job.weights_digest[:16])  # (weights_digest)
+
+
+def serve_command(package: Path, session_dir: Path, k: int, passes: int, codec: str, mode: str) -> ServeCommand:
+    options = RelayOptions(admin_token=ADMIN, lease_seconds=3600.0, peer_timeout=3600.0, backup_after=None,
+                           join_rate=0.0, max_peers_per_address=0, verify=False)
+    config = SessionConfig(participants=k, passes=passes, codec=codec, mode=mode)
+    return ServeCommand(package=package, session_dir=session_dir, fresh=True, config=config, options=options)
+
+
+def percentile(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q)) * 1e3 if values else math.nan
+
+
+async def crowd_peer(peer: RelayPeer, transport: AsyncTransport, updates: Updates, timeline: Timeline,
+                     stop: asyncio.Event) -> None:
+    """Join, then ask, upload and ask again until ``stop`` (or the session ends)."""
+    joined = await transport.run(peer.sign_in())
+    if isinstance(joined, Refused):
+        timeline.errors.append(f"join refused: {joined.status} {joined.code}")
+        return
+    hold: float | None = HOLD_SECONDS
+    while not stop.is_set():
+        asked = time.perf_counter()
+        answer = await transport.run(peer.ask(hold))
+        if hold is None:
+            timeline.work_seconds.append(time.perf_counter() - asked)
+        hold = HOLD_SECONDS
+        if isinstance(answer, Refused):
+            timeline.refusals[answer.code] = timeline.refusals.get(answer.code, 0) + 1
+            await asyncio.sleep(1.0)
+            continue
+        if isinstance(answer, Done):
+            return
+        if isinstance(answer, Wait):
+            await transport.run(peer.wait(answer))  # (as the relay says, capped: then ask again)
+            continue
+        job = answer
+        timeline.jobs.append((job.round, job.unit_index, time.perf_counter()))
+        body = updates.message(job)
+        sent = time.perf_counter()
+        receipt = await transport.run(peer.upload(job, Result(body, honest=False)))
+        if isinstance(receipt, Refused):
+            timeline.refusals[receipt.code] = timeline.refusals.get(receipt.code, 0) + 1
+        elif isinstance(receipt, Receipt):
+            timeline.results.append((job.round, job.unit_index, sent, time.perf_counter()))
+        hold = None  # (the next ask is answered at once: timed)
+
+
+async def until(relay: AsyncRelayClient, done: Any, timeout: float) -> dict[str, Any]:
+    """Poll the relay's status until ``done(status)``; a bounded wait."""
+    deadline = time.monotonic() + timeout
+    while True:
+        status = dict(await relay.call(status_call()))
+        if done(status) or time.monotonic() > deadline:
+            return status
+        await asyncio.sleep(0.05)
+
+
+async def drive(url: str, package: Package, peers: int, figures: Figures, args: argparse.Namespace,
+                rounds: int | None, seconds: float | None) -> dict[str, Any]:
+    """Run the crowd until ``rounds`` rounds are merged (sync) or for ``seconds`` (async); the final status."""
+    updates = Updates(package, args.perturbation)
+    addresses = max(1, min(args.addresses, peers, 253))
+    per_client = -(-peers // addresses) + 2
+    limits = httpx.Limits(max_connections=per_client, max_keepalive_connections=per_client, keepalive_expiry=2.0)
+    clients = [httpx.AsyncClient(base_url=url, timeout=120, limits=limits, transport=httpx.AsyncHTTPTransport(
+        local_address=f"127.0.0.{2 + a}", limits=limits)) for a in range(addresses)]
+    timeline, stop = Timeline(), asyncio.Event()
+    try:
+        observer = AsyncRelayClient(clients[0])
+        crowd = [RelayPeer(weights_from=WeightsFrom.CURRENT, wait_cap_s=HOLD_SECONDS, retry=RESEND)
+                 for _ in range(peers)]
+        tasks = [asyncio.create_task(crowd_peer(peer, AsyncTransport(clients[i % addresses], stop), updates,
+                                                timeline, stop))
+                 for i, peer in enumerate(crowd)]
+        if rounds is not None:
+            last = 0
+            while True:  # (a progress line a round; bounded: each round must merge within 10 minutes)
+                status = await until(observer, lambda s, n=last: s["round"] > n and not s["merging"] or s["done"], 600)
+                if status["round"] <= last:
+                    timeline.errors.append(f"round {last} did not merge within 600 s")
+                    break
+                last = status["round"]
+                print(f"  {figures.setting}: {last} of {rounds + 2} rounds merged, {len(timeline.results)} results",
+                      flush=True)
+                if last >= rounds + 2 or status["done"]:  # (round r is timed once round r + 1 is handed out)
+                    break
+        else:
+            assert seconds is not None
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline:
+                await asyncio.sleep(min(10.0, max(0.0, deadline - time.monotonic())))
+                print(f"  {figures.setting}: {len(timeline.results)} results, "
+                      f"{(await observer.call(status_call()))['round']} merges", flush=True)
+        stop.set()
+        await asyncio.wait(tasks, timeout=HOLD_SECONDS + 30)
+        for task in tasks:
+            task.cancel()
+        status = await until(observer, lambda s: not s["merging"], 120)
+    finally:
+        for client in clients:
+            await client.aclose()
+    summarize(figures, timeline, status, rounds)
+    return status
+
+
+def summarize(figures: Figures, timeline: Timeline, status: dict[str, Any], rounds: int | None) -> None:
+    history = status["history"]
+    figures.rounds = len(history)
+    figures.refusals = {**timeline.refusals, **{k.removeprefix("refused."): v for k, v in status["counters"].items()
+                                                 if k.startswith("refused.")}}
+    figures.errors = timeline.errors
+    figures.work_p50_ms, figures.work_p99_ms = (percentile(timeline.work_seconds, q) for q in (50, 99))
+    answered = [end - sent for _, _, sent, end in timeline.results]
+    figures.result_p50_ms, figures.result_p99_ms = (percentile(answered, q) for q in (50, 99))
+    if timeline.results:
+        first = min(sent for _, _, sent, _ in timeline.results)
+        last = max(end for _, _, _, end in timeline.results)
+        figures.results_per_second = len(timeline.results) / max(last - first, 1e-9)
+    # units lost: a merged round's units are its merged units, its missing ones carried, nothing else
+    for entry in history:
+        handed = {unit for r, unit, _ in timeline.jobs if r == entry.get("round")}
+        kept = set(entry.get("units", [])) | set(entry.get("carried", []))
+        figures.units_lost += len(handed - kept) if "round" in entry and rounds is not None else 0
+    if rounds is None:
+        return
+    for entry in history[1:rounds + 1]:  # (round 0 waits for the crowd to join)
+        r = entry["round"]
+        last_result = max((end for rr, _, _, end in timeline.results if rr == r), default=math.nan)
+        next_jobs = sorted(at for rr, _, at in timeline.jobs if rr == r + 1)
+        if len(next_jobs) < figures.k or math.isnan(last_result):
+            continue
+        held = next_jobs[figures.k - 1]  # (the k-th assignment of the next round reached its peer)
+        figures.validate.append(float(entry["seconds"]["validate"]))
+        figures.merge.append(float(entry["seconds"]["merge"]))
+        figures.relay_after_last.append(held - last_result - figures.validate[-1])
+
+
+def one_setting(package: Package, work: Path, args: argparse.Namespace, figures: Figures, *, mode: str,
+                rounds: int | None, seconds: float | None) -> None:
+    session = work / f"session-{figures.setting}"
+    shutil.rmtree(session, ignore_errors=True)
+    units = package.data.num_units
+    passes = max(1, -(-(rounds + 4) * figures.k // units)) if rounds is not None else 50
+    with RelayProcess(serve_command(package.path, session, figures.k, passes, args.codec, mode),
+                      log=work / f"serve-{figures.setting}.log", start_timeout_s=RELAY_START_SECONDS) as relay:
+        print(f"{figures.setting}: relay at {relay.page_url}, {units} units, {passes} passes, {figures.peers} peers",
+              flush=True)
+        run_async(lambda: drive(relay.page_url.rstrip("/"), package, figures.peers, figures, args, rounds, seconds))
+        figures.peak_rss_mb = relay.peak_rss_mb()
+    shutil.rmtree(session, ignore_errors=True)
+    print(f"{figures.setting}: relay after the last result {figures.relay_seconds:.3f} s (merge "
+          f"{statistics.fmean(figures.merge) if figures.merge else math.nan:.3f} s), {figures.results_per_second:.0f} "
+          f"results/s, work p50/p99 {figures.work_p50_ms:.0f}/{figures.work_p99_ms:.0f} ms, result p50/p99 "
+          f"{figures.result_p50_ms:.0f}/{figures.result_p99_ms:.0f} ms, peak RSS {figures.peak_rss_mb:.0f} MB, units "
+          f"lost {figures.units_lost}, refusals {figures.refusals or '-'}", flush=True)
+
+
+COLUMNS = ("setting", "peers", "k", "rounds", "relay after the last result (s)", "share of a browser unit",
+           "merge (s)", "relay peak RSS (MB)", "RSS vs k = 5", "results/s", "work p50/p99 (ms)",
+           "result p50/p99 (ms)", "units lost", "refusals")
+
+
+def table(results: list[Figures], anchor: float | None) -> str:
+    base = next((f.peak_rss_mb for f in results if f.k == ANCHOR_K and f.setting.startswith("sync")), math.nan)
+    lines = ["| " + " | ".join(COLUMNS) + " |", "| " + " | ".join("---" for _ in COLUMNS) + " |"]
+    for f in results:
+        share = f"{f.relay_seconds / anchor:.1%}" if anchor and not math.isnan(f.relay_seconds) else "-"
+        merge = f"{statistics.fmean(f.merge):.3f}" if f.merge else "-"
+        relay = f"{f.relay_seconds:.3f}" if not math.isnan(f.relay_seconds) else "-"
+        lines.append("| " + " | ".join([
+            f.setting, str(f.peers), str(f.k), str(f.rounds), relay, share, merge, f"{f.peak_rss_mb:.0f}",
+            f"{f.peak_rss_mb / base:.1f}x" if base == base else "-", f"{f.results_per_second:.0f}",
+            f"{f.work_p50_ms:.0f} / {f.work_p99_ms:.0f}", f"{f.result_p50_ms:.0f} / {f.result_p99_ms:.0f}",
+            str(f.units_lost), ", ".join(f"{k} {v}" for k, v in sorted(f.refusals.items())) or "-"]) + " |")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    ks = [int(k) for k in str(args.ks).split(",") if k.strip()]
+    work = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="peertrain-bench-crowd-"))
+    work.mkdir(parents=True, exist_ok=True)
+    results: list[Figures] = []
+    anchor: float | None = None
+    try:
+        chunks = max([55, *ks, args.async_k])
+        package = build_package("bytetext", {"chunks": chunks}, work / "package", check=False, log=lambda _: None)
+        if not args.skip_browser:
+            anchor = browser_training_seconds(package, work)
+            print(f"anchor: one bytetext unit trains in a browser peer in {anchor:.2f} s", flush=True)
+        elif not args.skip_training:
+            anchor = training_seconds(package)
+            print(f"anchor: one bytetext unit trains natively in {anchor:.2f} s", flush=True)
+        for k in [ANCHOR_K, *[k for k in ks if k != ANCHOR_K]]:
+            peers = k if k == ANCHOR_K else max(k, args.peers)
+            figures = Figures(setting=f"sync k={k}", k=k, peers=peers, units=chunks)
+            one_setting(package, work, args, figures, mode="sync", rounds=args.rounds, seconds=None)
+            results.append(figures)
+        if args.async_k > 0:
+            figures = Figures(setting=f"async K={args.async_k}", k=args.async_k, peers=args.peers, units=chunks)
+            one_setting(package, work, args, figures, mode="async", rounds=None, seconds=args.async_seconds)
+            results.append(figures)
+    finally:
+        if not args.work_dir:
+            shutil.rmtree(work, ignore_errors=True)
+    print()
+    print(table(results, anchor))
+    for f in results:
+        goal = RELAY_SHARE_GOALS.get(f.k) if f.setting.startswith("sync") else None
+        if goal is not None and anchor and not math.isnan(f.relay_seconds):
+            share = f.relay_seconds / anchor
+            print(f"{f.setting}: the relay's time after the last result is {share:.1%} of a "
+                  f"{'browser' if not args.skip_browser else 'native'} unit ({anchor:.2f} s); "
+                  f"{'meets' if share <= goal else 'misses'} the goal of at most {goal:.0%}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"anchor_seconds": anchor, "anchor": "browser" if not args.skip_browser else
+                                    "native" if not args.skip_training else None,
+                                    "results": [{**asdict(f), "relay_seconds": f.relay_seconds} for f in results]},
+                                   indent=1, default=float))
+    print(f"figures: {args.out}")
+    return 0 if all(f.units_lost == 0 and not f.errors for f in results) else 1
