@@ -56,7 +56,7 @@ from server.harness.peer import AsyncTransport, Refused, RelayPeer, Result, Weig
 from server.harness.relay_process import RelayProcess
 from server.harness.serve_command import ServeCommand
 from server.relay.client import AsyncRelayClient, status_call
-from server.relay.options import RelayOptions
+from server.relay.options import DEFAULT_LIMIT_CONCURRENCY, RelayOptions, ServerLimits
 from server.session.config import SessionConfig
 from server.session.package import Package, build_package
 
@@ -146,11 +146,16 @@ class Updates:
         return wire.encode_update(payloads[base], header, codec, job.weights_digest[:16])  # (weights_digest)
 
 
-def serve_command(package: Path, session_dir: Path, k: int, passes: int, codec: str, mode: str) -> ServeCommand:
+def serve_command(package: Path, session_dir: Path, k: int, passes: int, codec: str, mode: str,
+                  peers: int) -> ServeCommand:
+    # --limit-concurrency: each peer holds a connection (a browser page about two: its event stream too); the
+    # default (1,000) answers 503 past that, so a crowd's host raises it, as here
     options = RelayOptions(admin_token=ADMIN, lease_seconds=3600.0, peer_timeout=3600.0, backup_after=None,
                            join_rate=0.0, max_peers_per_address=0, verify=False)
+    limits = ServerLimits(limit_concurrency=max(DEFAULT_LIMIT_CONCURRENCY, 2 * peers + 100))
     config = SessionConfig(participants=k, passes=passes, codec=codec, mode=mode)
-    return ServeCommand(package=package, session_dir=session_dir, fresh=True, config=config, options=options)
+    return ServeCommand(package=package, session_dir=session_dir, fresh=True, config=config, options=options,
+                        limits=limits)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -212,6 +217,7 @@ async def drive(url: str, package: Package, peers: int, figures: Figures, args: 
     clients = [httpx.AsyncClient(base_url=url, timeout=120, limits=limits, transport=httpx.AsyncHTTPTransport(
         local_address=f"127.0.0.{2 + a}", limits=limits)) for a in range(addresses)]
     timeline, stop = Timeline(), asyncio.Event()
+    tasks: list[asyncio.Task[None]] = []
     try:
         observer = AsyncRelayClient(clients[0])
         crowd = [RelayPeer(weights_from=WeightsFrom.CURRENT, wait_cap_s=HOLD_SECONDS, retry=RESEND)
@@ -240,10 +246,12 @@ async def drive(url: str, package: Package, peers: int, figures: Figures, args: 
                       f"{(await observer.call(status_call()))['round']} merges", flush=True)
         stop.set()
         await asyncio.wait(tasks, timeout=HOLD_SECONDS + 30)
-        for task in tasks:
-            task.cancel()
         status = await until(observer, lambda s: not s["merging"], 120)
     finally:
+        stop.set()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         for client in clients:
             await client.aclose()
     summarize(figures, timeline, status, rounds)
@@ -288,7 +296,7 @@ def one_setting(package: Package, work: Path, args: argparse.Namespace, figures:
     shutil.rmtree(session, ignore_errors=True)
     units = package.data.num_units
     passes = max(1, -(-(rounds + 4) * figures.k // units)) if rounds is not None else 50
-    with RelayProcess(serve_command(package.path, session, figures.k, passes, args.codec, mode),
+    with RelayProcess(serve_command(package.path, session, figures.k, passes, args.codec, mode, figures.peers),
                       log=work / f"serve-{figures.setting}.log", start_timeout_s=RELAY_START_SECONDS) as relay:
         print(f"{figures.setting}: relay at {relay.page_url}, {units} units, {passes} passes, {figures.peers} peers",
               flush=True)

@@ -309,3 +309,38 @@ def set_aside_history(directory: Path) -> list[dict[str, Any]]:
 
 def discard_set_aside(directory: Path) -> None:
     shutil.rmtree(directory / UNDONE_DIR, ignore_errors=True)
+
+
+def session_state(session: Any) -> dict[str, Any]:
+    """A session's (``server.session.session.Session``) state as its checkpoint's JSON keeps it."""
+    return {
+        "round": session.round,
+        "initial_metrics": session.initial_metrics,
+        "best_metric": session.best_metric,
+        "best_round": session.best_round,
+        "stopped": session.stopped,
+        "history_length": len(session.history),
+        "consumed": session.consumed,
+        "carried": [list(c) for c in session.carried],
+        "merge": session.merge.name,
+        "merge_config": session.merge.to_config(),
+        "aggregate": session.aggregator.name,
+        "aggregate_config": session.aggregator.to_config(),
+        **({"privacy": session.privacy.state_json()} if session.privacy else {}),
+    }
+
+
+def save_session(session: Any, *, new_entries: list[dict[str, Any]], best_changed: bool) -> None:
+    """Write a session's checkpoint after a round (its new history entries; the best weights too when they
+    changed), first rewriting a history a checkpoint that failed to finish left longer."""
+    assert session.directory is not None
+    state = session_state(session)
+    server_state = join_server_state(session.merge.state_dict(), session.aggregator.state_dict(),
+                                     session.downloads.state_dict())
+    current = Checkpoint(session.weights, session.spec, server_state, state)
+    best = Checkpoint(session.best_weights, session.spec, server_state, state) if best_changed else None
+    before = session.history[:len(session.history) - len(new_entries)]
+    if history_lines(session.directory) != len(before):  # lines of a checkpoint that failed to finish
+        rewrite_history(session.directory, before)
+    save_round(session.directory, current, fingerprint=session.package.fingerprint, new_history=new_entries,
+               best=best, keep=session.checkpoints_kept)

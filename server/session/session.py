@@ -31,7 +31,7 @@ import numpy as np
 
 from runtime.aggregate import Aggregator, make_aggregator
 from runtime.aggregate.base import fit_refusal
-from runtime.aggregate.streaming import Reread, Stream
+from runtime.aggregate.streaming import Stream
 from runtime.merge import MergeMethod, Result, make_merge
 from runtime.merge.diagnostics import round_diagnostics
 from runtime.planner import Assignment, RoundPlan, check_merge_guard, unit_seed
@@ -39,6 +39,7 @@ from runtime.tasks import Task, TaskData, UnitResult, WorkUnit
 from runtime.tasks.base import check_unit_result
 from server.session import checkpoint_files as checkpoint
 from server.session import federated
+from server.session import streamed as streamed_round
 from server.session.checkpoint_files import split_server_state
 from server.session.config import DivergenceAction, SessionConfig, SessionError, merge_memory_bytes, privacy_settings
 from server.session.downloads import Downloads, split_download_state
@@ -247,19 +248,14 @@ class Session:
 
     # -- completing a round ---------------------------------------------------------------------
     def open_stream(self) -> Stream | None:
-        """A sum of this round's results as they arrive (``runtime.aggregate.streaming``), when the merge can take
-        them one at a time: an aggregator that streams and no central privacy stage (which clips and noises the
-        round as a whole). None otherwise: the results are then kept to the merge. Opened from the weights and the
-        aggregator's state of now, so it belongs to this round only (a rewind or a merge makes it stale)."""
-        if self.privacy is not None or not self.aggregator.streams():
-            return None
-        return self.aggregator.open_stream(self.weights.astype(np.float64))
+        """This round's sum as its results arrive, or None (``server.session.streamed.open_stream``)."""
+        return streamed_round.open_stream(self)
 
     def complete_round(self, results: Sequence[tuple[Assignment, UnitResult]], *,
                        train_seconds: float | None = None, extra: Mapping[str, Any] | None = None,
                        carry_missing: bool = False, contributors: Mapping[int, str] | None = None,
                        carry: Sequence[tuple[int, int, int]] | None = None,
-                       streamed: tuple[Stream, Reread] | None = None) -> dict[str, Any]:
+                       streamed: streamed_round.Streamed | None = None) -> dict[str, Any]:
         """Merge the round's results, validate, watch for divergence, record and checkpoint; return the entry.
 
         ``results`` may miss some assignments (the entry lists them) but not all; their order does not
@@ -276,11 +272,7 @@ class Session:
             raise SessionError(f"the session is over ({self.stopped or f'all {self.num_rounds} rounds done'})")
         ordered = self._checked_results(results, weights=streamed is None)
         if streamed is not None:
-            summed = {int(slot): count for slot, count in streamed[0].counts.items()}  # type: ignore[call-overload]
-            given = {a.slot: int(r.num_examples) for a, r in ordered}
-            if summed != given:
-                raise SessionError(f"round {self.round}'s sum holds slots and examples {sorted(summed.items())}, its "
-                                   f"results are {sorted(given.items())}")
+            streamed_round.check_sum(self.round, streamed[0], ordered)
         planned = self.assignments()
         done_slots = {a.slot for a, _ in ordered}
         carry = list(carry) if carry is not None else [(a.pass_index, a.unit_index, self._first_planned(a)) for a in
@@ -325,17 +317,13 @@ class Session:
 
     def _merge_and_record(self, results: list[UnitResult], units: list[int], *, validate: bool,
                           fields: Mapping[str, Any], train_seconds: float | None, privacy_units: Sequence[str] = (),
-                          extra: Mapping[str, Any] | None, streamed: tuple[Stream, Reread] | None = None,
+                          extra: Mapping[str, Any] | None, streamed: streamed_round.Streamed | None = None,
                           slots: Sequence[int] = ()) -> tuple[dict[str, Any], bool]:
         """Merge, validate (or not), watch for divergence; the history entry and whether the best changed."""
         started = time.perf_counter()
         stage = self.privacy.stage(self.aggregator, self.round, privacy_units) if self.privacy else None
         if streamed is not None:
-            stream, reread = streamed
-            average, clipped = self.aggregator.finish_stream(stream, reread)
-            position = {slot: index for index, slot in enumerate(slots)}
-            self.aggregator.last_outliers = tuple(sorted(position[key] for key in clipped))  # type: ignore[index]
-            merged = self.merge.merge_average(self.weights, average)
+            merged = streamed_round.merged_from_sum(self, streamed, slots)
         else:
             merged = self.merge.merge(self.weights, [Result(r.weights, int(r.num_examples)) for r in results],
                                       spec=self.spec, aggregator=stage or self.aggregator)
@@ -447,23 +435,6 @@ class Session:
         return None
 
     # -- checkpoints ----------------------------------------------------------------------------
-    def _state_json(self) -> dict[str, Any]:
-        return {
-            "round": self.round,
-            "initial_metrics": self.initial_metrics,
-            "best_metric": self.best_metric,
-            "best_round": self.best_round,
-            "stopped": self.stopped,
-            "history_length": len(self.history),
-            "consumed": self.consumed,
-            "carried": [list(c) for c in self.carried],
-            "merge": self.merge.name,
-            "merge_config": self.merge.to_config(),
-            "aggregate": self.aggregator.name,
-            "aggregate_config": self.aggregator.to_config(),
-            **({"privacy": self.privacy.state_json()} if self.privacy else {}),
-        }
-
     def stop(self, reason: str) -> None:
         """End the session early (e.g. the admin said so) and record it, so a restart does not resume it."""
         if self.stopped is None:
@@ -478,17 +449,7 @@ class Session:
             checkpoint.rewrite_history(self.directory, self.history)
 
     def _save(self, *, new_entries: list[dict[str, Any]], best_changed: bool) -> None:
-        assert self.directory is not None
-        state = self._state_json()
-        server_state = checkpoint.join_server_state(self.merge.state_dict(), self.aggregator.state_dict(),
-                                                    self.downloads.state_dict())
-        current = checkpoint.Checkpoint(self.weights, self.spec, server_state, state)
-        best = checkpoint.Checkpoint(self.best_weights, self.spec, server_state, state) if best_changed else None
-        before = self.history[:len(self.history) - len(new_entries)]
-        if checkpoint.history_lines(self.directory) != len(before):  # lines of a checkpoint that failed to finish
-            checkpoint.rewrite_history(self.directory, before)
-        checkpoint.save_round(self.directory, current, fingerprint=self.package.fingerprint, new_history=new_entries,
-                              best=best, keep=self.checkpoints_kept)
+        checkpoint.save_session(self, new_entries=new_entries, best_changed=best_changed)
 
     # -- reporting ------------------------------------------------------------------------------
     @property

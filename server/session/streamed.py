@@ -1,0 +1,48 @@
+"""A round summed as its results arrived (``runtime.aggregate.streaming``), on the session's side: when a session can
+take its results that way, the check that the sum holds the results the round completes with, and the merge from
+the sum. The relay opens the sum when a round's first result arrives (``server.relay.book``); the simulator, a
+restart and a ban's undo merge the same results at once, which gives the same bits."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from runtime.aggregate.streaming import Reread, Stream
+from runtime.planner import Assignment
+from runtime.tasks import UnitResult
+from server.session.settings import SessionError
+
+Session = Any  # server.session.session.Session (which imports this module)
+Streamed = tuple[Stream, Reread]  # a round's sum, and a way to read a slot's weights again
+
+
+def open_stream(session: Session) -> Stream | None:
+    """A sum of the session's current round as its results arrive, when the merge can take them one at a time: an
+    aggregator that streams and no central privacy stage (which clips and noises the round as a whole). None
+    otherwise: the results are then kept to the merge. Opened from the weights and the aggregator's state of now,
+    so it belongs to this round only (a rewind or a merge makes it stale)."""
+    if session.privacy is not None or not session.aggregator.streams():
+        return None
+    return session.aggregator.open_stream(session.weights.astype(np.float64))
+
+
+def check_sum(round_index: int, stream: Stream, ordered: Sequence[tuple[Assignment, UnitResult]]) -> None:
+    """The sum holds exactly the round's results, with their example counts."""
+    summed = {int(slot): count for slot, count in stream.counts.items()}  # type: ignore[call-overload]
+    given = {a.slot: int(r.num_examples) for a, r in ordered}
+    if summed != given:
+        raise SessionError(f"round {round_index}'s sum holds slots and examples {sorted(summed.items())}, its "
+                           f"results are {sorted(given.items())}")
+
+
+def merged_from_sum(session: Session, streamed: Streamed, slots: Sequence[int]) -> np.ndarray:
+    """The new weights from the round's sum; the aggregator's ``last_outliers`` are the clipped results' positions
+    among ``slots`` (the round's results in slot order), as after a merge of the results themselves."""
+    stream, reread = streamed
+    average, clipped = session.aggregator.finish_stream(stream, reread)
+    position = {slot: index for index, slot in enumerate(slots)}
+    session.aggregator.last_outliers = tuple(sorted(position[key] for key in clipped))  # type: ignore[index]
+    return np.asarray(session.merge.merge_average(session.weights, average))

@@ -1,0 +1,69 @@
+"""``peertrain bench crowd``: its figures from a synthetic timeline by hand, and (slow) a small crowd end to end on a
+real relay."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from relay_fixtures import REPO_ROOT
+
+from server.bench.crowd import Figures, Timeline, summarize
+
+
+def status_of(history: list[dict]) -> dict:
+    return {"history": history, "counters": {"refused.late": 2, "results_accepted": 9}}
+
+
+def entry(round_index: int, units: list[int], validate: float, carried: list[int] | None = None) -> dict:
+    return {"round": round_index, "units": units, "seconds": {"merge": 0.01, "validate": validate},
+            **({"carried": carried} if carried else {})}
+
+
+def test_the_relays_time_after_the_last_result_and_the_units_lost_by_hand() -> None:
+    """k = 2: round 1's last result answered at t = 10.0, round 2's second assignment reached its peer at 10.9, the
+    history says round 1 validated for 0.5 s: the relay's own time is 0.4 s. A unit handed out in round 2 that the
+    history neither merged nor carried is lost."""
+    timeline = Timeline()
+    timeline.jobs = [(0, 0, 1.0), (0, 1, 1.0), (1, 2, 5.0), (1, 3, 5.1), (2, 4, 10.5), (2, 5, 10.9), (3, 6, 20.0),
+                     (3, 7, 20.0)]
+    timeline.results = [(0, 0, 2.0, 2.1), (0, 1, 2.0, 2.2), (1, 2, 9.0, 9.5), (1, 3, 9.0, 10.0), (2, 4, 15.0, 15.2)]
+    timeline.work_seconds = [0.01, 0.02, 0.03]
+    history = [entry(0, [0, 1], 0.3), entry(1, [2, 3], 0.5), entry(2, [4], 0.2, carried=[]), entry(3, [6, 7], 0.1)]
+    figures = Figures(setting="sync k=2", k=2, peers=2, units=8)
+    summarize(figures, timeline, status_of(history), rounds=2)
+    assert figures.relay_after_last[0] == pytest.approx(10.9 - 10.0 - 0.5)
+    assert len(figures.relay_after_last) == 2  # (rounds 1 and 2: round 0 waits for the crowd to join)
+    assert figures.relay_after_last[1] == pytest.approx(20.0 - 15.2 - 0.2)
+    assert figures.units_lost == 1  # unit 5: handed out in round 2, neither merged nor carried
+    assert figures.refusals == {"late": 2} and figures.rounds == 4
+    assert figures.results_per_second == pytest.approx(5 / (15.2 - 2.0))
+    assert figures.work_p50_ms == pytest.approx(20.0)
+    history[2]["carried"] = [5]
+    again = Figures(setting="sync k=2", k=2, peers=2, units=8)
+    summarize(again, timeline, status_of(history), rounds=2)
+    assert again.units_lost == 0
+
+
+@pytest.mark.slow
+def test_a_small_crowd_on_a_real_relay_loses_nothing_and_reports_every_setting(tmp_path: Path) -> None:
+    out = tmp_path / "crowd.json"
+    command = [sys.executable, "-m", "server.cli", "bench", "crowd", "--peers", "12", "--ks", "8", "--async-k", "4",
+               "--async-seconds", "6", "--rounds", "2", "--addresses", "4", "--skip-browser", "--skip-training",
+               "--out", str(out)]
+    done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    results = {r["setting"]: r for r in json.loads(out.read_text())["results"]}
+    assert list(results) == ["sync k=5", "sync k=8", "async K=4"]
+    for name, figures in results.items():
+        assert figures["units_lost"] == 0 and not figures["errors"] and figures["results_per_second"] > 0, name
+        assert figures["peak_rss_mb"] > 0 and not figures["refusals"], (name, figures["refusals"])
+        assert math.isfinite(figures["result_p50_ms"]) and figures["result_p99_ms"] >= figures["result_p50_ms"]
+    for name in ("sync k=5", "sync k=8"):
+        assert len(results[name]["relay_after_last"]) == 2 and results[name]["relay_seconds"] > 0, results[name]
+    assert results["async K=4"]["rounds"] >= 2 and results["sync k=8"]["peers"] == 12
+    assert "| sync k=8 | 12 | 8 |" in done.stdout
