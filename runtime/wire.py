@@ -383,11 +383,12 @@ def read_header(data: bytes) -> WireHeader:
 
 
 def result_weights(data: bytes, base: np.ndarray, *, codec: Codec, expect_spec: WeightSpec | None = None,
-                   expect_round: int | None = None,
-                   expect_fingerprint: str | None = None) -> tuple[WireHeader, np.ndarray]:
+                   expect_round: int | None = None, expect_fingerprint: str | None = None,
+                   base_sha256: str | None = None) -> tuple[WireHeader, np.ndarray]:
     """A result message of either kind as (header, the weights it stands for): a weights message decoded, or an
     update message checked against ``base`` (the weights of the round it names) and ``codec`` (the session's), and
-    added to it in float32. A result in another codec than ``codec`` is refused (``WrongCodec``)."""
+    added to it in float32. A result in another codec than ``codec`` is refused (``WrongCodec``). ``base_sha256``:
+    ``weights_sha256(base)`` where the caller has it (a relay names its weights once a round, not once a result)."""
     if not is_update(data):
         if codec.compresses:
             raise WrongCodec(f"this session's results travel as {codec.name} updates, not as weights")
@@ -400,7 +401,7 @@ def result_weights(data: bytes, base: np.ndarray, *, codec: Codec, expect_spec: 
         raise WrongCodec(f"the update's codec: {error}") from error
     if sent != codec:
         raise WrongCodec(f"the update is in {sent.to_json()}, this session's codec is {codec.to_json()}")
-    digest = weights_digest(base)
+    digest = weights_digest(base) if base_sha256 is None else base_sha256[:16]
     if raw.get("base") != digest:
         raise WrongBase(f"the update is against weights {raw.get('base')!r}, round {header.round}'s are {digest!r}: "
                         "fetch the round's weights again")

@@ -30,25 +30,26 @@ from server.session.session import Session
 
 
 def decode_result(body: bytes, *, session: Session, round_index: int, fingerprint: str | None = None,
-                  base: np.ndarray | None = None) -> tuple[wire.WireHeader, np.ndarray]:
+                  base: np.ndarray | None = None, base_sha256: str | None = None) -> tuple[wire.WireHeader, np.ndarray]:
     """A result message (weights, or an update in the session's codec against ``base``: the weights of the round
-    it names, by default the current ones) as its header and the weights it stands for; a ``Refusal`` names what
-    is wrong."""
+    it names, by default the current ones, whose sha256 ``base_sha256`` is where the caller has it) as its header and
+    the weights it stands for; a ``Refusal`` names what is wrong."""
     try:
         return wire.result_weights(body, session.weights if base is None else base,
                                    codec=session.config.result_codec, expect_spec=session.spec,
-                                   expect_round=round_index, expect_fingerprint=fingerprint)
+                                   expect_round=round_index, expect_fingerprint=fingerprint, base_sha256=base_sha256)
     except wire.WireError as error:
         raise Refusal(int(getattr(error, "http_status", 400)), error.code, str(error)) from error
 
 
 def read_result(body: bytes, *, session: Session, fingerprint: str, round_index: int, unit: WorkUnit,
-                base: np.ndarray | None = None) -> tuple[wire.WireHeader, np.ndarray, int, float]:
+                base: np.ndarray | None = None, base_sha256: str | None = None,
+                ) -> tuple[wire.WireHeader, np.ndarray, int, float]:
     """The checks of 1-3 above: the header, the weights, the relay's example count and the update norm (against
-    ``base``, by default the current weights)."""
+    ``base``, by default the current weights, whose sha256 is ``base_sha256`` where the caller has it)."""
     base = session.weights if base is None else base
     header, vector = decode_result(body, session=session, round_index=round_index, fingerprint=fingerprint,
-                                   base=base)
+                                   base=base, base_sha256=base_sha256)
     return header, vector, relay_count(session.task, unit, int(header.num_examples)), update_norm(vector, base)
 
 

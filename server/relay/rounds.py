@@ -257,7 +257,8 @@ class SyncRounds:
         try:
             header, vector, count, norm = read_result(body, session=session,
                                                       fingerprint=self.context.package.fingerprint,
-                                                      round_index=round_index, unit=session.work_unit(assignment))
+                                                      round_index=round_index, unit=session.work_unit(assignment),
+                                                      base_sha256=self.jobs.current()[2])  # (named once a round)
             engine = str(header.meta.get("engine", ""))
             unjudgeable = self.replays.refusal(engine)
             if unjudgeable is not None:
