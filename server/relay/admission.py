@@ -142,7 +142,10 @@ class Admission:
                           headers={"Retry-After": str(max(1, int(options.peer_timeout)))})
         self.joins.admit(address, ticket=ticket)
         credentials = store.add_peer(agent, address)
-        self.context.notices.work_changed()
+        if options.min_peers > 1:  # (a join may open the start gate for those held; otherwise it opens no work)
+            self.context.notices.work_changed()
+        else:
+            self.context.notices.changed()
         return credentials
 
     def peer(self, peer_id: str, token: str, *, touch: bool = True) -> str:

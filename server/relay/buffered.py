@@ -52,6 +52,10 @@ class AsyncBuffer(Part):
         self.norms: list[float] = []
         self.next = 0
 
+    def units_open(self) -> int | None:
+        """Every held request looks for work after a merge (the stream hands out at any time)."""
+        return None
+
     def start(self) -> None:
         """On start: results marked for merges the checkpoint lacks go back to the buffer; keep the weights."""
         returned = self.store.unmerge_from(self.session.round)

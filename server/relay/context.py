@@ -28,16 +28,30 @@ class Notices:
     holding: int = 0  # held work requests waiting now
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
     _work: asyncio.Event = field(default_factory=asyncio.Event)
+    _turns: int | None = None  # held requests the last ``work_changed`` lets look for work (None: every one)
 
     def changed(self) -> None:
         self.version += 1
         self._changed.set()
         self._changed = asyncio.Event()
 
-    def work_changed(self) -> None:
+    def work_changed(self, *, available: int | None = None) -> None:
+        """Wake the held requests. ``available``: how many units the change made (a round that opened with k): only
+        that many of the woken look for work, the rest hold on. A thousand held requests that all look for a
+        hundred units cost the relay a thousand searches a round, on its one event loop."""
+        self._turns = available
         self._work.set()
         self._work = asyncio.Event()
         self.changed()
+
+    def take_turn(self) -> bool:
+        """A held request woke: whether it looks for work now (the last ``work_changed``'s turns are not all taken)."""
+        if self._turns is None:
+            return True
+        if self._turns <= 0:
+            return False
+        self._turns -= 1
+        return True
 
     @property
     def work_generation(self) -> asyncio.Event:
@@ -53,15 +67,16 @@ class Notices:
             return False
         return True
 
-    async def hold_for_work(self, seconds: float) -> None:
-        """Return after ``work_changed`` or ``seconds``, whichever comes first."""
+    async def hold_for_work(self, seconds: float) -> bool:
+        """Return after ``work_changed`` (True) or ``seconds`` (False), whichever comes first."""
         self.holding += 1
         try:
             await asyncio.wait_for(self._work.wait(), timeout=max(seconds, 0.0))
         except TimeoutError:
-            pass
+            return False
         finally:
             self.holding -= 1
+        return True
 
 
 @dataclass

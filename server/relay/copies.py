@@ -194,11 +194,13 @@ class UnitCopies(Part):
 
     def _waiting_copies(self, *, count_waived: bool) -> list[int]:
         round_index, now = self.session.round, self.store.clock()
+        chosen = [a.slot for a in self.session.assignments() if self.redundant(round_index, a.slot)]
+        if not chosen:  # (no slot of the round takes a copy: nothing to read; every poll of a full round asks this)
+            return []
         copies, leases = self.store.copies(round_index), self.store.leases(round_index, 1)
         active = self.store.active_peers(self.options.peer_timeout)
         waiting = []
-        for assignment in self.session.assignments():
-            slot = assignment.slot
+        for slot in chosen:
             if not self._needs_copy(round_index, slot, copies):
                 continue
             lease = leases.get(slot)

@@ -77,7 +77,7 @@ class MergeSchedule(Part):
         self.book.forget_before(self.session.round)
         self.replays.forget_before(self.session.round)
         self.context.merging = False
-        self.context.notices.work_changed()
+        self.context.notices.work_changed(available=self.mode().units_open())
 
     def merge_ready(self) -> list[dict[str, Any]]:
         """Merge, inline, every round that is ready (no replays are awaited: a driver without an event loop runs

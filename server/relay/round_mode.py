@@ -43,6 +43,11 @@ class RoundMode(Protocol):
         """Whether the open round (async: the buffer) may merge now. Never True once the session is done."""
         ...
 
+    def units_open(self) -> int | None:
+        """After a merge: how many held requests for work may find some (``Notices.work_changed``); None: all of them
+        look (async mode, a session that ended)."""
+        ...
+
     def merge_blocking(self) -> dict[str, Any]:
         """Merge what is ready into the next weights, checkpointed by the session, and return the history entry.
         Runs in a worker thread (or inline without an event loop) while the relay says it is merging."""

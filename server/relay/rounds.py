@@ -26,7 +26,7 @@ from runtime.protocol import Wait, WorkAnswer
 from runtime.tasks import UnitResult
 from server.relay.bans import Bans
 from server.relay.book import RoundBook
-from server.relay.checks import check_noised_norm, check_update_norm, decode_result, local_noise, read_result
+from server.relay.checks import check_noised_norm, check_update_norm, local_noise, read_result
 from server.relay.context import RelayContext
 from server.relay.copies import UnitCopies
 from server.relay.jobs import Jobs
@@ -34,8 +34,11 @@ from server.relay.pacing import RoundPacing
 from server.relay.people import Participants
 from server.relay.refusal import Refusal
 from server.relay.replay_checks import ReplayChecks
+from server.relay.round_sums import RoundSums
 from server.relay.store import StoredResult
 from server.session.config import SessionError
+
+SPARE_TURNS = 8  # held requests a round's opening wakes beyond its units (``units_open``)
 
 
 class SyncRounds:
@@ -50,6 +53,7 @@ class SyncRounds:
         self.context, self.book, self.jobs, self.people = context, book, jobs, people
         self.replays, self.copies, self.bans, self.pacing = replays, copies, bans, pacing
         self.on_round_opened = on_round_opened
+        self.sums = RoundSums(context, book)  # (the open round's sum as its results arrive)
         self.started = False  # a unit was handed out since the relay started: the start gate is passed
 
     # -- handing out --------------------------------------------------------------------------------------
@@ -101,6 +105,19 @@ class SyncRounds:
         self.replays.prepare(peer_id, assignment.slot)
         self.context.notices.changed()
         return self.jobs.job(assignment, lease.deadline)
+
+    def units_open(self) -> int | None:
+        """The new round's units and second copies, and a few more (a refused slot, a backup): the held requests a
+        round's opening wakes to look for work; the others hold on, or ask again when their hold ends."""
+        session = self.context.session
+        if session.done:
+            return None
+        try:
+            assignments = session.assignments()
+        except (RoundOutOfRange, SessionError):
+            return None
+        copies = sum(1 for a in assignments if self.copies.redundant(session.round, a.slot))
+        return len(assignments) + copies + SPARE_TURNS
 
     def start_gate(self) -> str | None:
         """Why the session may not start yet (fewer peers connected than the host's ``--min-peers``), or None.
@@ -193,7 +210,7 @@ class SyncRounds:
                     self.bans.ban_for_claim(peer_id, refusal.message)
                 raise
         stored, vector, norm = self.check(peer_id, round_index, slot, body)
-        self._prepare_sums(round_index)
+        self.sums.prepare(round_index)
         weights = self.context.session.weights
         others = self.book.sum_of_updates(round_index, weights) if self.replays.judges_direction() else None
         try:
@@ -222,31 +239,6 @@ class SyncRounds:
             total = self.book.sum_of_updates(round_index, weights)  # (and against all the others once full)
             self.replays.verify_round(self.book.kept_round(round_index), total, self.book.results_kept(round_index))
         return stored
-
-    def _prepare_sums(self, round_index: int) -> None:
-        """Before a result of ``round_index`` is kept: its first result opens the round's sum (when the session's
-        aggregator streams: ``server.relay.book``); a round whose sums went stale (a result dropped) has them
-        rebuilt from what is stored. A round that had results before the relay started is merged from SQLite."""
-        book, store, session = self.book, self.context.store, self.context.session
-        if book.stale(round_index):
-            stored = store.results(round_index)
-            book.rebuild(round_index, session.open_stream(),
-                         [(result, self._decoded(result)) for _, result in sorted(stored.items())])
-        elif book.results_kept(round_index) == 0 and not store.result_slots(round_index) \
-                and book.stream(round_index) is None:
-            book.open_stream(round_index, session.open_stream())
-
-    def _decoded(self, result: StoredResult) -> np.ndarray:
-        return decode_result(result.message, session=self.context.session, round_index=result.round)[1]
-
-    def _reread(self, round_index: int) -> Callable[[object], np.ndarray]:
-        """A slot's stored weights again (a streamed merge's second look at a result beyond its radius)."""
-        def reread(slot: object) -> np.ndarray:
-            result = self.context.store.result(round_index, int(slot))  # type: ignore[call-overload]
-            if result is None:
-                raise SessionError(f"slot {slot} of round {round_index} was summed but is not stored")
-            return self._decoded(result)
-        return reread
 
     def check(self, peer_id: str, round_index: int, slot: int, body: bytes) -> tuple[StoredResult, np.ndarray, float]:
         """The result as it would be stored (with the relay's example count), its decoded weights and its update
@@ -342,14 +334,14 @@ class SyncRounds:
         taken = {slot: taken for slot in slots if (taken := self.book.take(round_index, slot)) is not None}
         streamed = None
         if stream is not None and set(stream.counts) == slots == set(taken):  # (every result summed: O(n) from here)
-            streamed = (stream, self._reread(round_index))
+            streamed = (stream, self.sums.reread(round_index))
             kept = {slot: (result, STREAMED) for slot, (result, _) in taken.items()}
         else:  # (read back what is not here: a restart, a stale sum, an aggregator that needs every result)
             kept = {slot: (result, vector) for slot, (result, vector) in taken.items() if vector is not None}
             if len(kept) < len(slots):
                 for slot, result in store.results(round_index).items():
                     if slot not in kept:
-                        kept[slot] = (result, self._decoded(result))
+                        kept[slot] = (result, self.sums.decoded(result))
         by_slot = {a.slot: a for a in session.assignments()}
         results = [(by_slot[slot], UnitResult(vector, result.num_examples, result.metrics))
                    for slot, (result, vector) in sorted(kept.items())]
