@@ -14,7 +14,7 @@ from runtime.aggregate.base import Aggregator, Outliers
 from runtime.aggregate.centered_clipping import CenteredClipping, centered_clip, default_radius
 from runtime.aggregate.checks import TooFewResults, UnknownAggregator
 from runtime.aggregate.krum import Krum, krum_scores
-from runtime.aggregate.mean import Mean, weighted_average
+from runtime.aggregate.mean import Mean
 from runtime.aggregate.median import Median, coordinate_median
 from runtime.aggregate.multikrum import MultiKrum, multikrum
 from runtime.aggregate.trimmed_mean import TrimmedMean, trim_count, trimmed_mean
@@ -62,5 +62,4 @@ __all__ = [
     "multikrum",
     "trim_count",
     "trimmed_mean",
-    "weighted_average",
 ]

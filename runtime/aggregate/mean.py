@@ -16,17 +16,6 @@ from runtime.aggregate.base import Aggregator, Outliers
 from runtime.aggregate.streaming import Reread, Stream
 
 
-def weighted_average(vectors: Sequence[np.ndarray], counts: Sequence[int]) -> np.ndarray:
-    """sum_i n_i * w_i / sum_i n_i, accumulated in float64 (McMahan et al. 2017's FedAvg).
-
-    vectors: k vectors of shape (n,); counts: k example counts; returns shape (n,), float64.
-    """
-    total = np.zeros(vectors[0].shape[0], dtype=np.float64)
-    for vector, count in zip(vectors, counts, strict=True):
-        total += count * vector.astype(np.float64)
-    return total / sum(counts)
-
-
 @dataclass(eq=False)
 class Mean(Aggregator):
     """The example-weighted mean: the global weights plus sum_i n_i (w_i - global) / sum_i n_i, the sum exact and

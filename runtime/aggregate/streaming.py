@@ -64,6 +64,11 @@ class ExactSum:
         self.high = np.zeros(self.size, dtype=np.int64)
         self.low = np.zeros(self.size, dtype=np.int64)
 
+    def copy(self) -> ExactSum:
+        copied = ExactSum(self.size)
+        copied.high, copied.low, copied.terms = self.high.copy(), self.low.copy(), self.terms
+        return copied
+
     def add(self, vector: np.ndarray, weight: float = 1.0) -> None:
         self._apply(vector, weight, +1)
 
@@ -164,9 +169,7 @@ class Stream:
         clipped = [] if radius is None else [k for k in self.taking_part() if self.distances[k] > radius]
         if clipped:
             assert radius is not None
-            corrected = ExactSum(self.total.size)
-            corrected.high, corrected.low, corrected.terms = self.total.high.copy(), self.total.low.copy(), \
-                self.total.terms
+            corrected = self.total.copy()
             for key in clipped:
                 offset = self.offset(reread(key))
                 count = float(self.counts[key])

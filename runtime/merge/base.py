@@ -38,7 +38,7 @@ from runtime.aggregate.checks import (
     join_state,
     split_state,
 )
-from runtime.aggregate.mean import Mean, weighted_average
+from runtime.aggregate.mean import Mean
 from runtime.weights import WeightSpec
 
 
@@ -113,5 +113,4 @@ __all__ = [
     "join_state",
     "or_mean",
     "split_state",
-    "weighted_average",
 ]

@@ -23,7 +23,7 @@ bytetext unit trained by the page's worker in headless Chromium, in the same run
 unit, ``--skip-training`` too: no share); the relay's peak RSS (VmHWM) against k = 5's; results per second
 sustained (async: from the first result to the last; sync: results over the timed rounds' wall time); p50/p99 of
 work requests answered at once and of result requests; units lost (a unit handed out in a merged round that is
-neither merged nor carried: must be 0); refusals by code.
+neither merged nor carried: must be 0; synchronous rounds only); refusals by code.
 
 Not measured yet: liars (a tenth of the crowd lying as in ``bench attacks``), which at this scale need a check that
 bans them without host replays of made-up results (peer copies decided by a quorum), and the host's CPU per
@@ -113,7 +113,7 @@ class Figures:
     result_p50_ms: float = math.nan
     result_p99_ms: float = math.nan
     peak_rss_mb: float = math.nan
-    units_lost: int = 0
+    units_lost: int | None = 0  # None: not measured (async)
     refusals: dict[str, int] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
 
@@ -271,13 +271,12 @@ def summarize(figures: Figures, timeline: Timeline, status: dict[str, Any], roun
         first = min(sent for _, _, sent, _ in timeline.results)
         last = max(end for _, _, _, end in timeline.results)
         figures.results_per_second = len(timeline.results) / max(last - first, 1e-9)
-    # units lost: a merged round's units are its merged units, its missing ones carried, nothing else
-    for entry in history:
-        handed = {unit for r, unit, _ in timeline.jobs if r == entry.get("round")}
-        kept = set(entry.get("units", [])) | set(entry.get("carried", []))
-        figures.units_lost += len(handed - kept) if "round" in entry and rounds is not None else 0
-    if rounds is None:
+    if rounds is None:  # (async: a unit is not handed out in a round, so there is no round's list to hold it to)
+        figures.units_lost = None
         return
+    # units lost: a merged round's units are its merged units, its missing ones carried, nothing else
+    figures.units_lost = sum(len({unit for r, unit, _ in timeline.jobs if r == entry["round"]}
+                                 - set(entry.get("units", [])) - set(entry.get("carried", []))) for entry in history)
     for entry in history[1:rounds + 1]:  # (round 0 waits for the crowd to join)
         r = entry["round"]
         last_result = max((end for rr, _, _, end in timeline.results if rr == r), default=math.nan)
@@ -307,7 +306,11 @@ def one_setting(package: Package, work: Path, args: argparse.Namespace, figures:
           f"{statistics.fmean(figures.merge) if figures.merge else math.nan:.3f} s), {figures.results_per_second:.0f} "
           f"results/s, work p50/p99 {figures.work_p50_ms:.0f}/{figures.work_p99_ms:.0f} ms, result p50/p99 "
           f"{figures.result_p50_ms:.0f}/{figures.result_p99_ms:.0f} ms, peak RSS {figures.peak_rss_mb:.0f} MB, units "
-          f"lost {figures.units_lost}, refusals {figures.refusals or '-'}", flush=True)
+          f"lost {lost(figures, 'not measured')}, refusals {figures.refusals or '-'}", flush=True)
+
+
+def lost(figures: Figures, unmeasured: str) -> str:
+    return unmeasured if figures.units_lost is None else str(figures.units_lost)
 
 
 COLUMNS = ("setting", "peers", "k", "rounds", "relay after the last result (s)", "share of a browser unit",
@@ -326,7 +329,7 @@ def table(results: list[Figures], anchor: float | None) -> str:
             f.setting, str(f.peers), str(f.k), str(f.rounds), relay, share, merge, f"{f.peak_rss_mb:.0f}",
             f"{f.peak_rss_mb / base:.1f}x" if base == base else "-", f"{f.results_per_second:.0f}",
             f"{f.work_p50_ms:.0f} / {f.work_p99_ms:.0f}", f"{f.result_p50_ms:.0f} / {f.result_p99_ms:.0f}",
-            str(f.units_lost), ", ".join(f"{k} {v}" for k, v in sorted(f.refusals.items())) or "-"]) + " |")
+            lost(f, "-"), ", ".join(f"{k} {v}" for k, v in sorted(f.refusals.items())) or "-"]) + " |")
     return "\n".join(lines)
 
 
@@ -372,4 +375,4 @@ def run(args: argparse.Namespace) -> int:
                                     "results": [{**asdict(f), "relay_seconds": f.relay_seconds} for f in results]},
                                    indent=1, default=float))
     print(f"figures: {args.out}")
-    return 0 if all(f.units_lost == 0 and not f.errors for f in results) else 1
+    return 0 if all(not f.units_lost and not f.errors for f in results) else 1

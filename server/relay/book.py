@@ -61,9 +61,9 @@ class RoundBook:
         stream = self._streams.get(stored.round)
         if stream is not None:
             stream.add(stored.slot, vector, stored.num_examples)
-        early = stream is None or sum(1 for r, _ in self._decoded if r == stored.round) < EARLY
-        self._decoded[key] = (dataclasses.replace(stored, message=b""), vector if early else None)
-        total, count = self._sums.get(stored.round, (None, 0))
+        total, count = self._sums.get(stored.round, (None, 0))  # (count: the round's results kept before this one)
+        self._decoded[key] = (dataclasses.replace(stored, message=b""), vector if stream is None or count < EARLY
+                              else None)
         total = vector.astype(np.float64) if total is None else np.add(total, vector, out=total)
         self._sums[stored.round] = (total, count + 1)
 
@@ -82,8 +82,8 @@ class RoundBook:
         return sum(1 for r, _ in self._decoded if r == round_index)
 
     def sum_of_updates(self, round_index: int, global_weights: np.ndarray) -> np.ndarray | None:
-        """The sum of the kept results' updates (w - global, float64, in arrival order: ``direction.sum_of_updates``
-        over them, to the bit); None before the first."""
+        """The sum of the kept results' updates (w - global, float64, added in arrival order); None before the
+        first."""
         total, count = self._sums.get(round_index, (None, 0))
         if total is None:
             return None

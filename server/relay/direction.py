@@ -22,7 +22,6 @@ k: a round of three units moves the model little along the last round's step.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -80,16 +79,3 @@ def direction_of(update: np.ndarray, previous_step: np.ndarray | None, others: n
     """``update`` (result - global, float64) against the previous step and against ``others``, the sum of the
     round's other updates (it points where their mean does; None: no other update is in)."""
     return Direction(cosine(update, previous_step), cosine(update, others), not bool(np.any(update)))
-
-
-def sum_of_updates(vectors: Iterable[np.ndarray], global_weights: np.ndarray) -> np.ndarray | None:
-    """sum(vector - global) in float64 over ``vectors`` (result weights), one vector at a time; None for none."""
-    total: np.ndarray | None = None
-    count = 0
-    for vector in vectors:
-        total = vector.astype(np.float64) if total is None else np.add(total, vector, out=total)
-        count += 1
-    if total is None:
-        return None
-    total -= count * global_weights.astype(np.float64)
-    return total

@@ -28,8 +28,7 @@ class RoundSums:
             stored = store.results(round_index)
             book.rebuild(round_index, session.open_stream(),
                          [(result, self.decoded(result)) for _, result in sorted(stored.items())])
-        elif book.results_kept(round_index) == 0 and not store.result_slots(round_index) \
-                and book.stream(round_index) is None:
+        elif book.stream(round_index) is None and not store.result_slots(round_index):  # (its first result)
             book.open_stream(round_index, session.open_stream())
 
     def decoded(self, result: StoredResult) -> np.ndarray:

@@ -7,9 +7,10 @@ the part that owns it. The contract of every method is on the protocol (``server
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -60,13 +61,11 @@ class SQLiteStore:
         return self.connection.closed
 
     def open(self) -> None:
-        with self._lease_lock:  # (the file may have changed while it was closed)
-            self._leases_changed()
+        with self._changing_leases():  # (the file may have changed while it was closed)
             self.connection.open()
 
     def close(self) -> None:
-        with self._lease_lock:
-            self._leases_changed()
+        with self._changing_leases():
             self.connection.close()
 
     def disk_bytes(self) -> int:
@@ -122,32 +121,33 @@ class SQLiteStore:
                 cached[slot] = lease
             return lease
 
-    def _leases_changed(self) -> None:
-        self._lease_cache.clear()
+    @contextlib.contextmanager
+    def _changing_leases(self) -> Iterator[None]:
+        """Around any change to the leases table but a grant: the leases kept are forgotten once it is done."""
+        with self._lease_lock:
+            try:
+                yield
+            finally:
+                self._lease_cache.clear()
 
     def release(self, round_index: int, slot: int, peer_id: str | None = None) -> None:
-        with self._lease_lock:
+        with self._changing_leases():
             self._leases.release(round_index, slot, peer_id)
-            self._leases_changed()
 
     def swap_copies(self, round_index: int, slot: int) -> None:
-        with self._lease_lock:
+        with self._changing_leases():
             self._leases.swap_copies(round_index, slot)
-            self._leases_changed()
 
     def release_leases_of(self, peer_id: str) -> int:
-        with self._lease_lock:
-            self._leases_changed()
+        with self._changing_leases():
             return self._leases.release_leases_of(peer_id)
 
     def release_leases_on_leaving(self, peer_id: str) -> int:
-        with self._lease_lock:
-            self._leases_changed()
+        with self._changing_leases():
             return self._leases.release_leases_on_leaving(peer_id)
 
     def release_live_leases(self) -> int:
-        with self._lease_lock:
-            self._leases_changed()
+        with self._changing_leases():
             return self._leases.release_live_leases()
 
     # -- results ------------------------------------------------------------------------------------
@@ -176,13 +176,11 @@ class SQLiteStore:
         self._results.remove_result(round_index, slot)
 
     def remove_results_of(self, peer_id: str, round_index: int) -> list[int]:
-        with self._lease_lock:  # (its leases of the round go too)
-            self._leases_changed()
+        with self._changing_leases():  # (its leases of the round go too)
             return self._results.remove_results_of(peer_id, round_index)
 
     def reset_round(self, round_index: int) -> int:
-        with self._lease_lock:  # (the round's leases go too)
-            self._leases_changed()
+        with self._changing_leases():  # (the round's leases go too)
             return self._results.reset_round(round_index)
 
     def set_verification(self, round_index: int, slot: int, peer_id: str, outcome: str) -> None:
