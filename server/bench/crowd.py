@@ -15,7 +15,8 @@ once without hold (answered at once: the relay's latency), then holds.
 
 Settings, each on a fresh relay: synchronous rounds at each k of ``--ks`` (``--rounds`` rounds timed after the
 first), the crowd's size max(k, --peers) except for the anchor k = 5 (5 peers); and, unless ``--async-k 0``,
-buffered asynchronous merging of every ``--async-k`` results with ``--peers`` peers for ``--async-seconds``.
+buffered asynchronous merging of every ``--async-k`` results with ``--peers`` peers for ``--async-seconds`` (or until
+``--async-merges`` merges are in, if sooner).
 
 Per setting: the relay's time after a round's last result (its upload answered) until k peers hold the next
 round's assignments, less the validation the history records, and its share of a browser unit (the anchor: one
@@ -74,7 +75,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, default=2, help="rounds timed per k, after the first")
     parser.add_argument("--async-k", type=int, default=100, help="results per merge in the asynchronous setting "
                         "(0: skip it)")
-    parser.add_argument("--async-seconds", type=float, default=30.0, help="how long the asynchronous crowd runs")
+    parser.add_argument("--async-seconds", type=float, default=30.0, help="how long the asynchronous crowd runs "
+                        "(at most, with --async-merges)")
+    parser.add_argument("--async-merges", type=int, default=0, help="stop the asynchronous crowd once this many "
+                        "merges are in (0: run for --async-seconds)")
     parser.add_argument("--codec", default="int8", help="the session's result codec (none, int8, topk)")
     parser.add_argument("--perturbation", type=float, default=1e-3, help="std of the precomputed updates")
     parser.add_argument("--addresses", type=int, default=250, help="loopback addresses the crowd comes from "
@@ -238,12 +242,16 @@ async def drive(url: str, package: Package, peers: int, figures: Figures, args: 
                 if last >= rounds + 2 or status["done"]:  # (round r is timed once round r + 1 is handed out)
                     break
         else:
-            assert seconds is not None
-            deadline = time.monotonic() + seconds
+            assert seconds is not None  # (for that long, or until --async-merges merges are in, the first)
+            deadline, shown = time.monotonic() + seconds, time.monotonic()
             while time.monotonic() < deadline:
-                await asyncio.sleep(min(10.0, max(0.0, deadline - time.monotonic())))
-                print(f"  {figures.setting}: {len(timeline.results)} results, "
-                      f"{(await observer.call(status_call()))['round']} merges", flush=True)
+                await asyncio.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+                merges = (await observer.call(status_call()))["round"]
+                if time.monotonic() - shown >= 10 or 0 < args.async_merges <= merges:
+                    print(f"  {figures.setting}: {len(timeline.results)} results, {merges} merges", flush=True)
+                    shown = time.monotonic()
+                if 0 < args.async_merges <= merges:
+                    break
         stop.set()
         await asyncio.wait(tasks, timeout=HOLD_SECONDS + 30)
         status = await until(observer, lambda s: not s["merging"], 120)
