@@ -47,6 +47,14 @@ class TermTooLarge(MergeError):
     """A result's part of the sum is beyond what ``ExactSum`` holds (an update of norm near 2^30 / count)."""
 
 
+@dataclass(frozen=True)
+class Term:
+    """One term of an ``ExactSum``, rounded to its grid: the grid counts in two int64 limbs (``ExactSum.term``)."""
+
+    high: np.ndarray
+    low: np.ndarray
+
+
 @dataclass
 class ExactSum:
     """sum_i w_i x_i over float64 vectors of one length, the same bits in any order of adding and subtracting.
@@ -70,17 +78,17 @@ class ExactSum:
         return copied
 
     def add(self, vector: np.ndarray, weight: float = 1.0) -> None:
-        self._apply(vector, weight, +1)
+        self.add_term(self.term(vector, weight))
 
     def subtract(self, vector: np.ndarray, weight: float = 1.0) -> None:
         """Take out a term added before with the same vector and weight: what was there before it, exactly."""
-        self._apply(vector, weight, -1)
+        self.add_term(self.term(vector, weight), sign=-1)
 
-    def _apply(self, vector: np.ndarray, weight: float, sign: int) -> None:
+    def term(self, vector: np.ndarray, weight: float = 1.0) -> Term:
+        """``weight x vector`` rounded to the grid, as the two limbs ``add_term`` adds: the costly part of adding,
+        which reads nothing of the sum (so it may run in another thread while the sum takes other terms)."""
         if vector.shape != (self.size,):
             raise ValueError(f"a term of shape {vector.shape} in a sum of {self.size} values")
-        if sign > 0 and self.terms >= MAX_TERMS:
-            raise TermTooLarge(f"an exact sum holds at most {MAX_TERMS:,} terms")
         scaled = np.multiply(vector, weight * HIGH_SCALE, dtype=np.float64)  # (a power of two: exact but for weight)
         peak = float(np.abs(scaled).max(initial=0.0)) / HIGH_SCALE
         if not peak < TERM_LIMIT:  # (NaN too)
@@ -90,12 +98,20 @@ class ExactSum:
         scaled -= high  # (exact: the fraction of a float64)
         scaled *= LOW_SCALE
         np.rint(scaled, out=scaled)  # (the one rounding)
+        return Term(high.astype(np.int64), scaled.astype(np.int64))
+
+    def add_term(self, term: Term, sign: int = 1) -> None:
+        """Add (``sign`` 1) or take out (-1) a term from ``term``: two integer additions."""
+        if term.high.shape != (self.size,):
+            raise ValueError(f"a term of shape {term.high.shape} in a sum of {self.size} values")
+        if sign > 0 and self.terms >= MAX_TERMS:
+            raise TermTooLarge(f"an exact sum holds at most {MAX_TERMS:,} terms")
         if sign > 0:
-            self.high += high.astype(np.int64)
-            self.low += scaled.astype(np.int64)
+            self.high += term.high
+            self.low += term.low
         else:
-            self.high -= high.astype(np.int64)
-            self.low -= scaled.astype(np.int64)
+            self.high -= term.high
+            self.low -= term.low
         self.terms += sign
 
     def value(self) -> np.ndarray:
@@ -107,6 +123,17 @@ class ExactSum:
 
 
 Reread = Callable[[Hashable], np.ndarray]
+
+
+@dataclass(frozen=True)
+class Contribution:
+    """A result's part of one ``Stream`` (``Stream.prepare``): its count, its distance from the center and its
+    term (None without examples)."""
+
+    stream: Stream
+    count: int
+    distance: float
+    term: Term | None
 
 
 @dataclass
@@ -132,18 +159,26 @@ class Stream:
         update -= self.center
         return update
 
-    def add(self, key: Hashable, vector: np.ndarray, count: int) -> float:
-        """Add a result (its weights, its example count); its distance from the center."""
-        if key in self.counts:
-            raise ValueError(f"result {key!r} is in this round's sum already")
+    def prepare(self, vector: np.ndarray, count: int) -> Contribution:
+        """A result's part of the sum, computed without touching the sum: what ``add`` adds. It reads only what
+        is fixed when the round opens, so a relay computes it in a worker thread as the result arrives."""
         if vector.shape != self.global_weights.shape:
-            raise ValueError(f"result {key!r} has shape {vector.shape}, the weights {self.global_weights.shape}")
+            raise ValueError(f"a result of shape {vector.shape}, the weights {self.global_weights.shape}")
         offset = self.offset(vector)
         distance = float(np.sqrt(np.square(offset).sum()))
-        if count > 0:
-            self.total.add(offset, float(count))
-        self.counts[key], self.distances[key] = int(count), distance
-        return distance
+        return Contribution(self, int(count), distance, self.total.term(offset, float(count)) if count > 0 else None)
+
+    def add(self, key: Hashable, vector: np.ndarray, count: int, contribution: Contribution | None = None) -> float:
+        """Add a result (its weights, its example count; ``contribution``: its ``prepare``, where it was computed
+        already); its distance from the center."""
+        if key in self.counts:
+            raise ValueError(f"result {key!r} is in this round's sum already")
+        if contribution is None or contribution.stream is not self or contribution.count != int(count):
+            contribution = self.prepare(vector, count)
+        if contribution.term is not None:
+            self.total.add_term(contribution.term)
+        self.counts[key], self.distances[key] = contribution.count, contribution.distance
+        return contribution.distance
 
     def remove(self, key: Hashable, vector: np.ndarray) -> None:
         """Take a result out again (the same weights it was added with)."""

@@ -175,9 +175,9 @@ async def crowd_peer(peer: RelayPeer, transport: AsyncTransport, updates: Update
         return
     hold: float | None = HOLD_SECONDS
     while not stop.is_set():
-        asked = time.perf_counter()
+        asked, timed = time.perf_counter(), hold is None
         answer = await transport.run(peer.ask(hold))
-        if hold is None:
+        if timed:
             timeline.work_seconds.append(time.perf_counter() - asked)
         hold = HOLD_SECONDS
         if isinstance(answer, Refused):
@@ -187,7 +187,8 @@ async def crowd_peer(peer: RelayPeer, transport: AsyncTransport, updates: Update
         if isinstance(answer, Done):
             return
         if isinstance(answer, Wait):
-            await transport.run(peer.wait(answer))  # (as the relay says, capped: then ask again)
+            if not timed:  # (the timed ask's wait is not slept: the next ask holds, as a page's every ask does)
+                await transport.run(peer.wait(answer))  # (as the relay says, capped: then ask again)
             continue
         job = answer
         timeline.jobs.append((job.round, job.unit_index, time.perf_counter()))

@@ -19,24 +19,30 @@ and the async buffer share, owned in one place and changed only through these me
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from runtime.aggregate.streaming import Stream
+from runtime.aggregate.streaming import Contribution, Stream
 from server.relay.store import StoredResult
 
 Key = tuple[int, int]  # (round, slot)
 EARLY = 8  # a streamed round keeps the weights of its first results: those judged by direction against fewer others
 
 
+def always() -> bool:
+    return True
+
+
 @dataclass
 class RoundBook:
+    judges_direction: Callable[[], bool] = always  # whether the sum of each round's updates is kept
     _decoded: dict[Key, tuple[StoredResult, np.ndarray | None]] = field(default_factory=dict)
     _norms: dict[int, list[float]] = field(default_factory=dict)
     _refused: dict[Key, set[str]] = field(default_factory=dict)
     _streams: dict[int, Stream] = field(default_factory=dict)
-    _sums: dict[int, tuple[np.ndarray, int]] = field(default_factory=dict)  # round -> (sum of weights, how many)
+    _sums: dict[int, tuple[np.ndarray | None, int]] = field(default_factory=dict)  # round -> (sum of weights, how many)
     _stale: set[int] = field(default_factory=set)
 
     # -- accepted results and their weights ----------------------------------------------------------
@@ -54,17 +60,19 @@ class RoundBook:
         """A result summed into the round was dropped: its sums must be rebuilt from what is stored."""
         return round_index in self._stale
 
-    def keep(self, stored: StoredResult, vector: np.ndarray) -> None:
-        """Keep an accepted result (its message dropped: SQLite has it): add it to the round's sums, and keep its
-        decoded weights unless the round streams and it is not among the first ``EARLY``."""
+    def keep(self, stored: StoredResult, vector: np.ndarray, contribution: Contribution | None = None) -> None:
+        """Keep an accepted result (its message dropped: SQLite has it): add it to the round's sums (``contribution``:
+        its part of the round's stream, computed as it arrived), and keep its decoded weights unless the round streams
+        and it is not among the first ``EARLY``."""
         key = (stored.round, stored.slot)
         stream = self._streams.get(stored.round)
         if stream is not None:
-            stream.add(stored.slot, vector, stored.num_examples)
+            stream.add(stored.slot, vector, stored.num_examples, contribution)
         total, count = self._sums.get(stored.round, (None, 0))  # (count: the round's results kept before this one)
         self._decoded[key] = (dataclasses.replace(stored, message=b""), vector if stream is None or count < EARLY
                               else None)
-        total = vector.astype(np.float64) if total is None else np.add(total, vector, out=total)
+        if self.judges_direction():  # (a relay that does not skips an O(n) addition a result)
+            total = vector.astype(np.float64) if total is None else np.add(total, vector, out=total)
         self._sums[stored.round] = (total, count + 1)
 
     def kept(self, round_index: int, slot: int) -> tuple[StoredResult, np.ndarray] | None:

@@ -18,6 +18,7 @@ out again (the weights have moved on meanwhile, or the refused peer tries once m
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -25,7 +26,7 @@ import numpy as np
 from runtime.protocol import Wait, WorkAnswer
 from runtime.tasks import UnitResult
 from server.relay.book import RoundBook
-from server.relay.checks import check_update_norm, read_result
+from server.relay.checks import EarlyRead, check_update_norm, read_early, read_result
 from server.relay.context import Part, RelayContext
 from server.relay.jobs import Jobs
 from server.relay.people import Participants
@@ -109,7 +110,31 @@ class AsyncBuffer(Part):
         return Wait(self.context.options.retry_seconds, "every unit is out; waiting for results")
 
     # -- results ---------------------------------------------------------------------------------------
-    def accept(self, peer_id: str, version: int, entry: int, body: bytes) -> StoredResult:
+    def reader(self, peer_id: str, version: int, entry: int, body: bytes) -> Callable[[], EarlyRead] | None:
+        """What of ``accept`` a worker thread may do as the result arrives: decode it against the weights it
+        started from, its update and the update's norm (None: no kept weights to read it against)."""
+        session, schedule = self.session, self.session.plan.schedule
+        base = self.versions.get(version)
+        if base is None and version == session.round:
+            base = session.weights
+        if base is None or not 0 <= entry < len(schedule):
+            return None
+        unit = session.work_unit(entry_assignment(schedule, session.plan.seed, entry, version))
+        fingerprint = self.context.package.fingerprint
+
+        def read() -> EarlyRead:
+            outcome = read_early(body, session=session, fingerprint=fingerprint, round_index=version, unit=unit,
+                                 base=base)
+            if isinstance(outcome, Refusal):
+                return EarlyRead(base, outcome)
+            header, vector, count, _ = outcome
+            update = update_from(vector, base)
+            return EarlyRead(base, (header, vector, count, float(np.linalg.norm(update.astype(np.float64)))),
+                             update=update)
+        return read
+
+    def accept(self, peer_id: str, version: int, entry: int, body: bytes,
+               early: EarlyRead | None = None) -> StoredResult:
         session, options, now = self.session, self.context.options, self.store.clock()
         schedule = session.plan.schedule
         if session.done:
@@ -131,10 +156,16 @@ class AsyncBuffer(Part):
                           f"behind the current {session.round} (at most {self.max_staleness})")
         assignment = entry_assignment(schedule, session.plan.seed, entry, version)
         try:
-            header, vector, count, _ = read_result(body, session=session, fingerprint=self.context.package.fingerprint,
-                                                   round_index=version, unit=session.work_unit(assignment), base=base)
-            update = update_from(vector, base)
-            norm = float(np.linalg.norm(update.astype(np.float64)))
+            if early is not None and early.base is base:  # (read as it arrived; its refusal raised here)
+                header, vector, count, norm = early.answer()
+                update = early.update if early.update is not None else update_from(vector, base)
+            else:
+                header, vector, count, _ = read_result(body, session=session,
+                                                       fingerprint=self.context.package.fingerprint,
+                                                       round_index=version, unit=session.work_unit(assignment),
+                                                       base=base)
+                update = update_from(vector, base)
+                norm = float(np.linalg.norm(update.astype(np.float64)))
             check_update_norm(norm, self.norms, max_norm=options.max_update_norm,
                               outlier_factor=options.outlier_factor, min_results=options.outlier_min_results)
         except Refusal:
@@ -168,7 +199,7 @@ class AsyncBuffer(Part):
         """Merge the oldest K buffered results into the next version (runs in a worker thread)."""
         session, k = self.session, self.session.plan.participants_per_round
         merge = session.round
-        rows = self.store.buffered()[:k]
+        rows = self.store.buffered(k)
         buffer = []
         for _, _, unit, version, examples, metrics, update in rows:
             vector = np.frombuffer(update, dtype=np.float32)

@@ -17,11 +17,13 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from runtime import wire
+from runtime.aggregate.streaming import Contribution
 from runtime.privacy import noise_bound
 from runtime.tasks import Task, WorkUnit
 from server.relay.options import RelayOptions
@@ -43,14 +45,44 @@ def decode_result(body: bytes, *, session: Session, round_index: int, fingerprin
 
 
 def read_result(body: bytes, *, session: Session, fingerprint: str, round_index: int, unit: WorkUnit,
-                base: np.ndarray | None = None, base_sha256: str | None = None,
-                ) -> tuple[wire.WireHeader, np.ndarray, int, float]:
+                base: np.ndarray | None = None, base_sha256: str | None = None) -> Read:
     """The checks of 1-3 above: the header, the weights, the relay's example count and the update norm (against
     ``base``, by default the current weights, whose sha256 is ``base_sha256`` where the caller has it)."""
     base = session.weights if base is None else base
     header, vector = decode_result(body, session=session, round_index=round_index, fingerprint=fingerprint,
                                    base=base, base_sha256=base_sha256)
     return header, vector, relay_count(session.task, unit, int(header.num_examples)), update_norm(vector, base)
+
+
+Read = tuple[wire.WireHeader, np.ndarray, int, float]  # read_result's answer
+
+
+@dataclass(frozen=True)
+class EarlyRead:
+    """A result message read in a worker thread when it arrived (``read_result`` against ``base``, and what else its
+    round mode computes without touching the relay's state: its part of the round's sum, its update), so that the
+    event loop, which every peer's request waits on, does only what changes state. ``outcome`` is the read or the
+    refusal it raised. The loop uses it only while ``base`` is still the weights the result is judged against."""
+
+    base: np.ndarray
+    outcome: Read | Refusal
+    contribution: Contribution | None = None
+    update: np.ndarray | None = None
+
+    def answer(self) -> Read:
+        if isinstance(self.outcome, Refusal):
+            raise self.outcome
+        return self.outcome
+
+
+def read_early(body: bytes, *, session: Session, fingerprint: str, round_index: int, unit: WorkUnit,
+               base: np.ndarray, base_sha256: str | None = None) -> Read | Refusal:
+    """``read_result``'s answer, or the refusal it raised (kept for the event loop to raise)."""
+    try:
+        return read_result(body, session=session, fingerprint=fingerprint, round_index=round_index, unit=unit,
+                           base=base, base_sha256=base_sha256)
+    except Refusal as refusal:
+        return refusal
 
 
 def relay_count(task: Task, unit: WorkUnit, claimed: int) -> int:

@@ -29,6 +29,8 @@ class Notices:
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
     _work: asyncio.Event = field(default_factory=asyncio.Event)
     _turns: int | None = None  # held requests the last ``work_changed`` lets look for work (None: every one)
+    _woken: int = 0  # held requests the last ``work_changed`` woke that have not answered nor held on again
+    _settled: asyncio.Event = field(default_factory=asyncio.Event)
 
     def changed(self) -> None:
         self.version += 1
@@ -40,9 +42,32 @@ class Notices:
         that many of the woken look for work, the rest hold on. A thousand held requests that all look for a
         hundred units cost the relay a thousand searches a round, on its one event loop."""
         self._turns = available
+        self._woken = self.holding  # (each of them wakes, and answers or holds on: ``woken_done``)
+        self._settled = asyncio.Event()
+        if not self._woken:
+            self._settled.set()
         self._work.set()
         self._work = asyncio.Event()
         self.changed()
+
+    def woken_done(self) -> None:
+        """A request the last ``work_changed`` woke has its answer, or holds on."""
+        if self._woken > 0:
+            self._woken -= 1
+            if not self._woken:
+                self._settled.set()
+
+    async def woken_answered(self, seconds: float) -> bool:
+        """Until every request the last ``work_changed`` woke has its answer or holds on again (True), or
+        ``seconds`` (False: one was cancelled, say). What the relay waits for after opening a round before it
+        starts anything that competes with those answers for the interpreter (the page's samples)."""
+        if self._settled.is_set():
+            return True
+        try:
+            await asyncio.wait_for(self._settled.wait(), timeout=max(seconds, 0.0))
+        except TimeoutError:
+            return False
+        return True
 
     def take_turn(self) -> bool:
         """A held request woke: whether it looks for work now (the last ``work_changed``'s turns are not all taken)."""

@@ -31,6 +31,7 @@ from __future__ import annotations
 import logging
 import statistics
 from collections import deque
+from collections.abc import Callable
 from dataclasses import replace
 
 import numpy as np
@@ -39,7 +40,7 @@ from runtime import wire
 from runtime.planner import Assignment
 from runtime.protocol import CopyKind, Job
 from server.relay.book import RoundBook
-from server.relay.checks import check_update_norm, decode_result, read_result, relay_count
+from server.relay.checks import Read, check_update_norm, decode_result, read_result, relay_count
 from server.relay.context import Part, RelayContext
 from server.relay.jobs import Jobs
 from server.relay.refusal import Refusal
@@ -212,15 +213,16 @@ class UnitCopies(Part):
         return waiting
 
     # -- a second result of a unit ----------------------------------------------------------------------
-    def accept_copy(self, peer_id: str, round_index: int, slot: int, assignment: Assignment,
-                    body: bytes) -> StoredResult:
+    def accept_copy(self, peer_id: str, round_index: int, slot: int, assignment: Assignment, body: bytes, *,
+                    read: Callable[[], Read] | None = None) -> StoredResult:
         """Check a result of a slot that already has its merged result, and compare the two. A refused copy frees
-        the copy's lease and is not handed to that peer again (the caller bans a false example claim)."""
+        the copy's lease and is not handed to that peer again (the caller bans a false example claim). ``read``:
+        the message's read, done already (``EarlyRead.answer``)."""
         session = self.session
         try:
-            header, vector, count, norm = read_result(body, session=session,
-                                                      fingerprint=self.context.package.fingerprint,
-                                                      round_index=round_index, unit=session.work_unit(assignment))
+            header, vector, count, norm = read() if read is not None else read_result(
+                body, session=session, fingerprint=self.context.package.fingerprint, round_index=round_index,
+                unit=session.work_unit(assignment))
             check_update_norm(norm, [], max_norm=self.options.max_update_norm, outlier_factor=0, min_results=1)
         except Refusal:
             self.store.release(round_index, slot, peer_id)

@@ -5,7 +5,8 @@ Before a merge, the undos bans asked for run (``server.relay.undo``) and the rou
 (``server.relay.replay_checks``); their verdicts may ban a peer, whose slots are then out again and the merge waits.
 The merge itself is the round mode's (``RoundMode.merge_blocking``), in a worker thread while the relay says it is
 merging; a full disk stops it where its last checkpoint stands (``server.relay.storage``). After it: the merged
-rounds' bookkeeping is forgotten, the next round opens, and the page's samples are generated from the new weights.
+rounds' bookkeeping is forgotten, the next round opens, and the page's samples are generated from the new weights
+(in the background, outside the merge's lock).
 """
 
 from __future__ import annotations
@@ -14,8 +15,6 @@ import asyncio
 import time
 from collections.abc import Callable
 from typing import Any
-
-import numpy as np
 
 from server.relay.book import RoundBook
 from server.relay.context import Part, RelayContext
@@ -26,7 +25,7 @@ from server.relay.status import Samples
 from server.relay.storage import StorageGuard, is_storage_error
 from server.relay.undo import BanUndo
 
-HANDOUT_TURNS = 3  # event-loop turns given to woken held requests after a merge (each answers in one or two)
+HANDOUT_SECONDS = 2.0  # longest the samples wait after a merge for the woken held requests to have their answers
 
 
 class MergeSchedule(Part):
@@ -41,6 +40,8 @@ class MergeSchedule(Part):
         self.pacing, self.disk, self.apply_verdicts, self.samples = pacing, disk, apply_verdicts, samples
         self.lock = asyncio.Lock()
         self._background: set[asyncio.Task[None]] = set()  # the loop keeps only weak references to its tasks
+        self._samples_task: asyncio.Task[None] | None = None  # (``samples_soon``)
+        self._samples_wanted = False
 
     def watch_deadline(self) -> None:
         """After the round's first hand-out: try to merge when its deadline comes (results also try)."""
@@ -145,15 +146,27 @@ class MergeSchedule(Part):
                 return
             finally:
                 self._merged()
-            # After the next round is open: peers train meanwhile; the lock keeps the next merge behind it.
-            rounds, weights = session.round, session.weights
             if self.context.async_mode and not session.history[-1]["metrics"]:
                 return  # (samples follow the validations)
-            for _ in range(HANDOUT_TURNS):  # let the woken held requests take their units before the samples'
-                await asyncio.sleep(0)      # thread starts competing with this loop for the GIL
-            self.samples.show(await asyncio.to_thread(self._samples_blocking, weights), rounds)
-            self.context.notices.changed()
+            self.samples_soon()
 
-    def _samples_blocking(self, weights: np.ndarray) -> list[dict[str, Any]]:
-        """The page's samples for ``weights`` (generating text can cost several validations: a worker thread)."""
-        return Samples.generate(self.session, weights)
+    def samples_soon(self) -> None:
+        """The page's samples of the weights just merged, in the background and outside the merge's lock: a round
+        of fast units must not wait for text generation to merge. One generation at a time; merges meanwhile
+        leave one more to run, for the newest weights."""
+        self._samples_wanted = True
+        if self._samples_task is None or self._samples_task.done():
+            self._samples_task = asyncio.get_running_loop().create_task(self._show_samples())
+
+    async def _show_samples(self) -> None:
+        while self._samples_wanted:
+            self._samples_wanted = False
+            session = self.session
+            rounds, weights = session.round, session.weights
+            # the held requests the round's opening woke take their units before the samples' thread competes with
+            # this loop for the GIL
+            await self.context.notices.woken_answered(HANDOUT_SECONDS)
+            latest = await asyncio.to_thread(Samples.generate, session, weights)
+            if self.session is session:  # (not a session replaced meanwhile)
+                self.samples.show(latest, rounds)
+                self.context.notices.changed()

@@ -10,9 +10,11 @@ mode (its settings may name the other one). The rules every mode keeps: docs/liv
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from runtime.protocol import WorkAnswer
+from server.relay.checks import EarlyRead
 from server.relay.store import StoredResult
 
 
@@ -29,10 +31,18 @@ class RoundMode(Protocol):
         merge forbids it; a peer that holds a live lease is handed the same job again."""
         ...
 
-    def accept(self, peer_id: str, round_index: int, slot: int, body: bytes) -> StoredResult:
+    def reader(self, peer_id: str, round_index: int, slot: int, body: bytes) -> Callable[[], EarlyRead] | None:
+        """What of ``accept`` may be done in a worker thread as the result arrives, before ``accept`` runs on the event
+        loop: decoding it and whatever else reads nothing the loop changes (``EarlyRead``). None: nothing (``accept``
+        does it all, or refuses)."""
+        ...
+
+    def accept(self, peer_id: str, round_index: int, slot: int, body: bytes,
+               early: EarlyRead | None = None) -> StoredResult:
         """Check a result of ``(round_index, slot)`` (async: version and schedule entry) against its lease and the
-        round, store it and keep what the merge needs. Raises a ``Refusal`` naming what is wrong; the relay counts
-        it either way and schedules a merge after an accepted one."""
+        round, store it and keep what the merge needs (``early``: what ``reader``'s function read, used while the
+        weights it read against are still the ones). Raises a ``Refusal`` naming what is wrong; the relay counts it
+        either way and schedules a merge after an accepted one."""
         ...
 
     def holds_unit(self, peer_id: str, unit_index: int) -> bool:

@@ -26,7 +26,7 @@ from runtime.protocol import Wait, WorkAnswer
 from runtime.tasks import UnitResult
 from server.relay.bans import Bans
 from server.relay.book import RoundBook
-from server.relay.checks import check_noised_norm, check_update_norm, local_noise, read_result
+from server.relay.checks import EarlyRead, check_noised_norm, check_update_norm, local_noise, read_early, read_result
 from server.relay.context import RelayContext
 from server.relay.copies import UnitCopies
 from server.relay.jobs import Jobs
@@ -198,23 +198,54 @@ class SyncRounds:
                    for copy in (0, 1) for lease in store.leases(round_index, copy).values())
 
     # -- results ------------------------------------------------------------------------------------------
-    def accept(self, peer_id: str, round_index: int, slot: int, body: bytes) -> StoredResult:
-        """Check and store a result, keeping its decoded weights for the merge (saves reading them back)."""
+    def reader(self, peer_id: str, round_index: int, slot: int, body: bytes) -> Callable[[], EarlyRead] | None:
+        """What of ``accept`` a worker thread may do as the result arrives (``EarlyRead``): decode it, its norm, its
+        part of the round's sum; None where its lease already refuses it (``accept`` says why)."""
+        try:
+            assignment, second = self._leased_assignment(peer_id, round_index, slot)
+        except Refusal:
+            return None
+        session = self.context.session
+        if not second:
+            self.sums.prepare(round_index)  # (the round's first result opens its sum)
+        stream = None if second else self.book.stream(round_index)
+        base, digest, unit = session.weights, self.jobs.current()[2], session.work_unit(assignment)
+        fingerprint = self.context.package.fingerprint
+
+        def read() -> EarlyRead:
+            outcome = read_early(body, session=session, fingerprint=fingerprint, round_index=round_index, unit=unit,
+                                 base=base, base_sha256=digest)
+            contribution = None
+            if stream is not None and not isinstance(outcome, Refusal):
+                try:
+                    contribution = stream.prepare(outcome[1], outcome[2])
+                except (ValueError, TermTooLarge):
+                    contribution = None  # (``accept`` meets it again, on the loop, and refuses it there)
+            return EarlyRead(base, outcome, contribution)
+        return read
+
+    def accept(self, peer_id: str, round_index: int, slot: int, body: bytes,
+               early: EarlyRead | None = None) -> StoredResult:
+        """Check and store a result, keeping its decoded weights for the merge (saves reading them back).
+        ``early``: what a worker thread read of it already (``reader``)."""
         store = self.context.store
         assignment, second = self._leased_assignment(peer_id, round_index, slot)
+        if early is not None and early.base is not self.context.session.weights:
+            early = None  # (read against weights that are no longer the round's: an undo redid the rounds)
         if second:
             try:
-                return self.copies.accept_copy(peer_id, round_index, slot, assignment, body)
+                return self.copies.accept_copy(peer_id, round_index, slot, assignment, body,
+                                               read=None if early is None else early.answer)
             except Refusal as refusal:
                 if refusal.code == "num_examples_claim":
                     self.bans.ban_for_claim(peer_id, refusal.message)
                 raise
-        stored, vector, norm = self.check(peer_id, round_index, slot, body)
+        stored, vector, norm = self.check(peer_id, round_index, slot, body, early)
         self.sums.prepare(round_index)
         weights = self.context.session.weights
         others = self.book.sum_of_updates(round_index, weights) if self.replays.judges_direction() else None
-        try:
-            self.book.keep(stored, vector)  # (first: a sum that cannot take it refuses it before anything is stored)
+        try:  # (first: a sum that cannot take it refuses it before anything is stored)
+            self.book.keep(stored, vector, None if early is None else early.contribution)
         except TermTooLarge as error:
             self._free_slot(peer_id, round_index, slot)
             raise Refusal(422, "update_norm", str(error)) from error
@@ -240,17 +271,17 @@ class SyncRounds:
             self.replays.verify_round(self.book.kept_round(round_index), total, self.book.results_kept(round_index))
         return stored
 
-    def check(self, peer_id: str, round_index: int, slot: int, body: bytes) -> tuple[StoredResult, np.ndarray, float]:
+    def check(self, peer_id: str, round_index: int, slot: int, body: bytes,
+              early: EarlyRead | None = None) -> tuple[StoredResult, np.ndarray, float]:
         """The result as it would be stored (with the relay's example count), its decoded weights and its update
-        norm; a ``Refusal`` names what is wrong (``server.relay.checks``)."""
+        norm; a ``Refusal`` names what is wrong (``server.relay.checks``). ``early``: its read, done already."""
         assignment, _ = self._leased_assignment(peer_id, round_index, slot)
         session, options = self.context.session, self.context.options
         vector: np.ndarray | None = None
         try:
-            header, vector, count, norm = read_result(body, session=session,
-                                                      fingerprint=self.context.package.fingerprint,
-                                                      round_index=round_index, unit=session.work_unit(assignment),
-                                                      base_sha256=self.jobs.current()[2])  # (named once a round)
+            header, vector, count, norm = early.answer() if early is not None else read_result(
+                body, session=session, fingerprint=self.context.package.fingerprint, round_index=round_index,
+                unit=session.work_unit(assignment), base_sha256=self.jobs.current()[2])  # (digest: once a round)
             engine = str(header.meta.get("engine", ""))
             unjudgeable = self.replays.refusal(engine)
             if unjudgeable is not None:

@@ -36,8 +36,11 @@ a way to read the current one, since a new session brings its own.
 
 from __future__ import annotations
 
+import asyncio
 import math
+import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -48,6 +51,7 @@ from server.relay.admission import Admission
 from server.relay.bans import Bans
 from server.relay.book import RoundBook
 from server.relay.buffered import AsyncBuffer
+from server.relay.checks import EarlyRead
 from server.relay.context import Notices, RelayContext
 from server.relay.copies import UnitCopies
 from server.relay.jobs import Jobs
@@ -68,6 +72,7 @@ from server.relay.verify import DISPUTE
 from server.session.package import Package
 from server.session.session import Session
 
+READERS = min(4, os.cpu_count() or 1)  # worker threads that read results as they arrive (``Relay.submit``)
 MAX_HOLD_SECONDS = 20.0  # longest a POST /api/work?hold=S request is held
 RESULT_ENVELOPE_BYTES = 16  # a result body may exceed its payload and header by the wire's length fields
 
@@ -80,16 +85,17 @@ class Relay:
     options: RelayOptions
     context: RelayContext = field(init=False)
     departed: dict[str, float] = field(default_factory=dict)  # peers that left, and when (until they ask again)
+    _readers: ThreadPoolExecutor | None = field(default=None, init=False, repr=False)  # (``submit``)
 
     def __post_init__(self) -> None:
         self.context = context = RelayContext(self.session, self.package, self.store, self.options)
         self.notices: Notices = context.notices
         self.admission = Admission(context)
         self.jobs = Jobs(context)
-        self.book = RoundBook()
         self.people = Participants(context)
         undo_rules = UndoRules(context)
         self.verification = ReplayChecks(context, self.jobs, undo_rules=undo_rules, on_verdict=self.apply_verdicts)
+        self.book = RoundBook(judges_direction=self.verification.judges_direction)
         self.copies = UnitCopies(context, self.book, self.jobs, self.verification)
         self.undo = BanUndo(context, rules=undo_rules, book=self.book, jobs=self.jobs, replays=self.verification,
                             schedule=self.merge_soon)
@@ -150,6 +156,9 @@ class Relay:
         self.store.open()
 
     def close(self) -> None:
+        if self._readers is not None:
+            self._readers.shutdown(wait=False, cancel_futures=True)
+            self._readers = None
         self.verification.close()
         self.store.close()
 
@@ -253,10 +262,16 @@ class Relay:
         if peer_id in self.departed:  # a peer that left asks again: it is back
             self.admission.peer(peer_id, token)
             del self.departed[peer_id]
+        woken = False  # (this pass answers a wake: ``Notices.woken_done`` once it has its answer)
         while True:
-            if self.departed.get(peer_id, -math.inf) >= asked:  # (a held ask of a peer that left meanwhile: no lease)
-                return Wait(0.0, "this peer left the session")
-            job = self.next_work(self.peer(peer_id, token))
+            try:
+                if self.departed.get(peer_id, -math.inf) >= asked:  # (a held ask of a peer that left meanwhile)
+                    return Wait(0.0, "this peer left the session")
+                job = self.next_work(self.peer(peer_id, token))
+            finally:
+                if woken:
+                    self.notices.woken_done()
+                    woken = False
             remaining = deadline - time.monotonic()
             if not isinstance(job, Wait) or remaining <= 0:
                 return replace(job, wait=0.0) if hold and isinstance(job, Wait) else job
@@ -264,8 +279,12 @@ class Relay:
                 backup_in = self.copies.next_backup_in()
                 remaining = deadline - time.monotonic()
                 woke = await self.notices.hold_for_work(remaining if backup_in is None else min(remaining, backup_in))
-                if not woke or self.notices.take_turn():
+                if not woke:
                     break
+                if self.notices.take_turn():
+                    woken = True
+                    break
+                self.notices.woken_done()
 
     def holds_unit(self, peer_id: str, unit_index: int) -> bool:
         """Whether ``peer_id`` holds a live lease on ``unit_index`` (it may fetch the unit's data)."""
@@ -279,11 +298,25 @@ class Relay:
         return self.weights_message() if version == self.session.round else self.mode.weights_of_version(version)
 
     # -- results ------------------------------------------------------------------------------------------------
-    def submit_result(self, peer_id: str, round_index: int, slot: int, body: bytes) -> StoredResult:
+    async def submit(self, peer_id: str, round_index: int, slot: int, body: bytes) -> StoredResult:
+        """``submit_result`` with the result read in a worker thread first (``RoundMode.reader``): decoding, norms
+        and the result's part of the round's sum are O(n) each, and a thousand peers' results would otherwise queue
+        every other request behind them on the event loop. NumPy, hashlib and SQLite let go of the GIL, so the
+        reading overlaps the loop's work on another core."""
+        read = self.mode.reader(peer_id, round_index, slot, body)
+        early = None
+        if read is not None:
+            if self._readers is None:
+                self._readers = ThreadPoolExecutor(max_workers=READERS, thread_name_prefix="result-reader")
+            early = await asyncio.get_running_loop().run_in_executor(self._readers, read)
+        return self.submit_result(peer_id, round_index, slot, body, early)
+
+    def submit_result(self, peer_id: str, round_index: int, slot: int, body: bytes,
+                      early: EarlyRead | None = None) -> StoredResult:
         """Check and store a result (``mode.accept``), count it and say so; a merge follows when the round is
         ready. A refusal is counted by code (``refused.<code>``), noted in the participants table and raised."""
         try:
-            stored = self.mode.accept(peer_id, round_index, slot, body)
+            stored = self.mode.accept(peer_id, round_index, slot, body, early)
         except Refusal as refusal:
             self.people.note_refusal(peer_id)
             self.count_refusal(refusal)

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import math
+from concurrent.futures import ThreadPoolExecutor, as_completed
 
 import numpy as np
 import pytest
@@ -133,3 +134,40 @@ def test_more_iterations_do_not_stream() -> None:
     assert CenteredClipping().streams() and Mean().streams() and not CenteredClipping(iterations=2).streams()
     with pytest.raises(NotImplementedError, match="every result"):
         CenteredClipping(iterations=2).open_stream(np.zeros(3))
+
+
+def test_contributions_prepared_in_threads_give_the_same_bits_and_a_foreign_one_is_not_trusted() -> None:
+    """What a relay does as results arrive: each result's part of the sum computed in a worker thread (several at
+    once), then added on the event loop in whatever order the threads finished. The bits are those of adding each
+    result whole; a part prepared for another round's stream, or for another example count, is computed again."""
+    rng = np.random.default_rng(9)
+    n, k = 2000, 24
+    global64 = rng.standard_normal(n)
+    vectors = [(global64 + rng.standard_normal(n) * 0.1).astype(np.float32) for _ in range(k)]
+    counts = [int(c) for c in rng.integers(0, 40, size=k)]  # (some with no examples: no term)
+    expected = CenteredClipping()
+    whole = expected.open_stream(global64)
+    for slot in range(k):
+        whole.add(slot, vectors[slot], counts[slot])
+    summed = CenteredClipping()
+    stream = summed.open_stream(global64)
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        futures = {pool.submit(stream.prepare, vectors[slot], counts[slot]): slot for slot in rng.permutation(k)}
+        for future in as_completed(futures):
+            slot = futures[future]
+            contribution = future.result()
+            assert (contribution.term is None) == (counts[slot] == 0)
+            stream.add(slot, vectors[slot], counts[slot], contribution)
+    assert stream.total.value().tobytes() == whole.total.value().tobytes()
+    assert stream.distances == whole.distances
+    assert summed.finish_stream(stream, vectors.__getitem__)[0].tobytes() == \
+        expected.finish_stream(whole, vectors.__getitem__)[0].tobytes()
+    # a part computed for another stream (another round's center) or another count is not the one added
+    other = Stream(global64 + 1.0, np.zeros(n))
+    fresh = Stream(global64, np.zeros(n))
+    fresh.add(0, vectors[0], 5, other.prepare(vectors[0], 5))
+    fresh.add(1, vectors[1], 5, fresh.prepare(vectors[1], 7))
+    alone = Stream(global64, np.zeros(n))
+    alone.add(0, vectors[0], 5)
+    alone.add(1, vectors[1], 5)
+    assert fresh.total.value().tobytes() == alone.total.value().tobytes() and fresh.distances == alone.distances

@@ -191,8 +191,9 @@ class ArrivalStore(Protocol):
     def arrived_entries(self) -> set[int]:
         """The entries of every arrival, merged or not."""
 
-    def buffered(self) -> list[BufferedArrival]:
-        """The arrivals not merged yet, in arrival order."""
+    def buffered(self, limit: int | None = None) -> list[BufferedArrival]:
+        """The arrivals not merged yet, in arrival order (the first ``limit`` of them: a merge reads only what it
+        merges, while a crowd's buffer may hold many more)."""
 
     def buffered_count(self) -> int: ...
 

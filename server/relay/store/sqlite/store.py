@@ -214,8 +214,8 @@ class SQLiteStore:
     def arrived_entries(self) -> set[int]:
         return self._arrivals.arrived_entries()
 
-    def buffered(self) -> list[BufferedArrival]:
-        return self._arrivals.buffered()
+    def buffered(self, limit: int | None = None) -> list[BufferedArrival]:
+        return self._arrivals.buffered(limit)
 
     def buffered_count(self) -> int:
         return self._arrivals.buffered_count()

@@ -22,6 +22,7 @@ def test_arrivals_wait_in_order_until_merged(store: Store) -> None:
     assert store.buffered() == [(seqs[0], 4, 14, 1, 256, {"loss": 4}, b"update 4"),
                                 (seqs[1], 2, 12, 1, 256, {"loss": 2}, b"update 2"),
                                 (seqs[2], 7, 17, 1, 256, {"loss": 7}, b"update 7")]
+    assert store.buffered(2) == store.buffered()[:2] and [row[0] for row in store.buffered(1)] == seqs[:1]
     assert store.peers_listing()[0]["units_done"] == 3
     assert store.arrivals() == []  # (none merged)
     store.mark_merged(seqs[:2], 0)
