@@ -90,15 +90,17 @@ class ExactSum:
         if vector.shape != (self.size,):
             raise ValueError(f"a term of shape {vector.shape} in a sum of {self.size} values")
         scaled = np.multiply(vector, weight * HIGH_SCALE, dtype=np.float64)  # (a power of two: exact but for weight)
-        peak = float(np.abs(scaled).max(initial=0.0)) / HIGH_SCALE
+        peak = max(float(scaled.max(initial=0.0)), -float(scaled.min(initial=0.0))) / HIGH_SCALE
         if not peak < TERM_LIMIT:  # (NaN too)
             raise TermTooLarge(f"a result's part of the merge reaches {peak:.3g} in one weight (count x update); "
                                f"at most {TERM_LIMIT:.3g} can be summed exactly")
-        high = np.trunc(scaled)
-        scaled -= high  # (exact: the fraction of a float64)
+        truncated = np.trunc(scaled)
+        scaled -= truncated  # (exact: the fraction of a float64)
+        high = truncated.astype(np.int64)
+        del truncated  # (three vectors at most at once: a relay computes terms in several threads)
         scaled *= LOW_SCALE
         np.rint(scaled, out=scaled)  # (the one rounding)
-        return Term(high.astype(np.int64), scaled.astype(np.int64))
+        return Term(high, scaled.astype(np.int64))
 
     def add_term(self, term: Term, sign: int = 1) -> None:
         """Add (``sign`` 1) or take out (-1) a term from ``term``: two integer additions."""

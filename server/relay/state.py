@@ -86,6 +86,7 @@ class Relay:
     context: RelayContext = field(init=False)
     departed: dict[str, float] = field(default_factory=dict)  # peers that left, and when (until they ask again)
     _readers: ThreadPoolExecutor | None = field(default=None, init=False, repr=False)  # (``submit``)
+    _reading: asyncio.Semaphore | None = field(default=None, init=False, repr=False)  # (reads in hand at once)
 
     def __post_init__(self) -> None:
         self.context = context = RelayContext(self.session, self.package, self.store, self.options)
@@ -158,7 +159,7 @@ class Relay:
     def close(self) -> None:
         if self._readers is not None:
             self._readers.shutdown(wait=False, cancel_futures=True)
-            self._readers = None
+            self._readers, self._reading = None, None
         self.verification.close()
         self.store.close()
 
@@ -303,13 +304,14 @@ class Relay:
         and the result's part of the round's sum are O(n) each, and a thousand peers' results would otherwise queue
         every other request behind them on the event loop. NumPy, hashlib and SQLite let go of the GIL, so the
         reading overlaps the loop's work on another core."""
-        read = self.mode.reader(peer_id, round_index, slot, body)
-        early = None
-        if read is not None:
-            if self._readers is None:
-                self._readers = ThreadPoolExecutor(max_workers=READERS, thread_name_prefix="result-reader")
-            early = await asyncio.get_running_loop().run_in_executor(self._readers, read)
-        return self.submit_result(peer_id, round_index, slot, body, early)
+        if self._readers is None:
+            self._readers = ThreadPoolExecutor(max_workers=READERS, thread_name_prefix="result-reader")
+            self._reading = asyncio.Semaphore(2 * READERS)
+        assert self._reading is not None
+        async with self._reading:  # (a read holds its decoded weights and sum terms until the loop takes them)
+            read = self.mode.reader(peer_id, round_index, slot, body)
+            early = None if read is None else await asyncio.get_running_loop().run_in_executor(self._readers, read)
+            return self.submit_result(peer_id, round_index, slot, body, early)
 
     def submit_result(self, peer_id: str, round_index: int, slot: int, body: bytes,
                       early: EarlyRead | None = None) -> StoredResult:
