@@ -20,7 +20,10 @@ passes the checks first is the one merged; the other is compared with it and nev
 
 Copies that disagree go to the host: one replay judges both (``server.relay.verify``), the one that differs
 is banned, and when that was the merged one the other takes its place. Without host replays (verification off)
-nobody can tell which one lied: both results are dropped and the unit goes to a third peer. This lets a
+both results are dropped and the unit goes to a third peer, whose result settles it by quorum, as BOINC's
+validators do: when it agrees with exactly one of the two, that one is upheld and the other peer is banned as by a
+failed replay (its earlier rounds undone). Two identities of one person outvote an honest peer this way: where
+addresses tell people apart (``--ban-addresses``) the three results come from three addresses. This lets a
 session check far more units than the host could replay on a big model, at the price of training a share of
 units twice. A round merges once each chosen slot has its comparison, unless no eligible peer is connected
 (the copy is then waived, and counted). After a restart an undecided dispute is trained again.
@@ -264,12 +267,45 @@ class UnitCopies(Part):
 
     def _dispute(self, round_index: int, slot: int, results: dict[str, np.ndarray],
                  engines: dict[str, str] | None = None) -> None:
-        """Two copies disagree: a host replay decides, or, without replays, both go and a third peer trains it."""
+        """Two copies disagree: a host replay decides, or, without replays, both go and a third peer trains it (its
+        result settles the dispute by quorum: ``quorum``). The merged one's message is kept as its copy for that."""
         if self.replays.active:
             self.replays.queue_replay(slot, results, DISPUTE, ("dispute", slot), engines=engines)
             return
+        merged = self.store.result(round_index, slot)
+        if merged is not None:
+            self.store.add_copy(round_index, slot, merged.peer_id, merged.message, "disputed", count_unit=False)
         self._retrain(round_index, slot, "unresolved")
         self.store.count("disputes_unresolved")
+
+    def quorum(self, round_index: int, slot: int, stored: StoredResult, vector: np.ndarray) -> str | None:
+        """A new result of a slot whose two copies disagreed with nobody to replay them: two results of three that
+        agree settle it (BOINC's quorum). When it agrees with exactly one of the two, that one is upheld and the
+        other peer lied: returned, for the relay to ban. Otherwise (it agrees with neither: three answers, or it
+        cannot be compared) nothing is settled, and the slot's copy is trained as for any chosen slot."""
+        unresolved = [peer for (s, peer), outcome in self.store.copies(round_index).items()
+                      if s == slot and outcome == "unresolved"]
+        if len(unresolved) != 2 or stored.peer_id in unresolved:
+            return None
+        agreeing = []
+        for peer in unresolved:
+            message = self.store.copy_message(round_index, slot, peer)
+            if not message:
+                return None  # (pruned: nothing to compare with)
+            header, other = decode_result(message, session=self.session, round_index=round_index)
+            earlier = StoredResult(round_index, slot, stored.unit_index, peer, 0, {}, b"",
+                                   str(header.meta.get("engine", "")))
+            if self._compare(stored.engine, vector, earlier, other) in ("identical", "agreed"):
+                agreeing.append(peer)
+        if len(agreeing) != 1:
+            self.store.count("quorums_without_majority")
+            return None
+        (upheld,), (liar,) = agreeing, [peer for peer in unresolved if peer not in agreeing]
+        self.store.set_copy_outcome(round_index, slot, upheld, "upheld")
+        self.store.set_copy_outcome(round_index, slot, liar, "lied")
+        self.store.set_verification(round_index, slot, stored.peer_id, f"quorum: agreed with {upheld}, not {liar}")
+        self.store.count("disputes_settled_by_quorum")
+        return liar
 
     def _retrain(self, round_index: int, slot: int, outcome: str) -> None:
         """Drop the slot's merged result and its copies' standing; neither peer is handed the slot again."""

@@ -265,6 +265,10 @@ class SyncRounds:
             self.people.note_unit(peer_id, store.clock() - lease.issued, stored.engine)
         if not math.isnan(norm):
             self.book.add_norm(round_index, norm)
+        liar = self.copies.quorum(round_index, slot, stored, vector)  # (a dispute no replay could settle)
+        if liar is not None:
+            self.bans.ban(liar, f"its result of unit {stored.unit_index} in round {round_index + 1} disagreed with "
+                                "two other peers' results that agreed with each other")
         self.replays.verify(stored, vector, others=others)  # (direction: against the round's others before it)
         if len(store.result_slots(round_index)) >= len(self.context.session.assignments()):
             total = self.book.sum_of_updates(round_index, weights)  # (and against all the others once full)

@@ -167,8 +167,10 @@ class ResultStore(Protocol):
 class CopyStore(Protocol):
     """Second copies of a unit (redundancy, backups): compared with the merged result, never merged themselves."""
 
-    def add_copy(self, round_index: int, slot: int, peer_id: str, message: bytes, outcome: str) -> None:
-        """Keep ``peer_id``'s copy of the slot (replacing its earlier one) and count a unit done by it."""
+    def add_copy(self, round_index: int, slot: int, peer_id: str, message: bytes, outcome: str, *,
+                 count_unit: bool = True) -> None:
+        """Keep ``peer_id``'s copy of the slot (replacing its earlier one) and count a unit done by it (unless
+        ``count_unit`` is False: a merged result kept as a copy, counted when it came)."""
 
     def set_copy_outcome(self, round_index: int, slot: int, peer_id: str, outcome: str) -> None:
         """What comparing the copy found (nothing when there is no such copy)."""

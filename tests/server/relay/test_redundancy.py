@@ -112,32 +112,44 @@ def test_a_lying_merged_result_is_replaced_by_the_honest_copy(package: Package, 
     np.testing.assert_array_equal(relay.session.weights, reference_run(package, relay.session.config))
 
 
-@pytest.mark.parametrize("codec", ["none", "int8"])
-def test_without_replays_a_dispute_sends_the_unit_to_a_third_peer(package: Package, tmp_path: Path,
-                                                                   codec: str) -> None:
+@pytest.mark.parametrize(("codec", "liar_first"), [("none", False), ("int8", False), ("none", True)])
+def test_without_replays_a_third_peer_settles_a_dispute_by_quorum(package: Package, tmp_path: Path, codec: str,
+                                                                  liar_first: bool) -> None:
+    """No host replays: two copies that disagree both go, and the unit goes to a third peer (neither of the two gets
+    it again). The third result agrees with the honest one bit for bit: the liar is banned (whether its result was
+    the merged one or the copy), the honest copy upheld, the third result merged, and no fourth copy is trained."""
     relay = make_relay(package, tmp_path / "s", k=1, passes=1, redundancy=1.0, verify=False,
                        ban_addresses=False, config={"codec": codec})
     with serving(relay) as client:
-        first, liar, third = HttpPeer(client), HttpPeer(client), HttpPeer(client)
+        honest, liar, third = HttpPeer(client), HttpPeer(client), HttpPeer(client)
+        first, second = (liar, honest) if liar_first else (honest, liar)
         job = first.assignment()
-        assert first.train_and_upload(job).status_code == 200
-        copy = liar.assignment()
-        assert liar.upload(copy["round"], copy["slot"], flipped(liar, copy, relay)).status_code == 200
+        body = flipped(liar, job, relay) if liar_first else first.train(job)
+        assert first.upload(job["round"], job["slot"], body).status_code == 200
+        copy = second.assignment()
+        assert copy["slot"] == job["slot"]
+        body = second.train(copy) if liar_first else flipped(liar, copy, relay)
+        assert second.upload(copy["round"], copy["slot"], body).status_code == 200
         counters = session_status(client)["counters"]
         assert counters["copies_disputed"] == counters["disputes_unresolved"] == 1
-        assert "slot" not in first.work() and "slot" not in liar.work()  # neither gets the unit again
+        assert "slot" not in honest.work()  # neither gets the unit again
+        assert session_status(client)["counters"].get("peers_banned", 0) == 0  # (not yet: nobody can tell)
         again = third.assignment()
         assert again["slot"] == job["slot"]
-        fourth = HttpPeer(client)  # connected before the new result comes in: it trains that result's copy
         assert third.train_and_upload(again).status_code == 200
-        assert fourth.train_and_upload(fourth.assignment()).status_code == 200
-        wait_until(client, lambda s: s["round"] >= 1 and not s["merging"])
+        status = wait_until(client, lambda s: s["round"] >= 1 and not s["merging"])
         assert [r.peer_id for r in relay.store.all_results()] == [third.peer_id]
-        assert relay.session.history[0]["redundancy"] == {"compared": 2, "identical": 1, "unresolved": 1}
-        work_until_done(client, [third, fourth])
-        status = session_status(client)
+        assert relay.store.ban_reason(liar.peer_id) and "disagreed with two other peers" in \
+            relay.store.ban_reason(liar.peer_id)
+        assert relay.session.history[0]["redundancy"] == {"compared": 2, "lied": 1, "upheld": 1}
+        assert status["counters"]["disputes_settled_by_quorum"] == 1 and "copies_handed_out" in status["counters"]
+        assert status["counters"]["copies_handed_out"] == 1  # (the third result needed no copy of its own)
+        assert not relay.store.ban_reason(honest.peer_id) and not relay.store.ban_reason(third.peer_id)
+        units = {p["peer_id"]: p["units_done"] for p in relay.store.peers_listing()}
+        assert (units[honest.peer_id], units[liar.peer_id], units[third.peer_id]) == (1, 1, 1)
+        work_until_done(client, [honest, third])  # (the liar's undone round redone without it: honest weights)
     relay.open()
-    assert status["counters"].get("peers_banned", 0) == 0
+    assert status["counters"]["peers_banned"] == 1
     np.testing.assert_array_equal(relay.session.weights, reference_run(package, relay.session.config))
 
 

@@ -9,12 +9,14 @@ from server.relay.store.sqlite.connection import TablePart
 class SQLiteCopies(TablePart):
     """``server.relay.store.protocol.CopyStore`` on the ``copies`` table."""
 
-    def add_copy(self, round_index: int, slot: int, peer_id: str, message: bytes, outcome: str) -> None:
+    def add_copy(self, round_index: int, slot: int, peer_id: str, message: bytes, outcome: str, *,
+                 count_unit: bool = True) -> None:
         with self.connection.transaction() as db:
             db.execute("INSERT OR REPLACE INTO copies (round, slot, peer_id, message, received, outcome, sha256) "
                        "VALUES (?, ?, ?, ?, ?, ?, ?)", (round_index, slot, peer_id, message, self.clock(), outcome,
                                                         sha256_hex(message)))
-            db.execute("UPDATE peers SET units_done = units_done + 1 WHERE id = ?", (peer_id,))
+            if count_unit:
+                db.execute("UPDATE peers SET units_done = units_done + 1 WHERE id = ?", (peer_id,))
 
     def set_copy_outcome(self, round_index: int, slot: int, peer_id: str, outcome: str) -> None:
         self.connection.run("UPDATE copies SET outcome = ? WHERE round = ? AND slot = ? AND peer_id = ?",

@@ -193,8 +193,9 @@ class SQLiteStore:
         return self._results.prune_before(round_index)
 
     # -- second copies ------------------------------------------------------------------------------
-    def add_copy(self, round_index: int, slot: int, peer_id: str, message: bytes, outcome: str) -> None:
-        self._copies.add_copy(round_index, slot, peer_id, message, outcome)
+    def add_copy(self, round_index: int, slot: int, peer_id: str, message: bytes, outcome: str, *,
+                 count_unit: bool = True) -> None:
+        self._copies.add_copy(round_index, slot, peer_id, message, outcome, count_unit=count_unit)
 
     def set_copy_outcome(self, round_index: int, slot: int, peer_id: str, outcome: str) -> None:
         self._copies.set_copy_outcome(round_index, slot, peer_id, outcome)
