@@ -1,0 +1,86 @@
+"""After a round opens: the held requests it woke get their answers before anything else competes with them, and
+the page's samples, generated in the background, never hold back the next merge."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from relay_fixtures import HttpPeer, make_relay, run_round, serving, session_status
+
+from runtime.protocol import Wait
+from server.harness.peer.transport import run_async
+from server.relay.status import Samples
+from server.session.package import Package
+
+
+def test_the_next_round_merges_while_the_pages_samples_are_still_generated(
+        package: Package, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Text generation for the page's samples can cost several validations; a round of fast units must not wait
+    for it to merge. Samples held back (until released) do not hold back the next merges, and once released the
+    page shows the samples of the newest weights, generated once more rather than once per merge."""
+    release, generated = threading.Event(), []
+    original = Samples.generate
+
+    def held_back(session: Any, weights: np.ndarray) -> list[dict[str, Any]]:
+        generated.append(session.round)
+        release.wait(timeout=60)  # (bounded: the test releases it)
+        return original(session, weights)
+
+    monkeypatch.setattr(Samples, "generate", staticmethod(held_back))
+    relay = make_relay(package, tmp_path / "session", k=2, passes=2)
+    with serving(relay) as client:
+        peers = [HttpPeer(client), HttpPeer(client)]
+        for _ in range(3):
+            status = run_round(client, peers)  # (returns once the round merged)
+        assert status["round"] == 3 and status["samples_round"] is None and generated == [1]
+        release.set()
+        deadline = time.monotonic() + 30
+        while session_status(client)["samples_round"] != 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert session_status(client)["samples_round"] == 3 and generated == [1, 3]
+
+
+
+def test_the_relay_knows_when_the_requests_a_change_woke_have_their_answers(package: Package, tmp_path: Path) -> None:
+    """After a round opens the relay waits for the held requests it woke to have their answers before it starts the
+    page's samples (a thread that competes with those answers for the interpreter). Three held requests, one turn:
+    one looks for work (every unit is out: it holds on), two hold on at once; the wait ends with all three still
+    held, not at the end of their holds. Nothing held: nothing to wait for."""
+    relay = make_relay(package, None, k=2, passes=2)
+
+    async def scenario() -> tuple[bool, bool, float, int, list[bool]]:
+        notices = relay.notices
+        relay.notices.work_changed(available=1)
+        nothing_held = await notices.woken_answered(0.0)
+        peers = [relay.join("127.0.0.1") for _ in range(5)]
+        for peer_id, token in peers[:2]:
+            assert not isinstance(await relay.work(peer_id, token), Wait)  # (both units out)
+        held = [asyncio.create_task(relay.work(peer_id, token, hold=8.0)) for peer_id, token in peers[2:]]
+        for _ in range(100):  # (bounded: each held request parks after one pass)
+            if notices.holding == 3:
+                break
+            await asyncio.sleep(0.01)
+        assert notices.holding == 3
+        started = time.monotonic()
+        notices.work_changed(available=1)
+        answered = await notices.woken_answered(5.0)
+        waited, holding = time.monotonic() - started, notices.holding
+        still = [not task.done() for task in held]
+        for task in held:
+            task.cancel()
+        await asyncio.gather(*held, return_exceptions=True)
+        return nothing_held, answered, waited, holding, still
+
+    try:
+        nothing_held, answered, waited, holding, still = run_async(scenario)
+    finally:
+        relay.store.close()
+    assert nothing_held and answered and waited < 2.0 and holding == 3 and all(still), (answered, waited, holding)
+
+
