@@ -9,14 +9,22 @@ chunk per unit and at least as many units as a round takes; joins are unlimited 
 client per loopback address 127.0.0.2, 127.0.0.3, ... up to ``--addresses`` of them, so the crowd comes from many
 homes) join, hold-poll ``POST /api/work?hold=S`` and upload for each job its unit's precomputed honest update:
 one of 8 fixed random updates of standard deviation ``--perturbation`` (the unit's index picks which), encoded in
-the session's codec once, so any peer given a unit uploads the same bytes (a second copy would agree). They do not
-fetch the weights (the job names their digest, which the update carries). After each upload a peer asks for work
-once without hold (answered at once: the relay's latency), then holds.
+the session's codec once, so any peer given a unit uploads the same bytes (a second copy agrees, bit for bit: the
+results name one engine). They do not fetch the weights (the job names their digest, which the update carries).
+After each upload a peer asks for work once without hold (answered at once: the relay's latency), then holds.
+
+Liars (``--liars``, a tenth of the crowd by default, spread through it): every result they upload is a lie that
+passes every check of its size, as the free-riders and flippers of ``bench attacks`` that are not refused at the
+door: half upload another unit's update (a free-rider's plausible result), half the honest update negated (a
+flip of the same norm). No host replay can judge a made-up result, so the synchronous settings check by copies
+(``--redundancy``, the relay's: that share of units trained by a second peer and compared bit for bit; two that
+differ go to a third peer, whose result settles it by quorum and bans the liar). A banned liar stops.
 
 Settings, each on a fresh relay: synchronous rounds at each k of ``--ks`` (``--rounds`` rounds timed after the
-first), the crowd's size max(k, --peers) except for the anchor k = 5 (5 peers); and, unless ``--async-k 0``,
-buffered asynchronous merging of every ``--async-k`` results with ``--peers`` peers for ``--async-seconds`` (or until
-``--async-merges`` merges are in, if sooner).
+first), the crowd's size max(k, --peers) except for the anchor k = 5 (5 peers, no liars' copies); and, unless
+``--async-k 0``, buffered asynchronous merging of every ``--async-k`` results with ``--peers`` peers for
+``--async-seconds`` (or until ``--async-merges`` merges are in, if sooner; async mode has no copies, so its liars
+are only held to the checks of size and to centered clipping).
 
 Per setting: the relay's time after a round's last result (its upload answered) until k peers hold the next
 round's assignments, less the validation the history records, and its share of a browser unit (the anchor: one
@@ -24,11 +32,11 @@ bytetext unit trained by the page's worker in headless Chromium, in the same run
 unit, ``--skip-training`` too: no share); the relay's peak RSS (VmHWM) against k = 5's; results per second
 sustained (async: from the first result to the last; sync: results over the timed rounds' wall time); p50/p99 of
 work requests answered at once and of result requests; units lost (a unit handed out in a merged round that is
-neither merged nor carried: must be 0; synchronous rounds only); refusals by code.
-
-Not measured yet: liars (a tenth of the crowd lying as in ``bench attacks``), which at this scale need a check that
-bans them without host replays of made-up results (peer copies decided by a quorum), and the host's CPU per
-verified unit.
+in no merged round's units nor carried by one, a ban's undo included: must be 0; synchronous rounds only); liars
+banned of those with a result accepted, honest peers banned (must be 0), liars' results taken as a slot's result,
+second copies as a share of the crowd's accepted results (volunteer compute spent on checking), and the relay
+process's CPU seconds per 100 accepted results (everything it does: with copies instead of host replays, checking
+costs the host only a comparison); refusals by code.
 """
 
 from __future__ import annotations
@@ -64,6 +72,8 @@ from server.session.package import Package, build_package
 ADMIN = "crowd-bench-admin"
 HOLD_SECONDS = 15.0
 BASES = 8  # distinct precomputed updates; a unit's index picks one
+ENGINE = "crowd-bench"  # the engine the crowd's results name: one engine, so two copies of a unit must be identical
+LIES = ("free_rider", "flip")
 ANCHOR_K = 5
 RELAY_SHARE_GOALS = {100: 0.05, 1000: 0.10}  # the relay's time after the last result, as a share of a browser unit
 
@@ -80,6 +90,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--async-merges", type=int, default=0, help="stop the asynchronous crowd once this many "
                         "merges are in (0: run for --async-seconds)")
     parser.add_argument("--codec", default="int8", help="the session's result codec (none, int8, topk)")
+    parser.add_argument("--liars", type=float, default=0.1, help="share of the crowd that lies on every result, "
+                        "half as free-riders (another unit's update), half flipping the honest one (same norm)")
+    parser.add_argument("--redundancy", type=float, default=0.2, help="the relay's --redundancy: share of units a "
+                        "second peer trains, compared bit for bit; a dispute is settled by a third peer's result")
     parser.add_argument("--perturbation", type=float, default=1e-3, help="std of the precomputed updates")
     parser.add_argument("--addresses", type=int, default=250, help="loopback addresses the crowd comes from "
                         "(127.0.0.2 on)")
@@ -97,6 +111,7 @@ class Timeline:
     jobs: list[tuple[int, int, float]] = field(default_factory=list)  # (round, unit, received)
     results: list[tuple[int, int, float, float]] = field(default_factory=list)  # (round, unit, sent, answered)
     work_seconds: list[float] = field(default_factory=list)  # asks answered at once (no hold)
+    accepted: list[tuple[str | None, bool]] = field(default_factory=list)  # (peer, a second copy) per accepted upload
     refusals: dict[str, int] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
 
@@ -118,6 +133,16 @@ class Figures:
     result_p99_ms: float = math.nan
     peak_rss_mb: float = math.nan
     units_lost: int | None = 0  # None: not measured (async)
+    liars: int = 0
+    liars_accepted: int = 0  # liars with a result accepted (the others never got a unit, or were refused)
+    liars_banned: int = 0
+    honest_banned: int = 0
+    lies_accepted: int = 0  # a liar's result taken as a slot's result (merged unless caught before the merge)
+    copies: int = 0  # second copies handed out
+    copies_accepted: int = 0  # second copies uploaded and compared: volunteer compute spent on checking
+    results_accepted: int = 0
+    verified_by_copies: int = 0  # results a copy agreed with, or a quorum settled
+    relay_cpu_seconds: float = math.nan
     refusals: dict[str, int] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
 
@@ -133,29 +158,35 @@ class Updates:
         rng = np.random.default_rng(0)
         self.spec, self.fingerprint, self.initial = package.spec, package.fingerprint, package.initial_weights
         self.steps = [(rng.standard_normal(package.spec.size) * std).astype(np.float32) for _ in range(BASES)]
+        self.steps += [-step for step in self.steps]  # (the flipped lies)
         self.payloads: dict[str, tuple[Codec, list[bytes]]] = {}
 
-    def message(self, job: Job) -> bytes:
+    def message(self, job: Job, lie: str | None = None) -> bytes:
+        """The unit's honest update, or a lie that passes every check of its size: ``free_rider`` (another unit's
+        update, as if trained) or ``flip`` (the honest update negated)."""
         header = wire.WireHeader(spec=self.spec, round=job.round, fingerprint=self.fingerprint, num_examples=1,
-                                 metrics={"train_loss": 1.0})
-        base = job.unit_index % BASES
+                                 metrics={"train_loss": 1.0}, meta={"engine": ENGINE})
+        base = (job.unit_index + (1 if lie == "free_rider" else 0)) % BASES
+        index = base + (BASES if lie == "flip" else 0)
         if job.codec is None:  # (float32 weights: the initial ones moved; the relay checks their norm, no replay)
-            return wire.encode(self.initial + self.steps[base], header)
+            return wire.encode(self.initial + self.steps[index], header)
         key = json.dumps(job.codec, sort_keys=True)
         if key not in self.payloads:
             codec = codecs.from_json(job.codec)
             self.payloads[key] = codec, [codec.encode(step, 0) for step in self.steps]
         codec, payloads = self.payloads[key]
+        base = index
         assert job.weights_digest is not None
         return wire.encode_update(payloads[base], header, codec, job.weights_digest[:16])  # (weights_digest)
 
 
 def serve_command(package: Path, session_dir: Path, k: int, passes: int, codec: str, mode: str,
-                  peers: int) -> ServeCommand:
+                  peers: int, redundancy: float = 0.0) -> ServeCommand:
     # --limit-concurrency: each peer holds a connection (a browser page about two: its event stream too); the
     # default (1,000) answers 503 past that, so a crowd's host raises it, as here
     options = RelayOptions(admin_token=ADMIN, lease_seconds=3600.0, peer_timeout=3600.0, backup_after=None,
-                           join_rate=0.0, max_peers_per_address=0, verify=False)
+                           join_rate=0.0, max_peers_per_address=0, verify=False,
+                           redundancy=redundancy if mode == "sync" else 0.0)  # (async: no copies)
     limits = ServerLimits(limit_concurrency=max(DEFAULT_LIMIT_CONCURRENCY, 2 * peers + 100))
     config = SessionConfig(participants=k, passes=passes, codec=codec, mode=mode)
     return ServeCommand(package=package, session_dir=session_dir, fresh=True, config=config, options=options,
@@ -167,8 +198,9 @@ def percentile(values: list[float], q: float) -> float:
 
 
 async def crowd_peer(peer: RelayPeer, transport: AsyncTransport, updates: Updates, timeline: Timeline,
-                     stop: asyncio.Event) -> None:
-    """Join, then ask, upload and ask again until ``stop`` (or the session ends)."""
+                     stop: asyncio.Event, lie: str | None = None) -> None:
+    """Join, then ask, upload (``lie``: every result a lie of that kind) and ask again until ``stop``, the
+    session's end or a ban."""
     joined = await transport.run(peer.sign_in())
     if isinstance(joined, Refused):
         timeline.errors.append(f"join refused: {joined.status} {joined.code}")
@@ -182,6 +214,8 @@ async def crowd_peer(peer: RelayPeer, transport: AsyncTransport, updates: Update
         hold = HOLD_SECONDS
         if isinstance(answer, Refused):
             timeline.refusals[answer.code] = timeline.refusals.get(answer.code, 0) + 1
+            if answer.code == "banned":
+                return
             await asyncio.sleep(1.0)
             continue
         if isinstance(answer, Done):
@@ -192,14 +226,44 @@ async def crowd_peer(peer: RelayPeer, transport: AsyncTransport, updates: Update
             continue
         job = answer
         timeline.jobs.append((job.round, job.unit_index, time.perf_counter()))
-        body = updates.message(job)
+        body = updates.message(job, lie)
         sent = time.perf_counter()
         receipt = await transport.run(peer.upload(job, Result(body, honest=False)))
         if isinstance(receipt, Refused):
             timeline.refusals[receipt.code] = timeline.refusals.get(receipt.code, 0) + 1
         elif isinstance(receipt, Receipt):
             timeline.results.append((job.round, job.unit_index, sent, time.perf_counter()))
+            timeline.accepted.append((peer.peer_id, job.copy is not None))
         hold = None  # (the next ask is answered at once: timed)
+
+
+def lie_plan(peers: int, share: float) -> list[str | None]:
+    """Which peers lie, and how: every (1 / share)-th peer, the kinds in turn."""
+    liars = round(peers * share)
+    every = peers / liars if liars else 0
+    plan: list[str | None] = [None] * peers
+    for n in range(liars):
+        plan[int(n * every)] = LIES[n % len(LIES)]
+    return plan
+
+
+def count_liars(figures: Figures, lies: dict[str | None, str | None], listing: list[dict[str, Any]],
+                timeline: Timeline, status: dict[str, Any]) -> None:
+    """The liars' figures from the relay's list of peers (bans) and the crowd's own record (accepted results)."""
+    banned = {p["peer_id"] for p in listing if p["banned"]}
+    liars = {peer for peer, lie in lies.items() if lie is not None}
+    accepted = {peer for peer, _ in timeline.accepted}
+    figures.liars = len(liars)
+    figures.liars_accepted = len(liars & accepted)
+    figures.liars_banned = len(liars & banned)
+    figures.honest_banned = len(banned - liars)
+    figures.lies_accepted = sum(1 for peer, copy in timeline.accepted if peer in liars and not copy)
+    figures.copies_accepted = sum(1 for _, copy in timeline.accepted if copy)
+    counters = status["counters"]
+    figures.copies = int(counters.get("copies_handed_out", 0))
+    figures.results_accepted = int(counters.get("results_accepted", 0))
+    figures.verified_by_copies = sum(int(counters.get(f"copies_{o}", 0)) for o in ("identical", "agreed")) + \
+        int(counters.get("disputes_settled_by_quorum", 0))
 
 
 async def until(relay: AsyncRelayClient, done: Any, timeout: float) -> dict[str, Any]:
@@ -227,8 +291,9 @@ async def drive(url: str, package: Package, peers: int, figures: Figures, args: 
         observer = AsyncRelayClient(clients[0])
         crowd = [RelayPeer(weights_from=WeightsFrom.CURRENT, wait_cap_s=HOLD_SECONDS, retry=RESEND)
                  for _ in range(peers)]
+        lies = lie_plan(peers, args.liars)
         tasks = [asyncio.create_task(crowd_peer(peer, AsyncTransport(clients[i % addresses], stop), updates,
-                                                timeline, stop))
+                                                timeline, stop, lies[i]))
                  for i, peer in enumerate(crowd)]
         if rounds is not None:
             last = 0
@@ -256,6 +321,9 @@ async def drive(url: str, package: Package, peers: int, figures: Figures, args: 
         stop.set()
         await asyncio.wait(tasks, timeout=HOLD_SECONDS + 30)
         status = await until(observer, lambda s: not s["merging"], 120)
+        listing = (await clients[0].get("/api/admin/peers", headers={"Authorization": f"Bearer {ADMIN}"})).json()
+        count_liars(figures, {peer.peer_id: lies[i] for i, peer in enumerate(crowd)}, listing["peers"], timeline,
+                    status)
     finally:
         stop.set()
         for task in tasks:
@@ -283,9 +351,11 @@ def summarize(figures: Figures, timeline: Timeline, status: dict[str, Any], roun
     if rounds is None:  # (async: a unit is not handed out in a round, so there is no round's list to hold it to)
         figures.units_lost = None
         return
-    # units lost: a merged round's units are its merged units, its missing ones carried, nothing else
-    figures.units_lost = sum(len({unit for r, unit, _ in timeline.jobs if r == entry["round"]}
-                                 - set(entry.get("units", [])) - set(entry.get("carried", []))) for entry in history)
+    # units lost: a unit handed out in a merged round is merged in some round or carried (a ban's undo carries the
+    # banned peer's units of the rounds it redoes into the open round; the last redone round's entry lists them)
+    merged = {entry["round"] for entry in history}
+    accounted = {unit for entry in history for unit in [*entry.get("units", []), *entry.get("carried", [])]}
+    figures.units_lost = len({unit for r, unit, _ in timeline.jobs if r in merged} - accounted)
     for entry in history[1:rounds + 1]:  # (round 0 waits for the crowd to join)
         r = entry["round"]
         last_result = max((end for rr, _, _, end in timeline.results if rr == r), default=math.nan)
@@ -304,18 +374,37 @@ def one_setting(package: Package, work: Path, args: argparse.Namespace, figures:
     shutil.rmtree(session, ignore_errors=True)
     units = package.data.num_units
     passes = max(1, -(-(rounds + 4) * figures.k // units)) if rounds is not None else 50
-    with RelayProcess(serve_command(package.path, session, figures.k, passes, args.codec, mode, figures.peers),
+    with RelayProcess(serve_command(package.path, session, figures.k, passes, args.codec, mode, figures.peers,
+                                    args.redundancy if figures.k != ANCHOR_K else 0.0),
                       log=work / f"serve-{figures.setting}.log", start_timeout_s=RELAY_START_SECONDS) as relay:
         print(f"{figures.setting}: relay at {relay.page_url}, {units} units, {passes} passes, {figures.peers} peers",
               flush=True)
         run_async(lambda: drive(relay.page_url.rstrip("/"), package, figures.peers, figures, args, rounds, seconds))
         figures.peak_rss_mb = relay.peak_rss_mb()
+        figures.relay_cpu_seconds = relay.cpu_seconds()
     shutil.rmtree(session, ignore_errors=True)
     print(f"{figures.setting}: relay after the last result {figures.relay_seconds:.3f} s (merge "
           f"{statistics.fmean(figures.merge) if figures.merge else math.nan:.3f} s), {figures.results_per_second:.0f} "
           f"results/s, work p50/p99 {figures.work_p50_ms:.0f}/{figures.work_p99_ms:.0f} ms, result p50/p99 "
           f"{figures.result_p50_ms:.0f}/{figures.result_p99_ms:.0f} ms, peak RSS {figures.peak_rss_mb:.0f} MB, units "
           f"lost {lost(figures, 'not measured')}, refusals {figures.refusals or '-'}", flush=True)
+    print(f"{figures.setting}: liars banned {liars(figures)} (with a result accepted), honest banned "
+          f"{figures.honest_banned}, lies taken as results {figures.lies_accepted}, copies {copy_share(figures)} of "
+          f"the crowd's results, relay CPU {cpu_per_100(figures)} s per 100 results", flush=True)
+
+
+def liars(figures: Figures) -> str:
+    return f"{figures.liars_banned}/{figures.liars_accepted}" + (f" of {figures.liars}" if figures.liars else "")
+
+
+def copy_share(figures: Figures) -> str:
+    accepted = figures.results_accepted
+    return f"{figures.copies_accepted / accepted:.1%}" if accepted else "-"
+
+
+def cpu_per_100(figures: Figures) -> str:
+    accepted = figures.results_accepted
+    return f"{100 * figures.relay_cpu_seconds / accepted:.1f}" if accepted else "-"
 
 
 def lost(figures: Figures, unmeasured: str) -> str:
@@ -324,7 +413,8 @@ def lost(figures: Figures, unmeasured: str) -> str:
 
 COLUMNS = ("setting", "peers", "k", "rounds", "relay after the last result (s)", "share of a browser unit",
            "merge (s)", "relay peak RSS (MB)", "RSS vs k = 5", "results/s", "work p50/p99 (ms)",
-           "result p50/p99 (ms)", "units lost", "refusals")
+           "result p50/p99 (ms)", "units lost", "liars banned", "honest banned", "copies", "relay CPU s / 100 results",
+           "refusals")
 
 
 def table(results: list[Figures], anchor: float | None) -> str:
@@ -338,7 +428,8 @@ def table(results: list[Figures], anchor: float | None) -> str:
             f.setting, str(f.peers), str(f.k), str(f.rounds), relay, share, merge, f"{f.peak_rss_mb:.0f}",
             f"{f.peak_rss_mb / base:.1f}x" if base == base else "-", f"{f.results_per_second:.0f}",
             f"{f.work_p50_ms:.0f} / {f.work_p99_ms:.0f}", f"{f.result_p50_ms:.0f} / {f.result_p99_ms:.0f}",
-            lost(f, "-"), ", ".join(f"{k} {v}" for k, v in sorted(f.refusals.items())) or "-"]) + " |")
+            lost(f, "-"), liars(f), str(f.honest_banned), copy_share(f), cpu_per_100(f),
+            ", ".join(f"{k} {v}" for k, v in sorted(f.refusals.items())) or "-"]) + " |")
     return "\n".join(lines)
 
 
@@ -384,4 +475,4 @@ def run(args: argparse.Namespace) -> int:
                                     "results": [{**asdict(f), "relay_seconds": f.relay_seconds} for f in results]},
                                    indent=1, default=float))
     print(f"figures: {args.out}")
-    return 0 if all(not f.units_lost and not f.errors for f in results) else 1
+    return 0 if all(not f.units_lost and not f.errors and not f.honest_banned for f in results) else 1

@@ -11,6 +11,7 @@ port the first start got (after the caller's arguments), so the peers' URL stays
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import signal
@@ -113,6 +114,15 @@ class RelayProcess:
             return 0.0
         kilobytes = next((line.split()[1] for line in status.splitlines() if line.startswith("VmHWM:")), "0")
         return int(kilobytes) / 1024
+
+    def cpu_seconds(self) -> float:
+        """CPU time (user and system) the relay process and the children it waited for (its replay workers, once
+        they ended) spent so far, in seconds; NaN where /proc does not say."""
+        try:
+            fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            return math.nan
+        return sum(int(value) for value in fields[11:15]) / os.sysconf("SC_CLK_TCK")  # (utime stime cutime cstime)
 
     @property
     def host_port(self) -> tuple[str, int]:

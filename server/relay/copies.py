@@ -74,13 +74,28 @@ class UnitCopies(Part):
         # Hand-out to result of the session's last merged units: the backups' yardstick.
         self._unit_seconds: deque[float] = deque(maxlen=UNIT_TIMES_KEPT)
         self._backups: dict[int, dict[str, list[int]]] = {}  # round -> units that got a backup, those that won
+        self._confirmed: set[str] = set()  # peers with a result a copy agreed with (or a quorum upheld)
+        self._unconfirmed: set[tuple[int, int]] = set()  # (round, slot) whose result came from a peer not confirmed
 
     # -- which slots get a second copy, and who may train it ------------------------------------------
     def redundant(self, round_index: int, slot: int) -> bool:
-        """Whether the slot gets a second copy to compare (never a local unit: two peers' data differ)."""
+        """Whether the slot gets a second copy to compare (never a local unit: two peers' data differ): the seeded
+        share ``--redundancy`` of every round's slots, and each slot whose result came from a peer none of whose
+        results a copy has confirmed yet (``note_result``)."""
         fraction = self.options.redundancy
-        return fraction > 0 and self.session.task.kind != "local" and \
-            sampled(self.session.config.seed, round_index, slot, fraction, "redundancy")
+        return fraction > 0 and self.session.task.kind != "local" and (
+            (round_index, slot) in self._unconfirmed or
+            sampled(self.session.config.seed, round_index, slot, fraction, "redundancy"))
+
+    def note_result(self, round_index: int, slot: int, peer_id: str) -> None:
+        """A slot's result was accepted: a peer none of whose results a copy has confirmed (a new one, or one that
+        came back after a restart) has it copied, as BOINC replicates every new host's work until it has a record.
+        A liar that lies from its first result is caught there; one honest at first meets the seeded share."""
+        if self.options.redundancy > 0 and peer_id not in self._confirmed:
+            self._unconfirmed.add((round_index, slot))
+
+    def _confirm(self, *peers: str) -> None:
+        self._confirmed.update(peer for peer in peers if not self.store.ban_reason(peer))
 
     def _needs_copy(self, round_index: int, slot: int, copies: dict[tuple[int, str], str]) -> bool:
         """A chosen slot whose copies have not settled (a dispute waits for its replay: not needed again)."""
@@ -238,6 +253,7 @@ class UnitCopies(Part):
         self.store.count(f"copies_{outcome}")
         if outcome in ("identical", "agreed"):
             self.store.set_verification(round_index, slot, merged.peer_id, f"copy {outcome} (from {peer_id})")
+            self._confirm(merged.peer_id, peer_id)
         if outcome == "disputed":
             LOG.warning("copies of round %d slot %d disagree: merged from %s (%s), copy from %s (%s)", round_index,
                         slot, merged.peer_id, merged.engine, peer_id, header.meta.get("engine", ""))
@@ -249,7 +265,8 @@ class UnitCopies(Part):
         kept = self.book.kept(round_index, slot)
         if kept is not None and kept[0].engine:
             return kept
-        stored = self.store.results(round_index)[slot]
+        stored = self.store.result(round_index, slot)  # (this slot's message only: a round may hold a thousand)
+        assert stored is not None, f"round {round_index} slot {slot} has no result to compare a copy with"
         header, vector = decode_result(stored.message, session=self.session, round_index=round_index)
         return StoredResult(stored.round, stored.slot, stored.unit_index, stored.peer_id, stored.num_examples,
                             stored.metrics, b"", str(header.meta.get("engine", ""))), vector
@@ -304,6 +321,7 @@ class UnitCopies(Part):
         self.store.set_copy_outcome(round_index, slot, upheld, "upheld")
         self.store.set_copy_outcome(round_index, slot, liar, "lied")
         self.store.set_verification(round_index, slot, stored.peer_id, f"quorum: agreed with {upheld}, not {liar}")
+        self._confirm(upheld, stored.peer_id)
         self.store.count("disputes_settled_by_quorum")
         return liar
 
@@ -374,5 +392,6 @@ class UnitCopies(Part):
         """The history's ``redundancy`` entry of a round: copies compared, by outcome, and waived copies."""
         if not self.options.redundancy:
             return None
+        self._unconfirmed = {key for key in self._unconfirmed if key[0] > round_index}  # (merged: forgotten)
         outcomes = list(self.store.copies(round_index).values())
         return {"compared": len(outcomes), **{o: outcomes.count(o) for o in sorted(set(outcomes))}}

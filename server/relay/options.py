@@ -137,9 +137,10 @@ class RelayOptions:
         "result messages of the last R rounds and R + 1 checkpoints stay on disk for it (0: a ban drops only the "
         "open round's results)", minimum=0, metavar="R", group="guards", commands=("serve",)))
     redundancy: float = field(default=0.0, metadata=setting(  # (server.relay.copies)
-        help="share of units also trained by a second, different peer and compared with the first result "
-        "(identical from one engine; a disagreement is decided by a host replay, or by a third peer's result: two "
-        "of three that agree); never both merged", default_text="0: off", minimum=0, maximum=1, what=SHARE, metavar="F",
+        help="share of units also trained by a second, different peer and compared with the first result, and "
+        "every result of a peer no copy has confirmed yet (identical from one engine; a disagreement is decided by "
+        "a host replay, or by a third peer's result: two of three that agree); never both merged",
+        default_text="0: off", minimum=0, maximum=1, what=SHARE, metavar="F",
         group="guards", commands=("serve",)))
     backup_after: float | None = field(default=DEFAULT_BACKUP_AFTER, metadata=setting(
         help="once every unit of a round is out, an idle peer races the unit in flight longest when it has been "

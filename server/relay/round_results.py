@@ -101,6 +101,7 @@ class RoundResults:
             self.people.note_unit(peer_id, store.clock() - lease.issued, stored.engine)
         if not math.isnan(norm):
             self.book.add_norm(round_index, norm)
+        self.copies.note_result(round_index, slot, peer_id)
         liar = self.copies.quorum(round_index, slot, stored, vector)  # (a dispute no replay could settle)
         if liar is not None:
             self.bans.ban(liar, f"its result of unit {stored.unit_index} in round {round_index + 1} disagreed with "

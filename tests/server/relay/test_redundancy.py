@@ -176,3 +176,41 @@ def test_redundancy_out_of_range_is_refused_by_serve(tmp_path: Path, capsys: pyt
 
     assert main(["serve", "--port", "0", "--redundancy", "1.5", "--session-dir", str(tmp_path / "s")]) == 2
     assert "--redundancy must be a share between 0 and 1" in capsys.readouterr().err
+
+
+def test_a_new_peers_results_are_copied_until_a_copy_confirms_one(package: Package, tmp_path: Path) -> None:
+    """With copies on, every result of a peer none of whose results a copy has confirmed is copied, whatever the
+    seeded share (here next to none): the first round's two results are, the second round's (the same two peers,
+    now confirmed) are not. A newcomer that lies from its first result has that result copied: the copy disagrees,
+    a third peer's result settles it, and the newcomer is banned in the round it first uploaded."""
+    relay = make_relay(package, tmp_path / "s", k=2, passes=3, redundancy=1e-9, verify=False, ban_addresses=False)
+    with serving(relay) as client:
+        first, second, helper = HttpPeer(client), HttpPeer(client), HttpPeer(client)
+        assert relay.session.num_rounds >= 3
+        jobs = [first.assignment(), second.assignment()]
+        for peer, job in zip((first, second), jobs, strict=True):
+            assert peer.train_and_upload(job).status_code == 200
+        for _ in jobs:  # the round waits for both copies; the idle peer trains them
+            copy = helper.assignment()
+            assert copy["copy"] == "redundancy" and copy["round"] == 0
+            assert helper.train_and_upload(copy).status_code == 200
+        wait_until(client, lambda s: s["round"] >= 1 and not s["merging"])
+        for peer in (first, second):
+            assert peer.train_and_upload(peer.assignment()).status_code == 200
+        status = wait_until(client, lambda s: s["round"] >= 2 and not s["merging"])  # (no copy waited for)
+        assert status["counters"]["copies_handed_out"] == 2
+        assert [entry["redundancy"] for entry in relay.session.history] == [{"compared": 2, "identical": 2},
+                                                                            {"compared": 0}]
+        newcomer = HttpPeer(client)
+        lie, honest = newcomer.assignment(), first.assignment()
+        assert newcomer.upload(lie["round"], lie["slot"], flipped(newcomer, lie, relay)).status_code == 200
+        assert first.train_and_upload(honest).status_code == 200
+        copy = helper.assignment()
+        assert (copy["copy"], copy["slot"]) == ("redundancy", lie["slot"])
+        assert helper.train_and_upload(copy).status_code == 200  # disputed: nobody can replay it
+        third = second.assignment()
+        assert third["slot"] == lie["slot"] and third.get("copy") is None
+        assert second.train_and_upload(third).status_code == 200  # agrees with the copy: the newcomer lied
+        status = wait_until(client, lambda s: s["round"] >= 3 and not s["merging"])
+        assert "disagreed with two other peers" in (relay.store.ban_reason(newcomer.peer_id) or "")
+        assert status["counters"]["peers_banned"] == 1 and status["counters"]["copies_handed_out"] == 3
