@@ -21,7 +21,7 @@ flip of the same norm). No host replay can judge a made-up result, so the synchr
 differ go to a third peer, whose result settles it by quorum and bans the liar). A banned liar stops.
 
 Settings, each on a fresh relay: synchronous rounds at each k of ``--ks`` (``--rounds`` rounds timed after the
-first), the crowd's size max(k, --peers) except for the anchor k = 5 (5 peers, no liars' copies); and, unless
+first), the crowd's size max(k, --peers) except for the anchor k = 5 (5 honest peers, no copies); and, unless
 ``--async-k 0``, buffered asynchronous merging of every ``--async-k`` results with ``--peers`` peers for
 ``--async-seconds`` (or until ``--async-merges`` merges are in, if sooner; async mode has no copies, so its liars
 are only held to the checks of size and to centered clipping).
@@ -111,7 +111,7 @@ class Timeline:
     jobs: list[tuple[int, int, float]] = field(default_factory=list)  # (round, unit, received)
     results: list[tuple[int, int, float, float]] = field(default_factory=list)  # (round, unit, sent, answered)
     work_seconds: list[float] = field(default_factory=list)  # asks answered at once (no hold)
-    accepted: list[tuple[str | None, bool]] = field(default_factory=list)  # (peer, a second copy) per accepted upload
+    accepted: list[tuple[str | None, int, bool]] = field(default_factory=list)  # (peer, round, a copy) per upload
     refusals: dict[str, int] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
 
@@ -134,7 +134,7 @@ class Figures:
     peak_rss_mb: float = math.nan
     units_lost: int | None = 0  # None: not measured (async)
     liars: int = 0
-    liars_accepted: int = 0  # liars with a result accepted (the others never got a unit, or were refused)
+    liars_accepted: int = 0  # liars with a result accepted (sync: in a merged round, whose checks are settled)
     liars_banned: int = 0
     honest_banned: int = 0
     lies_accepted: int = 0  # a liar's result taken as a slot's result (merged unless caught before the merge)
@@ -233,7 +233,7 @@ async def crowd_peer(peer: RelayPeer, transport: AsyncTransport, updates: Update
             timeline.refusals[receipt.code] = timeline.refusals.get(receipt.code, 0) + 1
         elif isinstance(receipt, Receipt):
             timeline.results.append((job.round, job.unit_index, sent, time.perf_counter()))
-            timeline.accepted.append((peer.peer_id, job.copy is not None))
+            timeline.accepted.append((peer.peer_id, job.round, job.copy is not None))
         hold = None  # (the next ask is answered at once: timed)
 
 
@@ -252,13 +252,14 @@ def count_liars(figures: Figures, lies: dict[str | None, str | None], listing: l
     """The liars' figures from the relay's list of peers (bans) and the crowd's own record (accepted results)."""
     banned = {p["peer_id"] for p in listing if p["banned"]}
     liars = {peer for peer, lie in lies.items() if lie is not None}
-    accepted = {peer for peer, _ in timeline.accepted}
+    merged = status["round"] if status["mode"] == "sync" else None  # (sync: rounds before it merged, checks settled)
+    accepted = {peer for peer, r, _ in timeline.accepted if merged is None or r < merged}
     figures.liars = len(liars)
     figures.liars_accepted = len(liars & accepted)
     figures.liars_banned = len(liars & banned)
     figures.honest_banned = len(banned - liars)
-    figures.lies_accepted = sum(1 for peer, copy in timeline.accepted if peer in liars and not copy)
-    figures.copies_accepted = sum(1 for _, copy in timeline.accepted if copy)
+    figures.lies_accepted = sum(1 for peer, _, copy in timeline.accepted if peer in liars and not copy)
+    figures.copies_accepted = sum(1 for _, _, copy in timeline.accepted if copy)
     counters = status["counters"]
     figures.copies = int(counters.get("copies_handed_out", 0))
     figures.results_accepted = int(counters.get("results_accepted", 0))
@@ -291,7 +292,7 @@ async def drive(url: str, package: Package, peers: int, figures: Figures, args: 
         observer = AsyncRelayClient(clients[0])
         crowd = [RelayPeer(weights_from=WeightsFrom.CURRENT, wait_cap_s=HOLD_SECONDS, retry=RESEND)
                  for _ in range(peers)]
-        lies = lie_plan(peers, args.liars)
+        lies = lie_plan(peers, args.liars if figures.k != ANCHOR_K else 0.0)  # (the anchor: honest)
         tasks = [asyncio.create_task(crowd_peer(peer, AsyncTransport(clients[i % addresses], stop), updates,
                                                 timeline, stop, lies[i]))
                  for i, peer in enumerate(crowd)]
@@ -320,7 +321,8 @@ async def drive(url: str, package: Package, peers: int, figures: Figures, args: 
                     break
         stop.set()
         await asyncio.wait(tasks, timeout=HOLD_SECONDS + 30)
-        status = await until(observer, lambda s: not s["merging"], 120)
+        status = await until(observer, lambda s: rounds is None or not s["merging"], 120)  # (async: a backlog of
+        #                                                          results may take many merges more: not waited for)
         listing = (await clients[0].get("/api/admin/peers", headers={"Authorization": f"Bearer {ADMIN}"})).json()
         count_liars(figures, {peer.peer_id: lies[i] for i, peer in enumerate(crowd)}, listing["peers"], timeline,
                     status)

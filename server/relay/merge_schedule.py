@@ -41,6 +41,7 @@ class MergeSchedule(Part):
         self.lock = asyncio.Lock()
         self._background: set[asyncio.Task[None]] = set()  # the loop keeps only weak references to its tasks
         self._samples_task: asyncio.Task[None] | None = None  # (``samples_soon``)
+        self._queued = False  # a ``maybe_complete_round`` waits for the lock
         self._samples_wanted = False
 
     def watch_deadline(self) -> None:
@@ -61,9 +62,16 @@ class MergeSchedule(Part):
             loop = asyncio.get_running_loop()
         except RuntimeError:
             return
+        if self._queued:  # (one waits for the lock already: it sees this change when it runs)
+            return
+        self._queued = True
         task = loop.create_task(self.maybe_complete_round())
         self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self._background.discard(task)
+        self._queued = False  # (one cancelled before it took the lock, at shutdown, must not stop the next app's)
 
     def _merge_blocking(self) -> dict[str, Any]:
         """The merge (a worker thread, or inline): checkpointed by ``Session``, then older messages pruned, disk
@@ -123,32 +131,42 @@ class MergeSchedule(Part):
                 self.undo.end()
 
     async def maybe_complete_round(self) -> None:
+        """Merge if the round (async: the buffer) is ready, under the merge's lock. Each result asks for this; asks
+        that come while one waits for the lock are that one (a thousand results a round queue no thousand tasks),
+        and a merge that leaves the buffer ready again (async: results came faster than merges) asks once more."""
         async with self.lock:
-            await self.undo_bans()
-            session = self.session
-            if self.undo.pending() or not self.mode().ready():  # (an undo held back by a full disk comes first)
-                return
-            waited = time.perf_counter()
-            await self.replays.wait(session.round, final=session.round + 1 >= session.num_rounds)
-            self.apply_verdicts()
-            self.replays.wait_seconds = time.perf_counter() - waited
-            await self.undo_bans()  # (a replay banned a peer whose earlier results were merged)
-            if self.undo.pending() or not self.mode().ready():  # a replay banned a peer: its slots are out again
-                return
-            self.context.merging = True
-            self.context.notices.changed()
-            try:
-                await asyncio.to_thread(self._merge_blocking)
-            except Exception as error:  # (a checkpoint library may word a full disk in its own exception)
-                if not is_storage_error(error):
-                    raise
-                self.disk.merge_failed(error)  # back to the last checkpoint; tried again when space returns
-                return
-            finally:
-                self._merged()
-            if self.context.async_mode and not session.history[-1]["metrics"]:
-                return  # (samples follow the validations)
+            self._queued = False
+            merged = await self._complete_round()
+        if merged and not self.session.done and self.mode().ready():
+            self.soon()
+
+    async def _complete_round(self) -> bool:
+        """``maybe_complete_round``'s work, under the lock: whether it merged."""
+        await self.undo_bans()
+        session = self.session
+        if self.undo.pending() or not self.mode().ready():  # (an undo held back by a full disk comes first)
+            return False
+        waited = time.perf_counter()
+        await self.replays.wait(session.round, final=session.round + 1 >= session.num_rounds)
+        self.apply_verdicts()
+        self.replays.wait_seconds = time.perf_counter() - waited
+        await self.undo_bans()  # (a replay banned a peer whose earlier results were merged)
+        if self.undo.pending() or not self.mode().ready():  # a replay banned a peer: its slots are out again
+            return False
+        self.context.merging = True
+        self.context.notices.changed()
+        try:
+            await asyncio.to_thread(self._merge_blocking)
+        except Exception as error:  # (a checkpoint library may word a full disk in its own exception)
+            if not is_storage_error(error):
+                raise
+            self.disk.merge_failed(error)  # back to the last checkpoint; tried again when space returns
+            return False
+        finally:
+            self._merged()
+        if not self.context.async_mode or session.history[-1]["metrics"]:  # (async: after validations)
             self.samples_soon()
+        return True
 
     def samples_soon(self) -> None:
         """The page's samples of the weights just merged, in the background and outside the merge's lock: a round
