@@ -4,12 +4,10 @@ native peers (honest and attacking) driving a real relay over HTTP, and (slow) t
 The verification columns (attackers caught, the round of each ban, honest peers banned, the replays' cost) are
 computed from a synthetic peer listing and history and checked by hand; the quick bench's verification run
 (free_rider honest on its first upload, every result replayed) must have its attacker banned in round 1 and
-no honest peer banned.
-
-The last test holds the relay's defaults to account: with one attacker in three on arith, the relay as shipped
-(its default aggregator and checks) ends within 10 points of its honest run under each of the five upload
-attacks, while ``mean`` (plain FedAvg) with the relay's switchable checks off does not under flip and
-noise_claim (unless a check without a switch refused those uploads).
+no honest peer banned. The last test holds the relay's defaults to account: with one attacker in three on arith,
+the relay as shipped ends within 10 points of its honest run under each of the five upload attacks, while ``mean``
+with the relay's switchable checks off does not under flip and noise_claim (unless a check without a switch
+refused those uploads). The slow tests share one quick run of one pass (``quick_bench``, ``QUICK_PASSES``).
 """
 
 from __future__ import annotations
@@ -383,8 +381,14 @@ def test_native_peers_drive_a_real_relay_with_a_flipping_attacker_and_sybils(tmp
             trainer.close()
 
 
+# 7 rounds of k = 3 instead of 14: the shipped relay bans each attacker in round 0 or 1, and honest FedAvg reaches 40%
+# exact answers from 0 (83% after two passes): room for an attack that bites to end more than 10 points below it
+QUICK_PASSES = 1
+
+
 def bench(out: Path, *more: str, timeout: float = 900) -> dict:
-    command = [sys.executable, "-m", "server.cli", "bench", "attacks", "--quick", "--out", str(out), *more]
+    command = [sys.executable, "-m", "server.cli", "bench", "attacks", "--quick", "--passes", str(QUICK_PASSES),
+               "--out", str(out), *more]
     done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     result = json.loads(out.read_text())
@@ -397,9 +401,15 @@ def table_rows(text: str) -> list[list[str]]:
             if line.startswith("|")]
 
 
+@pytest.fixture(scope="module")
+def quick_bench(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The quick bench's 9 runs, once for the module (``QUICK_PASSES`` passes)."""
+    return bench(tmp_path_factory.mktemp("quick") / "attacks.json")
+
+
 @pytest.mark.slow
-def test_quick_bench_prints_a_table_per_task_and_writes_json(tmp_path: Path) -> None:
-    result = bench(tmp_path / "attacks.json")
+def test_quick_bench_prints_a_table_per_task_and_writes_json(quick_bench: dict) -> None:
+    result = quick_bench
     runs = result["runs"]
     assert len(runs) == sum(len(planned_runs(s, result["k"])) for s in QUICK) == 9 and len(result["sections"]) == 2
     assert all(r["error"] is None and r["rounds"] == r["num_rounds"] > 0 for r in runs), runs
@@ -412,7 +422,8 @@ def test_quick_bench_prints_a_table_per_task_and_writes_json(tmp_path: Path) -> 
     assert rows[0][0] == "aggregator" and len(rows[0]) == len(COLUMNS)
     assert len(rows) == 2 + len(shipped) and all(len(row) == len(COLUMNS) for row in rows)
     honest_mean = next(r for r in runs if r["aggregator"] == "mean" and r["attack"] == "none")
-    assert honest_mean["vs_mean"] == 0.0 and honest_mean["value"] > 0.5  # the anchor learnt
+    # the anchor learnt: more than 25 points over its initial weights' exact answers (0% -> 40% in one pass)
+    assert honest_mean["vs_mean"] == 0.0 and honest_mean["value"] > honest_mean["initial"] + 0.25
     assert all(r["vs_honest"] is not None and r["vs_mean"] is not None for r in shipped)
     assert all(r["honest_banned"] == 0 for r in runs), [(r["attack"], r["honest_ban_reasons"]) for r in runs]
     assert "WARNING" not in result["stdout"]
@@ -460,14 +471,18 @@ FIVE = "noise_claim,flip,free_rider,scaled,little_is_enough"
 
 
 @pytest.mark.slow
-def test_default_aggregator_holds_where_mean_does_not(tmp_path: Path) -> None:
+def test_default_aggregator_holds_where_mean_does_not(quick_bench: dict, tmp_path: Path) -> None:
     """Arith, k = 3, one attacker: the relay as shipped (its default aggregator and checks) ends within 10
     points of its honest run under each upload attack; mean without the relay's switchable checks does not
-    under flip and noise_claim (an upload the relay still refuses, as noise_claim's claim, reached nothing)."""
+    under flip and noise_claim (an upload the relay still refuses, as noise_claim's claim, reached nothing). The
+    first three attacks' runs are the quick bench's (``quick_bench``), each against its own bench's honest run."""
     if not relay_has_aggregate():
         pytest.skip("`peertrain serve --help` has no --aggregate yet: the robust defaults have not landed")
-    shipped = bench(tmp_path / "shipped.json", "--attacks", FIVE, "--aggregators", "default")
-    runs = {r["attack"]: SimpleNamespace(**r) for r in shipped["runs"] if r["aggregator"] == "default"}
+    quick_shipped = [quick_bench["runs"][i] for i in quick_bench["sections"][0]["runs"]]
+    rest = bench(tmp_path / "shipped.json", "--attacks", "scaled,little_is_enough", "--aggregators", "default")
+    runs = {r["attack"]: SimpleNamespace(**r) for r in quick_shipped + rest["runs"] if r["aggregator"] == "default"}
+    assert set(runs) == {"none", *FIVE.split(",")}, sorted(runs)
+    assert all((r.checks, r.honest_first, r.verify) == ("on", 0, None) for r in runs.values())  # the relay as shipped
     assert all(r.attackers == 1 for name, r in runs.items() if name != "none")  # one attacker in three
     for attack in FIVE.split(","):
         held = runs[attack]
