@@ -60,6 +60,14 @@ UNIT_TIMES_KEPT = 50  # merged units whose hand-out-to-result time sets the back
 SETTLED = ("identical", "agreed", "not_comparable", "upheld", "replaced", "lied")
 
 
+def by_slot(copies: dict[tuple[int, str], str]) -> dict[int, list[str]]:
+    """A round's copies' outcomes (``Store.copies``) by slot."""
+    outcomes: dict[int, list[str]] = {}
+    for (slot, _), outcome in copies.items():
+        outcomes.setdefault(slot, []).append(outcome)
+    return outcomes
+
+
 def engine_of(message: bytes) -> str:
     """The engine a result message says it was trained on (``runtime.peer``: e.g. ``pyodide-numpy``)."""
     return str(wire.read_header(message).meta.get("engine", ""))
@@ -97,27 +105,27 @@ class UnitCopies(Part):
     def _confirm(self, *peers: str) -> None:
         self._confirmed.update(peer for peer in peers if not self.store.ban_reason(peer))
 
-    def _needs_copy(self, round_index: int, slot: int, copies: dict[tuple[int, str], str]) -> bool:
-        """A chosen slot whose copies have not settled (a dispute waits for its replay: not needed again)."""
+    def _needs_copy(self, round_index: int, slot: int, outcomes: dict[int, list[str]]) -> bool:
+        """A chosen slot whose copies have not settled (a dispute waits for its replay: not needed again).
+        ``outcomes``: the round's copies' outcomes by slot (``by_slot``)."""
         if not self.redundant(round_index, slot):
             return False
-        outcomes = [outcome for (s, _), outcome in copies.items() if s == slot]
-        return not any(outcome in SETTLED or outcome == "disputed" for outcome in outcomes)
+        return not any(outcome in SETTLED or outcome == "disputed" for outcome in outcomes.get(slot, ()))
 
-    def _trainers(self, round_index: int, slot: int) -> set[str]:
-        """Peers that trained or hold ``slot`` in this round (either copy, the merged result, a compared one)."""
+    def _trainers(self, round_index: int, slot: int, copies: dict[tuple[int, str], str] | None = None) -> set[str]:
+        """Peers that trained or hold ``slot`` in this round (either copy, the merged result, a compared one).
+        ``copies``: the round's, where the caller read them already (a poll asks this for every chosen slot)."""
         peers = {lease.peer_id for copy in (0, 1) for s, lease in self.store.leases(round_index, copy).items()
                  if s == slot}
         author = self.store.result_peer(round_index, slot)  # (one row, no message: this runs on every poll)
         if author is not None:
             peers.add(author)
-        return peers | {peer for (s, peer) in self.store.copies(round_index) if s == slot}
+        copies = self.store.copies(round_index) if copies is None else copies
+        return peers | {peer for (s, peer) in copies if s == slot}
 
-    def _eligible(self, peer_id: str, round_index: int, slot: int) -> bool:
-        if self.book.refused(round_index, slot, peer_id) or self.store.ban_reason(peer_id):
-            return False
-        trainers = self._trainers(round_index, slot)
-        if peer_id in trainers:
+    def _eligible(self, peer_id: str, round_index: int, slot: int, trainers: set[str]) -> bool:
+        """Whether ``peer_id`` may train ``slot``'s copy, given the slot's ``trainers`` (``_trainers``)."""
+        if peer_id in trainers or self.book.refused(round_index, slot, peer_id) or self.store.ban_reason(peer_id):
             return False
         if self.options.ban_addresses:  # addresses tell people apart: the copy comes from somewhere else
             address = self.store.peer_address(peer_id)
@@ -129,14 +137,16 @@ class UnitCopies(Part):
         (redundancy), else a backup of the unit in flight longest, or None."""
         round_index, now = self.session.round, self.store.clock()
         copies, leases = self.store.copies(round_index), self.store.leases(round_index, 1)
+        outcomes = by_slot(copies)
         for assignment in self.session.assignments():
             lease = leases.get(assignment.slot)
             if lease is not None and lease.deadline >= now:
                 if lease.peer_id == peer_id and (assignment.slot, peer_id) not in copies:
                     return self._copy_job(assignment, lease.deadline)
                 continue
-            if self._needs_copy(round_index, assignment.slot, copies) and \
-                    self._eligible(peer_id, round_index, assignment.slot):
+            if self._needs_copy(round_index, assignment.slot, outcomes) and \
+                    self._eligible(peer_id, round_index, assignment.slot,
+                                   self._trainers(round_index, assignment.slot, copies)):
                 granted = self.store.grant(round_index, assignment.slot, assignment.unit_index, peer_id,
                                            self.options.lease_seconds, copy=1)
                 self.store.count("copies_handed_out")
@@ -217,14 +227,18 @@ class UnitCopies(Part):
         if not chosen:  # (no slot of the round takes a copy: nothing to read; every poll of a full round asks this)
             return []
         copies, leases = self.store.copies(round_index), self.store.leases(round_index, 1)
+        outcomes = by_slot(copies)
         active = self.store.active_peers(self.options.peer_timeout)
         waiting = []
         for slot in chosen:
-            if not self._needs_copy(round_index, slot, copies):
+            if not self._needs_copy(round_index, slot, outcomes):
                 continue
             lease = leases.get(slot)
-            if (lease is not None and lease.deadline >= now and (slot, lease.peer_id) not in copies) or \
-                    any(self._eligible(peer, round_index, slot) for peer in active):
+            if lease is not None and lease.deadline >= now and (slot, lease.peer_id) not in copies:
+                waiting.append(slot)  # (out with a peer)
+                continue
+            trainers = self._trainers(round_index, slot, copies)  # (once a slot, not once a connected peer)
+            if any(self._eligible(peer, round_index, slot, trainers) for peer in active):
                 waiting.append(slot)
             elif count_waived:
                 self.store.count("copies_waived")
