@@ -31,6 +31,10 @@ CREATE TABLE IF NOT EXISTS arrivals (
     message BLOB NOT NULL, update_vector BLOB NOT NULL, received REAL NOT NULL, merge INTEGER,
     sha256 TEXT NOT NULL DEFAULT ''
 );
+-- Columns a poll reads that the table keeps after a result's message: SQLite reads a row's columns in order, through
+-- a message's overflow pages (hundreds of kilobytes each), so these indexes answer those polls without the rows.
+CREATE INDEX IF NOT EXISTS copies_outcomes ON copies (round, slot, peer_id, outcome);
+CREATE INDEX IF NOT EXISTS arrivals_waiting ON arrivals (merge, seq);
 CREATE TABLE IF NOT EXISTS bans (
     peer_id TEXT PRIMARY KEY, address TEXT NOT NULL, reason TEXT NOT NULL, time REAL NOT NULL
 );

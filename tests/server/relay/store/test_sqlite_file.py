@@ -74,3 +74,21 @@ def test_a_simulations_file_is_not_synced_and_a_sessions_is(tmp_path: Path) -> N
             assert store.disk_bytes() > 1 << 16  # (the file and its write-ahead log)
         finally:
             store.close()
+
+
+def test_the_polls_read_no_message(tmp_path: Path) -> None:
+    """What every request for work reads (a round's copies' outcomes; async: how many results wait) is kept in the
+    tables after the messages, and SQLite reads a row's columns in order, through a message's overflow pages: 120
+    copies of 585 KB cost 24 ms a read that way, on every poll of a thousand peers. Indexes answer those reads
+    alone (a covering index: no row is read), in a file of today's relay and in one an older relay wrote."""
+    SQLiteStore(tmp_path / "relay.sqlite3").close()
+    old = tmp_path / "old.sqlite3"
+    with sqlite3.connect(old) as db:
+        db.executescript(SCHEMA.replace("CREATE INDEX", "-- CREATE INDEX"))
+    SQLiteStore(old).close()
+    for path in (tmp_path / "relay.sqlite3", old):
+        with sqlite3.connect(path) as db:
+            for poll in ("SELECT slot, peer_id, outcome FROM copies WHERE round = 0",
+                         "SELECT COUNT(*) FROM arrivals WHERE merge IS NULL"):
+                plan = " ".join(str(row[-1]) for row in db.execute(f"EXPLAIN QUERY PLAN {poll}"))
+                assert "COVERING INDEX" in plan, (path.name, poll, plan)
