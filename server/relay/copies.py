@@ -312,8 +312,10 @@ class UnitCopies(Part):
     def quorum(self, round_index: int, slot: int, stored: StoredResult, vector: np.ndarray) -> str | None:
         """A new result of a slot whose two copies disagreed with nobody to replay them: two results of three that
         agree settle it (BOINC's quorum). When it agrees with exactly one of the two, that one is upheld and the
-        other peer lied: returned, for the relay to ban. Otherwise (it agrees with neither: three answers, or it
-        cannot be compared) nothing is settled, and the slot's copy is trained as for any chosen slot."""
+        other peer lied: returned, for the relay to ban, unless that peer has a result a copy confirmed and neither
+        of the two that agree has (two identities of one cheat agree with each other). Otherwise (it agrees with
+        neither: three answers, or it cannot be compared) nothing is settled, and the slot's copy is trained as for
+        any chosen slot."""
         unresolved = [peer for (s, peer), outcome in self.store.copies(round_index).items()
                       if s == slot and outcome == "unresolved"]
         if len(unresolved) != 2 or stored.peer_id in unresolved:
@@ -332,6 +334,9 @@ class UnitCopies(Part):
             self.store.count("quorums_without_majority")
             return None
         (upheld,), (liar,) = agreeing, [peer for peer in unresolved if peer not in agreeing]
+        if liar in self._confirmed and not {upheld, stored.peer_id} & self._confirmed:
+            self.store.count("quorums_against_a_record")  # two newcomers outvote no peer a copy confirmed: one
+            return None  # cheating client run twice gives the same wrong bytes; the slot is copied again instead
         self.store.set_copy_outcome(round_index, slot, upheld, "upheld")
         self.store.set_copy_outcome(round_index, slot, liar, "lied")
         self.store.set_verification(round_index, slot, stored.peer_id, f"quorum: agreed with {upheld}, not {liar}")

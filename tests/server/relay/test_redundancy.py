@@ -214,3 +214,32 @@ def test_a_new_peers_results_are_copied_until_a_copy_confirms_one(package: Packa
         status = wait_until(client, lambda s: s["round"] >= 3 and not s["merging"])
         assert "disagreed with two other peers" in (relay.store.ban_reason(newcomer.peer_id) or "")
         assert status["counters"]["peers_banned"] == 1 and status["counters"]["copies_handed_out"] == 3
+
+
+def test_two_newcomers_that_agree_do_not_outvote_a_peer_with_a_record(package: Package, tmp_path: Path) -> None:
+    """One cheating client run by two newcomers gives the same wrong bytes twice. A confirmed peer's copy of one
+    newcomer's lie disagrees; the unit goes to the other newcomer, whose identical lie agrees with the first: two
+    newcomers against a peer with a record ban nobody (``quorums_against_a_record``), and the slot is copied again."""
+    relay = make_relay(package, tmp_path / "s", k=2, passes=3, redundancy=1e-9, verify=False, ban_addresses=False)
+    with serving(relay) as client:
+        first, second, helper = HttpPeer(client), HttpPeer(client), HttpPeer(client)
+        jobs = [first.assignment(), second.assignment()]
+        for peer, job in zip((first, second), jobs, strict=True):
+            assert peer.train_and_upload(job).status_code == 200
+        for _ in jobs:
+            assert helper.train_and_upload(helper.assignment()).status_code == 200  # all three confirmed
+        wait_until(client, lambda s: s["round"] >= 1 and not s["merging"])
+        cheat, twin = HttpPeer(client), HttpPeer(client)
+        lie, honest = cheat.assignment(), first.assignment()
+        assert cheat.upload(lie["round"], lie["slot"], flipped(cheat, lie, relay)).status_code == 200
+        assert first.train_and_upload(honest).status_code == 200  # (confirmed: not copied)
+        copy = helper.assignment()
+        assert (copy["copy"], copy["slot"]) == ("redundancy", lie["slot"])
+        assert helper.train_and_upload(copy).status_code == 200  # disputed
+        third = twin.assignment()
+        assert third["slot"] == lie["slot"]
+        assert twin.upload(third["round"], third["slot"], flipped(twin, third, relay)).status_code == 200
+        counters = session_status(client)["counters"]
+        assert counters["quorums_against_a_record"] == 1 and counters.get("peers_banned", 0) == 0, counters
+    relay.open()
+    assert not any(relay.store.ban_reason(p.peer_id) for p in (helper, cheat, twin))
