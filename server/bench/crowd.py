@@ -64,7 +64,7 @@ from server.browser.launcher import RELAY_START_SECONDS
 from server.harness.peer import AsyncTransport, Refused, RelayPeer, Result, WeightsFrom, run_async
 from server.harness.relay_process import RelayProcess
 from server.harness.serve_command import ServeCommand
-from server.relay.client import AsyncRelayClient, status_call
+from server.relay.client import AsyncRelayClient, RelayRefusal, status_call
 from server.relay.options import DEFAULT_LIMIT_CONCURRENCY, RelayOptions, ServerLimits
 from server.session.config import SessionConfig
 from server.session.package import Package, build_package
@@ -187,7 +187,7 @@ def serve_command(package: Path, session_dir: Path, k: int, passes: int, codec: 
     options = RelayOptions(admin_token=ADMIN, lease_seconds=3600.0, peer_timeout=3600.0, backup_after=None,
                            join_rate=0.0, max_peers_per_address=0, verify=False,
                            redundancy=redundancy if mode == "sync" else 0.0)  # (async: no copies)
-    limits = ServerLimits(limit_concurrency=max(DEFAULT_LIMIT_CONCURRENCY, 2 * peers + 100))
+    limits = ServerLimits(limit_concurrency=max(DEFAULT_LIMIT_CONCURRENCY, 3 * peers + 100))
     config = SessionConfig(participants=k, passes=passes, codec=codec, mode=mode)
     return ServeCommand(package=package, session_dir=session_dir, fresh=True, config=config, options=options,
                         limits=limits)
@@ -271,7 +271,13 @@ async def until(relay: AsyncRelayClient, done: Any, timeout: float) -> dict[str,
     """Poll the relay's status until ``done(status)``; a bounded wait."""
     deadline = time.monotonic() + timeout
     while True:
-        status = dict(await relay.call(status_call()))
+        try:
+            status = dict(await relay.call(status_call()))
+        except RelayRefusal as refusal:  # (503: the crowd holds the relay's --limit-concurrency; ask again)
+            if refusal.status != 503 or time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.5)
+            continue
         if done(status) or time.monotonic() > deadline:
             return status
         await asyncio.sleep(0.05)
