@@ -7,26 +7,18 @@ copy of the unit in flight longest, when it has been out for ``F`` times the ses
 other, when it comes before the merge, is compared like a redundancy copy (a free check) and never merged. A
 round never waits for a backup.
 
-Redundancy:
-A seeded share ``F`` of each round's slots is trained twice, by two different peers (different ids and,
-with ``--ban-addresses``, where addresses tell people apart, different client addresses). Whichever result
-passes the checks first is the one merged; the other is compared with it and never merged:
+Redundancy: a seeded share ``F`` of each round's slots, and every result of a peer no copy has confirmed yet, is
+trained twice, by two different peers (ids and, with ``--ban-addresses``, client addresses). The result that passes
+the checks first is merged; the other is compared with it and never merged: from one engine (the header's
+``meta.engine``) they must be identical, bit for bit; from different engines within the replay tolerance where the
+task's training is reproducible across engines (``Task.replay_across_engines``), else not comparable (unchecked).
 
-- both from Pyodide on the same engine (the result header's ``meta.engine``): they must be identical, bit for
-  bit (the same code on the same float kernels gives the same bytes);
-- from different engines: within the replay tolerance, ``|a - b| <= rtol * |b - global| + atol``, where the
-  task's training is reproducible across engines (``Task.replay_across_engines``); otherwise they are not
-  comparable and the pair counts as unchecked.
-
-Copies that disagree go to the host: one replay judges both (``server.relay.verify``), the one that differs
-is banned, and when that was the merged one the other takes its place. Without host replays (verification off)
-both results are dropped and the unit goes to a third peer, whose result settles it by quorum, as BOINC's
-validators do: when it agrees with exactly one of the two, that one is upheld and the other peer is banned as by a
-failed replay (its earlier rounds undone). Two identities of one person outvote an honest peer this way: where
-addresses tell people apart (``--ban-addresses``) the three results come from three addresses. This lets a
-session check far more units than the host could replay on a big model, at the price of training a share of
-units twice. A round merges once each chosen slot has its comparison, unless no eligible peer is connected
-(the copy is then waived, and counted). After a restart an undecided dispute is trained again.
+Copies that disagree go to the host: one replay judges both (``server.relay.verify``), the one that differs is
+banned, and when that was the merged one the other takes its place. Without host replays both results are dropped
+and a third peer's result settles it by quorum, as BOINC's validators do: the one it agrees with is upheld, the other
+banned as by a failed replay (``quorum``). A round merges once each chosen slot has its comparison, unless no
+eligible peer is connected (the copy is then waived, and counted). After a restart an undecided dispute is trained
+again.
 """
 
 from __future__ import annotations
@@ -36,6 +28,8 @@ import statistics
 from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
+from itertools import groupby
+from operator import itemgetter
 
 import numpy as np
 
@@ -62,10 +56,8 @@ SETTLED = ("identical", "agreed", "not_comparable", "upheld", "replaced", "lied"
 
 def by_slot(copies: dict[tuple[int, str], str]) -> dict[int, list[str]]:
     """A round's copies' outcomes (``Store.copies``) by slot."""
-    outcomes: dict[int, list[str]] = {}
-    for (slot, _), outcome in copies.items():
-        outcomes.setdefault(slot, []).append(outcome)
-    return outcomes
+    pairs = sorted((slot, outcome) for (slot, _), outcome in copies.items())
+    return {slot: [outcome for _, outcome in group] for slot, group in groupby(pairs, key=itemgetter(0))}
 
 
 def engine_of(message: bytes) -> str:
@@ -87,18 +79,15 @@ class UnitCopies(Part):
 
     # -- which slots get a second copy, and who may train it ------------------------------------------
     def redundant(self, round_index: int, slot: int) -> bool:
-        """Whether the slot gets a second copy to compare (never a local unit: two peers' data differ): the seeded
-        share ``--redundancy`` of every round's slots, and each slot whose result came from a peer none of whose
-        results a copy has confirmed yet (``note_result``)."""
+        """Whether the slot gets a second copy (never a local unit): the seeded share ``--redundancy``, and each slot
+        whose result came from a peer no copy has confirmed yet (``note_result``)."""
         fraction = self.options.redundancy
         return fraction > 0 and self.session.task.kind != "local" and (
             (round_index, slot) in self._unconfirmed or
             sampled(self.session.config.seed, round_index, slot, fraction, "redundancy"))
 
     def note_result(self, round_index: int, slot: int, peer_id: str) -> None:
-        """A slot's result was accepted: a peer none of whose results a copy has confirmed (a new one, or one that
-        came back after a restart) has it copied, as BOINC replicates every new host's work until it has a record.
-        A liar that lies from its first result is caught there; one honest at first meets the seeded share."""
+        """A slot's result came from a peer no copy has confirmed (a newcomer): copied, as BOINC replicates."""
         if self.options.redundancy > 0 and peer_id not in self._confirmed:
             self._unconfirmed.add((round_index, slot))
 
@@ -106,15 +95,13 @@ class UnitCopies(Part):
         self._confirmed.update(peer for peer in peers if not self.store.ban_reason(peer))
 
     def _needs_copy(self, round_index: int, slot: int, outcomes: dict[int, list[str]]) -> bool:
-        """A chosen slot whose copies have not settled (a dispute waits for its replay: not needed again).
-        ``outcomes``: the round's copies' outcomes by slot (``by_slot``)."""
+        """A chosen slot whose copies have not settled (a dispute waits for its replay). ``outcomes``: ``by_slot``."""
         if not self.redundant(round_index, slot):
             return False
         return not any(outcome in SETTLED or outcome == "disputed" for outcome in outcomes.get(slot, ()))
 
     def _trainers(self, round_index: int, slot: int, copies: dict[tuple[int, str], str] | None = None) -> set[str]:
-        """Peers that trained or hold ``slot`` in this round (either copy, the merged result, a compared one).
-        ``copies``: the round's, where the caller read them already (a poll asks this for every chosen slot)."""
+        """Peers that trained or hold ``slot`` this round (either copy, the merged result, a compared one)."""
         peers = {lease.peer_id for copy in (0, 1) for s, lease in self.store.leases(round_index, copy).items()
                  if s == slot}
         author = self.store.result_peer(round_index, slot)  # (one row, no message: this runs on every poll)
@@ -298,8 +285,8 @@ class UnitCopies(Part):
 
     def _dispute(self, round_index: int, slot: int, results: dict[str, np.ndarray],
                  engines: dict[str, str] | None = None) -> None:
-        """Two copies disagree: a host replay decides, or, without replays, both go and a third peer trains it (its
-        result settles the dispute by quorum: ``quorum``). The merged one's message is kept as its copy for that."""
+        """Two copies disagree: a host replay decides, or both go and a third peer's result settles it (``quorum``;
+        the merged one's message is kept as its peer's copy for that)."""
         if self.replays.active:
             self.replays.queue_replay(slot, results, DISPUTE, ("dispute", slot), engines=engines)
             return
@@ -310,12 +297,9 @@ class UnitCopies(Part):
         self.store.count("disputes_unresolved")
 
     def quorum(self, round_index: int, slot: int, stored: StoredResult, vector: np.ndarray) -> str | None:
-        """A new result of a slot whose two copies disagreed with nobody to replay them: two results of three that
-        agree settle it (BOINC's quorum). When it agrees with exactly one of the two, that one is upheld and the
-        other peer lied: returned, for the relay to ban, unless that peer has a result a copy confirmed and neither
-        of the two that agree has (two identities of one cheat agree with each other). Otherwise (it agrees with
-        neither: three answers, or it cannot be compared) nothing is settled, and the slot's copy is trained as for
-        any chosen slot."""
+        """A new result of a slot whose two copies disagreed, nobody replaying them: two of three that agree settle it
+        (BOINC's quorum); the other peer lied (returned, to ban), unless it has a confirmed result and neither of the
+        two has (one cheat run twice). Else nothing is settled and the slot's copy is trained as usual."""
         unresolved = [peer for (s, peer), outcome in self.store.copies(round_index).items()
                       if s == slot and outcome == "unresolved"]
         if len(unresolved) != 2 or stored.peer_id in unresolved:
@@ -335,8 +319,8 @@ class UnitCopies(Part):
             return None
         (upheld,), (liar,) = agreeing, [peer for peer in unresolved if peer not in agreeing]
         if liar in self._confirmed and not {upheld, stored.peer_id} & self._confirmed:
-            self.store.count("quorums_against_a_record")  # two newcomers outvote no peer a copy confirmed: one
-            return None  # cheating client run twice gives the same wrong bytes; the slot is copied again instead
+            self.store.count("quorums_against_a_record")  # (two newcomers outvote no confirmed peer)
+            return None
         self.store.set_copy_outcome(round_index, slot, upheld, "upheld")
         self.store.set_copy_outcome(round_index, slot, liar, "lied")
         self.store.set_verification(round_index, slot, stored.peer_id, f"quorum: agreed with {upheld}, not {liar}")

@@ -41,7 +41,6 @@ class MergeSchedule(Part):
         self.lock = asyncio.Lock()
         self._background: set[asyncio.Task[None]] = set()  # the loop keeps only weak references to its tasks
         self._samples_task: asyncio.Task[None] | None = None  # (``samples_soon``)
-        self._queued = False  # a ``maybe_complete_round`` waits for the lock
         self._samples_wanted = False
 
     def watch_deadline(self) -> None:
@@ -62,16 +61,9 @@ class MergeSchedule(Part):
             loop = asyncio.get_running_loop()
         except RuntimeError:
             return
-        if self._queued:  # (one waits for the lock already: it sees this change when it runs)
-            return
-        self._queued = True
         task = loop.create_task(self.maybe_complete_round())
         self._background.add(task)
-        task.add_done_callback(self._finished)
-
-    def _finished(self, task: asyncio.Task[None]) -> None:
-        self._background.discard(task)
-        self._queued = False  # (one cancelled before it took the lock, at shutdown, must not stop the next app's)
+        task.add_done_callback(self._background.discard)
 
     def _merge_blocking(self) -> dict[str, Any]:
         """The merge (a worker thread, or inline): checkpointed by ``Session``, then older messages pruned, disk
@@ -131,11 +123,9 @@ class MergeSchedule(Part):
                 self.undo.end()
 
     async def maybe_complete_round(self) -> None:
-        """Merge if the round (async: the buffer) is ready, under the merge's lock. Each result asks for this; asks
-        that come while one waits for the lock are that one (a thousand results a round queue no thousand tasks),
-        and a merge that leaves the buffer ready again (async: results came faster than merges) asks once more."""
+        """Merge if the round (async: the buffer) is ready, under the merge's lock. Each result asks for this; a
+        merge that leaves the buffer ready again (async: results came faster than merges) asks once more."""
         async with self.lock:
-            self._queued = False
             merged = await self._complete_round()
         if merged and not self.session.done and self.mode().ready():
             self.soon()
