@@ -47,7 +47,17 @@ from runtime.codecs import Codec, NoneCodec
 from runtime.codecs import from_json as codec_from_json
 from runtime.protocol import Done, Job, Wait, WorkAnswer
 from server.bench.attack_training import Trainer, bench_trainer, peer_engine
-from server.harness.peer import Fetched, PeerHooks, Refused, RelayPeer, RetryPolicy, Steps, SyncTransport, WeightsFrom
+from server.harness.peer import (
+    Fetched,
+    PeerHooks,
+    Refused,
+    RelayPeer,
+    RetryPolicy,
+    Steps,
+    SyncTransport,
+    WeightsFrom,
+    pooled,
+)
 from server.relay.client import RelayClient
 
 UPLOAD_ATTACKS = ("noise_claim", "flip", "free_rider", "scaled", "little_is_enough", "inner_product")
@@ -248,7 +258,7 @@ class BenchPeer:
     def __init__(self, url: str, address: str, role: str, timeout_s: float, *, join_tries: int,
                  hooks: PeerHooks | None = None) -> None:
         self.role, self.address = role, address
-        limits = httpx.Limits(max_connections=2, max_keepalive_connections=2, keepalive_expiry=2.0)
+        limits = pooled(2)
         self.transport = SyncTransport(httpx.Client(base_url=url, headers={PROXY_HEADER: address}, timeout=timeout_s,
                                                     limits=limits))
         self.protocol = RelayPeer(hooks=hooks, retry=RetryPolicy(retry_5xx=False), weights_from=WeightsFrom.CURRENT,

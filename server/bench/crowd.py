@@ -61,7 +61,7 @@ from runtime.codecs import Codec
 from runtime.protocol import Done, Job, Receipt, Wait
 from server.bench.relay import RESEND, browser_training_seconds, training_seconds
 from server.browser.launcher import RELAY_START_SECONDS
-from server.harness.peer import AsyncTransport, Refused, RelayPeer, Result, WeightsFrom, run_async
+from server.harness.peer import AsyncTransport, Refused, RelayPeer, Result, WeightsFrom, pooled, run_async
 from server.harness.relay_process import RelayProcess
 from server.harness.serve_command import ServeCommand
 from server.relay.client import AsyncRelayClient, RelayRefusal, status_call
@@ -289,7 +289,7 @@ async def drive(url: str, package: Package, peers: int, figures: Figures, args: 
     updates = Updates(package, args.perturbation)
     addresses = max(1, min(args.addresses, peers, 253))
     per_client = -(-peers // addresses) + 2
-    limits = httpx.Limits(max_connections=per_client, max_keepalive_connections=per_client, keepalive_expiry=2.0)
+    limits = pooled(per_client)
     clients = [httpx.AsyncClient(base_url=url, timeout=120, limits=limits, transport=httpx.AsyncHTTPTransport(
         local_address=f"127.0.0.{2 + a}", limits=limits)) for a in range(addresses)]
     timeline, stop = Timeline(), asyncio.Event()

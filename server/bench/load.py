@@ -88,7 +88,7 @@ from server.bench.load_figures import (
     sample_rss,
     slope_per_minute,
 )
-from server.harness.peer import run_async
+from server.harness.peer import pooled, run_async
 from server.harness.relay_process import EXAMPLES, RelayProcess
 from server.harness.serve_command import ServeCommand
 from server.relay.options import DEFAULT_BODY_TIMEOUT, DEFAULT_HEADER_TIMEOUT, RelayOptions, ServerLimits
@@ -188,7 +188,7 @@ async def slow_window(crowd: Crowd) -> None:
 async def drive(relay: RelayProcess, settings: LoadSettings) -> LoadFigures:
     host, port = relay.host_port
     connections = settings.peers + settings.tricklers + 20
-    limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections, keepalive_expiry=2.0)
+    limits = pooled(connections)
     async with httpx.AsyncClient(base_url=relay.url, timeout=120, limits=limits) as client:
         task_info = (await client.get("/api/task")).json()
         hold = float(task_info["limits"]["hold_seconds"])

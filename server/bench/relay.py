@@ -53,6 +53,7 @@ from server.harness.peer import (
     RetryPolicy,
     Trainer,
     WeightsFrom,
+    pooled,
     run_async,
 )
 from server.harness.relay_process import RelayProcess
@@ -259,9 +260,7 @@ class Training:
 
 async def drive(url: str, package: Package, k: int, rounds: int, perturbation: float,
                 figures: KFigures, training: Training | None = None) -> None:
-    # Idle connections are dropped here before uvicorn's 5 s keep-alive closes them: a request sent on a
-    # connection the server is closing at that moment fails with ReadError.
-    limits = httpx.Limits(max_connections=k + 4, max_keepalive_connections=k + 4, keepalive_expiry=2.0)
+    limits = pooled(k + 4)  # (idle connections dropped before the relay's keep-alive timeout closes them)
     async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
         rng = np.random.default_rng(0)
         transport = AsyncTransport(client)

@@ -7,8 +7,8 @@ from server.harness.peer.hooks import Exchange, PeerHooks, RetryPolicy
 from server.harness.peer.outcomes import Fetched, PeerLog, Refused, Result, Unanswered
 from server.harness.peer.relay_peer import RelayPeer, WeightsFrom
 from server.harness.peer.trainer import Retention, Trainer
-from server.harness.peer.transport import AsyncTransport, Pause, Request, Steps, SyncTransport, run_async
+from server.harness.peer.transport import AsyncTransport, Pause, Request, Steps, SyncTransport, pooled, run_async
 
 __all__ = ["AsyncTransport", "Exchange", "Fetched", "Pause", "PeerHooks", "PeerLog", "Refused", "RelayPeer",
            "Request", "Result", "Retention", "RetryPolicy", "Steps", "SyncTransport", "Trainer", "Unanswered",
-           "WeightsFrom", "run_async"]
+           "WeightsFrom", "pooled", "run_async"]

@@ -29,6 +29,17 @@ from server.relay.client import Call
 T = TypeVar("T")
 Send = Callable[[], httpx.Response]
 
+# An idle pooled connection is dropped by the client after this, well before the relay's keep-alive timeout
+# (``serve --timeout-keep-alive``, 5 s by default) closes it: a request sent on a connection the server is closing at
+# that moment fails with ReadError, and a peer that paused a Retry-After of about 5 s met exactly that under load.
+KEEPALIVE_EXPIRY_S = 2.0
+
+
+def pooled(connections: int) -> httpx.Limits:
+    """An HTTP client's pool for ``connections`` peers' requests at once, each kept alive ``KEEPALIVE_EXPIRY_S``."""
+    return httpx.Limits(max_connections=connections, max_keepalive_connections=connections,
+                        keepalive_expiry=KEEPALIVE_EXPIRY_S)
+
 
 @dataclass(frozen=True)
 class Request:

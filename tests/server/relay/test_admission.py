@@ -13,7 +13,7 @@ import pytest
 from relay_fixtures import ADMIN_TOKEN, make_relay, serving, session_status
 
 from runtime.protocol import Joined
-from server.harness.peer import AsyncTransport, RelayPeer, run_async
+from server.harness.peer import AsyncTransport, RelayPeer, pooled, run_async
 from server.harness.relay_process import RelayProcess
 from server.harness.serve_command import ServeCommand
 from server.relay.admission import JOIN_QUEUE, TICKET_GRACE_S, JoinLimiter
@@ -158,7 +158,7 @@ def test_two_hundred_joiners_behind_one_address_all_get_in_in_turn(tmp_path: Pat
                                               max_peers_per_address=0))
 
     async def crowd(url: str) -> list[tuple[object, float, int]]:
-        limits = httpx.Limits(max_connections=joiners, max_keepalive_connections=joiners)
+        limits = pooled(joiners)
         async with httpx.AsyncClient(base_url=url, limits=limits, timeout=60) as http:
             transport, started = AsyncTransport(http), time.monotonic()
 
