@@ -16,9 +16,13 @@ After each upload a peer asks for work once without hold (answered at once: the 
 Liars (``--liars``, a tenth of the crowd by default, spread through it): every result they upload is a lie that
 passes every check of its size, as the free-riders and flippers of ``bench attacks`` that are not refused at the
 door: half upload another unit's update (a free-rider's plausible result), half the honest update negated (a
-flip of the same norm). No host replay can judge a made-up result, so the synchronous settings check by copies
-(``--redundancy``, the relay's: that share of units trained by a second peer and compared bit for bit; two that
-differ go to a third peer, whose result settles it by quorum and bans the liar). A banned liar stops.
+flip of the same norm), each liar's lie its own (scaled by 1 + n / 1000 for the n-th liar: two liars do not send the
+same bytes). ``--colluding``: every liar of a kind sends the same lie for a unit, as one cheating client run by many
+people would; then two liars given one unit agree, and a quorum of them can outvote an honest peer (the figure
+measures how often: no rule that compares results can tell two agreeing liars from two agreeing honest peers). No
+host replay can judge a made-up result, so the synchronous settings check by copies (``--redundancy``, the relay's:
+that share of units trained by a second peer and compared bit for bit; results that differ go to more peers until
+two agree, which settles it by quorum and bans the others). A banned liar stops.
 
 Settings, each on a fresh relay: synchronous rounds at each k of ``--ks`` (``--rounds`` rounds timed after the
 first), the crowd's size max(k, --peers) except for the anchor k = 5 (5 honest peers, no copies); and, unless
@@ -74,6 +78,15 @@ HOLD_SECONDS = 15.0
 BASES = 8  # distinct precomputed updates; a unit's index picks one
 ENGINE = "crowd-bench"  # the engine the crowd's results name: one engine, so two copies of a unit must be identical
 LIES = ("free_rider", "flip")
+
+
+@dataclass(frozen=True)
+class Lie:
+    """What a liar uploads for every unit: ``kind`` (``LIES``), scaled by 1 + ``own`` / 1000 (0: the kind's one lie,
+    as every colluding liar sends)."""
+
+    kind: str
+    own: int = 0
 ANCHOR_K = 5
 RELAY_SHARE_GOALS = {100: 0.05, 1000: 0.10}  # the relay's time after the last result, as a share of a browser unit
 
@@ -92,6 +105,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--codec", default="int8", help="the session's result codec (none, int8, topk)")
     parser.add_argument("--liars", type=float, default=0.1, help="share of the crowd that lies on every result, "
                         "half as free-riders (another unit's update), half flipping the honest one (same norm)")
+    parser.add_argument("--colluding", action="store_true", help="every liar of a kind sends the same lie for a "
+                        "unit (one cheating client run by many people): a quorum of liars can outvote an honest peer, "
+                        "and the bench then measures how often instead of failing on it")
     parser.add_argument("--redundancy", type=float, default=0.2, help="the relay's --redundancy: share of units a "
                         "second peer trains, compared bit for bit; a dispute is settled by a third peer's result")
     parser.add_argument("--perturbation", type=float, default=1e-3, help="std of the precomputed updates")
@@ -142,6 +158,7 @@ class Figures:
     copies_accepted: int = 0  # second copies uploaded and compared: volunteer compute spent on checking
     results_accepted: int = 0
     verified_by_copies: int = 0  # results a copy agreed with, or a quorum settled
+    disputes: dict[str, int] = field(default_factory=dict)  # the relay's counters of disputes and quorums
     relay_cpu_seconds: float = math.nan
     refusals: dict[str, int] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
@@ -159,25 +176,25 @@ class Updates:
         self.spec, self.fingerprint, self.initial = package.spec, package.fingerprint, package.initial_weights
         self.steps = [(rng.standard_normal(package.spec.size) * std).astype(np.float32) for _ in range(BASES)]
         self.steps += [-step for step in self.steps]  # (the flipped lies)
-        self.payloads: dict[str, tuple[Codec, list[bytes]]] = {}
+        self.payloads: dict[tuple[str, int, int], tuple[Codec, bytes]] = {}  # (codec, update, liar): encoded
 
-    def message(self, job: Job, lie: str | None = None) -> bytes:
+    def message(self, job: Job, lie: Lie | None = None) -> bytes:
         """The unit's honest update, or a lie that passes every check of its size: ``free_rider`` (another unit's
-        update, as if trained) or ``flip`` (the honest update negated)."""
+        update, as if trained) or ``flip`` (the honest update negated), scaled by 1 + ``lie.own`` / 1000."""
         header = wire.WireHeader(spec=self.spec, round=job.round, fingerprint=self.fingerprint, num_examples=1,
                                  metrics={"train_loss": 1.0}, meta={"engine": ENGINE})
-        base = (job.unit_index + (1 if lie == "free_rider" else 0)) % BASES
-        index = base + (BASES if lie == "flip" else 0)
+        kind, own = (None, 0) if lie is None else (lie.kind, lie.own)
+        index = (job.unit_index + (1 if kind == "free_rider" else 0)) % BASES + (BASES if kind == "flip" else 0)
+        step = self.steps[index] if not own else (self.steps[index] * np.float32(1 + own / 1000))
         if job.codec is None:  # (float32 weights: the initial ones moved; the relay checks their norm, no replay)
-            return wire.encode(self.initial + self.steps[index], header)
+            return wire.encode(self.initial + step, header)
         key = json.dumps(job.codec, sort_keys=True)
-        if key not in self.payloads:
+        if (key, index, own) not in self.payloads:
             codec = codecs.from_json(job.codec)
-            self.payloads[key] = codec, [codec.encode(step, 0) for step in self.steps]
-        codec, payloads = self.payloads[key]
-        base = index
+            self.payloads[key, index, own] = codec, codec.encode(step, 0)
+        codec, payload = self.payloads[key, index, own]
         assert job.weights_digest is not None
-        return wire.encode_update(payloads[base], header, codec, job.weights_digest[:16])  # (weights_digest)
+        return wire.encode_update(payload, header, codec, job.weights_digest[:16])  # (weights_digest)
 
 
 def serve_command(package: Path, session_dir: Path, k: int, passes: int, codec: str, mode: str,
@@ -198,7 +215,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 async def crowd_peer(peer: RelayPeer, transport: AsyncTransport, updates: Updates, timeline: Timeline,
-                     stop: asyncio.Event, lie: str | None = None) -> None:
+                     stop: asyncio.Event, lie: Lie | None = None) -> None:
     """Join, then ask, upload (``lie``: every result a lie of that kind) and ask again until ``stop``, the
     session's end or a ban."""
     joined = await transport.run(peer.sign_in())
@@ -237,17 +254,18 @@ async def crowd_peer(peer: RelayPeer, transport: AsyncTransport, updates: Update
         hold = None  # (the next ask is answered at once: timed)
 
 
-def lie_plan(peers: int, share: float) -> list[str | None]:
-    """Which peers lie, and how: every (1 / share)-th peer, the kinds in turn."""
+def lie_plan(peers: int, share: float, *, colluding: bool = False) -> list[Lie | None]:
+    """Which peers lie, and how: every (1 / share)-th peer, the kinds in turn, each liar's lie its own unless
+    ``colluding``."""
     liars = round(peers * share)
     every = peers / liars if liars else 0
-    plan: list[str | None] = [None] * peers
+    plan: list[Lie | None] = [None] * peers
     for n in range(liars):
-        plan[int(n * every)] = LIES[n % len(LIES)]
+        plan[int(n * every)] = Lie(LIES[n % len(LIES)], 0 if colluding else n + 1)
     return plan
 
 
-def count_liars(figures: Figures, lies: dict[str | None, str | None], listing: list[dict[str, Any]],
+def count_liars(figures: Figures, lies: dict[str | None, Lie | None], listing: list[dict[str, Any]],
                 timeline: Timeline, status: dict[str, Any]) -> None:
     """The liars' figures from the relay's list of peers (bans) and the crowd's own record (accepted results)."""
     banned = {p["peer_id"] for p in listing if p["banned"]}
@@ -265,6 +283,8 @@ def count_liars(figures: Figures, lies: dict[str | None, str | None], listing: l
     figures.results_accepted = int(counters.get("results_accepted", 0))
     figures.verified_by_copies = sum(int(counters.get(f"copies_{o}", 0)) for o in ("identical", "agreed")) + \
         int(counters.get("disputes_settled_by_quorum", 0))
+    figures.disputes = {name: int(n) for name, n in sorted(counters.items())
+                        if name.startswith(("disputes_", "quorums_")) or name == "copies_disputed"}
 
 
 async def until(relay: AsyncRelayClient, done: Any, timeout: float) -> dict[str, Any]:
@@ -298,7 +318,8 @@ async def drive(url: str, package: Package, peers: int, figures: Figures, args: 
         observer = AsyncRelayClient(clients[0])
         crowd = [RelayPeer(weights_from=WeightsFrom.CURRENT, wait_cap_s=HOLD_SECONDS, retry=RESEND)
                  for _ in range(peers)]
-        lies = lie_plan(peers, args.liars if figures.k != ANCHOR_K else 0.0)  # (the anchor: honest)
+        lies = lie_plan(peers, args.liars if figures.k != ANCHOR_K else 0.0,  # (the anchor: honest)
+                        colluding=args.colluding)
         tasks = [asyncio.create_task(crowd_peer(peer, AsyncTransport(clients[i % addresses], stop), updates,
                                                 timeline, stop, lies[i]))
                  for i, peer in enumerate(crowd)]
@@ -398,7 +419,8 @@ def one_setting(package: Package, work: Path, args: argparse.Namespace, figures:
           f"lost {lost(figures, 'not measured')}, refusals {figures.refusals or '-'}", flush=True)
     print(f"{figures.setting}: liars banned {liars(figures)} (with a result accepted), honest banned "
           f"{figures.honest_banned}, lies taken as results {figures.lies_accepted}, copies {copy_share(figures)} of "
-          f"the crowd's results, relay CPU {cpu_per_100(figures)} s per 100 results", flush=True)
+          f"the crowd's results, relay CPU {cpu_per_100(figures)} s per 100 results, disputes "
+          f"{figures.disputes or '-'}", flush=True)
 
 
 def liars(figures: Figures) -> str:
@@ -478,9 +500,10 @@ def run(args: argparse.Namespace) -> int:
                   f"{'browser' if not args.skip_browser else 'native'} unit ({anchor:.2f} s); "
                   f"{'meets' if share <= goal else 'misses'} the goal of at most {goal:.0%}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"anchor_seconds": anchor, "anchor": "browser" if not args.skip_browser else
-                                    "native" if not args.skip_training else None,
+    anchor_kind = "browser" if not args.skip_browser else "native" if not args.skip_training else None
+    args.out.write_text(json.dumps({"colluding": args.colluding, "anchor_seconds": anchor, "anchor": anchor_kind,
                                     "results": [{**asdict(f), "relay_seconds": f.relay_seconds} for f in results]},
                                    indent=1, default=float))
     print(f"figures: {args.out}")
-    return 0 if all(not f.units_lost and not f.errors and not f.honest_banned for f in results) else 1
+    failed = [f for f in results if f.units_lost or f.errors or (f.honest_banned and not args.colluding)]
+    return 1 if failed else 0

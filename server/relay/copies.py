@@ -1,11 +1,7 @@
 """Second copies of a unit (``UnitCopies``, a part of the relay). Two kinds: redundancy (``serve --redundancy F``),
-which checks results, and backups (``serve --backup-after F``), which race stragglers.
-
-Backups (MapReduce's speculative execution): once every unit of the round is handed out, an idle peer gets a
-copy of the unit in flight longest, when it has been out for ``F`` times the session's median unit time
-(default 1; 0: at once), never the peer holding it. The first result that passes the checks is merged; the
-other, when it comes before the merge, is compared like a redundancy copy (a free check) and never merged. A
-round never waits for a backup.
+which checks results, and backups (``serve --backup-after F``, ``server.relay.backups``), which race stragglers. A
+backup's result, when it comes second, is compared like a redundancy copy (a free check) and never merged; a round
+never waits for a backup.
 
 Redundancy: a seeded share ``F`` of each round's slots, and every result of a peer no copy has confirmed yet, is
 trained twice, by two different peers (ids and, with ``--ban-addresses``, client addresses). The result that passes
@@ -15,17 +11,16 @@ task's training is reproducible across engines (``Task.replay_across_engines``),
 
 Copies that disagree go to the host: one replay judges both (``server.relay.verify``), the one that differs is
 banned, and when that was the merged one the other takes its place. Without host replays both results are dropped
-and a third peer's result settles it by quorum, as BOINC's validators do: the one it agrees with is upheld, the other
-banned as by a failed replay (``quorum``). A round merges once each chosen slot has its comparison, unless no
-eligible peer is connected (the copy is then waived, and counted). After a restart an undecided dispute is trained
-again.
+and the unit goes to another peer, as BOINC's validators do: the first two results that agree settle it (``quorum``),
+and every other peer on the unit is banned as by a failed replay; a result that agrees with none joins the others and
+the unit goes to one more peer (up to ``QUORUM_LIMIT`` results). A round merges once each chosen slot has its
+comparison, unless no eligible peer is connected (the copy is then waived, and counted). After a restart an
+undecided dispute is trained again.
 """
 
 from __future__ import annotations
 
 import logging
-import statistics
-from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
 from itertools import groupby
@@ -36,17 +31,18 @@ import numpy as np
 from runtime import wire
 from runtime.planner import Assignment
 from runtime.protocol import CopyKind, Job
+from server.relay.backups import Backups
 from server.relay.book import RoundBook
 from server.relay.checks import Read, check_update_norm, decode_result, read_result, relay_count
 from server.relay.context import Part, RelayContext
 from server.relay.jobs import Jobs
 from server.relay.refusal import Refusal
 from server.relay.replay_checks import ReplayChecks
-from server.relay.store import Lease, StoredResult
+from server.relay.store import StoredResult
 from server.relay.verify import DISPUTE, Verdict, matches, sampled
 
 LOG = logging.getLogger("peertrain.relay")
-UNIT_TIMES_KEPT = 50  # merged units whose hand-out-to-result time sets the backups' yardstick
+QUORUM_LIMIT = 5  # results of one unit, all different, after which a dispute is left to the slot's usual copy
 
 # Outcomes of a compared copy that need no more copies of the slot: "lied" is a copy whose replay failed
 # while the merged result passed (a replay checked the slot); "banned" (both failed) and "unresolved" (no
@@ -71,9 +67,7 @@ class UnitCopies(Part):
 
     def __init__(self, context: RelayContext, book: RoundBook, jobs: Jobs, replays: ReplayChecks) -> None:
         self.context, self.book, self.jobs, self.replays = context, book, jobs, replays
-        # Hand-out to result of the session's last merged units: the backups' yardstick.
-        self._unit_seconds: deque[float] = deque(maxlen=UNIT_TIMES_KEPT)
-        self._backups: dict[int, dict[str, list[int]]] = {}  # round -> units that got a backup, those that won
+        self.backups = Backups(context, book)
         self._confirmed: set[str] = set()  # peers with a result a copy agreed with (or a quorum upheld)
         self._unconfirmed: set[tuple[int, int]] = set()  # (round, slot) whose result came from a peer not confirmed
 
@@ -138,66 +132,12 @@ class UnitCopies(Part):
                                            self.options.lease_seconds, copy=1)
                 self.store.count("copies_handed_out")
                 return self._copy_job(assignment, granted.deadline)
-        return self._next_backup(peer_id, leases, now)
+        backup = self.backups.next_backup(peer_id, leases, now)
+        return None if backup is None else self._copy_job(*backup)
 
     def _copy_job(self, assignment: Assignment, deadline: float) -> Job:
         kind: CopyKind = "redundancy" if self.redundant(assignment.round, assignment.slot) else "backup"
         return replace(self.jobs.job(assignment, deadline), copy=kind)
-
-    # -- backups: an idle peer races the unit in flight longest (speculative execution) ----------------
-    def backup_after_seconds(self) -> float | None:
-        """How long a unit must have been in flight before it gets a backup: ``backup_after`` times the median
-        time a unit of this session took (hand-out to result); None: no backups (off, or no unit back yet)."""
-        factor = self.options.backup_after
-        if factor is None or factor < 0:
-            return None
-        if factor == 0:
-            return 0.0
-        return factor * statistics.median(self._unit_seconds) if self._unit_seconds else None
-
-    def next_backup_in(self) -> float | None:
-        """Seconds until a unit in flight crosses the backup threshold (a held request wakes then), or None."""
-        after = self.backup_after_seconds()
-        if after is None or self.session.done or self.session.config.mode == "async":
-            return None
-        round_index, now = self.session.round, self.store.clock()
-        done, copy_leases = self.store.result_slots(round_index), self.store.leases(round_index, 1)
-        waits = [lease.issued + after - now for slot, lease in self.store.leases(round_index).items()
-                 if slot not in done and lease.deadline >= now
-                 and (slot not in copy_leases or copy_leases[slot].deadline < now)]
-        return max(0.05, min(waits)) if waits else None
-
-    def _next_backup(self, peer_id: str, copy_leases: dict[int, Lease], now: float) -> Job | None:
-        after = self.backup_after_seconds()
-        if after is None:
-            return None
-        round_index = self.session.round
-        done = self.store.result_slots(round_index)
-        candidates = [lease for slot, lease in self.store.leases(round_index).items()
-                      if slot not in done and lease.deadline >= now and lease.peer_id != peer_id
-                      and now - lease.issued >= after and not self.book.refused(round_index, slot, peer_id)
-                      and (slot not in copy_leases or copy_leases[slot].deadline < now)]
-        if not candidates:
-            return None
-        oldest = min(candidates, key=lambda lease: lease.issued)
-        assignment = {a.slot: a for a in self.session.assignments()}[oldest.slot]
-        granted = self.store.grant(round_index, oldest.slot, oldest.unit_index, peer_id, self.options.lease_seconds,
-                                   copy=1)
-        self.store.count("backups_handed_out")
-        self._backups.setdefault(round_index, {"units": [], "won": []})["units"].append(oldest.unit_index)
-        return self._copy_job(assignment, granted.deadline)
-
-    def record_unit_time(self, round_index: int, slot: int, lease: Lease, *, backup_won: bool) -> None:
-        """A merged result came: how long its unit took (the backups' yardstick), and whether a backup won."""
-        self._unit_seconds.append(max(0.0, self.store.clock() - lease.issued))
-        if backup_won:
-            self.store.count("backups_won")
-            unit = {a.slot: a for a in self.session.assignments()}[slot].unit_index
-            self._backups.setdefault(round_index, {"units": [], "won": []})["won"].append(unit)
-
-    def backups_summary(self, round_index: int) -> dict[str, list[int]] | None:
-        """The history's ``backups`` entry: the units that got a backup, and those whose backup was merged."""
-        return self._backups.pop(round_index, None)
 
     def copies_outstanding(self) -> bool:
         """Whether a chosen slot still waits for its second copy: one is out, or an eligible peer is here to
@@ -290,43 +230,56 @@ class UnitCopies(Part):
         if self.replays.active:
             self.replays.queue_replay(slot, results, DISPUTE, ("dispute", slot), engines=engines)
             return
+        self._undecided(round_index, slot)
+        self.store.count("disputes_unresolved")
+
+    def _undecided(self, round_index: int, slot: int) -> None:
+        """The slot's result joins its disputed copies (its message kept as its peer's copy) and the unit goes to
+        another peer, whose result ``quorum`` compares with them all."""
         merged = self.store.result(round_index, slot)
         if merged is not None:
             self.store.add_copy(round_index, slot, merged.peer_id, merged.message, "disputed", count_unit=False)
         self._retrain(round_index, slot, "unresolved")
-        self.store.count("disputes_unresolved")
 
-    def quorum(self, round_index: int, slot: int, stored: StoredResult, vector: np.ndarray) -> str | None:
-        """A new result of a slot whose two copies disagreed, nobody replaying them: two of three that agree settle it
-        (BOINC's quorum); the other peer lied (returned, to ban), unless it has a confirmed result and neither of the
-        two has (one cheat run twice). Else nothing is settled and the slot's copy is trained as usual."""
+    def quorum(self, round_index: int, slot: int, stored: StoredResult, vector: np.ndarray) -> list[str]:
+        """A new result of a slot whose copies disagreed, nobody replaying them (BOINC's quorum): the first two that
+        agree settle it; every other peer on the slot lied (returned, to ban), unless one of those has a confirmed
+        result and none of the agreeing peers has (one cheat run twice: the slot is then copied as usual). A result
+        that agrees with none joins them and the unit goes to yet another peer, up to ``QUORUM_LIMIT`` results."""
         unresolved = [peer for (s, peer), outcome in self.store.copies(round_index).items()
                       if s == slot and outcome == "unresolved"]
-        if len(unresolved) != 2 or stored.peer_id in unresolved:
-            return None
+        if len(unresolved) < 2 or stored.peer_id in unresolved:
+            return []
         agreeing = []
         for peer in unresolved:
             message = self.store.copy_message(round_index, slot, peer)
             if not message:
-                return None  # (pruned: nothing to compare with)
+                return []  # (pruned: nothing to compare with)
             header, other = decode_result(message, session=self.session, round_index=round_index)
             earlier = StoredResult(round_index, slot, stored.unit_index, peer, 0, {}, b"",
                                    str(header.meta.get("engine", "")))
             if self._compare(stored.engine, vector, earlier, other) in ("identical", "agreed"):
                 agreeing.append(peer)
-        if len(agreeing) != 1:
-            self.store.count("quorums_without_majority")
-            return None
-        (upheld,), (liar,) = agreeing, [peer for peer in unresolved if peer not in agreeing]
-        if liar in self._confirmed and not {upheld, stored.peer_id} & self._confirmed:
-            self.store.count("quorums_against_a_record")  # (two newcomers outvote no confirmed peer)
-            return None
-        self.store.set_copy_outcome(round_index, slot, upheld, "upheld")
-        self.store.set_copy_outcome(round_index, slot, liar, "lied")
-        self.store.set_verification(round_index, slot, stored.peer_id, f"quorum: agreed with {upheld}, not {liar}")
-        self._confirm(upheld, stored.peer_id)
+        if not agreeing:
+            if len(unresolved) + 1 < QUORUM_LIMIT:
+                self.store.count("quorums_undecided")  # (three or more different results: ask one more peer)
+                self._undecided(round_index, slot)
+            else:
+                self.store.count("quorums_without_majority")
+            return []
+        liars = [peer for peer in unresolved if peer not in agreeing]
+        if set(liars) & self._confirmed and not {*agreeing, stored.peer_id} & self._confirmed:
+            self.store.count("quorums_against_a_record")  # (newcomers that agree outvote no confirmed peer)
+            return []
+        for peer in agreeing:
+            self.store.set_copy_outcome(round_index, slot, peer, "upheld")
+        for peer in liars:
+            self.store.set_copy_outcome(round_index, slot, peer, "lied")
+        self.store.set_verification(round_index, slot, stored.peer_id,
+                                    f"quorum: agreed with {', '.join(agreeing)}, not {', '.join(liars)}")
+        self._confirm(*agreeing, stored.peer_id)
         self.store.count("disputes_settled_by_quorum")
-        return liar
+        return liars
 
     def _retrain(self, round_index: int, slot: int, outcome: str) -> None:
         """Drop the slot's merged result and its copies' standing; neither peer is handed the slot again."""

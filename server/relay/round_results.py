@@ -96,14 +96,13 @@ class RoundResults:
             store.swap_copies(round_index, slot)
         lease = second_copy if came_first else own
         if lease is not None:
-            self.copies.record_unit_time(round_index, slot, lease, backup_won=came_first and not self.copies.redundant(
-                round_index, slot))
+            backup_won = came_first and not self.copies.redundant(round_index, slot)
+            self.copies.backups.record_unit_time(round_index, slot, lease, backup_won=backup_won)
             self.people.note_unit(peer_id, store.clock() - lease.issued, stored.engine)
         if not math.isnan(norm):
             self.book.add_norm(round_index, norm)
         self.copies.note_result(round_index, slot, peer_id)
-        liar = self.copies.quorum(round_index, slot, stored, vector)  # (a dispute no replay could settle)
-        if liar is not None:
+        for liar in self.copies.quorum(round_index, slot, stored, vector):  # (a dispute no replay could settle)
             self.bans.ban(liar, f"its result of unit {stored.unit_index} in round {round_index + 1} disagreed with "
                                 "two other peers' results that agreed with each other")
         self.replays.verify(stored, vector, others=others)  # (direction: against the round's others before it)

@@ -252,7 +252,7 @@ class SyncRounds:
         deadline = self.pacing.deadline_summary(round_full=self.full())
         if deadline is not None:
             extra["deadline"] = deadline
-        redundancy, backups = self.copies.redundancy_summary(round_index), self.copies.backups_summary(round_index)
+        redundancy, backups = self.copies.redundancy_summary(round_index), self.copies.backups.summary(round_index)
         if redundancy is not None:
             extra["redundancy"] = redundancy
         if backups is not None:

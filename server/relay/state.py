@@ -277,7 +277,7 @@ class Relay:
             if not isinstance(job, Wait) or remaining <= 0:
                 return replace(job, wait=0.0) if hold and isinstance(job, Wait) else job
             while True:  # (held until work may exist: a wake whose turns others took holds on)
-                backup_in = self.copies.next_backup_in()
+                backup_in = self.copies.backups.next_backup_in()
                 remaining = deadline - time.monotonic()
                 woke = await self.notices.hold_for_work(remaining if backup_in is None else min(remaining, backup_in))
                 if not woke:

@@ -91,7 +91,7 @@ def test_no_backup_before_a_unit_is_slower_than_the_median(package: Package, tmp
         started = time.time()
         assert first.train_and_upload(job).status_code == 200
         took = time.time() - started
-        median = relay.copies.backup_after_seconds()
+        median = relay.copies.backups.backup_after_seconds()
         assert median is not None and median >= took * 0.5
         time.sleep(max(0.0, median - (time.time() - started)) + 0.05)  # the slow unit is out longer than that
         assert idle.work()["copy"] == "backup"
@@ -114,7 +114,7 @@ def test_a_held_request_wakes_when_a_unit_crosses_the_backup_threshold(package: 
         first, slow, idle = HttpPeer(client), HttpPeer(client), HttpPeer(client)
         job, _ = first.assignment(), slow.assignment()
         assert first.train_and_upload(job).status_code == 200
-        threshold = relay.copies.backup_after_seconds()
+        threshold = relay.copies.backups.backup_after_seconds()
         assert threshold is not None and threshold < 5
         asked = time.monotonic()
         answer = idle.work(hold=15)

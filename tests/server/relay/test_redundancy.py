@@ -153,6 +153,41 @@ def test_without_replays_a_third_peer_settles_a_dispute_by_quorum(package: Packa
     np.testing.assert_array_equal(relay.session.weights, reference_run(package, relay.session.config))
 
 
+def test_without_replays_results_that_all_differ_go_to_one_more_peer_until_two_agree(package: Package,
+                                                                                     tmp_path: Path) -> None:
+    """Two liars who do not collude lie differently: the honest result, a flipped copy, and a third peer's own lie
+    (the flip's size, half its signs turned back) all differ, so nothing is settled and the unit goes to a fourth
+    peer (``quorums_undecided``). Its honest result agrees with the first: both liars are banned, the first upheld,
+    and the fourth merged."""
+    relay = make_relay(package, tmp_path / "s", k=1, passes=1, redundancy=1.0, verify=False, ban_addresses=False)
+    with serving(relay) as client:
+        honest, liar, other_liar, fourth = (HttpPeer(client) for _ in range(4))
+        job = honest.assignment()
+        assert honest.train_and_upload(job).status_code == 200
+        copy = liar.assignment()
+        assert liar.upload(copy["round"], copy["slot"], flipped(liar, copy, relay)).status_code == 200
+        third = other_liar.assignment()
+        assert third["slot"] == job["slot"]
+        g = relay.session.weights
+        header, trained = wire.decode(other_liar.train(third))
+        delta = -2 * (trained - g)
+        delta[1::2] *= -1  # (the flip's norm, other bytes)
+        lie = wire.encode((g + delta).astype(np.float32), header)
+        assert other_liar.upload(third["round"], third["slot"], lie).status_code == 200
+        counters = session_status(client)["counters"]
+        assert counters["quorums_undecided"] == 1 and counters.get("peers_banned", 0) == 0, counters
+        last = fourth.assignment()
+        assert last["slot"] == job["slot"] and "slot" not in honest.work()  # (none of the three again)
+        assert fourth.train_and_upload(last).status_code == 200
+        status = wait_until(client, lambda s: s["round"] >= 1 and not s["merging"])
+        assert [r.peer_id for r in relay.store.all_results()] == [fourth.peer_id]
+        assert all("disagreed with two other peers" in (relay.store.ban_reason(p.peer_id) or "")
+                   for p in (liar, other_liar))
+        assert not relay.store.ban_reason(honest.peer_id) and not relay.store.ban_reason(fourth.peer_id)
+        assert relay.session.history[0]["redundancy"] == {"compared": 3, "lied": 2, "upheld": 1}
+        assert status["counters"]["disputes_settled_by_quorum"] == 1 and status["counters"]["peers_banned"] == 2
+
+
 def test_a_dispute_lost_in_a_restart_is_trained_again(package: Package, tmp_path: Path) -> None:
     relay = make_relay(package, tmp_path / "s", k=1, passes=1, redundancy=1.0, verify=False,
                        ban_addresses=False)
