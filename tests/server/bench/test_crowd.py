@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from relay_fixtures import REPO_ROOT
 
-from server.bench.crowd import Figures, Timeline, summarize
+from server.bench.crowd_figures import Figures, Timeline, summarize
 
 
 def status_of(history: list[dict]) -> dict:

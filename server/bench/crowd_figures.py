@@ -1,0 +1,170 @@
+"""``peertrain bench crowd``'s record: what the crowd saw (``Timeline``), the figures of one setting (``Figures``,
+from the timeline and the relay's status and list of peers) and the table the bench prints."""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+ANCHOR_K = 5
+LIES = ("free_rider", "flip")
+
+
+@dataclass(frozen=True)
+class Lie:
+    """What a liar uploads for every unit: ``kind`` (``LIES``), scaled by 1 + ``own`` / 1000 (0: the kind's one lie,
+    as every colluding liar sends)."""
+
+    kind: str
+    own: int = 0
+@dataclass
+class Timeline:
+    """What the crowd saw, on the bench's clock."""
+
+    started: float = field(default_factory=time.perf_counter)
+    jobs: list[tuple[int, int, float]] = field(default_factory=list)  # (round, unit, received)
+    results: list[tuple[int, int, float, float]] = field(default_factory=list)  # (round, unit, sent, answered)
+    work_seconds: list[float] = field(default_factory=list)  # asks answered at once (no hold)
+    accepted: list[tuple[str | None, int, bool]] = field(default_factory=list)  # (peer, round, a copy) per upload
+    refusals: dict[str, int] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Figures:
+    setting: str
+    k: int
+    peers: int
+    units: int
+    rounds: int = 0
+    relay_after_last: list[float] = field(default_factory=list)  # per timed round, validation excluded
+    validate: list[float] = field(default_factory=list)
+    merge: list[float] = field(default_factory=list)
+    results_per_second: float = 0.0
+    work_p50_ms: float = math.nan
+    work_p99_ms: float = math.nan
+    result_p50_ms: float = math.nan
+    result_p99_ms: float = math.nan
+    peak_rss_mb: float = math.nan
+    units_lost: int | None = 0  # None: not measured (async)
+    liars: int = 0
+    liars_accepted: int = 0  # liars with a result accepted (sync: in a merged round, whose checks are settled)
+    liars_banned: int = 0
+    honest_banned: int = 0
+    lies_accepted: int = 0  # a liar's result taken as a slot's result (merged unless caught before the merge)
+    copies: int = 0  # second copies handed out
+    copies_accepted: int = 0  # second copies uploaded and compared: volunteer compute spent on checking
+    results_accepted: int = 0
+    verified_by_copies: int = 0  # results a copy agreed with, or a quorum settled
+    disputes: dict[str, int] = field(default_factory=dict)  # the relay's counters of disputes and quorums
+    relay_cpu_seconds: float = math.nan
+    refusals: dict[str, int] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def relay_seconds(self) -> float:
+        return statistics.fmean(self.relay_after_last) if self.relay_after_last else math.nan
+
+
+def percentile(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q)) * 1e3 if values else math.nan
+
+
+def summarize(figures: Figures, timeline: Timeline, status: dict[str, Any], rounds: int | None) -> None:
+    history = status["history"]
+    figures.rounds = len(history)
+    figures.refusals = {**timeline.refusals, **{k.removeprefix("refused."): v for k, v in status["counters"].items()
+                                                 if k.startswith("refused.")}}
+    figures.errors = timeline.errors
+    figures.work_p50_ms, figures.work_p99_ms = (percentile(timeline.work_seconds, q) for q in (50, 99))
+    answered = [end - sent for _, _, sent, end in timeline.results]
+    figures.result_p50_ms, figures.result_p99_ms = (percentile(answered, q) for q in (50, 99))
+    if timeline.results:
+        first = min(sent for _, _, sent, _ in timeline.results)
+        last = max(end for _, _, _, end in timeline.results)
+        figures.results_per_second = len(timeline.results) / max(last - first, 1e-9)
+    if rounds is None:  # (async: a unit is not handed out in a round, so there is no round's list to hold it to)
+        figures.units_lost = None
+        return
+    # units lost: a unit handed out in a merged round is merged in some round or carried (a ban's undo carries the
+    # banned peer's units of the rounds it redoes into the open round; the last redone round's entry lists them)
+    merged = {entry["round"] for entry in history}
+    accounted = {unit for entry in history for unit in [*entry.get("units", []), *entry.get("carried", [])]}
+    figures.units_lost = len({unit for r, unit, _ in timeline.jobs if r in merged} - accounted)
+    for entry in history[1:rounds + 1]:  # (round 0 waits for the crowd to join)
+        r = entry["round"]
+        last_result = max((end for rr, _, _, end in timeline.results if rr == r), default=math.nan)
+        next_jobs = sorted(at for rr, _, at in timeline.jobs if rr == r + 1)
+        if len(next_jobs) < figures.k or math.isnan(last_result):
+            continue
+        held = next_jobs[figures.k - 1]  # (the k-th assignment of the next round reached its peer)
+        figures.validate.append(float(entry["seconds"]["validate"]))
+        figures.merge.append(float(entry["seconds"]["merge"]))
+        figures.relay_after_last.append(held - last_result - figures.validate[-1])
+
+
+def count_liars(figures: Figures, lies: dict[str | None, Lie | None], listing: list[dict[str, Any]],
+                timeline: Timeline, status: dict[str, Any]) -> None:
+    """The liars' figures from the relay's list of peers (bans) and the crowd's own record (accepted results)."""
+    banned = {p["peer_id"] for p in listing if p["banned"]}
+    liars = {peer for peer, lie in lies.items() if lie is not None}
+    merged = status["round"] if status["mode"] == "sync" else None  # (sync: rounds before it merged, checks settled)
+    accepted = {peer for peer, r, _ in timeline.accepted if merged is None or r < merged}
+    figures.liars = len(liars)
+    figures.liars_accepted = len(liars & accepted)
+    figures.liars_banned = len(liars & banned)
+    figures.honest_banned = len(banned - liars)
+    figures.lies_accepted = sum(1 for peer, _, copy in timeline.accepted if peer in liars and not copy)
+    figures.copies_accepted = sum(1 for _, _, copy in timeline.accepted if copy)
+    counters = status["counters"]
+    figures.copies = int(counters.get("copies_handed_out", 0))
+    figures.results_accepted = int(counters.get("results_accepted", 0))
+    figures.verified_by_copies = sum(int(counters.get(f"copies_{o}", 0)) for o in ("identical", "agreed")) + \
+        int(counters.get("disputes_settled_by_quorum", 0))
+    figures.disputes = {name: int(n) for name, n in sorted(counters.items())
+                        if name.startswith(("disputes_", "quorums_")) or name == "copies_disputed"}
+
+
+def liars(figures: Figures) -> str:
+    return f"{figures.liars_banned}/{figures.liars_accepted}" + (f" of {figures.liars}" if figures.liars else "")
+
+
+def copy_share(figures: Figures) -> str:
+    accepted = figures.results_accepted
+    return f"{figures.copies_accepted / accepted:.1%}" if accepted else "-"
+
+
+def cpu_per_100(figures: Figures) -> str:
+    accepted = figures.results_accepted
+    return f"{100 * figures.relay_cpu_seconds / accepted:.1f}" if accepted else "-"
+
+
+def lost(figures: Figures, unmeasured: str) -> str:
+    return unmeasured if figures.units_lost is None else str(figures.units_lost)
+
+
+COLUMNS = ("setting", "peers", "k", "rounds", "relay after the last result (s)", "share of a browser unit",
+           "merge (s)", "relay peak RSS (MB)", "RSS vs k = 5", "results/s", "work p50/p99 (ms)",
+           "result p50/p99 (ms)", "units lost", "liars banned", "honest banned", "copies", "relay CPU s / 100 results",
+           "refusals")
+
+
+def table(results: list[Figures], anchor: float | None) -> str:
+    base = next((f.peak_rss_mb for f in results if f.k == ANCHOR_K and f.setting.startswith("sync")), math.nan)
+    lines = ["| " + " | ".join(COLUMNS) + " |", "| " + " | ".join("---" for _ in COLUMNS) + " |"]
+    for f in results:
+        share = f"{f.relay_seconds / anchor:.1%}" if anchor and not math.isnan(f.relay_seconds) else "-"
+        merge = f"{statistics.fmean(f.merge):.3f}" if f.merge else "-"
+        relay = f"{f.relay_seconds:.3f}" if not math.isnan(f.relay_seconds) else "-"
+        lines.append("| " + " | ".join([
+            f.setting, str(f.peers), str(f.k), str(f.rounds), relay, share, merge, f"{f.peak_rss_mb:.0f}",
+            f"{f.peak_rss_mb / base:.1f}x" if base == base else "-", f"{f.results_per_second:.0f}",
+            f"{f.work_p50_ms:.0f} / {f.work_p99_ms:.0f}", f"{f.result_p50_ms:.0f} / {f.result_p99_ms:.0f}",
+            lost(f, "-"), liars(f), str(f.honest_banned), copy_share(f), cpu_per_100(f),
+            ", ".join(f"{k} {v}" for k, v in sorted(f.refusals.items())) or "-"]) + " |")
+    return "\n".join(lines)
