@@ -139,7 +139,7 @@ class RelayOptions:
     redundancy: float = field(default=0.0, metadata=setting(  # (server.relay.copies)
         help="share of units also trained by a second, different peer and compared with the first result, and "
         "every result of a peer no copy has confirmed yet (identical from one engine; a disagreement is decided by "
-        "a host replay, or by a third peer's result: two of three that agree); never both merged",
+        "a host replay, or by more peers' results until two agree); never both merged",
         default_text="0: off", minimum=0, maximum=1, what=SHARE, metavar="F",
         group="guards", commands=("serve",)))
     backup_after: float | None = field(default=DEFAULT_BACKUP_AFTER, metadata=setting(
