@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from server.relay.store.protocol import LAST_SEEN_RESOLUTION
 from server.relay.store.records import BufferedArrival, Lease, MergedArrival, PendingUndo, StoredResult
 from server.relay.store.sqlite.arrivals import SQLiteArrivals
 from server.relay.store.sqlite.bans import SQLiteBans
@@ -45,6 +46,7 @@ class SQLiteStore:
         self._counters = SQLiteCounters(self.connection, clock)
         self._lease_cache: dict[tuple[int, int], dict[int, Lease]] = {}  # (round, copy) -> the rows, as read
         self._lease_lock = threading.RLock()
+        self._active: tuple[float, float, list[str], frozenset[str]] | None = None  # (read at, within, ids, as a set)
         self.open()
 
     # -- opening and closing ------------------------------------------------------------------------
@@ -73,16 +75,40 @@ class SQLiteStore:
 
     # -- peers --------------------------------------------------------------------------------------
     def add_peer(self, agent: str = "", address: str = "") -> tuple[str, str]:
+        self._forget_active()
         return self._peers.add_peer(agent, address)
 
     def authenticate(self, peer_id: str, token: str, *, touch: bool = True) -> bool:
-        return self._peers.authenticate(peer_id, token, touch=touch)
+        ok = self._peers.authenticate(peer_id, token, touch=touch)
+        if ok and touch:
+            self._forget_active(unless=peer_id)  # (a peer back after a while is active again)
+        return ok
 
     def depart(self, peer_id: str) -> None:
+        self._forget_active()
         self._peers.depart(peer_id)
 
+    # Every request for work asks who is active (may a copy wait for someone, is a slot refused by everyone here):
+    # at a thousand peers that query read the peers, the leases and the bans a thousand times a round, 40 % of the
+    # relay's event loop (py-spy, bench crowd at k = 100). The answer is kept for a tenth of the window asked about,
+    # at most ``LAST_SEEN_RESOLUTION`` (the precision of last_seen itself), and forgotten when a peer joins, leaves,
+    # comes back, is banned or unbanned, or the leases change (but a grant to a peer already active).
     def active_peers(self, within_seconds: float) -> list[str]:
-        return self._peers.active_peers(within_seconds)
+        now = self._clock()
+        with self._lease_lock:
+            kept = self._active
+            if kept is not None and kept[1] == within_seconds and \
+                    0 <= now - kept[0] < min(LAST_SEEN_RESOLUTION, within_seconds / 10):
+                return list(kept[2])
+            ids = self._peers.active_peers(within_seconds)
+            self._active = (now, within_seconds, ids, frozenset(ids))
+            return list(ids)
+
+    def _forget_active(self, *, unless: str | None = None) -> None:
+        """Forget the active peers kept (``unless``: not when that peer is among them)."""
+        with self._lease_lock:
+            if self._active is not None and (unless is None or unless not in self._active[3]):
+                self._active = None
 
     def live_peers_at(self, address: str, within_seconds: float) -> int:
         return self._peers.live_peers_at(address, within_seconds)
@@ -116,6 +142,7 @@ class SQLiteStore:
               copy: int = 0) -> Lease:
         with self._lease_lock:
             lease = self._leases.grant(round_index, slot, unit_index, peer_id, seconds, copy)
+            self._forget_active(unless=peer_id)
             cached = self._lease_cache.get((round_index, copy))
             if cached is not None:
                 cached[slot] = lease
@@ -129,6 +156,7 @@ class SQLiteStore:
                 yield
             finally:
                 self._lease_cache.clear()
+                self._active = None
 
     def release(self, round_index: int, slot: int, peer_id: str | None = None) -> None:
         with self._changing_leases():
@@ -235,9 +263,11 @@ class SQLiteStore:
 
     # -- bans ---------------------------------------------------------------------------------------
     def ban(self, peer_id: str, reason: str) -> str:
+        self._forget_active()
         return self._bans.ban(peer_id, reason)
 
     def unban(self, peer_id: str) -> bool:
+        self._forget_active()
         return self._bans.unban(peer_id)
 
     def ban_reason(self, peer_id: str) -> str | None:

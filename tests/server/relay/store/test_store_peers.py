@@ -84,3 +84,32 @@ def test_a_banned_peer_is_never_active(store: Store, clock: Clock) -> None:
     assert store.active_peers(30.0) == []
     assert store.unban(peer_id)
     assert store.active_peers(30.0) == [peer_id]
+
+
+def test_the_active_peers_are_kept_for_a_moment_and_forgotten_on_every_change(store: Store, clock: Clock) -> None:
+    """Asked on every request for work, the answer is kept for a tenth of the window (at most LAST_SEEN_RESOLUTION,
+    last_seen's own precision): a peer that went quiet past the window meanwhile still counts that long. A join, a
+    return, a ban, an unban, a departure or a release is seen at once."""
+    first, first_token = store.add_peer("a")
+    clock.advance(29.9)
+    assert store.active_peers(30.0) == [first]
+    clock.advance(0.2)  # (first now unseen for 30.1 s, read 0.2 s ago)
+    assert store.active_peers(30.0) == [first]
+    assert store.active_peers(3.0) == []  # (another window: read again)
+    clock.advance(LAST_SEEN_RESOLUTION)
+    assert store.active_peers(30.0) == []
+    second, _ = store.add_peer("b")
+    assert store.active_peers(30.0) == [second]
+    assert store.authenticate(first, first_token)
+    assert store.active_peers(30.0) == sorted([first, second])
+    store.ban(second, "test")
+    assert store.active_peers(30.0) == [first]
+    store.unban(second)
+    assert store.active_peers(30.0) == sorted([first, second])
+    store.depart(first)
+    assert store.active_peers(30.0) == [second]
+    clock.advance(40.0)
+    store.grant(0, 0, 0, second, 60.0)  # (a lease keeps its peer active, though unseen)
+    assert store.active_peers(30.0) == [second]
+    store.release(0, 0)
+    assert store.active_peers(30.0) == []
