@@ -30,6 +30,7 @@ itself fails to run (its engine crashed or hung) is no verdict on anyone: it is 
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import math
 import threading
@@ -87,9 +88,11 @@ def matches(result: np.ndarray, replay: np.ndarray, global_weights: np.ndarray, 
     return off <= rtol * scale + atol, off / scale if scale > 0 else (0.0 if off == 0 else float("inf"))
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def sampled(seed: int, round_index: int, slot: int, fraction: float, purpose: str = "verify") -> bool:
     """A seeded coin per (round, slot): the same session draws the same share, and a peer cannot tell which.
-    ``purpose`` keeps the coins of replays and of second copies (redundancy) apart."""
+    ``purpose`` keeps the coins of replays and of second copies (redundancy) apart. (Kept: every request for work
+    asks it of each slot of the round that may want a copy.)"""
     if fraction >= 1:
         return True
     digest = hashlib.sha256(f"{purpose}:{seed}:{round_index}:{slot}".encode()).digest()

@@ -46,6 +46,7 @@ class SQLiteStore:
         self._counters = SQLiteCounters(self.connection, clock)
         self._lease_cache: dict[tuple[int, int], dict[int, Lease]] = {}  # (round, copy) -> the rows, as read
         self._lease_lock = threading.RLock()
+        self._copies_cache: dict[int, dict[tuple[int, str], str]] = {}  # round -> its copies' outcomes, as read
         self._active: tuple[float, float, list[str], frozenset[str]] | None = None  # (read at, within, ids, as a set)
         self.open()
 
@@ -156,6 +157,7 @@ class SQLiteStore:
                 yield
             finally:
                 self._lease_cache.clear()
+                self._copies_cache.clear()
                 self._active = None
 
     def release(self, round_index: int, slot: int, peer_id: str | None = None) -> None:
@@ -221,15 +223,33 @@ class SQLiteStore:
         return self._results.prune_before(round_index)
 
     # -- second copies ------------------------------------------------------------------------------
+    # Kept like the leases, for the same reason (each request for work asks whether a slot wants its copy): a round's
+    # outcomes as read, forgotten on any change to them.
     def add_copy(self, round_index: int, slot: int, peer_id: str, message: bytes, outcome: str, *,
                  count_unit: bool = True) -> None:
-        self._copies.add_copy(round_index, slot, peer_id, message, outcome, count_unit=count_unit)
+        with self._changing_copies():
+            self._copies.add_copy(round_index, slot, peer_id, message, outcome, count_unit=count_unit)
 
     def set_copy_outcome(self, round_index: int, slot: int, peer_id: str, outcome: str) -> None:
-        self._copies.set_copy_outcome(round_index, slot, peer_id, outcome)
+        with self._changing_copies():
+            self._copies.set_copy_outcome(round_index, slot, peer_id, outcome)
 
     def copies(self, round_index: int) -> dict[tuple[int, str], str]:
-        return self._copies.copies(round_index)
+        with self._lease_lock:
+            cached = self._copies_cache.get(round_index)
+            if cached is None:
+                if len(self._copies_cache) >= LEASE_CACHE_ROUNDS:
+                    self._copies_cache.clear()
+                cached = self._copies_cache[round_index] = self._copies.copies(round_index)
+            return dict(cached)
+
+    @contextlib.contextmanager
+    def _changing_copies(self) -> Iterator[None]:
+        with self._lease_lock:
+            try:
+                yield
+            finally:
+                self._copies_cache.clear()
 
     def copy_message(self, round_index: int, slot: int, peer_id: str) -> bytes | None:
         return self._copies.copy_message(round_index, slot, peer_id)
