@@ -307,7 +307,9 @@ def one_setting(package: Package, work: Path, args: argparse.Namespace, figures:
         figures.peak_rss_mb = relay.peak_rss_mb()
         figures.relay_cpu_seconds = relay.cpu_seconds()
     shutil.rmtree(session, ignore_errors=True)
-    print(f"{figures.setting}: relay after the last result {figures.relay_seconds:.3f} s (merge "
+    first = statistics.fmean(figures.first_after_last) if figures.first_after_last else math.nan
+    print(f"{figures.setting}: relay after the last result {figures.relay_seconds:.3f} s (the first assignment "
+          f"{first:.3f} s; merge "
           f"{statistics.fmean(figures.merge) if figures.merge else math.nan:.3f} s), {figures.results_per_second:.0f} "
           f"results/s, work p50/p99 {figures.work_p50_ms:.0f}/{figures.work_p99_ms:.0f} ms, result p50/p99 "
           f"{figures.result_p50_ms:.0f}/{figures.result_p99_ms:.0f} ms, peak RSS {figures.peak_rss_mb:.0f} MB, units "

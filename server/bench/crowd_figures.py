@@ -43,6 +43,7 @@ class Figures:
     units: int
     rounds: int = 0
     relay_after_last: list[float] = field(default_factory=list)  # per timed round, validation excluded
+    first_after_last: list[float] = field(default_factory=list)  # the same, until the next round's first assignment
     validate: list[float] = field(default_factory=list)
     merge: list[float] = field(default_factory=list)
     results_per_second: float = 0.0
@@ -106,6 +107,7 @@ def summarize(figures: Figures, timeline: Timeline, status: dict[str, Any], roun
         figures.validate.append(float(entry["seconds"]["validate"]))
         figures.merge.append(float(entry["seconds"]["merge"]))
         figures.relay_after_last.append(held - last_result - figures.validate[-1])
+        figures.first_after_last.append(next_jobs[0] - last_result - figures.validate[-1])
 
 
 def count_liars(figures: Figures, lies: dict[str | None, Lie | None], listing: list[dict[str, Any]],

@@ -101,12 +101,25 @@ class RoundBook:
         """The kept result of a slot (its weights None where they were summed and not kept), forgotten here."""
         return self._decoded.pop((round_index, slot), None)
 
-    def drop(self, round_index: int, slot: int) -> None:
-        """A result leaves the round before its merge: the round's sums hold it, so they are stale."""
-        if self._decoded.pop((round_index, slot), None) is not None:
+    def drop(self, round_index: int, slot: int, vector: np.ndarray | None = None) -> None:
+        """A result leaves the round before its merge. With its weights (kept here, or ``vector``: the same bits it
+        was added with) it is taken out of the round's sums, exactly (``Stream.remove``); without them the sums are
+        stale and are rebuilt from what is stored, O(k n) (a dispute used to do that at every copy that disagreed)."""
+        kept = self._decoded.pop((round_index, slot), None)
+        if kept is None:
+            return
+        vector = kept[1] if kept[1] is not None else vector
+        stream, (total, count) = self._streams.get(round_index), self._sums.get(round_index, (None, 0))
+        if vector is None or (stream is not None and slot not in stream.counts):
             self._streams.pop(round_index, None)
             self._sums.pop(round_index, None)
             self._stale.add(round_index)
+            return
+        if stream is not None:
+            stream.remove(slot, vector)
+        if total is not None:
+            np.subtract(total, vector, out=total)
+        self._sums[round_index] = (total if count > 1 else None, count - 1)
 
     def rebuild(self, round_index: int, stream: Stream | None,
                 results: list[tuple[StoredResult, np.ndarray]]) -> None:

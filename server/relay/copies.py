@@ -230,16 +230,17 @@ class UnitCopies(Part):
         if self.replays.active:
             self.replays.queue_replay(slot, results, DISPUTE, ("dispute", slot), engines=engines)
             return
-        self._undecided(round_index, slot)
+        merged = self.store.result_peer(round_index, slot)
+        self._undecided(round_index, slot, None if merged is None else results.get(merged))
         self.store.count("disputes_unresolved")
 
-    def _undecided(self, round_index: int, slot: int) -> None:
+    def _undecided(self, round_index: int, slot: int, vector: np.ndarray | None = None) -> None:
         """The slot's result joins its disputed copies (its message kept as its peer's copy) and the unit goes to
         another peer, whose result ``quorum`` compares with them all."""
         merged = self.store.result(round_index, slot)
         if merged is not None:
             self.store.add_copy(round_index, slot, merged.peer_id, merged.message, "disputed", count_unit=False)
-        self._retrain(round_index, slot, "unresolved")
+        self._retrain(round_index, slot, "unresolved", vector)
 
     def quorum(self, round_index: int, slot: int, stored: StoredResult, vector: np.ndarray) -> list[str]:
         """A new result of a slot whose copies disagreed, nobody replaying them (BOINC's quorum): the first two that
@@ -263,7 +264,7 @@ class UnitCopies(Part):
         if not agreeing:
             if len(unresolved) + 1 < QUORUM_LIMIT:
                 self.store.count("quorums_undecided")  # (three or more different results: ask one more peer)
-                self._undecided(round_index, slot)
+                self._undecided(round_index, slot, vector)
             else:
                 self.store.count("quorums_without_majority")
             return []
@@ -281,14 +282,14 @@ class UnitCopies(Part):
         self.store.count("disputes_settled_by_quorum")
         return liars
 
-    def _retrain(self, round_index: int, slot: int, outcome: str) -> None:
+    def _retrain(self, round_index: int, slot: int, outcome: str, vector: np.ndarray | None = None) -> None:
         """Drop the slot's merged result and its copies' standing; neither peer is handed the slot again."""
         trainers = self._trainers(round_index, slot)
         for (s, peer), current in self.store.copies(round_index).items():
             if s == slot and current == "disputed":
                 self.store.set_copy_outcome(round_index, slot, peer, outcome)
         self.store.remove_result(round_index, slot)
-        self.book.drop(round_index, slot)
+        self.book.drop(round_index, slot, vector)  # (``vector``: the merged result's weights, where at hand)
         self.store.release(round_index, slot)
         self.book.refuse(round_index, slot, *trainers)
         self.context.notices.work_changed()

@@ -39,6 +39,7 @@ def test_the_relays_time_after_the_last_result_and_the_units_lost_by_hand() -> N
     assert figures.relay_after_last[0] == pytest.approx(10.9 - 10.0 - 0.5)
     assert len(figures.relay_after_last) == 2  # (rounds 1 and 2: round 0 waits for the crowd to join)
     assert figures.relay_after_last[1] == pytest.approx(20.0 - 15.2 - 0.2)
+    assert figures.first_after_last == pytest.approx([10.5 - 10.0 - 0.5, 20.0 - 15.2 - 0.2])  # (the first of round 2's)
     assert figures.units_lost == 1  # unit 5: handed out in round 2, neither merged nor carried
     assert figures.refusals == {"late": 2} and figures.rounds == 4
     assert figures.results_per_second == pytest.approx(5 / (15.2 - 2.0))

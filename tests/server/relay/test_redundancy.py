@@ -176,6 +176,7 @@ def test_without_replays_results_that_all_differ_go_to_one_more_peer_until_two_a
         assert other_liar.upload(third["round"], third["slot"], lie).status_code == 200
         counters = session_status(client)["counters"]
         assert counters["quorums_undecided"] == 1 and counters.get("peers_banned", 0) == 0, counters
+        assert not relay.book.stale(0)  # (each dropped result taken out of the round's sum, not summed again)
         last = fourth.assignment()
         assert last["slot"] == job["slot"] and "slot" not in honest.work()  # (none of the three again)
         assert fourth.train_and_upload(last).status_code == 200
@@ -186,6 +187,9 @@ def test_without_replays_results_that_all_differ_go_to_one_more_peer_until_two_a
         assert not relay.store.ban_reason(honest.peer_id) and not relay.store.ban_reason(fourth.peer_id)
         assert relay.session.history[0]["redundancy"] == {"compared": 3, "lied": 2, "upheld": 1}
         assert status["counters"]["disputes_settled_by_quorum"] == 1 and status["counters"]["peers_banned"] == 2
+        work_until_done(client, [honest, fourth])  # (the liars' undone rounds redone without them)
+    relay.open()
+    np.testing.assert_array_equal(relay.session.weights, reference_run(package, relay.session.config))
 
 
 def test_a_dispute_lost_in_a_restart_is_trained_again(package: Package, tmp_path: Path) -> None:
