@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
 import shutil
@@ -74,6 +75,7 @@ from server.bench.crowd_figures import (
     cpu_per_100,
     liars,
     lost,
+    relay_own_seconds,
     summarize,
     table,
 )
@@ -113,6 +115,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "and the bench then measures how often instead of failing on it")
     parser.add_argument("--redundancy", type=float, default=0.2, help="the relay's --redundancy: share of units a "
                         "second peer trains, compared bit for bit; a dispute is settled by a third peer's result")
+    parser.add_argument("--unit-seconds", type=float, default=0.0, help="seconds each peer waits before uploading a "
+                        "unit, as if it trained it (0: at once; a browser unit of bytetext is about 2.7 s here): the "
+                        "next round's first results then do not compete with its hand-out, as a real crowd's do not")
     parser.add_argument("--perturbation", type=float, default=1e-3, help="std of the precomputed updates")
     parser.add_argument("--addresses", type=int, default=250, help="loopback addresses the crowd comes from "
                         "(127.0.0.2 on)")
@@ -165,9 +170,9 @@ def serve_command(package: Path, session_dir: Path, k: int, passes: int, codec: 
 
 
 async def crowd_peer(peer: RelayPeer, transport: AsyncTransport, updates: Updates, timeline: Timeline,
-                     stop: asyncio.Event, lie: Lie | None = None) -> None:
-    """Join, then ask, upload (``lie``: every result a lie of that kind) and ask again until ``stop``, the
-    session's end or a ban."""
+                     stop: asyncio.Event, lie: Lie | None = None, unit_seconds: float = 0.0) -> None:
+    """Join, then ask, upload (``lie``: every result a lie of that kind; ``unit_seconds`` after the job came) and ask
+    again until ``stop``, the session's end or a ban."""
     joined = await transport.run(peer.sign_in())
     if isinstance(joined, Refused):
         timeline.errors.append(f"join refused: {joined.status} {joined.code}")
@@ -194,6 +199,11 @@ async def crowd_peer(peer: RelayPeer, transport: AsyncTransport, updates: Update
         job = answer
         timeline.jobs.append((job.round, job.unit_index, time.perf_counter()))
         body = updates.message(job, lie)
+        if unit_seconds > 0:  # (as if training: woken by the stop, which ends the pause and the loop)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), unit_seconds)
+            if stop.is_set():
+                return
         sent = time.perf_counter()
         receipt = await transport.run(peer.upload(job, Result(body, honest=False)))
         if isinstance(receipt, Refused):
@@ -249,7 +259,7 @@ async def drive(url: str, package: Package, peers: int, figures: Figures, args: 
         lies = lie_plan(peers, args.liars if figures.k != ANCHOR_K else 0.0,  # (the anchor: honest)
                         colluding=args.colluding)
         tasks = [asyncio.create_task(crowd_peer(peer, AsyncTransport(clients[i % addresses], stop), updates,
-                                                timeline, stop, lies[i]))
+                                                timeline, stop, lies[i], args.unit_seconds))
                  for i, peer in enumerate(crowd)]
         if rounds is not None:
             last = 0
@@ -306,10 +316,12 @@ def one_setting(package: Package, work: Path, args: argparse.Namespace, figures:
         run_async(lambda: drive(relay.page_url.rstrip("/"), package, figures.peers, figures, args, rounds, seconds))
         figures.peak_rss_mb = relay.peak_rss_mb()
         figures.relay_cpu_seconds = relay.cpu_seconds()
+    figures.relay_own = relay_own_seconds(session / "relay.sqlite3", figures.timed)
     shutil.rmtree(session, ignore_errors=True)
     first = statistics.fmean(figures.first_after_last) if figures.first_after_last else math.nan
-    print(f"{figures.setting}: relay after the last result {figures.relay_seconds:.3f} s (the first assignment "
-          f"{first:.3f} s; merge "
+    own = statistics.fmean(figures.relay_own) if figures.relay_own else math.nan
+    print(f"{figures.setting}: relay after the last result {figures.relay_seconds:.3f} s (on its own clock, to the "
+          f"next round's first lease {own:.3f} s; the first assignment {first:.3f} s; merge "
           f"{statistics.fmean(figures.merge) if figures.merge else math.nan:.3f} s), {figures.results_per_second:.0f} "
           f"results/s, work p50/p99 {figures.work_p50_ms:.0f}/{figures.work_p99_ms:.0f} ms, result p50/p99 "
           f"{figures.result_p50_ms:.0f}/{figures.result_p99_ms:.0f} ms, peak RSS {figures.peak_rss_mb:.0f} MB, units "

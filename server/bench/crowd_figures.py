@@ -3,10 +3,13 @@ from the timeline and the relay's status and list of peers) and the table the be
 
 from __future__ import annotations
 
+import contextlib
 import math
+import sqlite3
 import statistics
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -44,6 +47,8 @@ class Figures:
     rounds: int = 0
     relay_after_last: list[float] = field(default_factory=list)  # per timed round, validation excluded
     first_after_last: list[float] = field(default_factory=list)  # the same, until the next round's first assignment
+    timed: dict[int, float] = field(default_factory=dict)  # timed round -> its validation's seconds
+    relay_own: list[float] = field(default_factory=list)  # on the relay's clock (``relay_own_seconds``)
     validate: list[float] = field(default_factory=list)
     merge: list[float] = field(default_factory=list)
     results_per_second: float = 0.0
@@ -107,6 +112,7 @@ def summarize(figures: Figures, timeline: Timeline, status: dict[str, Any], roun
         figures.validate.append(float(entry["seconds"]["validate"]))
         figures.merge.append(float(entry["seconds"]["merge"]))
         figures.relay_after_last.append(held - last_result - figures.validate[-1])
+        figures.timed[r] = figures.validate[-1]
         figures.first_after_last.append(next_jobs[0] - last_result - figures.validate[-1])
 
 
@@ -170,3 +176,22 @@ def table(results: list[Figures], anchor: float | None) -> str:
             lost(f, "-"), liars(f), str(f.honest_banned), copy_share(f), cpu_per_100(f),
             ", ".join(f"{k} {v}" for k, v in sorted(f.refusals.items())) or "-"]) + " |")
     return "\n".join(lines)
+
+
+def relay_own_seconds(store: Path, timed: dict[int, float]) -> list[float]:
+    """The relay's own time after each timed round's last result, on its clock, from its SQLite file (read after
+    it stopped): from the round's last result or copy stored to the next round's first lease granted, less the
+    validation (the merge and the round's opening; a lease row keeps only its slot's latest grant, so the k-th
+    grant is not in the file). What the crowd measures adds the hand-out of k assignments, both ends' HTTP and the
+    bench's own event loop, which runs a thousand peers on the same two cores."""
+    if not store.exists() or not timed:
+        return []
+    with contextlib.closing(sqlite3.connect(f"file:{store}?mode=ro", uri=True)) as db:
+        own = []
+        for r, validate in sorted(timed.items()):
+            last = db.execute("SELECT MAX(received) FROM (SELECT received FROM results WHERE round = ? UNION ALL "
+                              "SELECT received FROM copies WHERE round = ?)", (r, r)).fetchone()[0]
+            first = db.execute("SELECT MIN(issued) FROM leases WHERE round = ? AND copy = 0", (r + 1,)).fetchone()[0]
+            if last is not None and first is not None:
+                own.append(float(first) - float(last) - validate)
+        return own

@@ -3,8 +3,10 @@ real relay."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +14,7 @@ from pathlib import Path
 import pytest
 from relay_fixtures import REPO_ROOT
 
-from server.bench.crowd_figures import Figures, Timeline, summarize
+from server.bench.crowd_figures import Figures, Timeline, relay_own_seconds, summarize
 
 
 def status_of(history: list[dict]) -> dict:
@@ -48,6 +50,21 @@ def test_the_relays_time_after_the_last_result_and_the_units_lost_by_hand() -> N
     again = Figures(setting="sync k=2", k=2, peers=2, units=8)
     summarize(again, timeline, status_of(history), rounds=2)
     assert again.units_lost == 0
+
+
+def test_the_relays_own_time_from_its_store_by_hand(tmp_path: Path) -> None:
+    """Round 1's last result stored at 10.2 and its last copy at 10.4; round 2's first lease granted at 10.7 (a copy's
+    lease at 10.5 does not count); round 1 validated for 0.1 s: 10.7 - 10.4 - 0.1 = 0.2 s. Round 2 has no round 3."""
+    store = tmp_path / "relay.sqlite3"
+    with contextlib.closing(sqlite3.connect(store)) as db, db:
+        db.executescript("CREATE TABLE results (round INTEGER, received REAL); CREATE TABLE copies (round INTEGER, "
+                         "received REAL); CREATE TABLE leases (round INTEGER, issued REAL, copy INTEGER);")
+        db.executemany("INSERT INTO results VALUES (?, ?)", [(1, 10.0), (1, 10.2), (2, 12.0)])
+        db.executemany("INSERT INTO copies VALUES (?, ?)", [(1, 10.4)])
+        db.executemany("INSERT INTO leases VALUES (?, ?, ?)", [(2, 10.9, 0), (2, 10.7, 0), (2, 10.5, 1), (1, 9.0, 0)])
+    assert relay_own_seconds(store, {1: 0.1}) == pytest.approx([0.2])
+    assert relay_own_seconds(store, {1: 0.1, 2: 0.1}) == pytest.approx([0.2])
+    assert relay_own_seconds(tmp_path / "none.sqlite3", {1: 0.1}) == []
 
 
 @pytest.mark.slow
