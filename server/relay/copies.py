@@ -292,7 +292,9 @@ class UnitCopies(Part):
         self.book.drop(round_index, slot, vector)  # (``vector``: the merged result's weights, where at hand)
         self.store.release(round_index, slot)
         self.book.refuse(round_index, slot, *trainers)
-        self.context.notices.work_changed()
+        # one unit is free: that many held requests look for it, and as many more as peers refused it (they may wake
+        # first); a thousand held peers that all looked cost the relay a search of the round each, at every dispute
+        self.context.notices.work_changed(available=1 + len(trainers))
 
     def settle_disputes(self, verdicts: list[Verdict]) -> None:
         """After a dispute's replay (``Relay.apply_verdicts`` has banned whoever failed it, which drops a banned

@@ -59,7 +59,12 @@ def test_the_attacker_is_banned_and_two_honest_peers_finish(tmp_path: Path) -> N
         return wire.encode((vector + rng.normal(0, 0.05, vector.shape)).astype(np.float32), header)
 
     session_dir = tmp_path / "session"
-    serve = replace(ARITH, session_dir=session_dir, options=RelayOptions(admin_token=ADMIN, peer_timeout=5))
+    # replay_wait all: every merge waits for its round's replays, so the attacker's first result is judged before its
+    # round merges. By default (suspects) a routine replay is judged after the merge, and when the unit beat the
+    # replay (a loaded machine: the fresh-clone suite) the ban's undo merged that round again with two results, not
+    # the honest run's three, and the weights differed from it.
+    serve = replace(ARITH, session_dir=session_dir, options=RelayOptions(admin_token=ADMIN, peer_timeout=5,
+                                                                         replay_wait="all"))
     with RelayProcess(serve, log=tmp_path / "serve.log") as relay:
         attacker = NativePeer(relay.url, hooks=PeerHooks(upload=noise), timeout_s=1500)
         honest = [NativePeer(relay.url, timeout_s=1500) for _ in range(2)]
