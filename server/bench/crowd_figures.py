@@ -180,7 +180,7 @@ def table(results: list[Figures], anchor: float | None) -> str:
 
 def relay_own_seconds(store: Path, timed: dict[int, float]) -> list[float]:
     """The relay's own time after each timed round's last result, on its clock, from its SQLite file (read after
-    it stopped): from the round's last result or copy stored to the next round's first lease granted, less the
+    it stopped): from the round's last result or copy stored before the next round's first lease to that lease, less the
     validation (the merge and the round's opening; a lease row keeps only its slot's latest grant, so the k-th
     grant is not in the file). What the crowd measures adds the hand-out of k assignments, both ends' HTTP and the
     bench's own event loop, which runs a thousand peers on the same two cores."""
@@ -189,9 +189,12 @@ def relay_own_seconds(store: Path, timed: dict[int, float]) -> list[float]:
     with contextlib.closing(sqlite3.connect(f"file:{store}?mode=ro", uri=True)) as db:
         own = []
         for r, validate in sorted(timed.items()):
-            last = db.execute("SELECT MAX(received) FROM (SELECT received FROM results WHERE round = ? UNION ALL "
-                              "SELECT received FROM copies WHERE round = ?)", (r, r)).fetchone()[0]
             first = db.execute("SELECT MIN(issued) FROM leases WHERE round = ? AND copy = 0", (r + 1,)).fetchone()[0]
-            if last is not None and first is not None:
+            if first is None:
+                continue
+            last = db.execute("SELECT MAX(received) FROM (SELECT received FROM results WHERE round = ? UNION ALL "
+                              "SELECT received FROM copies WHERE round = ?) WHERE received <= ?",
+                              (r, r, first)).fetchone()[0]  # (a backup's copy may come after the merge: compared)
+            if last is not None:
                 own.append(float(first) - float(last) - validate)
         return own

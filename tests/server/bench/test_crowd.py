@@ -60,7 +60,7 @@ def test_the_relays_own_time_from_its_store_by_hand(tmp_path: Path) -> None:
         db.executescript("CREATE TABLE results (round INTEGER, received REAL); CREATE TABLE copies (round INTEGER, "
                          "received REAL); CREATE TABLE leases (round INTEGER, issued REAL, copy INTEGER);")
         db.executemany("INSERT INTO results VALUES (?, ?)", [(1, 10.0), (1, 10.2), (2, 12.0)])
-        db.executemany("INSERT INTO copies VALUES (?, ?)", [(1, 10.4)])
+        db.executemany("INSERT INTO copies VALUES (?, ?)", [(1, 10.4), (1, 11.0)])  # (11.0: a copy after the merge)
         db.executemany("INSERT INTO leases VALUES (?, ?, ?)", [(2, 10.9, 0), (2, 10.7, 0), (2, 10.5, 1), (1, 9.0, 0)])
     assert relay_own_seconds(store, {1: 0.1}) == pytest.approx([0.2])
     assert relay_own_seconds(store, {1: 0.1, 2: 0.1}) == pytest.approx([0.2])
