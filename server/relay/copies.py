@@ -230,17 +230,17 @@ class UnitCopies(Part):
         if self.replays.active:
             self.replays.queue_replay(slot, results, DISPUTE, ("dispute", slot), engines=engines)
             return
-        merged = self.store.result_peer(round_index, slot)
-        self._undecided(round_index, slot, None if merged is None else results.get(merged))
+        self._undecided(round_index, slot, results)
         self.store.count("disputes_unresolved")
 
-    def _undecided(self, round_index: int, slot: int, vector: np.ndarray | None = None) -> None:
+    def _undecided(self, round_index: int, slot: int, vectors: dict[str, np.ndarray]) -> None:
         """The slot's result joins its disputed copies (its message kept as its peer's copy) and the unit goes to
-        another peer, whose result ``quorum`` compares with them all."""
+        another peer, whose result ``quorum`` compares with them all. ``vectors``: weights by peer, the result's
+        among them where at hand (it is then taken out of the round's sum, not the sum rebuilt)."""
         merged = self.store.result(round_index, slot)
         if merged is not None:
             self.store.add_copy(round_index, slot, merged.peer_id, merged.message, "disputed", count_unit=False)
-        self._retrain(round_index, slot, "unresolved", vector)
+        self._retrain(round_index, slot, "unresolved", None if merged is None else vectors.get(merged.peer_id))
 
     def quorum(self, round_index: int, slot: int, stored: StoredResult, vector: np.ndarray) -> list[str]:
         """A new result of a slot whose copies disagreed, nobody replaying them (BOINC's quorum): the first two that
@@ -264,7 +264,7 @@ class UnitCopies(Part):
         if not agreeing:
             if len(unresolved) + 1 < QUORUM_LIMIT:
                 self.store.count("quorums_undecided")  # (three or more different results: ask one more peer)
-                self._undecided(round_index, slot, vector)
+                self._undecided(round_index, slot, {stored.peer_id: vector})
             else:
                 self.store.count("quorums_without_majority")
             return []

@@ -26,7 +26,7 @@ from server.relay.store.sqlite.peers import SQLitePeers
 from server.relay.store.sqlite.results import SQLiteResults
 from server.relay.store.sqlite.undos import SQLiteUndos
 
-LEASE_CACHE_ROUNDS = 8  # (round, copy) entries of leases kept; more and all are forgotten
+CACHE_ROUNDS = 8  # rounds (of leases: (round, copy)) whose rows are kept; past that all are forgotten
 
 
 class SQLiteStore:
@@ -45,7 +45,7 @@ class SQLiteStore:
         self._undos = SQLiteUndos(self.connection, clock)
         self._counters = SQLiteCounters(self.connection, clock)
         self._lease_cache: dict[tuple[int, int], dict[int, Lease]] = {}  # (round, copy) -> the rows, as read
-        self._lease_lock = threading.RLock()
+        self._cache_lock = threading.RLock()
         self._copies_cache: dict[int, dict[tuple[int, str], str]] = {}  # round -> its copies' outcomes, as read
         self._active: tuple[float, float, list[str], frozenset[str]] | None = None  # (read at, within, ids, as a set)
         self.open()
@@ -96,7 +96,7 @@ class SQLiteStore:
     # comes back, is banned or unbanned, or the leases change (but a grant to a peer already active).
     def active_peers(self, within_seconds: float) -> list[str]:
         now = self._clock()
-        with self._lease_lock:
+        with self._cache_lock:
             kept = self._active
             if kept is not None and kept[1] == within_seconds and \
                     0 <= now - kept[0] < min(LAST_SEEN_RESOLUTION, within_seconds / 10):
@@ -107,7 +107,7 @@ class SQLiteStore:
 
     def _forget_active(self, *, unless: str | None = None) -> None:
         """Forget the active peers kept (``unless``: not when that peer is among them)."""
-        with self._lease_lock:
+        with self._cache_lock:
             if self._active is not None and (unless is None or unless not in self._active[3]):
                 self._active = None
 
@@ -131,17 +131,21 @@ class SQLiteStore:
     # a thousand times (a round's hand-out took seconds). The store is the leases' only writer while the relay
     # serves, so it keeps the rows it read: a grant updates them, any other change to the table forgets them.
     def leases(self, round_index: int, copy: int = 0) -> dict[int, Lease]:
-        with self._lease_lock:
-            cached = self._lease_cache.get((round_index, copy))
+        return self._kept(self._lease_cache, (round_index, copy), lambda: self._leases.leases(round_index, copy))
+
+    def _kept(self, cache: dict[Any, dict[Any, Any]], key: Any, read: Callable[[], dict[Any, Any]]) -> dict[Any, Any]:
+        """A copy of ``cache[key]``, read first where it is not kept (past ``CACHE_ROUNDS`` keys, all are forgotten)."""
+        with self._cache_lock:
+            cached = cache.get(key)
             if cached is None:
-                if len(self._lease_cache) >= LEASE_CACHE_ROUNDS:
-                    self._lease_cache.clear()
-                cached = self._lease_cache[(round_index, copy)] = self._leases.leases(round_index, copy)
+                if len(cache) >= CACHE_ROUNDS:
+                    cache.clear()
+                cached = cache[key] = read()
             return dict(cached)
 
     def grant(self, round_index: int, slot: int, unit_index: int, peer_id: str, seconds: float,
               copy: int = 0) -> Lease:
-        with self._lease_lock:
+        with self._cache_lock:
             lease = self._leases.grant(round_index, slot, unit_index, peer_id, seconds, copy)
             self._forget_active(unless=peer_id)
             cached = self._lease_cache.get((round_index, copy))
@@ -152,7 +156,7 @@ class SQLiteStore:
     @contextlib.contextmanager
     def _changing_leases(self) -> Iterator[None]:
         """Around any change to the leases table but a grant: the leases kept are forgotten once it is done."""
-        with self._lease_lock:
+        with self._cache_lock:
             try:
                 yield
             finally:
@@ -235,17 +239,11 @@ class SQLiteStore:
             self._copies.set_copy_outcome(round_index, slot, peer_id, outcome)
 
     def copies(self, round_index: int) -> dict[tuple[int, str], str]:
-        with self._lease_lock:
-            cached = self._copies_cache.get(round_index)
-            if cached is None:
-                if len(self._copies_cache) >= LEASE_CACHE_ROUNDS:
-                    self._copies_cache.clear()
-                cached = self._copies_cache[round_index] = self._copies.copies(round_index)
-            return dict(cached)
+        return self._kept(self._copies_cache, round_index, lambda: self._copies.copies(round_index))
 
     @contextlib.contextmanager
     def _changing_copies(self) -> Iterator[None]:
-        with self._lease_lock:
+        with self._cache_lock:
             try:
                 yield
             finally:
