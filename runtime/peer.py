@@ -9,6 +9,7 @@ same computation. A local task's peer also holds the files its person chose (``l
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import secrets
@@ -19,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from runtime import deltas, wire
-from runtime.backend import get_backend
+from runtime.backend import get_backend, numpy_backend
 from runtime.codec import Codec, ErrorFeedback
 from runtime.privacy import privatize_update
 from runtime.protocol import Job
@@ -39,6 +40,39 @@ def engine() -> str:
     """Where a unit is trained, as a result says (two copies of a unit from one engine must be identical):
     ``pyodide-numpy``, ``pyodide-webgpu`` or ``native-numpy``."""
     return f"{'pyodide' if sys.platform == 'emscripten' else 'native'}-{get_backend().name}"
+
+
+# The engines whose float kernels give a unit the same bits on every machine of one engine class (``engine_class``);
+# WebGPU's depend on the GPU and its driver, which a page cannot name for sure.
+BIT_EXACT_ENGINES = ("pyodide-numpy", "native-numpy")
+
+
+def engine_class() -> str:
+    """The engine and what decides its results' last bits, as BOINC's homogeneous redundancy groups hosts: numpy's
+    version, its BLAS library and the SIMD extensions numpy's kernels found on this CPU (OpenBLAS picks its kernels
+    by them too) and, in Pyodide, the matmul kernel in numpy's place. Two peers of one class train a unit to the same
+    bits; two classes may part in the last bits (another summation order), so the relay compares copies bit for bit
+    within a class only. E.g. ``native-numpy numpy-2.2.4 scipy-openblas-0.3.28 X86_V3+X86_V4``; in a browser
+    ``pyodide-numpy numpy-2.0.2 wasm-simd-gemm-4x8``."""
+    kernel = numpy_backend.matmul_kernel()  # (Pyodide: the SIMD kernel, or numpy's loop with ?blas=numpy)
+    return f"{engine()} {_numpy_build()}" + (f" {kernel}" if kernel else "")
+
+
+@functools.cache
+def _numpy_build() -> str:
+    """``engine_class``'s numpy part (read once: numpy's configuration does not change while it runs)."""
+    parts = [f"numpy-{np.__version__}"]
+    try:
+        config: dict[str, Any] = np.show_config(mode="dicts") or {}  # type: ignore[func-returns-value,assignment]
+    except Exception:  # (a numpy build without its configuration: the version alone)
+        config = {}
+    blas = (config.get("Build Dependencies") or {}).get("blas") or {}
+    if blas.get("found") and blas.get("name"):
+        parts.append(f"{blas['name']}-{blas.get('version', '')}".rstrip("-"))
+    found = (config.get("SIMD Extensions") or {}).get("found") or []
+    if found:
+        parts.append("+".join(str(extension) for extension in found))
+    return " ".join(part.replace(" ", "_") for part in parts)
 
 
 class Peer:
@@ -115,6 +149,7 @@ class Peer:
         header = wire.WireHeader(spec=self.spec, round=job.round, fingerprint=self.fingerprint,
                                  num_examples=int(result.num_examples), metrics=metrics,
                                  meta={"slot": job.slot, "unit_index": unit.index, "engine": engine(),
+                                       "engine_class": engine_class(),
                                        **({"local_dp": {"noise_multiplier": self.local_privacy[0],
                                                         "clip": self.local_privacy[1]}} if self.local_privacy else {})})
         codec = Codec.from_json(job.codec) if job.codec else Codec()

@@ -207,6 +207,7 @@ class RefusalCode(StrEnum):
     BAD_UPDATE = "bad_update"
     BAD_CODEC = "bad_codec"
     CHAIN_MISMATCH = "chain_mismatch"
+    BAD_ENGINE_CLASS = "bad_engine_class"
     # 401
     UNAUTHORIZED = "unauthorized"
     # 403
@@ -274,6 +275,7 @@ ACTIONS: dict[RefusalCode, PeerAction] = {
     RefusalCode.OUTDATED_FORMAT: PeerAction.STOP,  # the page's wire format is older than the relay's
     RefusalCode.WRONG_CODEC: PeerAction.STOP,  # the page's runtime does not send the session's codec
     RefusalCode.ENGINE_NOT_REPLAYABLE: PeerAction.STOP,  # its engine's results cannot be checked in this session
+    RefusalCode.BAD_ENGINE_CLASS: PeerAction.STOP,  # the peer's runtime names its engine in a way the relay refuses
     RefusalCode.UNKNOWN_WEIGHTS: PeerAction.REFETCH_WEIGHTS,
     RefusalCode.WRONG_BASE: PeerAction.REFETCH_WEIGHTS,
     RefusalCode.CHAIN_MISMATCH: PeerAction.REFETCH_WEIGHTS,

@@ -409,12 +409,18 @@ class NumpyBackend:
 # returns a @ b (numpy's matmul semantics for arrays of 2 or more axes), or None for a case it leaves to numpy.
 MatmulKernel = Callable[[np.ndarray, np.ndarray], "np.ndarray | None"]
 _matmul_kernel: MatmulKernel | None = None
+_matmul_name = ""  # the installed kernel's name (its sums' order is part of a peer's engine class)
 
 
-def use_matmul(kernel: MatmulKernel | None) -> None:
-    """Route matmuls through ``kernel`` first; None: numpy's own again."""
-    global _matmul_kernel
-    _matmul_kernel = kernel
+def use_matmul(kernel: MatmulKernel | None, name: str = "matmul-kernel") -> None:
+    """Route matmuls through ``kernel`` (called ``name``) first; None: numpy's own again."""
+    global _matmul_kernel, _matmul_name
+    _matmul_kernel, _matmul_name = kernel, name if kernel is not None else ""
+
+
+def matmul_kernel() -> str:
+    """The name of the matmul kernel installed in place of numpy's ("" for numpy's own)."""
+    return _matmul_name
 
 
 def _product(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:

@@ -177,5 +177,5 @@ def matmul(gemm: Callable[..., None], a: np.ndarray, b: np.ndarray) -> np.ndarra
 def install() -> str:
     """Load the kernel and make it the numpy backend's matmul (Pyodide only); returns what the page shows."""
     gemm = load()
-    use_matmul(lambda a, b: matmul(gemm, a, b))
+    use_matmul(lambda a, b: matmul(gemm, a, b), f"wasm-simd-gemm-{ROWS}x8")
     return f"WebAssembly SIMD kernel ({ROWS}x8 blocks)"

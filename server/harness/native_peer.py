@@ -17,7 +17,7 @@ import time
 
 import httpx
 
-from runtime.peer import Peer
+from runtime.peer import Peer, engine_class
 from runtime.protocol import Job
 from server.harness.peer import (
     PeerHooks,
@@ -46,7 +46,8 @@ class NativePeer:
                                                     verify=verify), self.stop_event)
         self.protocol = RelayPeer(hooks=self.hooks, retry=retry, hold_s=hold_s, wait_cap_s=wait_cap_s,
                                   join_code=join_code, stop=self.stop_event.is_set,
-                                  deadline=deadline if deadline is not None else time.monotonic() + timeout_s)
+                                  deadline=deadline if deadline is not None else time.monotonic() + timeout_s,
+                                  engine_class="" if self.hooks.train is not None else engine_class())
         self.ended = ""  # "done", "stopped", a refusal's code after which the protocol says stop, or "timeout"
         self.error: BaseException | None = None
         self.thread: threading.Thread | None = None

@@ -44,6 +44,13 @@ def decode_result(body: bytes, *, session: Session, round_index: int, fingerprin
         raise Refusal(int(getattr(error, "http_status", 400)), error.code, str(error)) from error
 
 
+def engines_of(meta: Mapping[str, Any]) -> tuple[str, str]:
+    """The engine and the engine class a result's header names (``runtime.peer``; a runtime older than engine
+    classes names the engine only, which then stands for its class)."""
+    engine = str(meta.get("engine", ""))
+    return engine, str(meta.get("engine_class", "") or engine)
+
+
 def read_result(body: bytes, *, session: Session, fingerprint: str, round_index: int, unit: WorkUnit,
                 base: np.ndarray | None = None, base_sha256: str | None = None) -> Read:
     """The checks of 1-3 above: the header, the weights, the relay's example count and the update norm (against

@@ -60,9 +60,11 @@ class Call:
     follow_redirects: bool = False
 
 
-def join_call(join_code: str | None = None, ticket: str = "") -> Call:
-    """``POST /api/join``; ``ticket``: the one the last ``429 join_rate`` gave, which keeps the join's place."""
-    body = ({"join_code": join_code} if join_code else {}) | ({"ticket": ticket} if ticket else {})
+def join_call(join_code: str | None = None, ticket: str = "", engine_class: str = "") -> Call:
+    """``POST /api/join``; ``ticket``: the one the last ``429 join_rate`` gave, which keeps the join's place;
+    ``engine_class``: what the peer trains on (``runtime.peer.engine_class``)."""
+    body = ({"join_code": join_code} if join_code else {}) | ({"ticket": ticket} if ticket else {}) | (
+        {"engine_class": engine_class} if engine_class else {})
     return Call("POST", "/api/join", json=body, authorized=False)
 
 
@@ -131,8 +133,8 @@ class RelayClient:
     def call(self, call: Call) -> Any:
         return call.parse(self.send(call))
 
-    def join(self, join_code: str | None = None) -> Credentials:
-        joined = Joined.from_json(self.call(join_call(join_code)))
+    def join(self, join_code: str | None = None, engine_class: str = "") -> Credentials:
+        joined = Joined.from_json(self.call(join_call(join_code, engine_class=engine_class)))
         self.credentials = Credentials(joined.peer_id, joined.token)
         return self.credentials
 
@@ -175,7 +177,7 @@ class AsyncRelayClient:
     async def call(self, call: Call) -> Any:
         return call.parse(await self.send(call))
 
-    async def join(self, join_code: str | None = None) -> Credentials:
-        joined = Joined.from_json(await self.call(join_call(join_code)))
+    async def join(self, join_code: str | None = None, engine_class: str = "") -> Credentials:
+        joined = Joined.from_json(await self.call(join_call(join_code, engine_class=engine_class)))
         self.credentials = Credentials(joined.peer_id, joined.token)
         return self.credentials

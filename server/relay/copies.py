@@ -28,13 +28,13 @@ from operator import itemgetter
 
 import numpy as np
 
-from runtime import wire
 from runtime.planner import Assignment
 from runtime.protocol import CopyKind, Job
 from server.relay.backups import Backups
 from server.relay.book import RoundBook
-from server.relay.checks import Read, check_update_norm, decode_result, read_result, relay_count
+from server.relay.checks import Read, check_update_norm, decode_result, engines_of, read_result, relay_count
 from server.relay.context import Part, RelayContext
+from server.relay.engine_classes import SETTLED_IN_CLASS
 from server.relay.jobs import Jobs
 from server.relay.refusal import Refusal
 from server.relay.replay_checks import ReplayChecks
@@ -56,11 +56,6 @@ def by_slot(copies: dict[tuple[int, str], str]) -> dict[int, list[str]]:
     return {slot: [outcome for _, outcome in group] for slot, group in groupby(pairs, key=itemgetter(0))}
 
 
-def engine_of(message: bytes) -> str:
-    """The engine a result message says it was trained on (``runtime.peer``: e.g. ``pyodide-numpy``)."""
-    return str(wire.read_header(message).meta.get("engine", ""))
-
-
 class UnitCopies(Part):
     """Which slots get a second copy and who trains it, backups, and comparing a second result with the merged one.
     A dispute goes to the host's replays (``replays``); its verdict comes back through ``settle_disputes``."""
@@ -70,6 +65,7 @@ class UnitCopies(Part):
         self.backups = Backups(context, book)
         self._confirmed: set[str] = set()  # peers with a result a copy agreed with (or a quorum upheld)
         self._unconfirmed: set[tuple[int, int]] = set()  # (round, slot) whose result came from a peer not confirmed
+        self.classes = replays.classes  # (slots only a copy from their engine class checks: never merged unchecked)
 
     # -- which slots get a second copy, and who may train it ------------------------------------------
     def redundant(self, round_index: int, slot: int) -> bool:
@@ -77,13 +73,37 @@ class UnitCopies(Part):
         whose result came from a peer no copy has confirmed yet (``note_result``)."""
         fraction = self.options.redundancy
         return fraction > 0 and self.session.task.kind != "local" and (
-            (round_index, slot) in self._unconfirmed or
+            (round_index, slot) in self._unconfirmed or (round_index, slot) in self.classes.slots or
             sampled(self.session.config.seed, round_index, slot, fraction, "redundancy"))
 
     def note_result(self, round_index: int, slot: int, peer_id: str) -> None:
         """A slot's result came from a peer no copy has confirmed (a newcomer): copied, as BOINC replicates."""
         if self.options.redundancy > 0 and peer_id not in self._confirmed:
             self._unconfirmed.add((round_index, slot))
+
+    # -- engines the host cannot replay: copies within an engine class (BOINC's homogeneous redundancy) ---------
+    def drop_unchecked(self, *, merging: bool) -> None:
+        """Results checked by a copy of their engine class alone that no peer of the class can train now (none is
+        connected besides those on the slot; with ``merging``, the round merges without waiting for copies, after
+        its deadline) go back out: a result the host cannot replay is never merged unchecked."""
+        round_index = self.session.round
+        pending = self.classes.pending(round_index)
+        if not pending:
+            return
+        copies, leases, now = self.store.copies(round_index), self.store.leases(round_index, 1), self.store.clock()
+        outcomes = by_slot(copies)
+        results = self.store.result_slots(round_index)
+        active = self.store.active_peers(self.options.peer_timeout)
+        for slot in pending:
+            if slot not in results or not self._needs_copy(round_index, slot, outcomes):
+                continue
+            lease = leases.get(slot)
+            out = lease is not None and lease.deadline >= now and (slot, lease.peer_id) not in copies
+            trainers = self._trainers(round_index, slot, copies)
+            if merging or not (out or any(self._eligible(peer, round_index, slot, trainers) for peer in active)):
+                self.store.count("copies_unchecked_dropped")
+                kept = self.book.kept(round_index, slot)
+                self._retrain(round_index, slot, "unchecked", None if kept is None else kept[1])
 
     def _confirm(self, *peers: str) -> None:
         self._confirmed.update(peer for peer in peers if not self.store.ban_reason(peer))
@@ -92,7 +112,8 @@ class UnitCopies(Part):
         """A chosen slot whose copies have not settled (a dispute waits for its replay). ``outcomes``: ``by_slot``."""
         if not self.redundant(round_index, slot):
             return False
-        return not any(outcome in SETTLED or outcome == "disputed" for outcome in outcomes.get(slot, ()))
+        settled = SETTLED_IN_CLASS if (round_index, slot) in self.classes.slots else SETTLED
+        return not any(outcome in settled or outcome == "disputed" for outcome in outcomes.get(slot, ()))
 
     def _trainers(self, round_index: int, slot: int, copies: dict[tuple[int, str], str] | None = None) -> set[str]:
         """Peers that trained or hold ``slot`` this round (either copy, the merged result, a compared one)."""
@@ -107,6 +128,8 @@ class UnitCopies(Part):
     def _eligible(self, peer_id: str, round_index: int, slot: int, trainers: set[str]) -> bool:
         """Whether ``peer_id`` may train ``slot``'s copy, given the slot's ``trainers`` (``_trainers``)."""
         if peer_id in trainers or self.book.refused(round_index, slot, peer_id) or self.store.ban_reason(peer_id):
+            return False
+        if not self.classes.admits(peer_id, round_index, slot):
             return False
         if self.options.ban_addresses:  # addresses tell people apart: the copy comes from somewhere else
             address = self.store.peer_address(peer_id)
@@ -188,7 +211,9 @@ class UnitCopies(Part):
             self.book.refuse(round_index, slot, peer_id)
             raise
         merged, merged_vector = self._merged(round_index, slot)
-        outcome = self._compare(str(header.meta.get("engine", "")), vector, merged, merged_vector)
+        engine, engine_class = engines_of(header.meta)
+        self.classes.note(peer_id, engine_class)
+        outcome = self._compare(engine_class, vector, merged, merged_vector)
         self.store.add_copy(round_index, slot, peer_id, body, outcome)
         self.store.release(round_index, slot, peer_id)
         self.store.count(f"copies_{outcome}")
@@ -197,25 +222,29 @@ class UnitCopies(Part):
             self._confirm(merged.peer_id, peer_id)
         if outcome == "disputed":
             LOG.warning("copies of round %d slot %d disagree: merged from %s (%s), copy from %s (%s)", round_index,
-                        slot, merged.peer_id, merged.engine, peer_id, header.meta.get("engine", ""))
+                        slot, merged.peer_id, merged.engine_class, peer_id, engine_class)
             self._dispute(round_index, slot, {merged.peer_id: merged_vector, peer_id: vector},
-                          {merged.peer_id: merged.engine, peer_id: str(header.meta.get("engine", ""))})
+                          {merged.peer_id: merged.engine, peer_id: engine})
         return StoredResult(round_index, slot, assignment.unit_index, peer_id, count, dict(header.metrics), b"")
 
     def _merged(self, round_index: int, slot: int) -> tuple[StoredResult, np.ndarray]:
         kept = self.book.kept(round_index, slot)
-        if kept is not None and kept[0].engine:
+        if kept is not None and kept[0].engine_class:
             return kept
         stored = self.store.result(round_index, slot)  # (this slot's message only: a round may hold a thousand)
         assert stored is not None, f"round {round_index} slot {slot} has no result to compare a copy with"
         header, vector = decode_result(stored.message, session=self.session, round_index=round_index)
         return StoredResult(stored.round, stored.slot, stored.unit_index, stored.peer_id, stored.num_examples,
-                            stored.metrics, b"", str(header.meta.get("engine", ""))), vector
+                            stored.metrics, b"", *engines_of(header.meta)), vector
 
-    def _compare(self, engine: str, vector: np.ndarray, merged: StoredResult, merged_vector: np.ndarray) -> str:
+    def _compare(self, engine_class: str, vector: np.ndarray, merged: StoredResult,
+                 merged_vector: np.ndarray) -> str:
+        """A result of ``engine_class`` against the merged one: bit for bit within one engine class, within the
+        replay tolerance across classes where the task's training is reproducible across engines, else not
+        comparable."""
         if self.session.task.kind == "local":  # a backup of a local unit trained on another peer's own files
             return "not_comparable"
-        if engine and engine == merged.engine:
+        if engine_class and engine_class == merged.engine_class:
             return "identical" if np.array_equal(vector, merged_vector) else "disputed"
         if not self.session.task.replay_across_engines:
             return "not_comparable"
@@ -227,7 +256,7 @@ class UnitCopies(Part):
                  engines: dict[str, str] | None = None) -> None:
         """Two copies disagree: a host replay decides, or both go and a third peer's result settles it (``quorum``;
         the merged one's message is kept as its peer's copy for that)."""
-        if self.replays.active:
+        if self.replays.active and all(self.replays.judges(engine) for engine in (engines or {}).values()):
             self.replays.queue_replay(slot, results, DISPUTE, ("dispute", slot), engines=engines)
             return
         self._undecided(round_index, slot, results)
@@ -257,9 +286,8 @@ class UnitCopies(Part):
             if not message:
                 return []  # (pruned: nothing to compare with)
             header, other = decode_result(message, session=self.session, round_index=round_index)
-            earlier = StoredResult(round_index, slot, stored.unit_index, peer, 0, {}, b"",
-                                   str(header.meta.get("engine", "")))
-            if self._compare(stored.engine, vector, earlier, other) in ("identical", "agreed"):
+            earlier = StoredResult(round_index, slot, stored.unit_index, peer, 0, {}, b"", *engines_of(header.meta))
+            if self._compare(stored.engine_class, vector, earlier, other) in ("identical", "agreed"):
                 agreeing.append(peer)
         if not agreeing:
             if len(unresolved) + 1 < QUORUM_LIMIT:
@@ -292,6 +320,9 @@ class UnitCopies(Part):
         self.book.drop(round_index, slot, vector)  # (``vector``: the merged result's weights, where at hand)
         self.store.release(round_index, slot)
         self.book.refuse(round_index, slot, *trainers)
+        # (a unit only its engine class can check is trained again within it)
+        self.book.refuse(round_index, slot, *self.classes.others(round_index, slot,
+                                                                 self.store.active_peers(self.options.peer_timeout)))
         # one unit is free: that many held requests look for it, and as many more as peers refused it (they may wake
         # first); a thousand held peers that all looked cost the relay a search of the round each, at every dispute
         self.context.notices.work_changed(available=1 + len(trainers))
@@ -334,7 +365,7 @@ class UnitCopies(Part):
         header, vector = decode_result(message, session=self.session, round_index=round_index)
         count = relay_count(self.session.task, self.session.work_unit(assignment), int(header.num_examples))
         stored = StoredResult(round_index, slot, assignment.unit_index, peer_id, count, dict(header.metrics),
-                              message, str(header.meta.get("engine", "")))
+                              message, *engines_of(header.meta))
         self.store.add_result(stored, count_unit=False)
         self.book.keep(stored, vector)
         self.store.set_copy_outcome(round_index, slot, peer_id, "replaced")
@@ -352,5 +383,6 @@ class UnitCopies(Part):
         if not self.options.redundancy:
             return None
         self._unconfirmed = {key for key in self._unconfirmed if key[0] > round_index}  # (merged: forgotten)
+        self.classes.forget_through(round_index)
         outcomes = list(self.store.copies(round_index).values())
         return {"compared": len(outcomes), **{o: outcomes.count(o) for o in sorted(set(outcomes))}}

@@ -29,25 +29,36 @@ from server.relay.state import MAX_HOLD_SECONDS
 
 JOIN_BODY_LIMIT = 4096  # bytes: a join body holds at most a join code
 MAX_TICKET_CHARS = 100  # a join's ticket (server.relay.admission): a longer one is not one the relay gave
+MAX_ENGINE_CLASS_CHARS = 200  # a join's engine class (``runtime.peer.engine_class``: under 100 characters)
 MAX_INDEX_DIGITS = 18  # a unit index in a path: int() of a longer digit string is slow or refused (4300 digits)
 
 
 @operation(Operation(
     summary="join the session: a peer id and its token",
-    body=Body(schema={"type": "object", "properties": {"join_code": {"type": "string"}, "ticket": {"type": "string"}}},
+    body=Body(schema={"type": "object", "properties": {
+        "join_code": {"type": "string"}, "ticket": {"type": "string"},
+        "engine_class": {"type": "string", "maxLength": MAX_ENGINE_CLASS_CHARS}}},
               description=f"at most {JOIN_BODY_LIMIT} bytes; an empty body is {{}}; ticket: the one a 429 join_rate "
-              "gave this address, which keeps the join's place in the address's queue"),
+              "gave this address, which keeps the join's place in the address's queue; engine_class: what the peer "
+              "trains on (runtime.peer.engine_class), so that a copy of its units goes to a peer of the same class "
+              "where the host cannot replay them"),
     answers=[Answer(description="the peer's credentials (Authorization: Bearer <peer_id>:<token>)",
                     content={JSON: {"type": "object", "required": ["peer_id", "token"],
                                     "properties": {"peer_id": {"type": "string"}, "token": {"type": "string"}}}})],
-    refusals=[*JSON_REFUSALS, (403, "join_code"), (403, "banned"), (429, "join_rate"), (429, "too_many_peers")]))
+    refusals=[*JSON_REFUSALS, (400, "bad_engine_class"), (403, "join_code"), (403, "banned"), (429, "join_rate"),
+              (429, "too_many_peers")]))
 async def join(request: Request) -> Response:
     relay = relay_of(request)
     payload = await read_json_object(request, JOIN_BODY_LIMIT, "join")
     address = request.client.host if request.client else "unknown"  # (behind a proxy: the app's ProxyHeaders)
+    engine_class = payload.get("engine_class", "")
+    if not isinstance(engine_class, str) or len(engine_class) > MAX_ENGINE_CLASS_CHARS or \
+            not engine_class.isprintable():
+        raise Refusal(400, "bad_engine_class", f"engine_class must be printable text of at most "
+                      f"{MAX_ENGINE_CLASS_CHARS} characters (runtime.peer.engine_class)")
     peer_id, token = relay.join(address, agent=request.headers.get("user-agent", ""),
                                 join_code=str(payload.get("join_code", "")),
-                                ticket=str(payload.get("ticket", ""))[:MAX_TICKET_CHARS])
+                                ticket=str(payload.get("ticket", ""))[:MAX_TICKET_CHARS], engine_class=engine_class)
     return JSONResponse({"peer_id": peer_id, "token": token})
 
 

@@ -21,6 +21,7 @@ from runtime import wire
 from server.browser_assets import engines
 from server.relay.context import RelayContext
 from server.relay.direction import DIRECTION, direction_of
+from server.relay.engine_classes import EngineClasses
 from server.relay.jobs import Jobs
 from server.relay.refusal import Refusal
 from server.relay.store import StoredResult
@@ -55,6 +56,8 @@ class ReplayChecks:
         # Peers whose result was refused for its engine (peer id -> the engine it named): they are not handed
         # more work to waste, and a round that only they could train says what it needs (``waiting``).
         self.unjudgeable_peers: dict[str, str] = {}
+        # What each peer trains on: copies of units the host cannot replay go to peers of their class only
+        self.classes = EngineClasses(context)
         self.start()
 
     @property
@@ -66,6 +69,7 @@ class ReplayChecks:
         none."""
         self.close()
         self.unjudgeable_peers = {}
+        self.classes.reset()
         options, session, package = self.context.options, self.context.session, self.context.package
         replayable = options.verify and session.task.kind != "local"  # (a peer's own data: no replay)
         self.engine, self.engine_note = engines.resolve(options.replay_engine)
@@ -86,7 +90,15 @@ class ReplayChecks:
         return Refusal(422, "engine_not_replayable", f"this session checks {self.context.session.task.name} results "
                        f"by replaying them bit for bit on {self.queue.verifier.engine_name}, and its units part ways "
                        f"across engines; a result trained on {engine or 'an unnamed engine'} cannot be checked (a "
-                       "page trains such a session on the CPU)")
+                       "page trains such a session on the CPU" + (
+                           "; nor is another connected peer of its engine class here to train copies of its units"
+                           if self.context.options.redundancy > 0 else
+                           "; a session with --redundancy checks such results by copies among peers of one engine "
+                           "class") + ")")
+
+    def judges(self, engine: str) -> bool:
+        """Whether the host's replays can judge a result trained on ``engine`` (or nothing is replayed)."""
+        return self.refusal(engine) is None
 
     def refuse_engine(self, peer_id: str, refusal: Refusal, engine: str) -> Refusal:
         """``refusal`` (``engine_not_replayable``) for ``peer_id``, remembered: its next ask for work is refused."""
@@ -104,7 +116,9 @@ class ReplayChecks:
             return None
         engines_named = sorted({self.unjudgeable_peers[peer] or "an unnamed engine" for peer in active})
         return (f"a peer on {self.queue.verifier.engine_name} (a browser page trains on it): the connected peers "
-                f"train on {', '.join(engines_named)}, whose results this session cannot check bit for bit")
+                f"train on {', '.join(engines_named)}, whose results this session cannot check bit for bit"
+                + ("" if self.context.options.redundancy > 0 else
+                   " (with --redundancy, peers of one engine class check each other by copies)"))
 
     def dry_run(self) -> str:
         """A task from a file, at set-up: one unit of the open round trained on the replays' engine twice and natively,
@@ -161,24 +175,38 @@ class ReplayChecks:
         return self.queue is not None and self.queue.direction is not None
 
     def verify(self, stored: StoredResult, vector: np.ndarray, *, outlier: bool = False,
-               others: np.ndarray | None = None) -> None:
+               others: np.ndarray | None = None) -> str | None:
         """Queue a replay of this result when the rules say so (``ReplayQueue.reason``); ``others``: the sum of the
-        updates of the round's results accepted before it (``RoundBook.sum_of_updates``), for its direction."""
+        updates of the round's results accepted before it (``RoundBook.sum_of_updates``), for its direction. A
+        result of an engine the host cannot replay (accepted where a peer of its class can train a copy) is not
+        replayed: the reason a replay would have had is returned, and a copy checks it instead (BOINC's homogeneous
+        redundancy; adaptive replication picks which, as it picks replays)."""
         if self.queue is None:
-            return
+            return None
         direction = None
         if not outlier and self.queue.direction is not None:
             session = self.context.session
             direction = direction_of(vector.astype(np.float64) - session.weights, session.merge.last_delta, others)
         reason = self.queue.reason(stored.peer_id, stored.round, stored.slot, outlier=outlier, direction=direction)
+        if not self.judges(stored.engine):
+            self._drop_prepared(stored.round, stored.slot)
+            return None if outlier else reason
         if reason is None:
-            return
+            return None
         if reason in (COVERAGE,) or reason.startswith(DIRECTION):
             self.context.store.count("replays_for_coverage" if reason == COVERAGE else "replays_for_direction")
         deferred = reason in ROUTINE and self.context.options.replay_wait == "suspects" and self.undo_rules.active
         self.queue_replay(stored.slot, {stored.peer_id: vector}, reason,
                           ("outlier" if outlier else "result", stored.slot, stored.peer_id),
                           engines={stored.peer_id: stored.engine}, deferred=deferred)
+        return None
+
+    def _drop_prepared(self, round_index: int, slot: int) -> None:
+        """A replay started at hand-out for a slot whose result came from an engine the host cannot replay."""
+        assert self.queue is not None
+        entry = self.queue.prepared.pop((round_index, slot), None)
+        if entry is not None and not entry[1][0]:
+            entry[0].cancel()
 
     def verify_round(self, kept: Sequence[tuple[StoredResult, np.ndarray]], total: np.ndarray | None,
                      results: int) -> None:
@@ -191,6 +219,8 @@ class ReplayChecks:
             return
         weights = self.context.session.weights
         for stored, vector in kept:
+            if not self.judges(stored.engine):
+                continue  # (its copy checks it)
             update = vector.astype(np.float64) - weights
             direction = direction_of(update, None, total - update)
             if self.queue.suspect(direction) and self.queue.mark_replayed(stored.round, stored.slot, stored.peer_id):
@@ -229,6 +259,9 @@ class ReplayChecks:
         """At hand-out: start replaying a slot whose result will be checked, so the check costs only a
         comparison when the result comes (a replay needs the job, not the result)."""
         round_index = self.context.session.round
+        said = self.classes.engine(peer_id)  # (where it said: a copy from its class checks what the host cannot replay)
+        if said and not self.judges(said):
+            return
         if self.queue is not None and self.queue.will_check(peer_id, round_index, slot) and \
                 (round_index, slot) not in self.queue.prepared:
             self.queue.prepare(round_index, slot, self._start_replay(slot))

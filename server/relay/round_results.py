@@ -17,7 +17,15 @@ from runtime.aggregate.streaming import TermTooLarge
 from runtime.planner import Assignment
 from server.relay.bans import Bans
 from server.relay.book import RoundBook
-from server.relay.checks import EarlyRead, check_noised_norm, check_update_norm, local_noise, read_early, read_result
+from server.relay.checks import (
+    EarlyRead,
+    check_noised_norm,
+    check_update_norm,
+    engines_of,
+    local_noise,
+    read_early,
+    read_result,
+)
 from server.relay.context import RelayContext
 from server.relay.copies import UnitCopies
 from server.relay.jobs import Jobs
@@ -105,7 +113,9 @@ class RoundResults:
         for liar in self.copies.quorum(round_index, slot, stored, vector):  # (a dispute no replay could settle)
             self.bans.ban(liar, f"its result of unit {stored.unit_index} in round {round_index + 1} disagreed with "
                                 "two other peers' results that agreed with each other")
-        self.replays.verify(stored, vector, others=others)  # (direction: against the round's others before it)
+        copy_instead = self.replays.verify(stored, vector, others=others)  # (direction: against the round's others)
+        if copy_instead is not None:  # (an engine the host cannot replay: a peer of its class trains a copy)
+            self.copies.classes.require(round_index, slot, stored.engine_class, copy_instead)
         if len(store.result_slots(round_index)) >= len(self.context.session.assignments()):
             total = self.book.sum_of_updates(round_index, weights)  # (and against all the others once full)
             self.replays.verify_round(self.book.kept_round(round_index), total, self.book.results_kept(round_index))
@@ -122,9 +132,10 @@ class RoundResults:
             header, vector, count, norm = early.answer() if early is not None else read_result(
                 body, session=session, fingerprint=self.context.package.fingerprint, round_index=round_index,
                 unit=session.work_unit(assignment), base_sha256=self.jobs.current()[2])  # (digest: once a round)
-            engine = str(header.meta.get("engine", ""))
+            engine, engine_class = engines_of(header.meta)
+            self.copies.classes.note(peer_id, engine_class)
             unjudgeable = self.replays.refusal(engine)
-            if unjudgeable is not None:
+            if unjudgeable is not None and not self.copies.classes.can_check(peer_id, engine, engine_class):
                 raise self.replays.refuse_engine(peer_id, unjudgeable, engine)
             noise = local_noise(header.meta, session.task.kind)  # (a volunteer's own DP noise: its own bound)
             if noise is None:
@@ -139,11 +150,11 @@ class RoundResults:
                 self.bans.ban_for_claim(peer_id, refusal.message)
             elif refusal.code == "update_outlier" and vector is not None:  # replay it: a cheat is banned, an
                 self.replays.verify(StoredResult(round_index, slot, assignment.unit_index, peer_id, 0, {}, b"",
-                                                 str(header.meta.get("engine", ""))),
+                                                 *engines_of(header.meta)),
                                     vector, outlier=True)  # unlucky peer is not
             raise
         return StoredResult(round_index, slot, assignment.unit_index, peer_id, count, dict(header.metrics),
-                            body, str(header.meta.get("engine", ""))), vector, norm
+                            body, *engines_of(header.meta)), vector, norm
 
     def _leased_assignment(self, peer_id: str, round_index: int, slot: int) -> tuple[Assignment, bool]:
         """The slot's assignment, and whether this result is a second copy (the slot has its merged result)."""

@@ -214,7 +214,13 @@ class SyncRounds:
     def ready(self) -> bool:
         """Whether the round may merge now: every unit is back (and checked), or its deadline passed with enough
         results."""
-        return self.full() or self.pacing.deadline_reached() or self.carry_ready()
+        self.copies.drop_unchecked(merging=False)  # (a unit only its engine class can check, none of it here: out)
+        if self.full():
+            return True
+        if self.pacing.deadline_reached() or self.carry_ready():
+            self.copies.drop_unchecked(merging=True)  # (merging without waiting for copies: never one unchecked)
+            return True
+        return False
 
     def merge_blocking(self) -> dict[str, Any]:
         """Merge the stored results of the current round (runs in a worker thread, or inline without a loop).

@@ -212,8 +212,13 @@ class Relay:
                 "peer_timeout": self.options.peer_timeout, "result_bytes": self.result_body_limit}
 
     # -- joining and who a request is from (server.relay.admission) ---------------------------------------
-    def join(self, address: str, *, agent: str = "", join_code: str = "", ticket: str = "") -> tuple[str, str]:
-        return self.admission.join(address, agent=agent, join_code=join_code, ticket=ticket)
+    def join(self, address: str, *, agent: str = "", join_code: str = "", ticket: str = "",
+             engine_class: str = "") -> tuple[str, str]:
+        """A new peer's credentials (``server.relay.admission``); ``engine_class``: what it says it trains on."""
+        peer_id, token = self.admission.join(address, agent=agent, join_code=join_code, ticket=ticket)
+        if engine_class:
+            self.verification.classes.note(peer_id, engine_class)
+        return peer_id, token
 
     def peer(self, peer_id: str, token: str) -> str:
         """Who a request is from (a peer that left is not marked as seen by its requests still in flight)."""

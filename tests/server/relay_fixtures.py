@@ -83,9 +83,9 @@ class HttpPeer(RelayClient):
     """A native peer speaking the relay's HTTP API (``server.relay.client``) through ``client`` (TestClient or
     httpx.Client): joined at once, with the task built as a browser builds it."""
 
-    def __init__(self, client: httpx.Client, *, join_code: str | None = None) -> None:
+    def __init__(self, client: httpx.Client, *, join_code: str | None = None, engine_class: str = "") -> None:
         super().__init__(client)
-        credentials = self.join(join_code)
+        credentials = self.join(join_code, engine_class)
         self.peer_id: str = credentials.peer_id
         self.token: str = credentials.token
         self.peer = Peer(self.task())

@@ -19,7 +19,7 @@ const INDEX_URL = new URL("/pyodide/", self.location.origin).href;
 const STEPS = ["fetch and start Pyodide", "install numpy + runtime", "import runtime"];
 const TEST_FLAG = "test";
 // Refusals that mean this page's runtime is older than the relay's: retraining cannot help, a reload does.
-const OUT_OF_DATE = new Set(["outdated_format", "wrong_codec"]);
+const OUT_OF_DATE = new Set(["outdated_format", "wrong_codec", "bad_engine_class"]);
 // Refusals that mean this session cannot check what this page's engine computes: it stops rather than train for
 // nothing (a page is told to train such a session on the CPU, whose results it can check).
 const CANNOT_BE_CHECKED = new Set(["engine_not_replayable"]);

@@ -70,18 +70,20 @@ class RelayPeer:
     ``GET /api/task``, as a page does, and rebuilds chains of steps); options: ``weights_from``, ``reuse_weights``
     (False: fetch the weights for every job), ``hold_s`` (``session``'s asks), ``wait_cap_s`` (the longest wait a
     ``Wait`` gets), ``retry_after_cap_s``, ``join_tries`` (None: until the deadline), ``stop`` (a stop condition
-    besides the hook's), ``deadline`` (monotonic)."""
+    besides the hook's), ``deadline`` (monotonic), ``engine_class`` (what the peer tells the relay it trains on when
+    it joins, ``runtime.peer.engine_class``; empty: nothing, the relay learns it from the first result)."""
 
     def __init__(self, *, hooks: PeerHooks | None = None, retry: RetryPolicy | None = None,
                  trainer: Trainer | None = None, weights_from: WeightsFrom = WeightsFrom.DIGEST,
                  reuse_weights: bool = True, hold_s: float | None = None, wait_cap_s: float = 0.2,
                  retry_after_cap_s: float = RETRY_AFTER_CAP_S, join_tries: int | None = None,
                  join_code: str | None = None, stop: Callable[[], bool] | None = None,
-                 deadline: float = math.inf) -> None:
+                 deadline: float = math.inf, engine_class: str = "") -> None:
         self.hooks, self.retry, self.trainer = hooks or PeerHooks(), retry or RetryPolicy(), trainer
         self.weights_from, self.reuse_weights = weights_from, reuse_weights
         self.hold_s, self.wait_cap_s, self.retry_after_cap_s = hold_s, wait_cap_s, retry_after_cap_s
         self.join_tries, self.join_code, self.stop, self.deadline = join_tries, join_code, stop, deadline
+        self.engine_class = engine_class
         self.credentials: Credentials | None = None
         self.runtime: Peer | None = None  # the peer's own runtime (None with a shared trainer or a train hook)
         self.log = PeerLog()
@@ -159,7 +161,7 @@ class RelayPeer:
         queue)."""
         tries, ticket, asked = 0, "", time.monotonic()
         while True:
-            answer = yield from self.call(join_call(self.join_code, ticket))
+            answer = yield from self.call(join_call(self.join_code, ticket, self.engine_class))
             tries += 1
             if not isinstance(answer, Refused):
                 joined = Joined.from_json(answer)

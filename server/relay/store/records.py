@@ -39,6 +39,7 @@ class StoredResult:
     metrics: dict[str, Any]
     message: bytes
     engine: str = ""  # what the result says it trained on (header meta; not stored apart from the message)
+    engine_class: str = ""  # the engine and its numpy build (``runtime.peer.engine_class``; header meta, likewise)
 
 
 # Asynchronous mode: a result waiting in the buffer, (seq, entry, unit, version, examples, metrics, update vector).

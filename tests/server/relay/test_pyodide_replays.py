@@ -124,7 +124,7 @@ def test_bytetext_is_verified_and_a_native_result_is_refused_not_banned(
         waiting = session_status(client)["waiting"]
         assert waiting == ("round 1: 2 units wait for a peer on pyodide-numpy (a browser page trains on it): the "
                            "connected peers train on native-numpy, whose results this session cannot check bit for "
-                           "bit"), waiting
+                           "bit (with --redundancy, peers of one engine class check each other by copies)"), waiting
         with pytest.raises(RelayRefusal) as again:
             native.work()
         assert (again.value.status, again.value.code) == (422, "engine_not_replayable")
