@@ -29,7 +29,7 @@ from runtime.planner import Assignment
 
 Message = TypeVar("Message", bound="_Message")
 JobKind = Literal["data", "experience", "local"]
-CopyKind = Literal["backup", "redundancy"]
+CopyKind = Literal["backup"]  # (a redundancy check's job says nothing: its peer must not know its result is compared)
 
 
 class ProtocolError(ValueError):
@@ -129,7 +129,7 @@ class Job(_Message):
     weights_url: str | None = None
     carried_from: int | None = None  # the round this unit was first planned in (a deadline carried it)
     codec: dict[str, Any] | None = None  # the result codec's JSON (``runtime.codec``); absent: float32 weights
-    copy: CopyKind | None = None  # a second copy of a unit another peer trains: a backup or a redundancy check
+    copy: CopyKind | None = None  # a backup: a second copy of a unit a slow peer trains
 
     @property
     def assignment(self) -> Assignment:

@@ -210,7 +210,7 @@ async def crowd_peer(peer: RelayPeer, transport: AsyncTransport, updates: Update
             timeline.refusals[receipt.code] = timeline.refusals.get(receipt.code, 0) + 1
         elif isinstance(receipt, Receipt):
             timeline.results.append((job.round, job.unit_index, sent, time.perf_counter()))
-            timeline.accepted.append((peer.peer_id, job.round, job.copy is not None))
+            timeline.accepted.append((peer.peer_id, job.round, job.slot))
         hold = None  # (the next ask is answered at once: timed)
 
 

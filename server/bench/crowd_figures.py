@@ -33,7 +33,9 @@ class Timeline:
     jobs: list[tuple[int, int, float]] = field(default_factory=list)  # (round, unit, received)
     results: list[tuple[int, int, float, float]] = field(default_factory=list)  # (round, unit, sent, answered)
     work_seconds: list[float] = field(default_factory=list)  # asks answered at once (no hold)
-    accepted: list[tuple[str | None, int, bool]] = field(default_factory=list)  # (peer, round, a copy) per upload
+    # (peer, round, slot) per accepted upload, in order (a copy's job does not say it is one: the first accepted
+    # upload of a slot is its result, the others are copies, and after a dispute the third peer's settles it)
+    accepted: list[tuple[str | None, int, int]] = field(default_factory=list)
     refusals: dict[str, int] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
 
@@ -127,8 +129,11 @@ def count_liars(figures: Figures, lies: dict[str | None, Lie | None], listing: l
     figures.liars_accepted = len(liars & accepted)
     figures.liars_banned = len(liars & banned)
     figures.honest_banned = len(banned - liars)
-    figures.lies_accepted = sum(1 for peer, _, copy in timeline.accepted if peer in liars and not copy)
-    figures.copies_accepted = sum(1 for _, _, copy in timeline.accepted if copy)
+    firsts: dict[tuple[int, int], str | None] = {}
+    for peer, r, slot in timeline.accepted:
+        firsts.setdefault((r, slot), peer)
+    figures.lies_accepted = sum(1 for (r, slot), peer in firsts.items() if peer in liars)
+    figures.copies_accepted = len(timeline.accepted) - len(firsts)
     counters = status["counters"]
     figures.copies = int(counters.get("copies_handed_out", 0))
     figures.results_accepted = int(counters.get("results_accepted", 0))

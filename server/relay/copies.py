@@ -29,7 +29,7 @@ from operator import itemgetter
 import numpy as np
 
 from runtime.planner import Assignment
-from runtime.protocol import CopyKind, Job
+from runtime.protocol import Job
 from server.relay.backups import Backups
 from server.relay.book import RoundBook
 from server.relay.checks import Read, check_update_norm, decode_result, engines_of, read_result, relay_count
@@ -159,8 +159,10 @@ class UnitCopies(Part):
         return None if backup is None else self._copy_job(*backup)
 
     def _copy_job(self, assignment: Assignment, deadline: float) -> Job:
-        kind: CopyKind = "redundancy" if self.redundant(assignment.round, assignment.slot) else "backup"
-        return replace(self.jobs.job(assignment, deadline), copy=kind)
+        """A copy's job: a backup says so (the page shows it); a redundancy check is the slot's job as any peer gets
+        it, so that its peer cannot know its result is compared (and answer honestly only then)."""
+        job = self.jobs.job(assignment, deadline)
+        return job if self.redundant(assignment.round, assignment.slot) else replace(job, copy="backup")
 
     def copies_outstanding(self) -> bool:
         """Whether a chosen slot still waits for its second copy: one is out, or an eligible peer is here to

@@ -54,7 +54,7 @@ def test_whole_numbers_are_numbers_but_booleans_are_not() -> None:
 @pytest.mark.parametrize(("change", "message"), [
     ({"slot": None}, r"a Job needs 'slot'"),
     ({"kind": "video"}, r"Job.kind must be 'data' or 'experience' or 'local', got 'video'"),
-    ({"copy": "third"}, r"Job.copy must be 'backup' or 'redundancy'"),
+    ({"copy": "redundancy"}, r"Job.copy must be 'backup'"),
     ({"codec": "int8"}, r"Job.codec must be dict"),
     ({"unit_seed": 1.5}, r"Job.unit_seed must be int"),
 ])

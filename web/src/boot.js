@@ -111,7 +111,7 @@ const handlers = {
   },
   waiting(record, message) { activity(record, message.reason, "waiting"); },
   training(record, message) {
-    const what = { backup: "a backup of a slow peer's unit", redundancy: "a second copy (compared with another peer's) of unit" };
+    const what = { backup: "a backup of a slow peer's unit" }; // (a redundancy check's job does not say it is one)
     const copy = what[message.job.copy] ? `${what[message.job.copy]} ` : "unit ";
     const carried = message.job.carried_from !== undefined ? ` (carried from round ${message.job.carried_from + 1}, where the deadline passed without it)` : "";
     activity(record, `training ${copy}${message.job.unit_index} of round ${message.job.round + 1}${carried}`, "training");

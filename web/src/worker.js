@@ -45,7 +45,7 @@ const CANNOT_BE_CHECKED = new Set(["engine_not_replayable"]);
  * @property {string} [weights_url]
  * @property {number} [carried_from]
  * @property {Object} [codec]
- * @property {"backup"|"redundancy"} [copy]
+ * @property {"backup"} [copy]
  */
 /**
  * @typedef {Object} Wait no unit now: ask again after `wait` seconds
