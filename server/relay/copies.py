@@ -83,24 +83,28 @@ class UnitCopies(Part):
 
     # -- engines the host cannot replay: copies within an engine class (BOINC's homogeneous redundancy) ---------
     def drop_unchecked(self, *, merging: bool) -> None:
-        """Results checked by a copy of their engine class alone that no peer of the class can train now (none is
-        connected besides those on the slot; with ``merging``, the round merges without waiting for copies, after
-        its deadline) go back out: a result the host cannot replay is never merged unchecked."""
+        """Results checked by a copy of their engine class alone that no peer of the class can train now (the round's
+        other results are in, and none of the class is connected besides those on the slot; with ``merging``, the
+        round merges without waiting for copies, after its deadline) go back out: a result the host cannot replay is
+        never merged unchecked. (Asked at every poll: nothing is read before the round's results are all in.)"""
         round_index = self.session.round
         pending = self.classes.pending(round_index)
         if not pending:
             return
+        results = self.store.result_slots(round_index)
+        if not merging and len(results) < len(self.session.assignments()):
+            return  # (copies are handed out once every unit is out; until the results are in the round cannot merge)
         copies, leases, now = self.store.copies(round_index), self.store.leases(round_index, 1), self.store.clock()
         outcomes = by_slot(copies)
-        results = self.store.result_slots(round_index)
         active = self.store.active_peers(self.options.peer_timeout)
         for slot in pending:
             if slot not in results or not self._needs_copy(round_index, slot, outcomes):
                 continue
             lease = leases.get(slot)
-            out = lease is not None and lease.deadline >= now and (slot, lease.peer_id) not in copies
+            if not merging and lease is not None and lease.deadline >= now and (slot, lease.peer_id) not in copies:
+                continue  # (its copy is out)
             trainers = self._trainers(round_index, slot, copies)
-            if merging or not (out or any(self._eligible(peer, round_index, slot, trainers) for peer in active)):
+            if merging or not any(self._eligible(peer, round_index, slot, trainers) for peer in active):
                 self.store.count("copies_unchecked_dropped")
                 kept = self.book.kept(round_index, slot)
                 self._retrain(round_index, slot, "unchecked", None if kept is None else kept[1])

@@ -109,3 +109,25 @@ def test_a_liar_in_the_class_is_outvoted_by_two_honest_copies_and_banned(text_pa
     assert banned == {liar.peer_id}, (banned, status["counters"])
     assert status["counters"]["disputes_settled_by_quorum"] >= 1, status["counters"]
     assert "replays_queued" not in status["counters"], status["counters"]
+
+
+def test_a_result_whose_class_has_nobody_left_to_copy_it_goes_back_out_not_into_the_merge(
+        text_package: Package, tmp_path: Path) -> None:
+    """Two native peers trained the round's two units; one leaves before copying the other's. Its own result is
+    copied by the one that stayed; the stayer's result has nobody of its class to copy it, so it is dropped and its
+    unit handed out again rather than merged unchecked."""
+    relay = classed_relay(text_package, tmp_path)
+    with serving(relay) as client:
+        stays, leaves = HttpPeer(client, engine_class=NATIVE), HttpPeer(client, engine_class=NATIVE)
+        own = stays.assignment()
+        other = leaves.assignment()
+        assert stays.train_and_upload(own).status_code == 200 and leaves.train_and_upload(other).status_code == 200
+        leaves.leave()
+        copy = stays.work(5)
+        assert copy.get("slot") == other["slot"] and "copy" not in copy, copy
+        assert stays.train_and_upload(copy).status_code == 200
+        status = session_status(client)
+        assert status["counters"]["copies_identical"] == 1, status["counters"]
+        assert status["counters"]["copies_unchecked_dropped"] == 1, status["counters"]
+        assert status["round"] == 0 and status["round_progress"]["done"] == 1, status
+        assert "slot" not in stays.work(), "the peer whose result was dropped is not handed its unit again"
