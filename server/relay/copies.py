@@ -378,7 +378,9 @@ class UnitCopies(Part):
         self.store.count("copies_promoted")
 
     def settle_after_restart(self) -> None:
-        """A dispute whose replay was lost with the process: train the unit again (neither result merged)."""
+        """After a restart: the peers a copy confirmed keep their record (read back from the store), and a dispute
+        whose replay was lost with the process trains the unit again (neither result merged)."""
+        self._confirm(*self.store.confirmed_peers())
         round_index = self.session.round
         for (slot, _), outcome in self.store.copies(round_index).items():
             if outcome == "disputed":

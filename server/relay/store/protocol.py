@@ -181,6 +181,11 @@ class CopyStore(Protocol):
     def copy_message(self, round_index: int, slot: int, peer_id: str) -> bytes | None:
         """The copy's message (None: no such copy; ``b""`` once pruned)."""
 
+    def confirmed_peers(self) -> set[str]:
+        """Peers a comparison confirmed, in any round: a copy that matched the merged result (both peers), one a
+        replay or a quorum upheld, one that took a banned peer's place, and the result of a slot whose copies a
+        quorum upheld (bans are the caller's business)."""
+
 
 class ArrivalStore(Protocol):
     """Asynchronous mode (``server.relay.buffered``): results in arrival order, merged K at a time."""

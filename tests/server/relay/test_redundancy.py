@@ -219,6 +219,27 @@ def test_a_dispute_lost_in_a_restart_is_trained_again(package: Package, tmp_path
         restarted.close()
 
 
+def test_a_peer_a_copy_confirmed_keeps_its_record_after_a_restart(package: Package, tmp_path: Path) -> None:
+    """Round 0: two newcomers' results are copied by a third peer and confirmed. After the relay restarts, their
+    round-1 results are not copied again (the seeded share is nil here): the record was read back from the store."""
+    relay = make_relay(package, tmp_path / "s", k=2, passes=3, redundancy=1e-9, verify=False, ban_addresses=False)
+    with serving(relay) as client:
+        first, second, helper = HttpPeer(client), HttpPeer(client), HttpPeer(client)
+        for peer in (first, second):
+            assert peer.train_and_upload(peer.assignment()).status_code == 200
+        for _ in range(2):
+            assert helper.train_and_upload(helper.assignment()).status_code == 200
+        wait_until(client, lambda s: s["round"] >= 1 and not s["merging"])
+    restarted = Relay(session=Session.restore(tmp_path / "s", package), package=package,
+                      store=open_store(tmp_path / "s" / "relay.sqlite3"), options=relay.options)
+    with serving(restarted) as client:
+        for peer in (first, second):
+            peer.client = client
+            assert peer.train_and_upload(peer.assignment()).status_code == 200
+        status = wait_until(client, lambda s: s["round"] >= 2 and not s["merging"])  # (no copy waited for)
+    assert status["counters"]["copies_handed_out"] == 2, status["counters"]
+
+
 def test_redundancy_out_of_range_is_refused_by_serve(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from server.cli import main
 

@@ -26,6 +26,13 @@ class SQLiteCopies(TablePart):
         rows = self.connection.run("SELECT slot, peer_id, outcome FROM copies WHERE round = ?", (round_index,))
         return {(r[0], r[1]): r[2] for r in rows}
 
+    def confirmed_peers(self) -> set[str]:
+        rows = self.connection.run(
+            "SELECT peer_id FROM copies WHERE outcome IN ('identical', 'agreed', 'upheld', 'replaced') UNION "
+            "SELECT r.peer_id FROM results r JOIN copies c ON c.round = r.round AND c.slot = r.slot "
+            "WHERE c.outcome IN ('identical', 'agreed', 'upheld')")
+        return {str(row[0]) for row in rows}
+
     def copy_message(self, round_index: int, slot: int, peer_id: str) -> bytes | None:
         rows = self.connection.run("SELECT message FROM copies WHERE round = ? AND slot = ? AND peer_id = ?",
                                    (round_index, slot, peer_id))

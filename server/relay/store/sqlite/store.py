@@ -252,6 +252,9 @@ class SQLiteStore:
     def copy_message(self, round_index: int, slot: int, peer_id: str) -> bytes | None:
         return self._copies.copy_message(round_index, slot, peer_id)
 
+    def confirmed_peers(self) -> set[str]:
+        return self._copies.confirmed_peers()
+
     # -- the asynchronous buffer --------------------------------------------------------------------
     def add_arrival(self, *, entry: int, unit_index: int, peer_id: str, version: int, num_examples: int,
                     metrics: dict[str, Any], message: bytes, update: bytes) -> int:

@@ -125,3 +125,21 @@ def test_second_copies_are_kept_apart_and_compared(store: Store) -> None:
     store.add_copy(0, 0, peer_id, b"again", "disputed")  # (replaces the peer's earlier copy)
     assert store.copies(0)[(0, peer_id)] == "disputed" and store.copy_message(0, 0, peer_id) == b"again"
     assert store.results(0) == {}  # (never merged)
+
+
+def test_the_peers_a_comparison_confirmed_are_read_back(store: Store) -> None:
+    """A copy that matched (both its peer and the merged result's), copies a quorum or a replay upheld and the
+    result they agreed with, a copy that took a banned peer's place; not a disputed, lied, unresolved or unchecked
+    copy, nor a result nothing confirmed."""
+    assert store.confirmed_peers() == set()
+    store.add_result(result(0, 0, "p-merged"))
+    store.add_copy(0, 0, "p-copy", b"copy", "identical")
+    store.add_result(result(0, 1, "p-third"))
+    store.add_copy(0, 1, "p-upheld", b"a", "upheld")
+    store.add_copy(0, 1, "p-liar", b"b", "lied")
+    store.add_result(result(0, 2, "p-alone"))
+    store.add_copy(0, 2, "p-disputed", b"c", "disputed")
+    store.add_copy(0, 2, "p-unresolved", b"d", "unresolved")
+    store.add_copy(1, 0, "p-replaced", b"e", "replaced")
+    store.add_copy(1, 1, "p-other-class", b"f", "not_comparable")
+    assert store.confirmed_peers() == {"p-merged", "p-copy", "p-third", "p-upheld", "p-replaced"}
