@@ -75,6 +75,11 @@ class RoundBook:
             total = vector.astype(np.float64) if total is None else np.add(total, vector, out=total)
         self._sums[stored.round] = (total, count + 1)
 
+    def slots_of(self, round_index: int, peer_id: str) -> list[int]:
+        """The slots of ``round_index`` whose kept result came from ``peer_id``."""
+        return [slot for (r, slot), (stored, _) in self._decoded.items()
+                if r == round_index and stored.peer_id == peer_id]
+
     def kept(self, round_index: int, slot: int) -> tuple[StoredResult, np.ndarray] | None:
         """A kept result with its weights (None: not kept, or its weights are in SQLite only)."""
         kept = self._decoded.get((round_index, slot))

@@ -11,10 +11,13 @@ import pytest
 from relay_fixtures import (
     ADMIN_TOKEN,
     HttpPeer,
+    flipped,
     make_relay,
+    reference_run,
     serving,
     session_status,
     wait_until,
+    work_until_done,
 )
 
 from runtime import wire
@@ -119,6 +122,25 @@ def test_an_inflated_claim_bans_at_once(package: Package, tmp_path: Path, ban_ad
         assert liar.send(attacker_work_call()).json()["error"] == "banned"
         joined = client.post("/api/join", json={})
         assert (joined.status_code, joined.json().get("error")) == ((403, "banned") if ban_addresses else (200, None))
+
+
+def test_a_ban_takes_the_peers_result_out_of_the_open_rounds_sum_without_rebuilding_it(
+        package: Package, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The attacker's first result fails its replay before its round merges (``--replay-wait all``): the ban takes
+    it out of the round's exact sum with its own weights (read back from SQLite: here the book keeps no result's
+    weights, as it keeps none past a round's first 8), so the round's other results are not decoded again, and the
+    session still ends on the honest run's bits."""
+    monkeypatch.setattr("server.relay.book.EARLY", 0)
+    relay = make_relay(package, tmp_path / "s", k=3, passes=1, verify_fraction=1.0, replay_wait="all")
+    with serving(relay) as client:
+        attacker, honest = HttpPeer(client), [HttpPeer(client), HttpPeer(client)]
+        lie = attacker.assignment()
+        assert attacker.upload(lie["round"], lie["slot"], flipped(attacker, lie, relay)).status_code == 200
+        wait_until(client, lambda s: s["counters"].get("peers_banned", 0) == 1)
+        work_until_done(client, honest, hold=5)
+        counters = session_status(client)["counters"]
+    assert "round_sums_rebuilt" not in counters and counters["results_dropped_by_ban"] == 1, counters
+    np.testing.assert_array_equal(relay.session.weights, reference_run(package, relay.session.config))
 
 
 def test_honest_peers_are_never_banned_when_every_result_is_replayed(package: Package, tmp_path: Path) -> None:
