@@ -34,12 +34,13 @@ from server.relay.backups import Backups
 from server.relay.book import RoundBook
 from server.relay.checks import Read, check_update_norm, decode_result, engines_of, read_result, relay_count
 from server.relay.context import Part, RelayContext
+from server.relay.copy_choice import CopyChoice
 from server.relay.engine_classes import SETTLED_IN_CLASS
 from server.relay.jobs import Jobs
 from server.relay.refusal import Refusal
 from server.relay.replay_checks import ReplayChecks
 from server.relay.store import StoredResult
-from server.relay.verify import DISPUTE, Verdict, matches, sampled
+from server.relay.verify import DISPUTE, Verdict, matches
 
 LOG = logging.getLogger("peertrain.relay")
 QUORUM_LIMIT = 5  # results of one unit, all different, after which a dispute is left to the slot's usual copy
@@ -63,23 +64,15 @@ class UnitCopies(Part):
     def __init__(self, context: RelayContext, book: RoundBook, jobs: Jobs, replays: ReplayChecks) -> None:
         self.context, self.book, self.jobs, self.replays = context, book, jobs, replays
         self.backups = Backups(context, book)
-        self._confirmed: set[str] = set()  # peers with a result a copy agreed with (or a quorum upheld)
-        self._unconfirmed: set[tuple[int, int]] = set()  # (round, slot) whose result came from a peer not confirmed
         self.classes = replays.classes  # (slots only a copy from their engine class checks: never merged unchecked)
+        self.choice = CopyChoice(context, self.classes)  # (which results a copy checks)
 
     # -- which slots get a second copy, and who may train it ------------------------------------------
     def redundant(self, round_index: int, slot: int) -> bool:
-        """Whether the slot gets a second copy (never a local unit): the seeded share ``--redundancy``, and each slot
-        whose result came from a peer no copy has confirmed yet (``note_result``)."""
-        fraction = self.options.redundancy
-        return fraction > 0 and self.session.task.kind != "local" and (
-            (round_index, slot) in self._unconfirmed or (round_index, slot) in self.classes.slots or
-            sampled(self.session.config.seed, round_index, slot, fraction, "redundancy"))
+        return self.choice.redundant(round_index, slot)
 
     def note_result(self, round_index: int, slot: int, peer_id: str) -> None:
-        """A slot's result came from a peer no copy has confirmed (a newcomer): copied, as BOINC replicates."""
-        if self.options.redundancy > 0 and peer_id not in self._confirmed:
-            self._unconfirmed.add((round_index, slot))
+        self.choice.note_result(round_index, slot, peer_id)
 
     # -- engines the host cannot replay: copies within an engine class (BOINC's homogeneous redundancy) ---------
     def drop_unchecked(self, *, merging: bool) -> None:
@@ -108,9 +101,6 @@ class UnitCopies(Part):
                 self.store.count("copies_unchecked_dropped")
                 kept = self.book.kept(round_index, slot)
                 self._retrain(round_index, slot, "unchecked", None if kept is None else kept[1])
-
-    def _confirm(self, *peers: str) -> None:
-        self._confirmed.update(peer for peer in peers if not self.store.ban_reason(peer))
 
     def _needs_copy(self, round_index: int, slot: int, outcomes: dict[int, list[str]]) -> bool:
         """A chosen slot whose copies have not settled (a dispute waits for its replay). ``outcomes``: ``by_slot``."""
@@ -225,7 +215,7 @@ class UnitCopies(Part):
         self.store.count(f"copies_{outcome}")
         if outcome in ("identical", "agreed"):
             self.store.set_verification(round_index, slot, merged.peer_id, f"copy {outcome} (from {peer_id})")
-            self._confirm(merged.peer_id, peer_id)
+            self.choice.confirm(merged.peer_id, peer_id)
         if outcome == "disputed":
             LOG.warning("copies of round %d slot %d disagree: merged from %s (%s), copy from %s (%s)", round_index,
                         slot, merged.peer_id, merged.engine_class, peer_id, engine_class)
@@ -303,7 +293,8 @@ class UnitCopies(Part):
                 self.store.count("quorums_without_majority")
             return []
         liars = [peer for peer in unresolved if peer not in agreeing]
-        if set(liars) & self._confirmed and not {*agreeing, stored.peer_id} & self._confirmed:
+        confirmed = self.choice.confirmed
+        if set(liars) & confirmed and not {*agreeing, stored.peer_id} & confirmed:
             self.store.count("quorums_against_a_record")  # (newcomers that agree outvote no confirmed peer)
             return []
         for peer in agreeing:
@@ -312,7 +303,7 @@ class UnitCopies(Part):
             self.store.set_copy_outcome(round_index, slot, peer, "lied")
         self.store.set_verification(round_index, slot, stored.peer_id,
                                     f"quorum: agreed with {', '.join(agreeing)}, not {', '.join(liars)}")
-        self._confirm(*agreeing, stored.peer_id)
+        self.choice.confirm(*agreeing, stored.peer_id)
         self.store.count("disputes_settled_by_quorum")
         return liars
 
@@ -380,7 +371,7 @@ class UnitCopies(Part):
     def settle_after_restart(self) -> None:
         """After a restart: the peers a copy confirmed keep their record (read back from the store), and a dispute
         whose replay was lost with the process trains the unit again (neither result merged)."""
-        self._confirm(*self.store.confirmed_peers())
+        self.choice.restore()
         round_index = self.session.round
         for (slot, _), outcome in self.store.copies(round_index).items():
             if outcome == "disputed":
@@ -390,7 +381,7 @@ class UnitCopies(Part):
         """The history's ``redundancy`` entry of a round: copies compared, by outcome, and waived copies."""
         if not self.options.redundancy:
             return None
-        self._unconfirmed = {key for key in self._unconfirmed if key[0] > round_index}  # (merged: forgotten)
+        self.choice.forget_through(round_index)  # (merged: forgotten)
         self.classes.forget_through(round_index)
         outcomes = list(self.store.copies(round_index).values())
         return {"compared": len(outcomes), **{o: outcomes.count(o) for o in sorted(set(outcomes))}}

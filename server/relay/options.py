@@ -97,7 +97,8 @@ class RelayOptions:
     verify_trust: int = field(default=0, metadata=setting(  # (server.relay.coverage)
         help="adaptive replication: each replay a peer passes in a row doubles its --verify-every window, up to W "
         "results, and halves its --verify-fraction share; a peer is still replayed at least once in any W results "
-        "and a lifted ban starts its record afresh (0: off, the window stays N)", minimum=0, metavar="W",
+        "and a lifted ban starts its record afresh (0: off, the window stays N); with --redundancy, each copy a "
+        "peer passes does the same to its windows of copies and its --redundancy share", minimum=0, metavar="W",
         group="guards", commands=("serve",)))
     verify_direction: float | None = field(default=DEFAULT_VERIFY_DIRECTION, metadata=setting(
         help="replay every update whose cosine with the mean of its round's other updates is below COS (or with "

@@ -100,7 +100,7 @@ class Relay:
         self.copies = UnitCopies(context, self.book, self.jobs, self.verification)
         self.undo = BanUndo(context, rules=undo_rules, book=self.book, jobs=self.jobs, replays=self.verification,
                             schedule=self.merge_soon)
-        self.bans = Bans(context, self.book, self.copies, self.undo, on_unban=self.verification.forget_record)
+        self.bans = Bans(context, self.book, self.copies, self.undo, on_unban=self._forget_record)
         self.pacing = RoundPacing(context)
         self.disk = StorageGuard(context, serve_restored=self.serve_restored, retry_merge=self.merge_soon)
         self.samples = Samples()
@@ -119,6 +119,11 @@ class Relay:
         if not self.session.done and not self.async_mode:
             self.copies.settle_after_restart()
         self.disk.measure()
+
+    def _forget_record(self, peer_id: str) -> None:
+        """A lifted ban: the trust the peer's passed replays and copies earned starts afresh."""
+        self.verification.forget_record(peer_id)
+        self.copies.choice.forget_record(peer_id)
 
     def _make_mode(self) -> RoundMode:
         """The round mode the session's settings name, started (a restarted async buffer takes back what a merge the

@@ -240,6 +240,30 @@ def test_a_peer_a_copy_confirmed_keeps_its_record_after_a_restart(package: Packa
     assert status["counters"]["copies_handed_out"] == 2, status["counters"]
 
 
+def test_with_trust_copies_fall_with_each_peers_record_and_no_window_goes_unchecked(package: Package,
+                                                                                    tmp_path: Path) -> None:
+    """Adaptive replication by copies (no host replays): ``--verify-trust 16`` over ``--verify-every 2`` and a share
+    of 0.5. A peer's results are copied until a copy confirms one (or it trained a copy that matched); each copy it
+    passes then doubles its window (2, 4, 8, 16) and halves its share, so the last rounds copy fewer results than
+    the first; and no peer has 16 results in a row without a copy."""
+    relay = make_relay(package, tmp_path / "s", k=2, passes=15, redundancy=0.5, verify=False, ban_addresses=False,
+                       verify_every=2, verify_trust=16)
+    with serving(relay) as client:
+        peers = [HttpPeer(client) for _ in range(3)]
+        work_until_done(client, peers, limit=400, hold=2)
+        counters = session_status(client)["counters"]
+        audit = relay.store.audit()
+    compared = [entry["redundancy"]["compared"] for entry in relay.session.history]
+    # (measured: 7 copies in the first ten rounds and 2 in the last ten; without trust 13 and 10)
+    assert len(compared) == 30 and sum(compared[-10:]) <= 5 < sum(compared[:10]), compared
+    assert "copies_disputed" not in counters and "peers_banned" not in counters, counters
+    for peer in peers:
+        checked = [row["verification"].startswith("copy") for row in audit if row["peer_id"] == peer.peer_id]
+        assert checked, peer.peer_id
+        longest = max(len(run) for run in "".join("x" if c else "." for c in checked).split("x"))
+        assert longest < 16, checked
+
+
 def test_redundancy_out_of_range_is_refused_by_serve(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from server.cli import main
 
