@@ -115,6 +115,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "and the bench then measures how often instead of failing on it")
     parser.add_argument("--redundancy", type=float, default=0.2, help="the relay's --redundancy: share of units a "
                         "second peer trains, compared bit for bit; a dispute is settled by a third peer's result")
+    parser.add_argument("--verify-trust", type=int, default=0, metavar="W", help="the relay's --verify-trust: "
+                        "adaptive replication of the copies (each copy a peer passes doubles its window of copies, "
+                        "--verify-every 4, 8, ... W, and halves its --redundancy share; 0: the seeded share)")
     parser.add_argument("--unit-seconds", type=float, default=0.0, help="seconds each peer waits before uploading a "
                         "unit, as if it trained it (0: at once; a browser unit of bytetext is about 2.7 s here): the "
                         "next round's first results then do not compete with its hand-out, as a real crowd's do not")
@@ -157,12 +160,13 @@ class Updates:
 
 
 def serve_command(package: Path, session_dir: Path, k: int, passes: int, codec: str, mode: str,
-                  peers: int, redundancy: float = 0.0) -> ServeCommand:
+                  peers: int, redundancy: float = 0.0, verify_trust: int = 0) -> ServeCommand:
     # --limit-concurrency: each peer holds a connection (a browser page about two: its event stream too); the
     # default (1,000) answers 503 past that, so a crowd's host raises it, as here
     options = RelayOptions(admin_token=ADMIN, lease_seconds=3600.0, peer_timeout=3600.0, backup_after=None,
                            join_rate=0.0, max_peers_per_address=0, verify=False,
-                           redundancy=redundancy if mode == "sync" else 0.0)  # (async: no copies)
+                           redundancy=redundancy if mode == "sync" else 0.0,  # (async: no copies)
+                           verify_trust=verify_trust)
     limits = ServerLimits(limit_concurrency=max(DEFAULT_LIMIT_CONCURRENCY, 3 * peers + 100))
     config = SessionConfig(participants=k, passes=passes, codec=codec, mode=mode)
     return ServeCommand(package=package, session_dir=session_dir, fresh=True, config=config, options=options,
@@ -309,7 +313,7 @@ def one_setting(package: Package, work: Path, args: argparse.Namespace, figures:
     units = package.data.num_units
     passes = max(1, -(-(rounds + 4) * figures.k // units)) if rounds is not None else 50
     with RelayProcess(serve_command(package.path, session, figures.k, passes, args.codec, mode, figures.peers,
-                                    args.redundancy if figures.k != ANCHOR_K else 0.0),
+                                    args.redundancy if figures.k != ANCHOR_K else 0.0, args.verify_trust),
                       log=work / f"serve-{figures.setting}.log", start_timeout_s=RELAY_START_SECONDS) as relay:
         print(f"{figures.setting}: relay at {relay.page_url}, {units} units, {passes} passes, {figures.peers} peers",
               flush=True)
