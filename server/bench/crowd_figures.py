@@ -67,6 +67,7 @@ class Figures:
     lies_accepted: int = 0  # a liar's result taken as a slot's result (merged unless caught before the merge)
     copies: int = 0  # second copies handed out
     copies_accepted: int = 0  # second copies uploaded and compared: volunteer compute spent on checking
+    copies_late: float = math.nan  # copies per result in the second half of the rounds (past the newcomers' copies)
     results_accepted: int = 0
     verified_by_copies: int = 0  # results a copy agreed with, or a quorum settled
     disputes: dict[str, int] = field(default_factory=dict)  # the relay's counters of disputes and quorums
@@ -134,6 +135,12 @@ def count_liars(figures: Figures, lies: dict[str | None, Lie | None], listing: l
         firsts.setdefault((r, slot), peer)
     figures.lies_accepted = sum(1 for (r, slot), peer in firsts.items() if peer in liars)
     figures.copies_accepted = len(timeline.accepted) - len(firsts)
+    rounds_seen = sorted({r for _, r in firsts})
+    if rounds_seen:
+        half = rounds_seen[len(rounds_seen) // 2]
+        late_results = sum(1 for r, _ in firsts if r >= half)
+        late_copies = sum(1 for _, r, _ in timeline.accepted if r >= half) - late_results
+        figures.copies_late = late_copies / late_results if late_results else math.nan
     counters = status["counters"]
     figures.copies = int(counters.get("copies_handed_out", 0))
     figures.results_accepted = int(counters.get("results_accepted", 0))
@@ -149,7 +156,8 @@ def liars(figures: Figures) -> str:
 
 def copy_share(figures: Figures) -> str:
     accepted = figures.results_accepted
-    return f"{figures.copies_accepted / accepted:.1%}" if accepted else "-"
+    late = "" if math.isnan(figures.copies_late) else f" (second half {figures.copies_late:.1%})"
+    return f"{figures.copies_accepted / accepted:.1%}{late}" if accepted else "-"
 
 
 def cpu_per_100(figures: Figures) -> str:
