@@ -22,6 +22,7 @@ from starlette.testclient import TestClient
 import runtime
 from runtime import wire, worker
 from runtime.backend import wasm_gemm
+from runtime.peer import engine_class
 from runtime.protocol import Done, Job, work_answer_from_json
 from runtime.tasks import TaskError
 from server.relay.app import RelayPaths, create_app
@@ -85,7 +86,9 @@ def test_one_job_from_task_json_and_messages(package: Package) -> None:
 
     header, vector = wire.decode(result, expect_spec=package.spec, expect_round=0,
                                  expect_fingerprint=package.fingerprint)
-    assert header.meta == {"slot": assignment.slot, "unit_index": assignment.unit_index, "engine": "native-numpy"}
+    assert header.meta == {"slot": assignment.slot, "unit_index": assignment.unit_index, "engine": "native-numpy",
+                           "engine_class": engine_class()}
+    assert engine_class().startswith(f"native-numpy numpy-{np.__version__} ")  # (and its BLAS, its SIMD)
     native = package.task.train_unit(session.weights, unit)
     assert np.array_equal(vector, native.weights)
     assert header.num_examples == native.num_examples
