@@ -10,6 +10,7 @@ same computation. A local task's peer also holds the files its person chose (``l
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import math
 import secrets
@@ -52,10 +53,16 @@ def engine_class() -> str:
     version, its BLAS library and the SIMD extensions numpy's kernels found on this CPU (OpenBLAS picks its kernels
     by them too) and, in Pyodide, the matmul kernel in numpy's place. Two peers of one class train a unit to the same
     bits; two classes may part in the last bits (another summation order), so the relay compares copies bit for bit
-    within a class only. E.g. ``native-numpy numpy-2.2.4 scipy-openblas-0.3.28 X86_V3+X86_V4``; in a browser
-    ``pyodide-numpy numpy-2.0.2 wasm-simd-gemm-4x8``."""
+    within a class only. The engine and a digest of its build (``engine_build``), e.g. ``native-numpy 3f09a1c2b7d4``."""
+    return f"{engine()} {hashlib.sha256(engine_build().encode()).hexdigest()[:12]}"
+
+
+def engine_build() -> str:
+    """What ``engine_class`` digests (12 hex digits in each result's header, which a small model's result stores
+    with every message), in words: numpy's build and, in Pyodide, the matmul kernel in numpy's place. E.g.
+    ``numpy-2.2.4 scipy-openblas-0.3.28 X86_V3+X86_V4``; in a browser ``numpy-2.0.2 wasm-simd-gemm-4x8``."""
     kernel = numpy_backend.matmul_kernel()  # (Pyodide: the SIMD kernel, or numpy's loop with ?blas=numpy)
-    return f"{engine()} {_numpy_build()}" + (f" {kernel}" if kernel else "")
+    return _numpy_build() + (f" {kernel}" if kernel else "")
 
 
 @functools.cache

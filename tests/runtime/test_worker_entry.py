@@ -9,6 +9,7 @@ against the same units trained without a relay.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import sys
 import time
@@ -22,7 +23,7 @@ from starlette.testclient import TestClient
 import runtime
 from runtime import wire, worker
 from runtime.backend import wasm_gemm
-from runtime.peer import engine_class
+from runtime.peer import engine_build, engine_class
 from runtime.protocol import Done, Job, work_answer_from_json
 from runtime.tasks import TaskError
 from server.relay.app import RelayPaths, create_app
@@ -88,7 +89,8 @@ def test_one_job_from_task_json_and_messages(package: Package) -> None:
                                  expect_fingerprint=package.fingerprint)
     assert header.meta == {"slot": assignment.slot, "unit_index": assignment.unit_index, "engine": "native-numpy",
                            "engine_class": engine_class()}
-    assert engine_class().startswith(f"native-numpy numpy-{np.__version__} ")  # (and its BLAS, its SIMD)
+    assert engine_build().startswith(f"numpy-{np.__version__} ")  # (and its BLAS, its SIMD)
+    assert engine_class() == f"native-numpy {hashlib.sha256(engine_build().encode()).hexdigest()[:12]}"
     native = package.task.train_unit(session.weights, unit)
     assert np.array_equal(vector, native.weights)
     assert header.num_examples == native.num_examples
