@@ -12,10 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import numpy as np
-
 from server.relay.book import RoundBook
-from server.relay.checks import decode_result
 from server.relay.context import RelayContext
 from server.relay.copies import UnitCopies
 from server.relay.undo import BanUndo
@@ -36,24 +33,14 @@ class Bans:
         if released:
             store.count("leases_released_by_ban", released)
         if not (self.context.merging and self.undo.active):  # (a merge has taken the round: the undo redoes it)
-            weights = {slot: self._weights(round_index, slot) for slot in self.book.slots_of(round_index, peer_id)}
+            weights = {slot: self.copies.weights(round_index, slot)
+                       for slot in self.book.slots_of(round_index, peer_id)}
             for slot in store.remove_results_of(peer_id, round_index):
                 self.book.drop(round_index, slot, weights.get(slot))
                 store.count("results_dropped_by_ban")
                 self.copies.promote_settled_copy(round_index, slot)
         self.undo.request(peer_id)
         self.context.notices.work_changed()
-
-    def _weights(self, round_index: int, slot: int) -> np.ndarray | None:
-        """A result's weights as the round's sum took them (the book's, or its message decoded again), so that a
-        ban takes it out of the sum in O(n) instead of leaving the sum to be rebuilt from every result."""
-        kept = self.book.kept(round_index, slot)
-        if kept is not None:
-            return kept[1]
-        stored = self.context.store.result(round_index, slot)
-        if stored is None:
-            return None
-        return decode_result(stored.message, session=self.context.session, round_index=round_index)[1]
 
     def ban_for_claim(self, peer_id: str, message: str) -> None:
         """An honest peer's runtime never claims more examples than its unit holds."""

@@ -99,8 +99,7 @@ class UnitCopies(Part):
             trainers = self._trainers(round_index, slot, copies)
             if merging or not any(self._eligible(peer, round_index, slot, trainers) for peer in active):
                 self.store.count("copies_unchecked_dropped")
-                kept = self.book.kept(round_index, slot)
-                self._retrain(round_index, slot, "unchecked", None if kept is None else kept[1])
+                self._retrain(round_index, slot, "unchecked", self.weights(round_index, slot))
 
     def _needs_copy(self, round_index: int, slot: int, outcomes: dict[int, list[str]]) -> bool:
         """A chosen slot whose copies have not settled (a dispute waits for its replay). ``outcomes``: ``by_slot``."""
@@ -206,7 +205,9 @@ class UnitCopies(Part):
             self.store.release(round_index, slot, peer_id)
             self.book.refuse(round_index, slot, peer_id)
             raise
-        merged, merged_vector = self._merged(round_index, slot)
+        found = self._merged(round_index, slot)
+        assert found is not None, f"round {round_index} slot {slot} has no result to compare a copy with"
+        merged, merged_vector = found
         engine, engine_class = engines_of(header.meta)
         self.classes.note(peer_id, engine_class)
         outcome = self._compare(engine_class, vector, merged, merged_vector)
@@ -223,12 +224,20 @@ class UnitCopies(Part):
                           {merged.peer_id: merged.engine, peer_id: engine})
         return StoredResult(round_index, slot, assignment.unit_index, peer_id, count, dict(header.metrics), b"")
 
-    def _merged(self, round_index: int, slot: int) -> tuple[StoredResult, np.ndarray]:
+    def weights(self, round_index: int, slot: int) -> np.ndarray | None:
+        """A slot's result's weights as the round's sum took them (None: no result), so that taking it out of the
+        sum (a ban, a dispute, a result nobody can check) costs O(n), not a rebuild from every result."""
+        merged = self._merged(round_index, slot)
+        return None if merged is None else merged[1]
+
+    def _merged(self, round_index: int, slot: int) -> tuple[StoredResult, np.ndarray] | None:
+        """A slot's result and its weights: the book's (a round's first results), or its message decoded again."""
         kept = self.book.kept(round_index, slot)
         if kept is not None and kept[0].engine_class:
             return kept
         stored = self.store.result(round_index, slot)  # (this slot's message only: a round may hold a thousand)
-        assert stored is not None, f"round {round_index} slot {slot} has no result to compare a copy with"
+        if stored is None:
+            return None
         header, vector = decode_result(stored.message, session=self.session, round_index=round_index)
         return StoredResult(stored.round, stored.slot, stored.unit_index, stored.peer_id, stored.num_examples,
                             stored.metrics, b"", *engines_of(header.meta)), vector
@@ -318,8 +327,8 @@ class UnitCopies(Part):
         self.store.release(round_index, slot)
         self.book.refuse(round_index, slot, *trainers)
         # (a unit only its engine class can check is trained again within it)
-        self.book.refuse(round_index, slot, *self.classes.others(round_index, slot,
-                                                                 self.store.active_peers(self.options.peer_timeout)))
+        self.book.refuse(round_index, slot, *self.classes.others(
+            round_index, slot, lambda: self.store.active_peers(self.options.peer_timeout)))
         # one unit is free: that many held requests look for it, and as many more as peers refused it (they may wake
         # first); a thousand held peers that all looked cost the relay a search of the round each, at every dispute
         self.context.notices.work_changed(available=1 + len(trainers))

@@ -14,6 +14,7 @@ they are learnt again from the next results.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from runtime.peer import BIT_EXACT_ENGINES
 from server.relay.context import Part, RelayContext
@@ -65,10 +66,11 @@ class EngineClasses(Part):
         engine_class = self.slots.get((round_index, slot))
         return engine_class is None or self.of.get(peer_id) == engine_class
 
-    def others(self, round_index: int, slot: int, peers: list[str]) -> list[str]:
-        """Of ``peers``, those that may not train ``slot`` again after a dispute (none unless only a class can)."""
+    def others(self, round_index: int, slot: int, peers: Callable[[], list[str]]) -> list[str]:
+        """Of ``peers()`` (read only where needed: a relay's connected peers), those that may not train ``slot``
+        again after a dispute (none unless only a class can)."""
         engine_class = self.slots.get((round_index, slot))
-        return [] if engine_class is None else [peer for peer in peers if self.of.get(peer) != engine_class]
+        return [] if engine_class is None else [peer for peer in peers() if self.of.get(peer) != engine_class]
 
     def forget_through(self, round_index: int) -> None:
         """A merged round's slots are forgotten."""

@@ -112,10 +112,13 @@ def test_a_liar_in_the_class_is_outvoted_by_two_honest_copies_and_banned(text_pa
 
 
 def test_a_result_whose_class_has_nobody_left_to_copy_it_goes_back_out_not_into_the_merge(
-        text_package: Package, tmp_path: Path) -> None:
+        text_package: Package, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Two native peers trained the round's two units; one leaves before copying the other's. Its own result is
     copied by the one that stayed; the stayer's result has nobody of its class to copy it, so it is dropped and its
-    unit handed out again rather than merged unchecked."""
+    unit handed out again rather than merged unchecked, taken out of the round's exact sum with its own weights (read
+    back from SQLite: here the book keeps no result's weights, as it keeps none past a round's first 8), not left
+    for the sum to be rebuilt from every result."""
+    monkeypatch.setattr("server.relay.book.EARLY", 0)
     relay = classed_relay(text_package, tmp_path)
     with serving(relay) as client:
         stays, leaves = HttpPeer(client, engine_class=NATIVE), HttpPeer(client, engine_class=NATIVE)
@@ -130,4 +133,5 @@ def test_a_result_whose_class_has_nobody_left_to_copy_it_goes_back_out_not_into_
         assert status["counters"]["copies_identical"] == 1, status["counters"]
         assert status["counters"]["copies_unchecked_dropped"] == 1, status["counters"]
         assert status["round"] == 0 and status["round_progress"]["done"] == 1, status
+        assert not relay.book.stale(0), "the dropped result left the round's sum to be rebuilt"
         assert "slot" not in stays.work(), "the peer whose result was dropped is not handed its unit again"
