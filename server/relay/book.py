@@ -159,6 +159,10 @@ class RoundBook:
         """Whether any peer was refused on any slot of ``round_index`` (without one, no slot is blocked)."""
         return any(r == round_index and peers for (r, _), peers in self._refused.items())
 
+    def refused_slots(self, round_index: int) -> set[int]:
+        """The slots of ``round_index`` on which some peer was refused (only those can be blocked)."""
+        return {slot for (r, slot), peers in self._refused.items() if r == round_index and peers}
+
     def refused_by_all(self, round_index: int, slot: int, peers: list[str]) -> bool:
         """Whether every one of ``peers`` (the connected ones) was refused for the slot: nobody here may take it."""
         return all(self.refused(round_index, slot, peer) for peer in peers)

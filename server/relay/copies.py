@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from itertools import groupby
 from operator import itemgetter
 
@@ -39,10 +39,11 @@ from server.relay.engine_classes import SETTLED_IN_CLASS
 from server.relay.jobs import Jobs
 from server.relay.refusal import Refusal
 from server.relay.replay_checks import ReplayChecks
-from server.relay.store import StoredResult
+from server.relay.store import Lease, StoredResult
 from server.relay.verify import DISPUTE, Verdict, matches
 
 LOG = logging.getLogger("peertrain.relay")
+KEEP_WAITING_SECONDS = 1.0  # how long ``copies_outstanding``'s answer is kept while the store does not change
 QUORUM_LIMIT = 5  # results of one unit, all different, after which a dispute is left to the slot's usual copy
 
 # Outcomes of a compared copy that need no more copies of the slot: "lied" is a copy whose replay failed
@@ -57,6 +58,26 @@ def by_slot(copies: dict[tuple[int, str], str]) -> dict[int, list[str]]:
     return {slot: [outcome for _, outcome in group] for slot, group in groupby(pairs, key=itemgetter(0))}
 
 
+@dataclass(frozen=True)
+class RoundCopies:
+    """What every poll asks of a round's copies, read once per change of the store (``Store.generation``): at a
+    thousand peers each request for work went over every slot, and for each slot over every lease and copy."""
+
+    copies: dict[tuple[int, str], str]  # (slot, peer) -> outcome
+    outcomes: dict[int, list[str]]  # ``by_slot``
+    copy_peers: dict[int, set[str]]  # slot -> the peers with a copy of it
+    leases: dict[int, Lease]  # the slots' own leases
+    copy_leases: dict[int, Lease]  # their second copies' leases
+    copy_slots_of: dict[str, list[int]]  # peer -> the slots whose second copy's lease it holds
+
+    def trainers(self, slot: int, author: str | None) -> set[str]:
+        """Peers that trained or hold ``slot`` this round (either copy, the merged result, a compared one)."""
+        peers = {lease.peer_id for lease in (self.leases.get(slot), self.copy_leases.get(slot)) if lease is not None}
+        if author is not None:
+            peers.add(author)
+        return peers | self.copy_peers.get(slot, set())
+
+
 class UnitCopies(Part):
     """Which slots get a second copy and who trains it, backups, and comparing a second result with the merged one.
     A dispute goes to the host's replays (``replays``); its verdict comes back through ``settle_disputes``."""
@@ -66,6 +87,25 @@ class UnitCopies(Part):
         self.backups = Backups(context, book)
         self.classes = replays.classes  # (slots only a copy from their engine class checks: never merged unchecked)
         self.choice = CopyChoice(context, self.classes)  # (which results a copy checks)
+        self._view: tuple[tuple[int, int], RoundCopies] | None = None  # ((round, generation), its view)
+        self._waiting: tuple[tuple[int, int], float, list[int]] | None = None  # (key, computed at, the slots)
+        self._needing_kept: tuple[tuple[int, int], list[int]] | None = None  # (key, ``_needing``)
+
+    def view(self, round_index: int) -> RoundCopies:
+        """The round's copies, outcomes and leases as the store holds them now (kept until the store changes)."""
+        key = (round_index, self.store.generation())
+        if self._view is None or self._view[0] != key:
+            copies = self.store.copies(round_index)
+            copy_peers: dict[int, set[str]] = {}
+            for slot, peer in copies:
+                copy_peers.setdefault(slot, set()).add(peer)
+            copy_leases = self.store.leases(round_index, 1)
+            copy_slots_of: dict[str, list[int]] = {}
+            for slot, lease in copy_leases.items():
+                copy_slots_of.setdefault(lease.peer_id, []).append(slot)
+            self._view = key, RoundCopies(copies, by_slot(copies), copy_peers, self.store.leases(round_index),
+                                          copy_leases, copy_slots_of)
+        return self._view[1]
 
     # -- which slots get a second copy, and who may train it ------------------------------------------
     def redundant(self, round_index: int, slot: int) -> bool:
@@ -87,16 +127,15 @@ class UnitCopies(Part):
         results = self.store.result_slots(round_index)
         if not merging and len(results) < len(self.session.assignments()):
             return  # (copies are handed out once every unit is out; until the results are in the round cannot merge)
-        copies, leases, now = self.store.copies(round_index), self.store.leases(round_index, 1), self.store.clock()
-        outcomes = by_slot(copies)
+        view, now = self.view(round_index), self.store.clock()
         active = self.store.active_peers(self.options.peer_timeout)
         for slot in pending:
-            if slot not in results or not self._needs_copy(round_index, slot, outcomes):
+            if slot not in results or not self._needs_copy(round_index, slot, view.outcomes):
                 continue
-            lease = leases.get(slot)
-            if not merging and lease is not None and lease.deadline >= now and (slot, lease.peer_id) not in copies:
+            lease = view.copy_leases.get(slot)
+            if not merging and lease is not None and lease.deadline >= now and (slot, lease.peer_id) not in view.copies:
                 continue  # (its copy is out)
-            trainers = self._trainers(round_index, slot, copies)
+            trainers = self._trainers(round_index, slot)
             if merging or not any(self._eligible(peer, round_index, slot, trainers) for peer in active):
                 self.store.count("copies_unchecked_dropped")
                 self._retrain(round_index, slot, "unchecked", self.weights(round_index, slot))
@@ -108,15 +147,9 @@ class UnitCopies(Part):
         settled = SETTLED_IN_CLASS if (round_index, slot) in self.classes.slots else SETTLED
         return not any(outcome in settled or outcome == "disputed" for outcome in outcomes.get(slot, ()))
 
-    def _trainers(self, round_index: int, slot: int, copies: dict[tuple[int, str], str] | None = None) -> set[str]:
+    def _trainers(self, round_index: int, slot: int) -> set[str]:
         """Peers that trained or hold ``slot`` this round (either copy, the merged result, a compared one)."""
-        peers = {lease.peer_id for copy in (0, 1) for s, lease in self.store.leases(round_index, copy).items()
-                 if s == slot}
-        author = self.store.result_peer(round_index, slot)  # (one row, no message: this runs on every poll)
-        if author is not None:
-            peers.add(author)
-        copies = self.store.copies(round_index) if copies is None else copies
-        return peers | {peer for (s, peer) in copies if s == slot}
+        return self.view(round_index).trainers(slot, self.store.result_peer(round_index, slot))
 
     def _eligible(self, peer_id: str, round_index: int, slot: int, trainers: set[str]) -> bool:
         """Whether ``peer_id`` may train ``slot``'s copy, given the slot's ``trainers`` (``_trainers``)."""
@@ -133,18 +166,20 @@ class UnitCopies(Part):
         """A second copy for an idle peer (every unit of the round is out): a chosen slot's copy
         (redundancy), else a backup of the unit in flight longest, or None."""
         round_index, now = self.session.round, self.store.clock()
-        copies, leases = self.store.copies(round_index), self.store.leases(round_index, 1)
-        outcomes = by_slot(copies)
-        for assignment in self.session.assignments():
-            lease = leases.get(assignment.slot)
+        view = self.view(round_index)
+        copies, leases = view.copies, view.copy_leases
+        by_slot_index = {a.slot: a for a in self.session.assignments()}
+        for slot in sorted(view.copy_slots_of.get(peer_id, ())):  # (a copy it holds and has not delivered)
+            held = leases[slot]
+            if held.deadline >= now and (slot, peer_id) not in copies:
+                return self._copy_job(by_slot_index[slot], held.deadline)
+        for slot in self._needing(round_index):
+            lease = leases.get(slot)
             if lease is not None and lease.deadline >= now:
-                if lease.peer_id == peer_id and (assignment.slot, peer_id) not in copies:
-                    return self._copy_job(assignment, lease.deadline)
                 continue
-            if self._needs_copy(round_index, assignment.slot, outcomes) and \
-                    self._eligible(peer_id, round_index, assignment.slot,
-                                   self._trainers(round_index, assignment.slot, copies)):
-                granted = self.store.grant(round_index, assignment.slot, assignment.unit_index, peer_id,
+            if self._eligible(peer_id, round_index, slot, self._trainers(round_index, slot)):
+                assignment = by_slot_index[slot]
+                granted = self.store.grant(round_index, slot, assignment.unit_index, peer_id,
                                            self.options.lease_seconds, copy=1)
                 self.store.count("copies_handed_out")
                 return self._copy_job(assignment, granted.deadline)
@@ -159,30 +194,43 @@ class UnitCopies(Part):
 
     def copies_outstanding(self) -> bool:
         """Whether a chosen slot still waits for its second copy: one is out, or an eligible peer is here to
-        take it. With nobody eligible connected the copy is waived (``waive_copies`` counts it at the merge)."""
-        return bool(self._waiting_copies(count_waived=False))
+        take it. With nobody eligible connected the copy is waived (``waive_copies`` counts it at the merge).
+        Every poll asks it: the answer is kept until the store changes, or for ``KEEP_WAITING_SECONDS`` (a lease
+        that expires or a peer that goes quiet changes nothing in the store)."""
+        key, now = (self.session.round, self.store.generation()), self.store.clock()
+        kept = self._waiting
+        if kept is None or kept[0] != key or not 0 <= now - kept[1] < KEEP_WAITING_SECONDS:
+            kept = self._waiting = key, now, self._waiting_copies(count_waived=False)
+        return bool(kept[2])
 
     def waive_copies(self) -> None:
         """At the merge: count the chosen slots whose copy nobody eligible could train."""
         self._waiting_copies(count_waived=True)
 
+    def _needing(self, round_index: int) -> list[int]:
+        """The round's slots that need a copy (``_needs_copy``) in slot order, kept while the store does not change
+        (which slots are chosen changes only with a result, a copy or a dispute: each a change of the store)."""
+        key = (round_index, self.store.generation())
+        if self._needing_kept is None or self._needing_kept[0] != key:
+            chosen = [a.slot for a in self.session.assignments() if self.redundant(round_index, a.slot)]
+            outcomes = self.view(round_index).outcomes if chosen else {}
+            self._needing_kept = key, [slot for slot in chosen if self._needs_copy(round_index, slot, outcomes)]
+        return self._needing_kept[1]
+
     def _waiting_copies(self, *, count_waived: bool) -> list[int]:
         round_index, now = self.session.round, self.store.clock()
-        chosen = [a.slot for a in self.session.assignments() if self.redundant(round_index, a.slot)]
-        if not chosen:  # (no slot of the round takes a copy: nothing to read; every poll of a full round asks this)
+        needing = self._needing(round_index)
+        if not needing:  # (no slot of the round takes a copy: nothing to read; every poll of a full round asks this)
             return []
-        copies, leases = self.store.copies(round_index), self.store.leases(round_index, 1)
-        outcomes = by_slot(copies)
+        view = self.view(round_index)
         active = self.store.active_peers(self.options.peer_timeout)
         waiting = []
-        for slot in chosen:
-            if not self._needs_copy(round_index, slot, outcomes):
-                continue
-            lease = leases.get(slot)
-            if lease is not None and lease.deadline >= now and (slot, lease.peer_id) not in copies:
+        for slot in needing:
+            lease = view.copy_leases.get(slot)
+            if lease is not None and lease.deadline >= now and (slot, lease.peer_id) not in view.copies:
                 waiting.append(slot)  # (out with a peer)
                 continue
-            trainers = self._trainers(round_index, slot, copies)  # (once a slot, not once a connected peer)
+            trainers = self._trainers(round_index, slot)  # (once a slot, not once a connected peer)
             if any(self._eligible(peer, round_index, slot, trainers) for peer in active):
                 waiting.append(slot)
             elif count_waived:

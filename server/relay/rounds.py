@@ -153,10 +153,14 @@ class SyncRounds:
         """The round has results and every other slot is blocked (and no second copy is awaited): it merges now
         and its blocked units open the next round."""
         session, store = self.context.session, self.context.store
-        if session.done or not self.book.any_refused(session.round) or self.copies.copies_outstanding():
-            return False  # (a slot is blocked only where some peer was refused)
+        if session.done:
+            return False
         results = store.result_slots(session.round)
-        blocked = self.blocked_slots() if results else set()
+        if not results or len(results | self.book.refused_slots(session.round)) < len(session.assignments()):
+            return False  # (a slot is blocked only where some peer was refused: too few of those, nothing to read)
+        if self.copies.copies_outstanding():
+            return False
+        blocked = self.blocked_slots()
         return bool(blocked) and len(results) + len(blocked) >= len(session.assignments())
 
     def waiting(self) -> str | None:

@@ -52,6 +52,11 @@ class StoreLifecycle(Protocol):
     def disk_bytes(self) -> int:
         """Bytes the store takes on this machine's disk (0 for one kept elsewhere)."""
 
+    def generation(self) -> int:
+        """A number that moves on whenever peers (joining, leaving, coming back), leases, results, copies or bans
+        change, but not at a peer's touch: what a relay derives from them at one generation holds until it moves or
+        the clock passes a deadline (a thousand polls a second then read the store once per change)."""
+
 
 class PeerStore(Protocol):
     def add_peer(self, agent: str = "", address: str = "") -> tuple[str, str]:

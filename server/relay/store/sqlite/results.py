@@ -36,11 +36,15 @@ class SQLiteResults(TablePart):
                 db.execute("UPDATE peers SET units_done = units_done + 1 WHERE id = ?", (result.peer_id,))
 
     def result_slots(self, round_index: int) -> set[int]:
-        return {row[0] for row in self.connection.run("SELECT slot FROM results WHERE round = ?", (round_index,))}
+        return set(self.result_peers(round_index))
 
     def result_peer(self, round_index: int, slot: int) -> str | None:
-        rows = self.connection.run("SELECT peer_id FROM results WHERE round = ? AND slot = ?", (round_index, slot))
-        return str(rows[0][0]) if rows else None
+        return self.result_peers(round_index).get(slot)
+
+    def result_peers(self, round_index: int) -> dict[int, str]:
+        """Who delivered each slot's result (the columns before the message: no overflow page is read)."""
+        return {int(row[0]): str(row[1]) for row in self.connection.run(
+            "SELECT slot, peer_id FROM results WHERE round = ?", (round_index,))}
 
     def results(self, round_index: int) -> dict[int, StoredResult]:
         rows = self.connection.run(f"SELECT {COLUMNS} FROM results WHERE round = ? ORDER BY slot", (round_index,))

@@ -48,7 +48,12 @@ class SQLiteStore:
         self._cache_lock = threading.RLock()
         self._copies_cache: dict[int, dict[tuple[int, str], str]] = {}  # round -> its copies' outcomes, as read
         self._active: tuple[float, float, list[str], frozenset[str]] | None = None  # (read at, within, ids, as a set)
+        self._slots_cache: dict[int, dict[int, str]] = {}  # round -> who delivered each slot's result, as read
+        self._generation = 0  # (``generation``: every change below but a peer's touch moves it on)
         self.open()
+
+    def generation(self) -> int:
+        return self._generation
 
     # -- opening and closing ------------------------------------------------------------------------
     @property
@@ -108,8 +113,9 @@ class SQLiteStore:
     def _forget_active(self, *, unless: str | None = None) -> None:
         """Forget the active peers kept (``unless``: not when that peer is among them)."""
         with self._cache_lock:
-            if self._active is not None and (unless is None or unless not in self._active[3]):
+            if unless is None or self._active is None or unless not in self._active[3]:
                 self._active = None
+                self._generation += 1  # (who is active changed; a touch of an active peer changes nothing)
 
     def live_peers_at(self, address: str, within_seconds: float) -> int:
         return self._peers.live_peers_at(address, within_seconds)
@@ -147,6 +153,7 @@ class SQLiteStore:
               copy: int = 0) -> Lease:
         with self._cache_lock:
             lease = self._leases.grant(round_index, slot, unit_index, peer_id, seconds, copy)
+            self._generation += 1
             self._forget_active(unless=peer_id)
             cached = self._lease_cache.get((round_index, copy))
             if cached is not None:
@@ -162,7 +169,9 @@ class SQLiteStore:
             finally:
                 self._lease_cache.clear()
                 self._copies_cache.clear()
+                self._slots_cache.clear()
                 self._active = None
+                self._generation += 1
 
     def release(self, round_index: int, slot: int, peer_id: str | None = None) -> None:
         with self._changing_leases():
@@ -185,14 +194,34 @@ class SQLiteStore:
             return self._leases.release_live_leases()
 
     # -- results ------------------------------------------------------------------------------------
+    # The slots with a result are kept like the leases (every request for work and every poll of a round asks).
     def add_result(self, result: StoredResult, *, count_unit: bool = True) -> None:
-        self._results.add_result(result, count_unit=count_unit)
+        with self._changing_results():
+            self._results.add_result(result, count_unit=count_unit)
 
     def result_slots(self, round_index: int) -> set[int]:
-        return self._results.result_slots(round_index)
+        return set(self._result_peers(round_index))
+
+    def _result_peers(self, round_index: int) -> dict[int, str]:
+        with self._cache_lock:
+            cached = self._slots_cache.get(round_index)
+            if cached is None:
+                if len(self._slots_cache) >= CACHE_ROUNDS:
+                    self._slots_cache.clear()
+                cached = self._slots_cache[round_index] = self._results.result_peers(round_index)
+            return cached
+
+    @contextlib.contextmanager
+    def _changing_results(self) -> Iterator[None]:
+        with self._cache_lock:
+            try:
+                yield
+            finally:
+                self._slots_cache.clear()
+                self._generation += 1
 
     def result_peer(self, round_index: int, slot: int) -> str | None:
-        return self._results.result_peer(round_index, slot)
+        return self._result_peers(round_index).get(slot)
 
     def results(self, round_index: int) -> dict[int, StoredResult]:
         return self._results.results(round_index)
@@ -207,7 +236,8 @@ class SQLiteStore:
         self._results.replace_message(round_index, slot, message)
 
     def remove_result(self, round_index: int, slot: int) -> None:
-        self._results.remove_result(round_index, slot)
+        with self._changing_results():
+            self._results.remove_result(round_index, slot)
 
     def remove_results_of(self, peer_id: str, round_index: int) -> list[int]:
         with self._changing_leases():  # (its leases of the round go too)
@@ -248,6 +278,7 @@ class SQLiteStore:
                 yield
             finally:
                 self._copies_cache.clear()
+                self._generation += 1
 
     def copy_message(self, round_index: int, slot: int, peer_id: str) -> bytes | None:
         return self._copies.copy_message(round_index, slot, peer_id)

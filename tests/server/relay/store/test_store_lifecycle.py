@@ -48,3 +48,37 @@ def test_disk_bytes_count_what_is_written(store: Store) -> None:
     before = store.disk_bytes()
     store.add_result(StoredResult(0, 0, 3, "p-a", 256, {}, bytes(1 << 16)))
     assert store.disk_bytes() >= before and isinstance(store.path.name, str)
+
+
+def test_the_generation_moves_on_every_change_a_relay_derives_from_but_not_on_a_touch(store: Store,
+                                                                                      clock: Clock) -> None:
+    """A relay keeps what it derives from the leases, results and copies (every poll of a thousand peers asks) for
+    as long as the generation stands: any change to them moves it, a peer's touch (every request) does not."""
+    peer_id, token = store.add_peer("agent", "10.0.0.1")
+    store.active_peers(60.0)
+    seen = [store.generation()]
+
+    def moved() -> bool:
+        seen.append(store.generation())
+        return seen[-1] != seen[-2]
+
+    assert store.authenticate(peer_id, token) and not moved(), "a touch of an active peer moved it"
+    store.grant(0, 0, 3, peer_id, 30.0)
+    assert moved()
+    store.add_result(StoredResult(0, 0, 3, peer_id, 256, {}, b"message"))
+    assert moved() and store.result_slots(0) == {0} and store.result_peer(0, 0) == peer_id
+    store.add_copy(0, 0, "other", b"copy", "identical")
+    assert moved()
+    store.set_copy_outcome(0, 0, "other", "disputed")
+    assert moved()
+    store.release(0, 0)
+    assert moved()
+    store.remove_result(0, 0)
+    assert moved() and store.result_slots(0) == set() and store.result_peer(0, 0) is None
+    store.ban(peer_id, "test")
+    assert moved()
+    store.add_peer("agent", "10.0.0.2")
+    assert moved()
+    clock.advance(1.0)
+    store.counters()
+    assert not moved(), "reading moved it"
