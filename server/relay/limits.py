@@ -151,6 +151,18 @@ def plain_refusal_response(request: Request, refusal: Exception) -> Response:
                         headers=refusal.headers)
 
 
+BODY_CLOCK = "peertrain.body_clock"  # the scope key of a request's body deadline (``restart_body_clock``)
+
+
+def restart_body_clock(scope: Scope) -> None:
+    """The request's body has ``timeout`` seconds from now, not from its head: an endpoint that lets uploads wait
+    their turn before reading them (``POST /api/result``) calls this when the turn comes, so that waiting is not
+    counted as a slow body. Nothing once any of the body came, or outside ``BodyLimits``."""
+    body = scope.get(BODY_CLOCK)
+    if isinstance(body, _Body) and body.size == 0 and not body.complete:
+        body.deadline = asyncio.get_running_loop().time() + body.timeout
+
+
 class _Body:
     """The request's ``receive``, refusing a body past its deadline or its size limit."""
 
@@ -206,6 +218,7 @@ class BodyLimits:
             await response(scope, receive, send)
             return
         body = _Body(receive, asyncio.get_running_loop().time() + self.timeout, limit, self.timeout)
+        scope[BODY_CLOCK] = body
 
         async def send_closing(message: Message) -> None:
             if message["type"] == "http.response.start" and not body.complete:

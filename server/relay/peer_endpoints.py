@@ -12,6 +12,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from server.relay import openapi
+from server.relay.limits import restart_body_clock
 from server.relay.openapi import JSON, OCTET, Answer, Body, Operation, Param, operation
 from server.relay.refusal import Refusal
 from server.relay.requests import (
@@ -123,12 +124,14 @@ RESULT_REFUSALS = (*PEER_REFUSALS, *BODY_REFUSALS, (400, "bad_query"),
 async def result(request: Request) -> Response:
     relay = relay_of(request)
     peer_id = peer_of(request)
-    body = await read_body(request, relay.result_body_limit)
-    try:
-        round_index, slot = int(request.query_params["round"]), int(request.query_params["slot"])
-    except (KeyError, ValueError) as error:
-        raise Refusal(400, "bad_query", "POST /api/result needs integer round= and slot=") from error
-    await relay.submit(peer_id, round_index, slot, body)
+    async with relay.uploading():  # (its turn: the body is read only now, and its time to arrive counts from now)
+        restart_body_clock(request.scope)
+        body = await read_body(request, relay.result_body_limit)
+        try:
+            round_index, slot = int(request.query_params["round"]), int(request.query_params["slot"])
+        except (KeyError, ValueError) as error:
+            raise Refusal(400, "bad_query", "POST /api/result needs integer round= and slot=") from error
+        await relay.submit(peer_id, round_index, slot, body)
     return JSONResponse({"accepted": True, "round": round_index, "slot": slot})
 
 

@@ -73,6 +73,7 @@ from server.session.package import Package
 from server.session.session import Session
 
 READERS = min(4, os.cpu_count() or 1)  # worker threads that read results as they arrive (``Relay.submit``)
+UPLOADS = 32  # result bodies read and in hand at once (``Relay.uploading``); the others wait unread
 MAX_HOLD_SECONDS = 20.0  # longest a POST /api/work?hold=S request is held
 RESULT_ENVELOPE_BYTES = 16  # a result body may exceed its payload and header by the wire's length fields
 
@@ -87,6 +88,7 @@ class Relay:
     departed: dict[str, float] = field(default_factory=dict)  # peers that left, and when (until they ask again)
     _readers: ThreadPoolExecutor | None = field(default=None, init=False, repr=False)  # (``submit``)
     _reading: asyncio.Semaphore | None = field(default=None, init=False, repr=False)  # (reads in hand at once)
+    _uploads: asyncio.Semaphore | None = field(default=None, init=False, repr=False)  # (``uploading``)
 
     def __post_init__(self) -> None:
         self.context = context = RelayContext(self.session, self.package, self.store, self.options)
@@ -309,6 +311,15 @@ class Relay:
         return self.weights_message() if version == self.session.round else self.mode.weights_of_version(version)
 
     # -- results ------------------------------------------------------------------------------------------------
+    def uploading(self) -> asyncio.Semaphore:
+        """A turn to read a result's body and submit it: at most ``UPLOADS`` at once. A thousand peers uploading
+        within a second would otherwise each have their 585 KB body read into the relay's memory while the reads
+        queue (913 MB at k = 1,000, 3.8 times k = 5's); a waiting upload stays unread in its connection (the
+        server stops reading a body nobody asks for after 64 KB, and the kernel holds the rest)."""
+        if self._uploads is None:
+            self._uploads = asyncio.Semaphore(UPLOADS)
+        return self._uploads
+
     async def submit(self, peer_id: str, round_index: int, slot: int, body: bytes) -> StoredResult:
         """``submit_result`` with the result read in a worker thread first (``RoundMode.reader``): decoding, norms
         and the result's part of the round's sum are O(n) each, and a thousand peers' results would otherwise queue

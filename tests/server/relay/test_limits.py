@@ -14,10 +14,16 @@ import itertools
 import json
 import re
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
 import pytest
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
 
 from runtime.peer import Peer
 from server.bench.load import relay_process
@@ -27,8 +33,9 @@ from server.cli.options import read_limits, read_settings
 from server.harness.peer import run_async
 from server.harness.serve_command import ServeCommand
 from server.relay.app import RelayPaths
-from server.relay.limits import uvicorn_settings
+from server.relay.limits import BodyLimits, restart_body_clock, uvicorn_settings
 from server.relay.options import DEFAULT_BODY_TIMEOUT, RelayOptions, ServerLimits
+from server.relay.refusal import Refusal
 from server.session.config import SessionConfig
 from server.session.settings import SettingError, arguments, declarations, declared, markdown_table
 
@@ -218,3 +225,53 @@ def test_a_trickled_upload_gets_408_at_the_deadline_while_others_are_answered_at
     assert counters["refused.body_timeout"] == 1 and counters["refused.too_large"] == 1
     assert counters["refused.header_timeout"] == 1 and counters["bodies_cut_off"] == 1
     assert "Exception in ASGI application" not in (tmp_path / "serve.log").read_text()
+
+
+@pytest.mark.parametrize("restarted", [True, False])
+def test_an_upload_that_waits_its_turn_gets_its_whole_body_timeout_once_the_turn_comes(restarted: bool) -> None:
+    """``POST /api/result`` reads at most ``UPLOADS`` bodies at once (a crowd's bodies would otherwise all sit in the
+    relay's memory); an upload waiting its turn must not be refused as a slow body. Here one turn: the first upload
+    holds it past the body timeout, the second, complete all along, is accepted once the turn comes; without
+    ``restart_body_clock`` it would be a 408."""
+    timeout = 0.3
+    turn = asyncio.Semaphore(1)
+    first_started, first_may_finish = asyncio.Event(), asyncio.Event()
+
+    async def upload(request: Request) -> Response:
+        async with turn:
+            if restarted:
+                restart_body_clock(request.scope)
+            body = await request.body()
+        return JSONResponse({"bytes": len(body)})
+
+    app = Starlette(routes=[Route("/up", upload, methods=["POST"])],
+                    middleware=[Middleware(BodyLimits, timeout=timeout, max_bytes=lambda: 1 << 20)],
+                    exception_handlers={Refusal: lambda request, error: JSONResponse(
+                        error.to_json(), status_code=error.status)})
+
+    async def slow_body() -> AsyncIterator[bytes]:
+        yield b"x" * 10
+        first_started.set()
+        await first_may_finish.wait()
+        yield b"y" * 10
+
+    async def ready_body() -> AsyncIterator[bytes]:  # (in two parts, as a large body comes: the read waits once)
+        yield b"z" * 10
+        await asyncio.sleep(0)
+        yield b"z" * 10
+
+    async def both() -> tuple[httpx.Response, httpx.Response]:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://relay") as client:
+            first = asyncio.create_task(client.post("/up", content=slow_body(), headers={"content-length": "20"}))
+            await first_started.wait()
+            second = asyncio.create_task(client.post("/up", content=ready_body(), headers={"content-length": "20"}))
+            await asyncio.sleep(3 * timeout)  # (a lower bound: the second waits at least this long for its turn)
+            first_may_finish.set()
+            return await first, await second
+
+    first, second = run_async(both)
+    assert first.status_code == 408  # (the first's own body was slow: that is still refused)
+    if restarted:
+        assert second.status_code == 200 and second.json() == {"bytes": 20}, second.text
+    else:
+        assert second.status_code == 408 and second.json()["error"] == "body_timeout", second.text
