@@ -376,6 +376,13 @@ def is_update(data: bytes) -> bool:
     return bytes(memoryview(data)[:4]) == UPDATE_MAGIC
 
 
+def carried_update(data: bytes, codec: Codec) -> np.ndarray:
+    """The float32 update an update message carries, decoded in ``codec`` without its base (a message already
+    checked against its base by ``result_weights``: the relay's asynchronous buffer keeps only the message)."""
+    raw, payload = _unframe(data, UPDATE_MAGIC)
+    return np.asarray(codec.decode(payload, _parse_weights_header(raw).spec.size), dtype=np.float32)
+
+
 def read_header(data: bytes) -> WireHeader:
     """The header of a result message of either kind (its checksum checked, its payload not decoded)."""
     raw, _ = _unframe(data, UPDATE_MAGIC if is_update(data) else WEIGHTS_MAGIC)

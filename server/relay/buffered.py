@@ -3,7 +3,8 @@
 Peers never wait for a round: each gets the next unit of the plan's schedule at once, with the newest weights
 version, and its result says the version it started from (the result's ``round``). A result is checked like
 a round's (lease, wire, example count, update norm against the weights it started from) and kept in SQLite
-with ``result - w_v``; every K accepted results the relay merges the oldest K, each weighted by
+(an update message as it came: the update it carries is what merges; a weights message with ``result - w_v``
+beside it); every K accepted results the relay merges the oldest K, each weighted by
 ``(1 + s) ** -a`` for its staleness s (``server.session.buffered``), checkpoints the new version, and validates
 every ``--validate-every`` merges. A result more than ``--max-staleness`` versions old is refused
 (``409 too_stale``). The mode and its settings belong to the session (``SessionConfig``: a restart keeps
@@ -23,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from runtime import wire
 from runtime.protocol import Wait, WorkAnswer
 from runtime.tasks import UnitResult
 from server.relay.book import RoundBook
@@ -32,7 +34,7 @@ from server.relay.jobs import Jobs
 from server.relay.people import Participants
 from server.relay.refusal import Refusal
 from server.relay.store import StoredResult
-from server.session.buffered import effective_weights, entry_assignment, update_from, validates
+from server.session.buffered import effective_weights, entry_assignment, stored_update, update_from, validates
 
 ASYNC_ROUND = -1  # the leases table's round for the asynchronous stream of units
 NORMS_KEPT = 50  # accepted update norms the relative outlier check compares with
@@ -120,7 +122,7 @@ class AsyncBuffer(Part):
         if base is None or not 0 <= entry < len(schedule):
             return None
         unit = session.work_unit(entry_assignment(schedule, session.plan.seed, entry, version))
-        fingerprint = self.context.package.fingerprint
+        fingerprint, codec = self.context.package.fingerprint, session.config.result_codec
 
         def read() -> EarlyRead:
             outcome = read_early(body, session=session, fingerprint=fingerprint, round_index=version, unit=unit,
@@ -128,7 +130,7 @@ class AsyncBuffer(Part):
             if isinstance(outcome, Refusal):
                 return EarlyRead(base, outcome)
             header, vector, count, _ = outcome
-            update = update_from(vector, base)
+            update = stored_update(body, b"", codec) if wire.is_update(body) else update_from(vector, base)
             return EarlyRead(base, (header, vector, count, float(np.linalg.norm(update.astype(np.float64)))),
                              update=update)
         return read
@@ -164,7 +166,8 @@ class AsyncBuffer(Part):
                                                        fingerprint=self.context.package.fingerprint,
                                                        round_index=version, unit=session.work_unit(assignment),
                                                        base=base)
-                update = update_from(vector, base)
+                update = stored_update(body, b"", session.config.result_codec) if wire.is_update(body) else \
+                    update_from(vector, base)
                 norm = float(np.linalg.norm(update.astype(np.float64)))
             check_update_norm(norm, self.norms, max_norm=options.max_update_norm,
                               outlier_factor=options.outlier_factor, min_results=options.outlier_min_results)
@@ -178,7 +181,7 @@ class AsyncBuffer(Part):
         self.people.note_unit(peer_id, now - lease.issued, str(header.meta.get("engine", "")))
         self.store.add_arrival(entry=entry, unit_index=assignment.unit_index, peer_id=peer_id, version=version,
                                num_examples=count, metrics=dict(header.metrics), message=body,
-                               update=update.tobytes())
+                               update=b"" if wire.is_update(body) else update.tobytes())  # (stored_update)
         return StoredResult(version, entry, assignment.unit_index, peer_id, count, dict(header.metrics), b"")
 
     def holds_unit(self, peer_id: str, unit_index: int) -> bool:
@@ -201,8 +204,8 @@ class AsyncBuffer(Part):
         merge = session.round
         rows = self.store.buffered(k)
         buffer = []
-        for _, _, unit, version, examples, metrics, update in rows:
-            vector = np.frombuffer(update, dtype=np.float32)
+        for _, _, unit, version, examples, metrics, update, message in rows:
+            vector = stored_update(message, update, session.config.result_codec)
             buffer.append((unit, UnitResult(effective_weights(session.weights, vector, merge - version,
                                                               self.staleness_exponent), examples, metrics)))
         self.store.mark_merged([row[0] for row in rows], merge)  # before the checkpoint (module docstring)

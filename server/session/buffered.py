@@ -7,12 +7,12 @@ an update from the version it started from, ``v``. It is merged with the next K 
 
     effective = w_M + (1 + s) ** -a * (result - w_v)
 
-(the relay keeps ``result - w_v`` from when the result came, so it needs no old weights at the merge, nor
-after a restart). Every K accepted results, ``Session.complete_buffer`` merges the buffer through the same
-aggregator and server optimizer as a synchronous round (FedAvg of the effective results steps by the
-staleness-weighted mean update). The units are the plan's schedule, handed out in order, each once per pass.
-The relay records each result's version and its arrival; ``replay`` feeds those records to a fresh session and
-reaches the same weights bit for bit.
+(an update message carries ``result - w_v``; for a weights message the relay keeps it from when the result came,
+so it needs no old weights at the merge, nor after a restart). Every K accepted results,
+``Session.complete_buffer`` merges the buffer through the same aggregator and server optimizer as a synchronous
+round (FedAvg of the effective results steps by the staleness-weighted mean update). The units are the plan's
+schedule, handed out in order, each once per pass. The relay records each result's version and its arrival;
+``replay`` feeds those records to a fresh session and reaches the same weights bit for bit.
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from runtime import wire
+from runtime.codecs import Codec
 from runtime.planner import Assignment, unit_seed
 from runtime.tasks import UnitResult
 
@@ -37,6 +39,15 @@ def staleness_weight(staleness: int, exponent: float) -> float:
 def update_from(result: np.ndarray, base: np.ndarray) -> np.ndarray:
     """What a result changed from the weights it started from (float32, as the relay stores it)."""
     return (result.astype(np.float64) - base.astype(np.float64)).astype(np.float32)
+
+
+def stored_update(message: bytes, update: bytes, codec: Codec) -> np.ndarray:
+    """A buffered result's update as the relay merges it: an update message (a codec's: int8, topk) carries it, and
+    the relay keeps only the message; a weights message's update (``update_from`` its base) is kept beside it,
+    ``update``, since the base may be gone when it merges (a restart keeps only the newest weights)."""
+    if wire.is_update(message):
+        return wire.carried_update(message, codec)
+    return np.frombuffer(update, dtype=np.float32)
 
 
 def effective_weights(current: np.ndarray, update: np.ndarray, staleness: int, exponent: float) -> np.ndarray:

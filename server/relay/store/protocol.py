@@ -205,7 +205,7 @@ class ArrivalStore(Protocol):
 
     def buffered(self, limit: int | None = None) -> list[BufferedArrival]:
         """The arrivals not merged yet, in arrival order (the first ``limit`` of them: a merge reads only what it
-        merges, while a crowd's buffer may hold many more)."""
+        merges, while a crowd's buffer may hold many more), messages included."""
 
     def buffered_count(self) -> int: ...
 

@@ -42,8 +42,9 @@ class StoredResult:
     engine_class: str = ""  # the engine and its numpy build (``runtime.peer.engine_class``; header meta, likewise)
 
 
-# Asynchronous mode: a result waiting in the buffer, (seq, entry, unit, version, examples, metrics, update vector).
-type BufferedArrival = tuple[int, int, int, int, int, dict[str, Any], bytes]
+# Asynchronous mode: a result waiting in the buffer, (seq, entry, unit, version, examples, metrics, update vector,
+# message); the update vector is empty where the message carries the update (``server.session.buffered``).
+type BufferedArrival = tuple[int, int, int, int, int, dict[str, Any], bytes, bytes]
 # A result merged in asynchronous mode, (seq, entry, unit, version, merge, examples, metrics, message).
 type MergedArrival = tuple[int, int, int, int, int, int, dict[str, Any], bytes]
 # A ban's undo not finished yet, (peer, state, plan): ``server.relay.undo`` writes the state and plan.

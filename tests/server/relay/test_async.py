@@ -235,3 +235,41 @@ def test_validation_every_few_merges(package: Package) -> None:
     series = session.metric_series()
     assert series[1] is None and series[2] is not None and series[3] is not None and session.done
     assert [entry["version"] for entry in session.history] == [1, 2, 3]
+
+
+def test_an_update_message_is_kept_alone_and_merges_the_update_it_carries_across_a_restart(package: Package,
+                                                                                           tmp_path: Path) -> None:
+    """int8 results: the buffer keeps the message only (a crowd's buffer wrote a 2.3 MB float32 update beside each
+    585 KB message); the merge takes the update the message carries, after a restart too (no old weights needed)."""
+    from server.relay.state import Relay
+
+    config = {**ASYNC, "codec": "int8"}
+    relay = make_relay(package, tmp_path / "s", k=3, passes=1, config=config, ban_addresses=False)
+    with serving(relay) as client:
+        peers = [HttpPeer(client) for _ in range(3)]
+        jobs = [peer.assignment() for peer in peers[:2]]
+        bodies = [peer.train(job) for peer, job in zip(peers, jobs, strict=False)]
+        for peer, job, body in zip(peers, jobs, bodies, strict=False):
+            assert peer.upload(0, job["slot"], body).status_code == 200
+    w0 = relay.session.weights.astype(np.float64)
+    relay.open()
+    rows = relay.store.buffered()
+    assert [row[6] for row in rows] == [b"", b""] and [row[7] for row in rows] == bodies and wire.is_update(bodies[0])
+    relay.store.close()
+    restarted = Relay(session=Session.restore(tmp_path / "s", package), package=package,
+                      store=open_store(tmp_path / "s" / "relay.sqlite3"), options=relay.options)
+    with serving(restarted) as client:
+        peers[2].http = client
+        jobs.append(peers[2].assignment())
+        bodies.append(peers[2].train(jobs[2]))
+        assert peers[2].upload(0, jobs[2]["slot"], bodies[2]).status_code == 200
+        wait_until_version(client, 1)
+    codec = restarted.session.config.result_codec
+    carried = [wire.carried_update(body, codec).astype(np.float64) for body in bodies]
+    counts = [count_of(restarted, job) for job in jobs]
+    expected = w0 + sum(n * u for n, u in zip(counts, carried, strict=True)) / sum(counts)
+    # (the merged step travels down in int8 too: each weight within one quantization step of the mean)
+    np.testing.assert_allclose(restarted.session.weights, expected, rtol=0, atol=np.abs(expected - w0).max() / 127)
+    for body, update in zip(bodies, carried, strict=True):  # (the update each message stands for, from its base)
+        np.testing.assert_allclose(wire.result_weights(body, w0.astype(np.float32), codec=codec)[1] - w0, update,
+                                   atol=1e-6)

@@ -28,10 +28,10 @@ class SQLiteArrivals(TablePart):
         return {int(r[0]) for r in self.connection.run("SELECT entry FROM arrivals")}
 
     def buffered(self, limit: int | None = None) -> list[BufferedArrival]:
-        rows = self.connection.run("SELECT seq, entry, unit_index, version, num_examples, metrics, update_vector "
-                                   "FROM arrivals WHERE merge IS NULL ORDER BY seq LIMIT ?",
+        rows = self.connection.run("SELECT seq, entry, unit_index, version, num_examples, metrics, update_vector, "
+                                   "message FROM arrivals WHERE merge IS NULL ORDER BY seq LIMIT ?",
                                    (-1 if limit is None else limit,))
-        return [(r[0], r[1], r[2], r[3], r[4], json.loads(r[5]), bytes(r[6])) for r in rows]
+        return [(r[0], r[1], r[2], r[3], r[4], json.loads(r[5]), bytes(r[6]), bytes(r[7])) for r in rows]
 
     def buffered_count(self) -> int:
         return int(self.connection.run("SELECT COUNT(*) FROM arrivals WHERE merge IS NULL")[0][0])

@@ -19,9 +19,9 @@ def test_arrivals_wait_in_order_until_merged(store: Store) -> None:
     seqs = [arrive(store, entry, peer_id, version=1) for entry in (4, 2, 7)]
     assert seqs == sorted(seqs) and len(set(seqs)) == 3
     assert store.arrived_entries() == {2, 4, 7} and store.buffered_count() == 3
-    assert store.buffered() == [(seqs[0], 4, 14, 1, 256, {"loss": 4}, b"update 4"),
-                                (seqs[1], 2, 12, 1, 256, {"loss": 2}, b"update 2"),
-                                (seqs[2], 7, 17, 1, 256, {"loss": 7}, b"update 7")]
+    assert store.buffered() == [(seqs[0], 4, 14, 1, 256, {"loss": 4}, b"update 4", b"message 4"),
+                                (seqs[1], 2, 12, 1, 256, {"loss": 2}, b"update 2", b"message 2"),
+                                (seqs[2], 7, 17, 1, 256, {"loss": 7}, b"update 7", b"message 7")]
     assert store.buffered(2) == store.buffered()[:2] and [row[0] for row in store.buffered(1)] == seqs[:1]
     assert store.peers_listing()[0]["units_done"] == 3
     assert store.arrivals() == []  # (none merged)
@@ -56,4 +56,5 @@ def test_pruning_empties_arrivals_merged_before_a_merge(store: Store) -> None:
     assert store.prune_arrivals_before(1) == 2
     assert store.prune_arrivals_before(1) == 0
     assert [row[-1] for row in store.arrivals()] == [b"", b"", b"message 2"]
-    assert store.buffered() == [(seqs[3], 3, 13, 0, 256, {"loss": 3}, b"update 3")]  # (not merged: untouched)
+    # (not merged: untouched)
+    assert store.buffered() == [(seqs[3], 3, 13, 0, 256, {"loss": 3}, b"update 3", b"message 3")]
