@@ -25,8 +25,10 @@ from typing import Any
 import numpy as np
 
 from runtime import wire
+from runtime.aggregate.streaming import STREAMED
 from runtime.protocol import Wait, WorkAnswer
 from runtime.tasks import UnitResult
+from runtime.wire import weights_sha256
 from server.relay.book import RoundBook
 from server.relay.checks import EarlyRead, check_update_norm, read_early, read_result
 from server.relay.context import Part, RelayContext
@@ -52,6 +54,7 @@ class AsyncBuffer(Part):
         self.context, self.book, self.jobs, self.people = context, book, jobs, people
         self.versions: dict[int, np.ndarray] = jobs.kept  # (jobs name them and serve their weights by digest)
         self.granted: dict[int, int] = {}  # schedule entry -> the version it was handed out with
+        self.digests: dict[int, tuple[np.ndarray, str]] = {}  # version -> (its weights, their sha256)
         self.norms: list[float] = []
         self.next = 0
 
@@ -71,8 +74,10 @@ class AsyncBuffer(Part):
         versions past the staleness bound."""
         version = self.session.round
         self.versions[version] = self.session.weights.copy()
+        self.digests[version] = self.versions[version], weights_sha256(self.versions[version])  # (results name it)
         for old in [v for v in self.versions if v < version - self.max_staleness]:
             self.versions.pop(old)
+        self.digests = {v: named for v, named in self.digests.items() if self.versions.get(v) is named[0]}
 
     @property
     def max_staleness(self) -> int:
@@ -124,9 +129,12 @@ class AsyncBuffer(Part):
         unit = session.work_unit(entry_assignment(schedule, session.plan.seed, entry, version))
         fingerprint, codec = self.context.package.fingerprint, session.config.result_codec
 
-        def read() -> EarlyRead:
+        named = self.digests.get(version)
+        digest = named[1] if named is not None and named[0] is base else None  # (else it is computed from base)
+
+        def read() -> EarlyRead:  # (the norm measured once, of the update the merge takes)
             outcome = read_early(body, session=session, fingerprint=fingerprint, round_index=version, unit=unit,
-                                 base=base)
+                                 base=base, base_sha256=digest, norm=False)
             if isinstance(outcome, Refusal):
                 return EarlyRead(base, outcome)
             header, vector, count, _ = outcome
@@ -203,16 +211,24 @@ class AsyncBuffer(Part):
         session, k = self.session, self.session.plan.participants_per_round
         merge = session.round
         rows = self.store.buffered(k)
-        buffer = []
-        for _, _, unit, version, examples, metrics, update, message in rows:
-            vector = stored_update(message, update, session.config.result_codec)
-            buffer.append((unit, UnitResult(effective_weights(session.weights, vector, merge - version,
-                                                              self.staleness_exponent), examples, metrics)))
+
+        def effective(index: object) -> np.ndarray:  # (row ``index`` as the merge sees it)
+            _, _, _, version, _, _, update, message = rows[int(index)]  # type: ignore[call-overload]
+            return effective_weights(session.weights, stored_update(message, update, session.config.result_codec),
+                                     merge - version, self.staleness_exponent)
         self.store.mark_merged([row[0] for row in rows], merge)  # before the checkpoint (module docstring)
-        every = session.config.validate_every
-        entry = session.complete_buffer(buffer, validate=validates(merge, every, session.num_rounds), extra={
-            "staleness": [merge - row[3] for row in rows], "started_from": [row[3] for row in rows],
-            "entries": [row[1] for row in rows], "staleness_exponent": self.staleness_exponent})
+        validate = validates(merge, session.config.validate_every, session.num_rounds)
+        extra = {"staleness": [merge - row[3] for row in rows], "started_from": [row[3] for row in rows],
+                 "entries": [row[1] for row in rows], "staleness_exponent": self.staleness_exponent}
+        stream = session.open_stream()
+        if stream is None:  # (an aggregator that needs every result at once: K of them in memory)
+            buffer = [(row[2], UnitResult(effective(index), row[4], row[5])) for index, row in enumerate(rows)]
+            entry = session.complete_buffer(buffer, validate=validate, extra=extra)
+        else:  # one result in memory at a time: the same bits (runtime.aggregate.streaming), O(n) beside the messages
+            for index, row in enumerate(rows):
+                stream.add(index, effective(index), row[4])
+            entry = session.complete_buffer([(row[2], UnitResult(STREAMED, row[4], row[5])) for row in rows],
+                                            validate=validate, extra=extra, streamed=(stream, effective))
         self.keep_version()
         return entry
 

@@ -52,13 +52,15 @@ def engines_of(meta: Mapping[str, Any]) -> tuple[str, str]:
 
 
 def read_result(body: bytes, *, session: Session, fingerprint: str, round_index: int, unit: WorkUnit,
-                base: np.ndarray | None = None, base_sha256: str | None = None) -> Read:
+                base: np.ndarray | None = None, base_sha256: str | None = None, norm: bool = True) -> Read:
     """The checks of 1-3 above: the header, the weights, the relay's example count and the update norm (against
-    ``base``, by default the current weights, whose sha256 is ``base_sha256`` where the caller has it)."""
+    ``base``, by default the current weights, whose sha256 is ``base_sha256`` where the caller has it; NaN without
+    ``norm``: the caller measures the update itself)."""
     base = session.weights if base is None else base
     header, vector = decode_result(body, session=session, round_index=round_index, fingerprint=fingerprint,
                                    base=base, base_sha256=base_sha256)
-    return header, vector, relay_count(session.task, unit, int(header.num_examples)), update_norm(vector, base)
+    return header, vector, relay_count(session.task, unit, int(header.num_examples)), \
+        update_norm(vector, base) if norm else math.nan
 
 
 Read = tuple[wire.WireHeader, np.ndarray, int, float]  # read_result's answer
@@ -83,11 +85,11 @@ class EarlyRead:
 
 
 def read_early(body: bytes, *, session: Session, fingerprint: str, round_index: int, unit: WorkUnit,
-               base: np.ndarray, base_sha256: str | None = None) -> Read | Refusal:
+               base: np.ndarray, base_sha256: str | None = None, norm: bool = True) -> Read | Refusal:
     """``read_result``'s answer, or the refusal it raised (kept for the event loop to raise)."""
     try:
         return read_result(body, session=session, fingerprint=fingerprint, round_index=round_index, unit=unit,
-                           base=base, base_sha256=base_sha256)
+                           base=base, base_sha256=base_sha256, norm=norm)
     except Refusal as refusal:
         return refusal
 

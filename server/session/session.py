@@ -297,19 +297,28 @@ class Session:
         return self._advance(entry, best_changed or federated_best)
 
     def complete_buffer(self, results: Sequence[tuple[int, UnitResult]], *, validate: bool,
-                        extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                        extra: Mapping[str, Any] | None = None,
+                        streamed: streamed_round.Streamed | None = None) -> dict[str, Any]:
         """Buffered asynchronous mode: merge K results (unit index, result already weighted for staleness: see
         ``server.session.buffered``) into the next weights version through the same aggregator and server
-        optimizer as a round; validate only when ``validate`` (every few merges)."""
+        optimizer as a round; validate only when ``validate`` (every few merges). ``streamed``: the results were
+        added one at a time to a sum (``open_stream``, keyed by their positions in ``results``, whose weights are
+        then ``STREAMED``), with a way to read one again: the same bits, without holding K results at once."""
         if self.done:
             raise SessionError(f"the session is over ({self.stopped or 'all merges done'})")
         if not results:
             raise SessionError(f"merge {self.round} got no results; a merge needs at least one")
-        for _, result in results:
-            check_unit_result(self.task, result, self.spec)
+        if streamed is None:
+            for _, result in results:
+                check_unit_result(self.task, result, self.spec)
+        else:
+            summed = {int(key): count for key, count in streamed[0].counts.items()}  # type: ignore[call-overload]
+            if summed != {index: int(result.num_examples) for index, (_, result) in enumerate(results)}:
+                raise SessionError(f"merge {self.round}'s sum does not hold its {len(results)} results")
         evaluated = federated.summary([r for _, r in results], self.round)  # (of the versions they started from)
         entry, best_changed = self._merge_and_record(
             [federated.without_federated(r) for _, r in results], [u for u, _ in results],
+            streamed=streamed, slots=list(range(len(results))),
             validate=validate and self.host_validates, fields={
                 "version": self.round + 1, **({"federated": checkpoint.json_safe(evaluated)} if evaluated else {})},
             train_seconds=None, extra=extra)
