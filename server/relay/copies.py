@@ -22,9 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, replace
-from itertools import groupby
-from operator import itemgetter
+from dataclasses import replace
 
 import numpy as np
 
@@ -39,7 +37,8 @@ from server.relay.engine_classes import SETTLED_IN_CLASS
 from server.relay.jobs import Jobs
 from server.relay.refusal import Refusal
 from server.relay.replay_checks import ReplayChecks
-from server.relay.store import Lease, StoredResult
+from server.relay.round_copies import Kept, RoundCopies
+from server.relay.store import StoredResult
 from server.relay.verify import DISPUTE, Verdict, matches
 
 LOG = logging.getLogger("peertrain.relay")
@@ -52,32 +51,6 @@ QUORUM_LIMIT = 5  # results of one unit, all different, after which a dispute is
 SETTLED = ("identical", "agreed", "not_comparable", "upheld", "replaced", "lied")
 
 
-def by_slot(copies: dict[tuple[int, str], str]) -> dict[int, list[str]]:
-    """A round's copies' outcomes (``Store.copies``) by slot."""
-    pairs = sorted((slot, outcome) for (slot, _), outcome in copies.items())
-    return {slot: [outcome for _, outcome in group] for slot, group in groupby(pairs, key=itemgetter(0))}
-
-
-@dataclass(frozen=True)
-class RoundCopies:
-    """What every poll asks of a round's copies, read once per change of the store (``Store.generation``): at a
-    thousand peers each request for work went over every slot, and for each slot over every lease and copy."""
-
-    copies: dict[tuple[int, str], str]  # (slot, peer) -> outcome
-    outcomes: dict[int, list[str]]  # ``by_slot``
-    copy_peers: dict[int, set[str]]  # slot -> the peers with a copy of it
-    leases: dict[int, Lease]  # the slots' own leases
-    copy_leases: dict[int, Lease]  # their second copies' leases
-    copy_slots_of: dict[str, list[int]]  # peer -> the slots whose second copy's lease it holds
-
-    def trainers(self, slot: int, author: str | None) -> set[str]:
-        """Peers that trained or hold ``slot`` this round (either copy, the merged result, a compared one)."""
-        peers = {lease.peer_id for lease in (self.leases.get(slot), self.copy_leases.get(slot)) if lease is not None}
-        if author is not None:
-            peers.add(author)
-        return peers | self.copy_peers.get(slot, set())
-
-
 class UnitCopies(Part):
     """Which slots get a second copy and who trains it, backups, and comparing a second result with the merged one.
     A dispute goes to the host's replays (``replays``); its verdict comes back through ``settle_disputes``."""
@@ -87,25 +60,12 @@ class UnitCopies(Part):
         self.backups = Backups(context, book)
         self.classes = replays.classes  # (slots only a copy from their engine class checks: never merged unchecked)
         self.choice = CopyChoice(context, self.classes)  # (which results a copy checks)
-        self._view: tuple[tuple[int, int], RoundCopies] | None = None  # ((round, generation), its view)
-        self._waiting: tuple[tuple[int, int], float, list[int]] | None = None  # (key, computed at, the slots)
-        self._needing_kept: tuple[tuple[int, int], list[int]] | None = None  # (key, ``_needing``)
+        self._view, self._needing_kept = Kept(), Kept()  # (per round and store generation)
+        self._waiting = Kept(KEEP_WAITING_SECONDS)
 
-    def view(self, round_index: int) -> RoundCopies:
-        """The round's copies, outcomes and leases as the store holds them now (kept until the store changes)."""
-        key = (round_index, self.store.generation())
-        if self._view is None or self._view[0] != key:
-            copies = self.store.copies(round_index)
-            copy_peers: dict[int, set[str]] = {}
-            for slot, peer in copies:
-                copy_peers.setdefault(slot, set()).add(peer)
-            copy_leases = self.store.leases(round_index, 1)
-            copy_slots_of: dict[str, list[int]] = {}
-            for slot, lease in copy_leases.items():
-                copy_slots_of.setdefault(lease.peer_id, []).append(slot)
-            self._view = key, RoundCopies(copies, by_slot(copies), copy_peers, self.store.leases(round_index),
-                                          copy_leases, copy_slots_of)
-        return self._view[1]
+    def view(self, round_index: int) -> RoundCopies:  # (kept until the store changes)
+        return self._view.get((round_index, self.store.generation()), 0.0,
+                              lambda: RoundCopies.read(self.store, round_index))
 
     # -- which slots get a second copy, and who may train it ------------------------------------------
     def redundant(self, round_index: int, slot: int) -> bool:
@@ -195,13 +155,9 @@ class UnitCopies(Part):
     def copies_outstanding(self) -> bool:
         """Whether a chosen slot still waits for its second copy: one is out, or an eligible peer is here to
         take it. With nobody eligible connected the copy is waived (``waive_copies`` counts it at the merge).
-        Every poll asks it: the answer is kept until the store changes, or for ``KEEP_WAITING_SECONDS`` (a lease
-        that expires or a peer that goes quiet changes nothing in the store)."""
-        key, now = (self.session.round, self.store.generation()), self.store.clock()
-        kept = self._waiting
-        if kept is None or kept[0] != key or not 0 <= now - kept[1] < KEEP_WAITING_SECONDS:
-            kept = self._waiting = key, now, self._waiting_copies(count_waived=False)
-        return bool(kept[2])
+        Every poll asks it: kept until the store changes, at most ``KEEP_WAITING_SECONDS`` (for leases that expire)."""
+        return bool(self._waiting.get((self.session.round, self.store.generation()), self.store.clock(),
+                                      lambda: self._waiting_copies(count_waived=False)))
 
     def waive_copies(self) -> None:
         """At the merge: count the chosen slots whose copy nobody eligible could train."""
@@ -210,12 +166,11 @@ class UnitCopies(Part):
     def _needing(self, round_index: int) -> list[int]:
         """The round's slots that need a copy (``_needs_copy``) in slot order, kept while the store does not change
         (which slots are chosen changes only with a result, a copy or a dispute: each a change of the store)."""
-        key = (round_index, self.store.generation())
-        if self._needing_kept is None or self._needing_kept[0] != key:
+        def needing() -> list[int]:
             chosen = [a.slot for a in self.session.assignments() if self.redundant(round_index, a.slot)]
             outcomes = self.view(round_index).outcomes if chosen else {}
-            self._needing_kept = key, [slot for slot in chosen if self._needs_copy(round_index, slot, outcomes)]
-        return self._needing_kept[1]
+            return [slot for slot in chosen if self._needs_copy(round_index, slot, outcomes)]
+        return list(self._needing_kept.get((round_index, self.store.generation()), 0.0, needing))
 
     def _waiting_copies(self, *, count_waived: bool) -> list[int]:
         round_index, now = self.session.round, self.store.clock()

@@ -178,8 +178,9 @@ class ServerLimits:
         help="a connection must send a complete request head within S seconds of opening or of its previous "
         "response, else it is closed (408 header_timeout)", above=0, what=SECONDS, metavar="S", commands=("serve",)))
     body_timeout: float = field(default=DEFAULT_BODY_TIMEOUT, metadata=setting(
-        help="a request body must arrive in full within S seconds of its head, else 408 body_timeout and the "
-        "connection is closed (a 2.3 MB result needs 40 KB/s at the default; raise it for big models on slow links)",
+        help="a request body must arrive in full within S seconds of its head (a result upload: of its turn, the "
+        "relay reading 32 at once), else 408 body_timeout and the connection is closed (a 2.3 MB result needs "
+        "40 KB/s at the default; raise it for big models on slow links)",
         above=0, what=SECONDS, metavar="S", commands=("serve",)))
     max_body_bytes: int | None = field(default=None, metadata=setting(
         help="refuse a body over N bytes with 413 too_large before reading it", minimum=1, metavar="N",

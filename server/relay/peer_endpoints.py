@@ -124,7 +124,7 @@ RESULT_REFUSALS = (*PEER_REFUSALS, *BODY_REFUSALS, (400, "bad_query"),
 async def result(request: Request) -> Response:
     relay = relay_of(request)
     peer_id = peer_of(request)
-    async with relay.uploading():  # (its turn: the body is read only now, and its time to arrive counts from now)
+    async with relay.uploading(peer_id):  # (its turn: the body is read only now, its time to arrive counted from now)
         restart_body_clock(request.scope)
         body = await read_body(request, relay.result_body_limit)
         try:

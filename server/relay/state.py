@@ -36,11 +36,9 @@ a way to read the current one, since a new session brings its own.
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import math
-import os
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -68,12 +66,11 @@ from server.relay.storage import StorageGuard, is_storage_error
 from server.relay.store import Store, StoredResult
 from server.relay.undo import BanUndo
 from server.relay.undo_rules import UndoRules
+from server.relay.uploads import Uploads
 from server.relay.verify import DISPUTE
 from server.session.package import Package
 from server.session.session import Session
 
-READERS = min(4, os.cpu_count() or 1)  # worker threads that read results as they arrive (``Relay.submit``)
-UPLOADS = 32  # result bodies read and in hand at once (``Relay.uploading``); the others wait unread
 MAX_HOLD_SECONDS = 20.0  # longest a POST /api/work?hold=S request is held
 RESULT_ENVELOPE_BYTES = 16  # a result body may exceed its payload and header by the wire's length fields
 
@@ -86,9 +83,7 @@ class Relay:
     options: RelayOptions
     context: RelayContext = field(init=False)
     departed: dict[str, float] = field(default_factory=dict)  # peers that left, and when (until they ask again)
-    _readers: ThreadPoolExecutor | None = field(default=None, init=False, repr=False)  # (``submit``)
-    _reading: asyncio.Semaphore | None = field(default=None, init=False, repr=False)  # (reads in hand at once)
-    _uploads: asyncio.Semaphore | None = field(default=None, init=False, repr=False)  # (``uploading``)
+    uploads: Uploads = field(default_factory=Uploads, init=False, repr=False)  # (``uploading``, ``submit``)
 
     def __post_init__(self) -> None:
         self.context = context = RelayContext(self.session, self.package, self.store, self.options)
@@ -164,9 +159,7 @@ class Relay:
         self.store.open()
 
     def close(self) -> None:
-        if self._readers is not None:
-            self._readers.shutdown(wait=False, cancel_futures=True)
-            self._readers, self._reading = None, None
+        self.uploads.close()
         self.verification.close()
         self.store.close()
 
@@ -311,28 +304,15 @@ class Relay:
         return self.weights_message() if version == self.session.round else self.mode.weights_of_version(version)
 
     # -- results ------------------------------------------------------------------------------------------------
-    def uploading(self) -> asyncio.Semaphore:
-        """A turn to read a result's body and submit it: at most ``UPLOADS`` at once. A thousand peers uploading
-        within a second would otherwise each have their 585 KB body read into the relay's memory while the reads
-        queue (913 MB at k = 1,000, 3.8 times k = 5's); a waiting upload stays unread in its connection (the
-        server stops reading a body nobody asks for after 64 KB, and the kernel holds the rest)."""
-        if self._uploads is None:
-            self._uploads = asyncio.Semaphore(UPLOADS)
-        return self._uploads
+    def uploading(self, peer_id: str) -> contextlib.AbstractAsyncContextManager[None]:
+        """A turn to read a result's body and submit it (``server.relay.uploads``)."""
+        return self.uploads.turn(self.store.peer_address(peer_id))
 
     async def submit(self, peer_id: str, round_index: int, slot: int, body: bytes) -> StoredResult:
-        """``submit_result`` with the result read in a worker thread first (``RoundMode.reader``): decoding, norms
-        and the result's part of the round's sum are O(n) each, and a thousand peers' results would otherwise queue
-        every other request behind them on the event loop. NumPy, hashlib and SQLite let go of the GIL, so the
-        reading overlaps the loop's work on another core."""
-        if self._readers is None:
-            self._readers = ThreadPoolExecutor(max_workers=READERS, thread_name_prefix="result-reader")
-            self._reading = asyncio.Semaphore(2 * READERS)
-        assert self._reading is not None
-        async with self._reading:  # (a read holds its decoded weights and sum terms until the loop takes them)
-            read = self.mode.reader(peer_id, round_index, slot, body)
-            early = None if read is None else await asyncio.get_running_loop().run_in_executor(self._readers, read)
-            return self.submit_result(peer_id, round_index, slot, body, early)
+        """``submit_result`` with the result read in a worker thread first (``RoundMode.reader``; see
+        ``server.relay.uploads``)."""
+        return await self.uploads.read(self.mode.reader(peer_id, round_index, slot, body),
+                                       lambda early: self.submit_result(peer_id, round_index, slot, body, early))
 
     def submit_result(self, peer_id: str, round_index: int, slot: int, body: bytes,
                       early: EarlyRead | None = None) -> StoredResult:
