@@ -161,17 +161,28 @@ class SQLiteStore:
             return lease
 
     @contextlib.contextmanager
-    def _changing_leases(self) -> Iterator[None]:
-        """Around any change to the leases table but a grant: the leases kept are forgotten once it is done."""
+    def _changing(self, *caches: dict[Any, Any], active: bool = False) -> Iterator[None]:
+        """Around a change to what ``caches`` keep (and, with ``active``, who is active): they are forgotten once it
+        is done, and the generation moves on."""
         with self._cache_lock:
             try:
                 yield
             finally:
-                self._lease_cache.clear()
-                self._copies_cache.clear()
-                self._slots_cache.clear()
-                self._active = None
+                for cache in caches:
+                    cache.clear()
+                if active:
+                    self._active = None
                 self._generation += 1
+
+    def _changing_leases(self) -> contextlib.AbstractContextManager[None]:
+        """Around any change to the leases table but a grant (the copies and results kept go too)."""
+        return self._changing(self._lease_cache, self._copies_cache, self._slots_cache, active=True)
+
+    def _changing_results(self) -> contextlib.AbstractContextManager[None]:
+        return self._changing(self._slots_cache)
+
+    def _changing_copies(self) -> contextlib.AbstractContextManager[None]:
+        return self._changing(self._copies_cache)
 
     def release(self, round_index: int, slot: int, peer_id: str | None = None) -> None:
         with self._changing_leases():
@@ -210,15 +221,6 @@ class SQLiteStore:
                     self._slots_cache.clear()
                 cached = self._slots_cache[round_index] = self._results.result_peers(round_index)
             return cached
-
-    @contextlib.contextmanager
-    def _changing_results(self) -> Iterator[None]:
-        with self._cache_lock:
-            try:
-                yield
-            finally:
-                self._slots_cache.clear()
-                self._generation += 1
 
     def result_peer(self, round_index: int, slot: int) -> str | None:
         return self._result_peers(round_index).get(slot)
@@ -270,15 +272,6 @@ class SQLiteStore:
 
     def copies(self, round_index: int) -> dict[tuple[int, str], str]:
         return self._kept(self._copies_cache, round_index, lambda: self._copies.copies(round_index))
-
-    @contextlib.contextmanager
-    def _changing_copies(self) -> Iterator[None]:
-        with self._cache_lock:
-            try:
-                yield
-            finally:
-                self._copies_cache.clear()
-                self._generation += 1
 
     def copy_message(self, round_index: int, slot: int, peer_id: str) -> bytes | None:
         return self._copies.copy_message(round_index, slot, peer_id)
