@@ -36,7 +36,7 @@ from server.relay.jobs import Jobs
 from server.relay.people import Participants
 from server.relay.refusal import Refusal
 from server.relay.store import StoredResult
-from server.session.buffered import effective_weights, entry_assignment, stored_update, update_from, validates
+from server.session.buffered import effective_weights, entry_assignment, stored_update, update_of, validates
 
 ASYNC_ROUND = -1  # the leases table's round for the asynchronous stream of units
 NORMS_KEPT = 50  # accepted update norms the relative outlier check compares with
@@ -138,7 +138,7 @@ class AsyncBuffer(Part):
             if isinstance(outcome, Refusal):
                 return EarlyRead(base, outcome)
             header, vector, count, _ = outcome
-            update = stored_update(body, b"", codec) if wire.is_update(body) else update_from(vector, base)
+            update = update_of(body, vector, base, codec)
             return EarlyRead(base, (header, vector, count, float(np.linalg.norm(update.astype(np.float64)))),
                              update=update)
         return read
@@ -168,14 +168,14 @@ class AsyncBuffer(Part):
         try:
             if early is not None and early.base is base:  # (read as it arrived; its refusal raised here)
                 header, vector, count, norm = early.answer()
-                update = early.update if early.update is not None else update_from(vector, base)
+                update = early.update if early.update is not None else \
+                    update_of(body, vector, base, session.config.result_codec)
             else:
                 header, vector, count, _ = read_result(body, session=session,
                                                        fingerprint=self.context.package.fingerprint,
                                                        round_index=version, unit=session.work_unit(assignment),
                                                        base=base)
-                update = stored_update(body, b"", session.config.result_codec) if wire.is_update(body) else \
-                    update_from(vector, base)
+                update = update_of(body, vector, base, session.config.result_codec)
                 norm = float(np.linalg.norm(update.astype(np.float64)))
             check_update_norm(norm, self.norms, max_norm=options.max_update_norm,
                               outlier_factor=options.outlier_factor, min_results=options.outlier_min_results)

@@ -230,8 +230,8 @@ class UnitCopies(Part):
     def weights(self, round_index: int, slot: int) -> np.ndarray | None:
         """A slot's result's weights as the round's sum took them (None: no result), so that taking it out of the
         sum (a ban, a dispute, a result nobody can check) costs O(n), not a rebuild from every result."""
-        merged = self._merged(round_index, slot)
-        return None if merged is None else merged[1]
+        kept = self.book.kept(round_index, slot) or self._merged(round_index, slot)  # (the book's: any engine class)
+        return None if kept is None else kept[1]
 
     def _merged(self, round_index: int, slot: int) -> tuple[StoredResult, np.ndarray] | None:
         """A slot's result and its weights: the book's (a round's first results), or its message decoded again."""

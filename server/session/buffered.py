@@ -41,6 +41,12 @@ def update_from(result: np.ndarray, base: np.ndarray) -> np.ndarray:
     return (result.astype(np.float64) - base.astype(np.float64)).astype(np.float32)
 
 
+def update_of(message: bytes, weights: np.ndarray, base: np.ndarray, codec: Codec) -> np.ndarray:
+    """A result's update as the relay keeps and merges it: what an update message carries, else ``update_from``
+    the base it started from."""
+    return wire.carried_update(message, codec) if wire.is_update(message) else update_from(weights, base)
+
+
 def stored_update(message: bytes, update: bytes, codec: Codec) -> np.ndarray:
     """A buffered result's update as the relay merges it: an update message (a codec's: int8, topk) carries it, and
     the relay keeps only the message; a weights message's update (``update_from`` its base) is kept beside it,

@@ -5,14 +5,12 @@ restart and a ban's undo merge the same results at once, which gives the same bi
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from runtime.aggregate.streaming import Reread, Stream
-from runtime.planner import Assignment
-from runtime.tasks import UnitResult
 from server.session.settings import SessionError
 
 Session = Any  # server.session.session.Session (which imports this module)
@@ -29,10 +27,9 @@ def open_stream(session: Session) -> Stream | None:
     return session.aggregator.open_stream(session.weights.astype(np.float64))
 
 
-def check_sum(round_index: int, stream: Stream, ordered: Sequence[tuple[Assignment, UnitResult]]) -> None:
-    """The sum holds exactly the round's results, with their example counts."""
+def check_sum(round_index: int, stream: Stream, given: Mapping[int, int]) -> None:
+    """The sum holds exactly the round's results (``given``: key -> example count), with their example counts."""
     summed = {int(slot): count for slot, count in stream.counts.items()}  # type: ignore[call-overload]
-    given = {a.slot: int(r.num_examples) for a, r in ordered}
     if summed != given:
         raise SessionError(f"round {round_index}'s sum holds slots and examples {sorted(summed.items())}, its "
                            f"results are {sorted(given.items())}")
