@@ -230,14 +230,15 @@ def test_a_trickled_upload_gets_408_at_the_deadline_while_others_are_answered_at
 @pytest.mark.parametrize("restarted", [True, False])
 def test_an_upload_that_waits_its_turn_gets_its_whole_body_timeout_once_the_turn_comes(restarted: bool) -> None:
     """``POST /api/result`` reads at most ``UPLOADS`` bodies at once (a crowd's bodies would otherwise all sit in the
-    relay's memory); an upload waiting its turn must not be refused as a slow body. Here one turn: the first upload
-    holds it past the body timeout, the second, complete all along, is accepted once the turn comes; without
-    ``restart_body_clock`` it would be a 408."""
+    relay's memory); an upload waiting its turn must not be refused as a slow body. Here one turn, held by the test
+    past the body timeout: the upload, complete all along, is accepted once the turn comes; without
+    ``restart_body_clock`` it is a 408."""
     timeout = 0.3
     turn = asyncio.Semaphore(1)
-    first_started, first_may_finish = asyncio.Event(), asyncio.Event()
+    waiting = asyncio.Event()
 
     async def upload(request: Request) -> Response:
+        waiting.set()
         async with turn:
             if restarted:
                 restart_body_clock(request.scope)
@@ -249,28 +250,21 @@ def test_an_upload_that_waits_its_turn_gets_its_whole_body_timeout_once_the_turn
                     exception_handlers={Refusal: lambda request, error: JSONResponse(
                         error.to_json(), status_code=error.status)})
 
-    async def slow_body() -> AsyncIterator[bytes]:
-        yield b"x" * 10
-        first_started.set()
-        await first_may_finish.wait()
-        yield b"y" * 10
-
     async def ready_body() -> AsyncIterator[bytes]:  # (in two parts, as a large body comes: the read waits once)
         yield b"z" * 10
         await asyncio.sleep(0)
         yield b"z" * 10
 
-    async def both() -> tuple[httpx.Response, httpx.Response]:
+    async def held_turn() -> httpx.Response:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://relay") as client:
-            first = asyncio.create_task(client.post("/up", content=slow_body(), headers={"content-length": "20"}))
-            await first_started.wait()
-            second = asyncio.create_task(client.post("/up", content=ready_body(), headers={"content-length": "20"}))
-            await asyncio.sleep(3 * timeout)  # (a lower bound: the second waits at least this long for its turn)
-            first_may_finish.set()
-            return await first, await second
+            async with turn:  # (the turn another upload holds, released only once the body timeout has passed)
+                upload_task = asyncio.create_task(
+                    client.post("/up", content=ready_body(), headers={"content-length": "20"}))
+                await waiting.wait()  # the upload's head came and its body clock runs
+                await asyncio.sleep(3 * timeout)  # (a lower bound: the upload waits at least this long)
+            return await upload_task
 
-    first, second = run_async(both)
-    assert first.status_code == 408  # (the first's own body was slow: that is still refused)
+    second = run_async(held_turn)
     if restarted:
         assert second.status_code == 200 and second.json() == {"bytes": 20}, second.text
     else:
