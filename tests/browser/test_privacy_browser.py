@@ -120,8 +120,11 @@ def test_a_volunteer_adds_noise_of_their_own_and_sees_their_epsilon(browser: Bro
     header), the other page's do not; the page shows the epsilon of its own uploads, as dp-accounting gives it."""
     session_dir = tmp_path / "session"
     config = SessionConfig(participants=2, passes=2, divergence_factor=1000)  # (noise of 2 per weight)
+    # No backups: with them, a page slower than the other (a loaded machine) had each of its units backed up by the
+    # other page, whose copy won, and none of the noisy page's uploads was stored (a fresh-clone run saw this; holding
+    # the noisy page's uploads 4 s in Playwright did it every time).
     serve = ServeCommand(task=str(CSV_TASK), task_settings=CSV_SETTINGS, session_dir=session_dir, config=config,
-                         options=relay_options(min_peers=2))
+                         options=relay_options(min_peers=2, backup_after=None))
     relay, url = start_relay(serve, log_name="relay-local-dp-csv.log")
     pages: list[Page] = []
     try:
@@ -134,7 +137,7 @@ def test_a_volunteer_adds_noise_of_their_own_and_sees_their_epsilon(browser: Bro
                                 relay=relay)
         records = recorded_results(session_dir)
         noisy = {r.peer_id for r in records if "local_dp" in wire.decode(r.message)[0].meta}
-        assert len(noisy) == 1, noisy
+        assert len(noisy) == 1, (noisy, final["participants"], [entry.get("events") for entry in final["history"]])
         # Every upload counts (a backup's copy that was compared and not merged sent the person's data all the same):
         # the relay's count of the peer's results, accepted or refused, which is what the page reads too.
         stored = sum(1 for r in records if r.peer_id in noisy)
