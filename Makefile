@@ -14,7 +14,7 @@ TORCH_VENV := .venv-torch
 
 RUNTIME_SOURCES := $(shell find runtime -name '*.py' -o -name '*.wgsl' 2>/dev/null)
 
-.PHONY: setup demo test lint chromium nginx torch-env clean
+.PHONY: setup demo test lint chromium nginx postgresql torch-env clean
 
 setup: $(STAMPS)/venv chromium $(STAMPS)/npm wheels/pyodide-lock.json
 
@@ -32,6 +32,10 @@ chromium:
 # nginx in front of the relay (tests/browser/test_nginx_browser.py); the tests skip, saying why, without it.
 nginx:
 	@scripts/ensure-nginx
+
+# PostgreSQL for the store's tests on a database server (tests/conftest.py starts its own); they skip without it.
+postgresql:
+	@scripts/ensure-postgresql
 
 $(STAMPS)/npm: web/package.json web/package-lock.json
 	@mkdir -p $(STAMPS)
@@ -67,7 +71,7 @@ demo: setup
 	$(PY) -m server.cli serve --port $(PORT) $(DEMO_SESSION) $(if $(filter-out 0,$(PEERS)),--peers $(PEERS)) $(DEMO_ARGS)
 
 # pytest exits with 5 when no test was collected (e.g. a -k filter); that is not a failure here.
-test: setup torch-env nginx lint
+test: setup torch-env nginx postgresql lint
 	$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; [ $$rc -eq 5 ] && { echo "pytest: no tests collected"; rc=0; }; exit $$rc
 
 clean:

@@ -116,7 +116,7 @@ class StorageGuard:
         directory, store = self.context.session.directory, self.context.store
         folder = sum(file_size(p) for p in directory.rglob("*")) if directory is not None else 0
         sqlite = store.disk_bytes() if not store.closed else 0
-        inside = directory is not None and directory in store.path.parents
+        inside = directory is not None and store.path is not None and directory in store.path.parents
         problem = {"problem": self.report["problem"]} if self.report.get("problem") else {}  # (cleared by a probe)
         self.report = {"sqlite_bytes": sqlite, "checkpoint_bytes": max(0, folder - (sqlite if inside else 0)),
                        "keep_results": self.context.options.keep_results, **problem}
@@ -172,7 +172,7 @@ class StorageGuard:
         """Whether a checkpoint's worth of bytes (weights, merge state, margin) can be written and synced beside
         the session, and SQLite takes a write: the problem stays reported until then."""
         session, store = self.context.session, self.context.store
-        directory = session.directory or store.path.parent
+        directory = session.directory or (store.path.parent if store.path is not None else Path.cwd())
         probe = Path(directory) / ".space-probe"
         try:
             with probe.open("wb") as handle:

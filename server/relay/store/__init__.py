@@ -2,15 +2,15 @@
 
 ``Store`` (``protocol``) is the interface every part of the relay types against, with the contract each
 implementation keeps; ``Lease`` and ``StoredResult`` (``records``) are what any store hands back;
-``open_store`` (``location``) opens one from a path or a URL. SQLite (``sqlite``) is the embedded default;
-a second database is a second implementation of the same protocol, found by its URL's scheme in
-``location.open_store``, and runs the same tests (tests/server/relay/store/, one more ``store`` fixture param).
+``open_store`` (``location``) opens one from a path or a URL: SQLite (``sqlite``), the embedded default, or
+PostgreSQL (``postgresql``, ``postgresql://...``), a database server. Both are ``sql.store.SQLStore`` over their own
+connection and tables: the parts (``sql``, a module per concept) write their SQL once, in what both databases speak,
+and run the same tests (tests/server/relay/store/, the ``store`` fixture's two params).
 
 Why the protocol is flat: the relay's parts call ``store.count(...)``, ``store.leases(...)``, ... in some
 two hundred places; one flat ``Store`` keeps those calls as they are. It is still declared concept by concept
-(``PeerStore``, ``LeaseStore``, ... in ``protocol``), and the SQLite store owns one part object per concept over
-one shared connection, handing each call to its owner (``sqlite.store.SQLiteStore``), so no class is scattered
-over files and each file is one concept.
+(``PeerStore``, ``LeaseStore``, ... in ``protocol``), and ``SQLStore`` owns one part object per concept over one
+shared connection, handing each call to its owner, so no class is scattered over files and each file is one concept.
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ from pathlib import Path
 from server.relay.store.protocol import Store
 from server.relay.store.sqlite import SQLiteStore
 
-SCHEMES = ("sqlite",)  # what a location's URL may start with (``scheme://``); a plain path is SQLite's
+SCHEMES = ("sqlite", "postgresql")  # what a location's URL may start with (``scheme://``); a plain path is SQLite's
+POSTGRESQL = ("postgresql", "postgres")  # (libpq takes both)
 
 
 class UnsupportedStore(ValueError):
@@ -23,14 +24,24 @@ def sqlite_path(location: str | Path) -> Path:
         return Path(location)
     scheme, _, rest = location.partition("://")
     if scheme.lower() not in SCHEMES:
-        supported = ", ".join(f"{name}:///PATH" for name in SCHEMES)
-        raise UnsupportedStore(f"no store opens {scheme}:// locations; supported: a file path, {supported}")
+        raise UnsupportedStore(f"no store opens {scheme}:// locations; supported: a file path, sqlite:///PATH, "
+                               "postgresql://USER:PASSWORD@HOST:PORT/DATABASE")
     if not rest.startswith("/") or rest == "/":  # (a host, or nothing: sqlite://host/a.db, sqlite:///)
         raise UnsupportedStore("a SQLite location is a file path or sqlite:///PATH (three slashes, no host)")
     return Path(rest[1:])
 
 
+def is_server(location: str | Path) -> bool:
+    """Whether ``location`` names a database server (``postgresql://...``) rather than a SQLite file."""
+    return isinstance(location, str) and location.partition("://")[0].lower() in POSTGRESQL and "://" in location
+
+
 def open_store(location: str | Path, *, clock: Callable[[], float] = time.time, durable: bool = True) -> Store:
-    """The store at ``location``, opened (created when new). ``clock`` is what "now" is for it (a simulator runs a
-    virtual one); ``durable=False`` lets it skip syncing to disk (a simulation's throwaway file)."""
+    """The store at ``location``, opened (created when new): a SQLite file (a path or ``sqlite:///PATH``) or a
+    PostgreSQL database (``postgresql://...``, libpq's URL). ``clock`` is what "now" is for it (a simulator runs a
+    virtual one); ``durable=False`` lets a SQLite file skip syncing to disk (a simulation's throwaway file)."""
+    if is_server(location):
+        from server.relay.store.postgresql import PostgreSQLStore  # (psycopg only where a session asks for it)
+
+        return PostgreSQLStore(str(location), clock=clock)
     return SQLiteStore(sqlite_path(location), clock=clock, durable=durable)

@@ -36,8 +36,9 @@ class StoreLifecycle(Protocol):
         """What "now" is for leases, results and peers."""
 
     @property
-    def path(self) -> Path:
-        """Where the store keeps its bytes on this machine (the session's disk use counts them apart)."""
+    def path(self) -> Path | None:
+        """The file where the store keeps its bytes on this machine (the session's disk use counts them apart);
+        None for a database server's."""
 
     @property
     def closed(self) -> bool: ...

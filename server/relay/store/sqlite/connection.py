@@ -1,14 +1,14 @@
-"""One SQLite file shared by the store's parts: its connection, the lock every call takes, a transaction for a call
-that writes more than once, and the file's size on disk."""
+"""One SQLite file shared by the store's parts (``server.relay.store.sql.database.Database``): its connection, the
+lock every call takes, a transaction for a call that writes more than once, and the file's size on disk."""
 
 from __future__ import annotations
 
 import sqlite3
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from server.relay.store.sqlite.schema import create_or_upgrade
 
@@ -58,12 +58,12 @@ class Connection:
             raise sqlite3.ProgrammingError(f"the store {self.path} is closed")
         return self._db
 
-    def run(self, sql: str, args: tuple = ()) -> list[tuple]:
+    def run(self, sql: str, args: Sequence[Any] = ()) -> list[Any]:
         """One statement (its own transaction); its rows."""
         with self._lock:
             return self.db.execute(sql, args).fetchall()
 
-    def change(self, sql: str, args: tuple = ()) -> int:
+    def change(self, sql: str, args: Sequence[Any] = ()) -> int:
         """One statement that writes (its own transaction); how many rows it changed."""
         with self._lock:
             return int(self.db.execute(sql, args).rowcount)
@@ -97,10 +97,3 @@ class Connection:
         return sum(path.stat().st_size for path in (self.path, self.path.with_name(self.path.name + "-wal"),
                                                     self.path.with_name(self.path.name + "-shm")) if path.exists())
 
-
-@dataclass(frozen=True)
-class TablePart:
-    """What each part of the SQLite store holds: the shared connection and the store's clock."""
-
-    connection: Connection
-    clock: Callable[[], float]

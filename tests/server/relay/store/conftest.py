@@ -1,5 +1,6 @@
-"""The ``store`` fixture every store test takes: one store per implementation, on a virtual clock. A second
-implementation runs every test here by adding its name to ``LOCATIONS``."""
+"""The ``store`` fixture every store test takes: one store per implementation, on a virtual clock: a SQLite file in
+the test's folder, and a fresh database on the tests' PostgreSQL server (tests/conftest.py; skipped, saying why,
+where PostgreSQL is not installed)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,10 @@ from virtual_clock import Clock
 
 from server.relay.store import Store, open_store
 
-# implementation -> where a test's store lives (the test's own folder); a server-backed store would name a fresh
-# database here.
-LOCATIONS: dict[str, Callable[[Path], str | Path]] = {
-    "sqlite": lambda folder: f"sqlite:///{folder / 'relay.sqlite3'}",
+# implementation -> where a test's store lives, from the test's request and its own folder
+LOCATIONS: dict[str, Callable[[pytest.FixtureRequest, Path], str | Path]] = {
+    "sqlite": lambda request, folder: f"sqlite:///{folder / 'relay.sqlite3'}",
+    "postgresql": lambda request, folder: request.getfixturevalue("postgresql_url"),
 }
 
 
@@ -25,7 +26,7 @@ def clock() -> Clock:
 
 @pytest.fixture(params=sorted(LOCATIONS))
 def store(request: pytest.FixtureRequest, tmp_path: Path, clock: Clock) -> Iterator[Store]:
-    opened = open_store(LOCATIONS[request.param](tmp_path), clock=clock)
+    opened = open_store(LOCATIONS[request.param](request, tmp_path), clock=clock)
     try:
         yield opened
     finally:

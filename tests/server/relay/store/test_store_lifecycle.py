@@ -47,7 +47,8 @@ def test_counters_add_up_from_many_threads(store: Store) -> None:
 def test_disk_bytes_count_what_is_written(store: Store) -> None:
     before = store.disk_bytes()
     store.add_result(StoredResult(0, 0, 3, "p-a", 256, {}, bytes(1 << 16)))
-    assert store.disk_bytes() >= before and isinstance(store.path.name, str)
+    assert store.disk_bytes() >= before
+    assert store.path is None or store.path.is_file()  # (None: a server keeps it)
 
 
 def test_the_generation_moves_on_every_change_a_relay_derives_from_but_not_on_a_touch(store: Store,

@@ -1,28 +1,30 @@
-"""The ``Store`` protocol and its implementations agree: every member it declares exists on the SQLite store with
-the same signature, the SQLite part owning each concept has that concept's methods, and the SQLite store offers the
-relay nothing another store would lack. Opening a store from a location."""
+"""The ``Store`` protocol and its implementations agree: every member it declares exists on the SQLite and the
+PostgreSQL store with the same signature, the part owning each concept has that concept's methods, and neither
+store offers the relay anything another would lack. Opening a store from a location."""
 
 from __future__ import annotations
 
 import inspect
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from server.relay.store import SCHEMES, Store, UnsupportedStore, open_store
+from server.relay.store.postgresql import PostgreSQLStore
 from server.relay.store.protocol import CONCEPTS, CounterStore, StoreLifecycle
+from server.relay.store.sql.arrivals import SQLArrivals
+from server.relay.store.sql.bans import SQLBans
+from server.relay.store.sql.copies import SQLCopies
+from server.relay.store.sql.counters import SQLCounters
+from server.relay.store.sql.leases import SQLLeases
+from server.relay.store.sql.peers import SQLPeers
+from server.relay.store.sql.results import SQLResults
+from server.relay.store.sql.undos import SQLUndos
 from server.relay.store.sqlite import SQLiteStore
-from server.relay.store.sqlite.arrivals import SQLiteArrivals
-from server.relay.store.sqlite.bans import SQLiteBans
-from server.relay.store.sqlite.copies import SQLiteCopies
-from server.relay.store.sqlite.counters import SQLiteCounters
-from server.relay.store.sqlite.leases import SQLiteLeases
-from server.relay.store.sqlite.peers import SQLitePeers
-from server.relay.store.sqlite.results import SQLiteResults
-from server.relay.store.sqlite.undos import SQLiteUndos
 
-PARTS = dict(zip(CONCEPTS[1:], (SQLitePeers, SQLiteLeases, SQLiteResults, SQLiteCopies, SQLiteArrivals, SQLiteBans,
-                                SQLiteUndos, SQLiteCounters), strict=True))
+PARTS = dict(zip(CONCEPTS[1:], (SQLPeers, SQLLeases, SQLResults, SQLCopies, SQLArrivals, SQLBans, SQLUndos,
+                                SQLCounters), strict=True))
 
 
 def members(protocol: type) -> dict[str, object]:
@@ -42,11 +44,12 @@ def test_the_store_is_the_union_of_its_concepts() -> None:
     assert members(Store) == {}  # (Store adds nothing of its own)
 
 
+@pytest.mark.parametrize("implementation", [SQLiteStore, PostgreSQLStore], ids=lambda cls: cls.__name__)
 @pytest.mark.parametrize("concept", CONCEPTS, ids=lambda concept: concept.__name__)
-def test_the_sqlite_store_has_every_member_with_its_signature(concept: type) -> None:
+def test_each_store_has_every_member_with_its_signature(concept: type, implementation: type) -> None:
     for name, declared in members(concept).items():
-        implemented = inspect.getattr_static(SQLiteStore, name, None)
-        assert implemented is not None, f"SQLiteStore lacks {name}"
+        implemented = inspect.getattr_static(implementation, name, None)
+        assert implemented is not None, f"{implementation.__name__} lacks {name}"
         assert isinstance(implemented, property) == isinstance(declared, property), name
         assert declared_signature(implemented) == declared_signature(declared), name
 
@@ -58,10 +61,11 @@ def test_each_concept_has_a_sqlite_part_with_its_methods(concept: type) -> None:
         assert declared_signature(getattr(part, name)) == declared_signature(declared), f"{part.__name__}.{name}"
 
 
-def test_the_sqlite_store_offers_nothing_beyond_the_protocol() -> None:
-    """What the relay may call on a store is what every store has: the rest is the SQLite store's own (its
-    connection, for a SQLite-only test)."""
-    offered = {name for name in dir(SQLiteStore) if not name.startswith("_")}
+@pytest.mark.parametrize("implementation", [SQLiteStore, PostgreSQLStore], ids=lambda cls: cls.__name__)
+def test_no_store_offers_anything_beyond_the_protocol(implementation: type) -> None:
+    """What the relay may call on a store is what every store has: the rest is each store's own (its connection,
+    for a test of that database only)."""
+    offered = {name for name in dir(implementation) if not name.startswith("_")}
     declared = {name for concept in CONCEPTS for name in members(concept)}
     assert offered == declared
 
@@ -86,13 +90,35 @@ def test_a_relative_sqlite_url_is_relative(tmp_path: Path, monkeypatch: pytest.M
         store.close()
 
 
-@pytest.mark.parametrize("location", ["postgresql://relay:secret@db.example/peertrain", "mysql://x/y"])
+@pytest.mark.parametrize("location", ["mysql://relay:secret@db.example/peertrain", "redis://x/y"])
 def test_another_scheme_is_refused_naming_the_supported_ones(location: str) -> None:
     with pytest.raises(UnsupportedStore) as refused:
         open_store(location)
     message = str(refused.value)
-    assert location.split("://")[0] + "://" in message and all(f"{s}:///PATH" in message for s in SCHEMES)
+    assert location.split("://")[0] + "://" in message and "sqlite:///PATH" in message and "postgresql://" in message
+    assert set(SCHEMES) == {"sqlite", "postgresql"}
     assert "secret" not in message  # (a URL's password never reaches a log)
+
+
+def test_a_postgresql_url_opens_a_postgresql_store(postgresql_url: str) -> None:
+    for location in (postgresql_url, postgresql_url.replace("postgresql://", "postgres://", 1)):
+        store = open_store(location)
+        try:
+            assert isinstance(store, PostgreSQLStore) and store.path is None and store.disk_bytes() == 0
+            store.count("opened")
+        finally:
+            store.close()
+    again = open_store(postgresql_url)  # (the tables exist: opened, not created, and the data is there)
+    try:
+        assert again.counters() == {"opened": 2}
+    finally:
+        again.close()
+
+
+def test_a_postgresql_server_that_is_not_there_is_an_error_without_the_password() -> None:
+    with pytest.raises(psycopg.OperationalError) as failed:
+        open_store("postgresql://relay:secret@127.0.0.1:1/peertrain?connect_timeout=5")
+    assert "secret" not in str(failed.value)
 
 
 @pytest.mark.parametrize("location", ["sqlite://host/relay.sqlite3", "sqlite:///", "sqlite://"])

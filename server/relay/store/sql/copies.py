@@ -1,19 +1,21 @@
-"""Second copies of a unit in SQLite (redundancy, backups): compared with the merged result, never merged."""
+"""Second copies of a unit (redundancy, backups): compared with the merged result, never merged."""
 
 from __future__ import annotations
 
 from server.relay.store.records import sha256_hex
-from server.relay.store.sqlite.connection import TablePart
+from server.relay.store.sql.database import TablePart
 
 
-class SQLiteCopies(TablePart):
+class SQLCopies(TablePart):
     """``server.relay.store.protocol.CopyStore`` on the ``copies`` table."""
 
     def add_copy(self, round_index: int, slot: int, peer_id: str, message: bytes, outcome: str, *,
                  count_unit: bool = True) -> None:
         with self.connection.transaction() as db:
-            db.execute("INSERT OR REPLACE INTO copies (round, slot, peer_id, message, received, outcome, sha256) "
-                       "VALUES (?, ?, ?, ?, ?, ?, ?)", (round_index, slot, peer_id, message, self.clock(), outcome,
+            db.execute("INSERT INTO copies (round, slot, peer_id, message, received, outcome, sha256) "
+                       "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (round, slot, peer_id) DO UPDATE SET "
+                       "message = excluded.message, received = excluded.received, outcome = excluded.outcome, "
+                       "sha256 = excluded.sha256", (round_index, slot, peer_id, message, self.clock(), outcome,
                                                         sha256_hex(message)))
             if count_unit:
                 db.execute("UPDATE peers SET units_done = units_done + 1 WHERE id = ?", (peer_id,))

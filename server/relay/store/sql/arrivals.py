@@ -1,4 +1,4 @@
-"""The asynchronous buffer in SQLite (``server.relay.buffered``): results in arrival order, each marked with the
+"""The asynchronous buffer (``server.relay.buffered``): results in arrival order, each marked with the
 merge that took it (none yet: it waits in the buffer)."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ import json
 from typing import Any
 
 from server.relay.store.records import BufferedArrival, MergedArrival, sha256_hex
-from server.relay.store.sqlite.connection import TablePart
+from server.relay.store.sql.database import TablePart
 
 
-class SQLiteArrivals(TablePart):
+class SQLArrivals(TablePart):
     """``server.relay.store.protocol.ArrivalStore`` on the ``arrivals`` table."""
 
     def add_arrival(self, *, entry: int, unit_index: int, peer_id: str, version: int, num_examples: int,
@@ -18,19 +18,20 @@ class SQLiteArrivals(TablePart):
         with self.connection.transaction() as db:
             cursor = db.execute(
                 "INSERT INTO arrivals (entry, unit_index, peer_id, version, num_examples, metrics, message, "
-                "update_vector, received, merge, sha256) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, ?)",
+                "update_vector, received, merge, sha256) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, ?) RETURNING seq",
                 (entry, unit_index, peer_id, version, num_examples, json.dumps(metrics), message, update,
                  self.clock(), sha256_hex(message)))
+            seq = int(cursor.fetchone()[0])
             db.execute("UPDATE peers SET units_done = units_done + 1 WHERE id = ?", (peer_id,))
-            return int(cursor.lastrowid or 0)
+            return seq
 
     def arrived_entries(self) -> set[int]:
         return {int(r[0]) for r in self.connection.run("SELECT entry FROM arrivals")}
 
     def buffered(self, limit: int | None = None) -> list[BufferedArrival]:
         rows = self.connection.run("SELECT seq, entry, unit_index, version, num_examples, metrics, update_vector, "
-                                   "message FROM arrivals WHERE merge IS NULL ORDER BY seq LIMIT ?",
-                                   (-1 if limit is None else limit,))
+                                   "message FROM arrivals WHERE merge IS NULL ORDER BY seq"
+                                   + ("" if limit is None else " LIMIT ?"), () if limit is None else (limit,))
         return [(r[0], r[1], r[2], r[3], r[4], json.loads(r[5]), bytes(r[6]), bytes(r[7])) for r in rows]
 
     def buffered_count(self) -> int:
@@ -49,8 +50,8 @@ class SQLiteArrivals(TablePart):
         return [(r[0], r[1], r[2], r[3], r[4], r[5], json.loads(r[6]), bytes(r[7])) for r in rows]
 
     def prune_arrivals_before(self, merge: int) -> int:
-        emptied = self.connection.change("UPDATE arrivals SET message = X'', update_vector = X'' WHERE merge IS NOT "
-                                         "NULL AND merge < ? AND length(message) > 0", (merge,))
+        emptied = self.connection.change("UPDATE arrivals SET message = ?, update_vector = ? WHERE merge IS NOT "
+                                         "NULL AND merge < ? AND length(message) > 0", (b"", b"", merge))
         if emptied:
             self.connection.truncate_log()
         return emptied

@@ -1,4 +1,4 @@
-"""Peers in SQLite: who joined (id, hashed token, address, agent), when each was last seen, units done."""
+"""Peers: who joined (id, hashed token, address, agent), when each was last seen, units done."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from typing import Any
 
 from server.relay.store.protocol import LAST_SEEN_RESOLUTION
 from server.relay.store.records import hash_token
-from server.relay.store.sqlite.connection import TablePart
+from server.relay.store.sql.database import TablePart
 
 
-class SQLitePeers(TablePart):
+class SQLPeers(TablePart):
     """``server.relay.store.protocol.PeerStore`` on the ``peers`` table (and ``leases``, ``bans`` for who counts
     as active)."""
 

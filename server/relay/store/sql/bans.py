@@ -1,19 +1,20 @@
-"""Bans in SQLite: a banned peer (and, through it, the address it joined from), why and when."""
+"""Bans: a banned peer (and, through it, the address it joined from), why and when."""
 
 from __future__ import annotations
 
-from server.relay.store.sqlite.connection import TablePart
+from server.relay.store.sql.database import TablePart
 
 
-class SQLiteBans(TablePart):
+class SQLBans(TablePart):
     """``server.relay.store.protocol.BanStore`` on the ``bans`` table."""
 
     def ban(self, peer_id: str, reason: str) -> str:
         with self.connection.locked() as db:
             rows = db.execute("SELECT address FROM peers WHERE id = ?", (peer_id,)).fetchall()
             address = rows[0][0] if rows else ""
-            db.execute("INSERT OR REPLACE INTO bans VALUES (?, ?, ?, ?)", (peer_id, address, reason[:500],
-                                                                          self.clock()))
+            db.execute("INSERT INTO bans VALUES (?, ?, ?, ?) ON CONFLICT (peer_id) DO UPDATE SET address = "
+                       "excluded.address, reason = excluded.reason, time = excluded.time",
+                       (peer_id, address, reason[:500], self.clock()))
             return str(address)
 
     def unban(self, peer_id: str) -> bool:

@@ -1,4 +1,4 @@
-"""Results in SQLite: every accepted result with its message (so a restart loses nothing and a session can be
+"""Results: every accepted result with its message (so a restart loses nothing and a session can be
 replayed through the simulator's merge) and its audit row (the message's sha256 and size, how it was verified).
 
 Bounded disk: a result's message is only needed until its round is merged and checkpointed (the merge, a restart, a
@@ -13,7 +13,7 @@ import json
 from typing import Any
 
 from server.relay.store.records import StoredResult, sha256_hex
-from server.relay.store.sqlite.connection import TablePart
+from server.relay.store.sql.database import TablePart
 
 COLUMNS = "round, slot, unit_index, peer_id, num_examples, metrics, message"  # a StoredResult's, in its order
 
@@ -22,7 +22,7 @@ def stored_result(row: tuple) -> StoredResult:
     return StoredResult(row[0], row[1], row[2], row[3], row[4], json.loads(row[5]), bytes(row[6]))
 
 
-class SQLiteResults(TablePart):
+class SQLResults(TablePart):
     """``server.relay.store.protocol.ResultStore`` on the ``results`` table (``prune_before`` empties the
     ``copies``' messages too)."""
 
@@ -67,7 +67,7 @@ class SQLiteResults(TablePart):
     def remove_results_of(self, peer_id: str, round_index: int) -> list[int]:
         with self.connection.transaction() as db:
             slots = [r[0] for r in db.execute("SELECT slot FROM results WHERE round = ? AND peer_id = ?",
-                                              (round_index, peer_id))]
+                                              (round_index, peer_id)).fetchall()]
             db.execute("DELETE FROM results WHERE round = ? AND peer_id = ?", (round_index, peer_id))
             db.execute("DELETE FROM leases WHERE round = ? AND peer_id = ?", (round_index, peer_id))
             return slots
@@ -93,10 +93,10 @@ class SQLiteResults(TablePart):
 
     def prune_before(self, round_index: int) -> int:
         with self.connection.transaction() as db:
-            emptied = db.execute("UPDATE results SET message = X'' WHERE round < ? AND length(message) > 0",
-                                 (round_index,)).rowcount
-            emptied += db.execute("UPDATE copies SET message = X'' WHERE round < ? AND length(message) > 0",
-                                  (round_index,)).rowcount
+            emptied = db.execute("UPDATE results SET message = ? WHERE round < ? AND length(message) > 0",
+                                 (b"", round_index)).rowcount
+            emptied += db.execute("UPDATE copies SET message = ? WHERE round < ? AND length(message) > 0",
+                                  (b"", round_index)).rowcount
         if emptied:
             self.connection.truncate_log()
         return emptied

@@ -1,9 +1,9 @@
-"""Leases in SQLite: who trains which slot of which round (the unit's own lease, or a second copy), until when."""
+"""Leases: who trains which slot of which round (the unit's own lease, or a second copy), until when."""
 
 from __future__ import annotations
 
 from server.relay.store.records import Lease
-from server.relay.store.sqlite.connection import TablePart
+from server.relay.store.sql.database import TablePart
 
 # A live lease of ``peer_id``: the two arguments are the peer and now.
 LIVE = "peer_id = ? AND deadline >= ?"
@@ -11,7 +11,7 @@ LIVE = "peer_id = ? AND deadline >= ?"
 UNDELIVERED = "(copy > 0 OR NOT EXISTS (SELECT 1 FROM results r WHERE r.round = leases.round AND r.slot = leases.slot))"
 
 
-class SQLiteLeases(TablePart):
+class SQLLeases(TablePart):
     """``server.relay.store.protocol.LeaseStore`` on the ``leases`` table."""
 
     def leases(self, round_index: int, copy: int = 0) -> dict[int, Lease]:
@@ -22,7 +22,9 @@ class SQLiteLeases(TablePart):
     def grant(self, round_index: int, slot: int, unit_index: int, peer_id: str, seconds: float,
               copy: int = 0) -> Lease:
         now = self.clock()
-        self.connection.run("INSERT OR REPLACE INTO leases VALUES (?, ?, ?, ?, ?, ?, ?)",
+        self.connection.run("INSERT INTO leases VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (round, slot, copy) "
+                            "DO UPDATE SET unit_index = excluded.unit_index, peer_id = excluded.peer_id, "
+                            "issued = excluded.issued, deadline = excluded.deadline",
                             (round_index, slot, unit_index, peer_id, now, now + seconds, copy))
         return Lease(round_index, slot, unit_index, peer_id, now, now + seconds, copy)
 

@@ -1,4 +1,4 @@
-"""Undoing a banned peer's results in SQLite (``server.relay.undo``): the ``undos`` table holds each undo's state
+"""Undoing a banned peer's results (``server.relay.undo``): the ``undos`` table holds each undo's state
 and plan; the ``results`` table says which results passed a host replay, which are undone, which were pruned."""
 
 from __future__ import annotations
@@ -7,18 +7,18 @@ import json
 from typing import Any
 
 from server.relay.store.records import PendingUndo
-from server.relay.store.sqlite.connection import TablePart
+from server.relay.store.sql.database import TablePart
 
 PASSED = "verification LIKE '%replay passed%'"
 UNDONE = "verification LIKE 'undone%'"
 
 
-class SQLiteUndos(TablePart):
+class SQLUndos(TablePart):
     """``server.relay.store.protocol.UndoStore`` on the ``undos`` and ``results`` tables."""
 
     def request_undo(self, peer_id: str) -> None:
-        self.connection.run("INSERT INTO undos VALUES (?, 'pending', '{}', ?) ON CONFLICT(peer_id) DO UPDATE SET "
-                            "state = 'pending', plan = '{}', time = excluded.time WHERE state = 'done'",
+        self.connection.run("INSERT INTO undos VALUES (?, 'pending', '{}', ?) ON CONFLICT (peer_id) DO UPDATE SET "
+                            "state = 'pending', plan = '{}', time = excluded.time WHERE undos.state = 'done'",
                             (peer_id, self.clock()))
 
     def undos(self) -> list[PendingUndo]:
@@ -34,8 +34,9 @@ class SQLiteUndos(TablePart):
         with self.connection.locked() as db:
             verified = db.execute(f"SELECT MAX(round) FROM results WHERE peer_id = ? AND {PASSED}",
                                   (peer_id,)).fetchone()[0]
+            since = -1 if verified is None else verified
             rows = db.execute(f"SELECT DISTINCT round FROM results WHERE peer_id = ? AND round >= ? AND NOT {PASSED} "
-                              f"AND NOT {UNDONE} ORDER BY round", (peer_id, -1 if verified is None else verified))
+                              f"AND NOT {UNDONE} ORDER BY round", (peer_id, since)).fetchall()
             return verified, [int(r[0]) for r in rows]
 
     def mark_undone(self, peer_id: str, first: int, end: int) -> int:

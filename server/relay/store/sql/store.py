@@ -1,0 +1,352 @@
+"""``SQLStore``: the relay's store on a SQL database, whichever: SQLite (``server.relay.store.sqlite``, one file
+beside the session's checkpoints) or PostgreSQL (``server.relay.store.postgresql``, a server several relays share).
+
+It owns one database connection and a part per concept (peers, leases, results, copies, arrivals, bans, undos,
+counters), each in its own module over the same connection, and answers the flat ``Store`` protocol by handing each
+call to the part that owns it. The contract of every method is on the protocol (``server.relay.store.protocol``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from server.relay.store.protocol import LAST_SEEN_RESOLUTION
+from server.relay.store.records import BufferedArrival, Lease, MergedArrival, PendingUndo, StoredResult
+from server.relay.store.sql.arrivals import SQLArrivals
+from server.relay.store.sql.bans import SQLBans
+from server.relay.store.sql.copies import SQLCopies
+from server.relay.store.sql.counters import SQLCounters
+from server.relay.store.sql.database import Database
+from server.relay.store.sql.leases import SQLLeases
+from server.relay.store.sql.peers import SQLPeers
+from server.relay.store.sql.results import SQLResults
+from server.relay.store.sql.undos import SQLUndos
+
+CACHE_ROUNDS = 8  # rounds (of leases: (round, copy)) whose rows are kept; past that all are forgotten
+
+
+class SQLStore:
+    """The relay's store on ``database`` (opened here), safe to share between threads. One relay process is the
+    store's only writer while it serves: what it reads of the leases, copies and results it keeps until it changes
+    them itself."""
+
+    def __init__(self, database: Database, clock: Callable[[], float]) -> None:
+        self._clock = clock
+        self.connection = database
+        self._peers = SQLPeers(self.connection, clock)
+        self._leases = SQLLeases(self.connection, clock)
+        self._results = SQLResults(self.connection, clock)
+        self._copies = SQLCopies(self.connection, clock)
+        self._arrivals = SQLArrivals(self.connection, clock)
+        self._bans = SQLBans(self.connection, clock)
+        self._undos = SQLUndos(self.connection, clock)
+        self._counters = SQLCounters(self.connection, clock)
+        self._lease_cache: dict[tuple[int, int], dict[int, Lease]] = {}  # (round, copy) -> the rows, as read
+        self._cache_lock = threading.RLock()
+        self._copies_cache: dict[int, dict[tuple[int, str], str]] = {}  # round -> its copies' outcomes, as read
+        self._active: tuple[float, float, list[str], frozenset[str]] | None = None  # (read at, within, ids, as a set)
+        self._slots_cache: dict[int, dict[int, str]] = {}  # round -> who delivered each slot's result, as read
+        self._generation = 0  # (``generation``: every change below but a peer's touch moves it on)
+        self.open()
+
+    def generation(self) -> int:
+        return self._generation
+
+    # -- opening and closing ------------------------------------------------------------------------
+    @property
+    def clock(self) -> Callable[[], float]:
+        return self._clock
+
+    @property
+    def path(self) -> Path | None:
+        return self.connection.path
+
+    @property
+    def closed(self) -> bool:
+        return self.connection.closed
+
+    def open(self) -> None:
+        with self._changing_leases():  # (the file may have changed while it was closed)
+            self.connection.open()
+
+    def close(self) -> None:
+        with self._changing_leases():
+            self.connection.close()
+
+    def disk_bytes(self) -> int:
+        return self.connection.disk_bytes()
+
+    # -- peers --------------------------------------------------------------------------------------
+    def add_peer(self, agent: str = "", address: str = "") -> tuple[str, str]:
+        self._forget_active()
+        return self._peers.add_peer(agent, address)
+
+    def authenticate(self, peer_id: str, token: str, *, touch: bool = True) -> bool:
+        ok = self._peers.authenticate(peer_id, token, touch=touch)
+        if ok and touch:
+            self._forget_active(unless=peer_id)  # (a peer back after a while is active again)
+        return ok
+
+    def depart(self, peer_id: str) -> None:
+        self._forget_active()
+        self._peers.depart(peer_id)
+
+    # Every request for work asks who is active (may a copy wait for someone, is a slot refused by everyone here):
+    # at a thousand peers that query read the peers, the leases and the bans a thousand times a round, 40 % of the
+    # relay's event loop (py-spy, bench crowd at k = 100). The answer is kept for a tenth of the window asked about,
+    # at most ``LAST_SEEN_RESOLUTION`` (the precision of last_seen itself), and forgotten when a peer joins, leaves,
+    # comes back, is banned or unbanned, or the leases change (but a grant to a peer already active).
+    def active_peers(self, within_seconds: float) -> list[str]:
+        now = self._clock()
+        with self._cache_lock:
+            kept = self._active
+            if kept is not None and kept[1] == within_seconds and \
+                    0 <= now - kept[0] < min(LAST_SEEN_RESOLUTION, within_seconds / 10):
+                return list(kept[2])
+            ids = self._peers.active_peers(within_seconds)
+            self._active = (now, within_seconds, ids, frozenset(ids))
+            return list(ids)
+
+    def _forget_active(self, *, unless: str | None = None) -> None:
+        """Forget the active peers kept (``unless``: not when that peer is among them)."""
+        with self._cache_lock:
+            if unless is None or self._active is None or unless not in self._active[3]:
+                self._active = None
+                self._generation += 1  # (who is active changed; a touch of an active peer changes nothing)
+
+    def live_peers_at(self, address: str, within_seconds: float) -> int:
+        return self._peers.live_peers_at(address, within_seconds)
+
+    def addresses(self, within_seconds: float) -> int:
+        return self._peers.addresses(within_seconds)
+
+    def peer_count(self) -> int:
+        return self._peers.peer_count()
+
+    def peer_address(self, peer_id: str) -> str:
+        return self._peers.peer_address(peer_id)
+
+    def peers_listing(self) -> list[dict[str, Any]]:
+        return self._peers.peers_listing()
+
+    # -- leases -------------------------------------------------------------------------------------
+    # Every request for work reads the open round's leases; at a thousand peers a round that is a thousand rows read
+    # a thousand times (a round's hand-out took seconds). The store is the leases' only writer while the relay
+    # serves, so it keeps the rows it read: a grant updates them, any other change to the table forgets them.
+    def leases(self, round_index: int, copy: int = 0) -> dict[int, Lease]:
+        return self._kept(self._lease_cache, (round_index, copy), lambda: self._leases.leases(round_index, copy))
+
+    def _kept(self, cache: dict[Any, dict[Any, Any]], key: Any, read: Callable[[], dict[Any, Any]]) -> dict[Any, Any]:
+        """A copy of ``cache[key]``, read first where it is not kept (past ``CACHE_ROUNDS`` keys, all are forgotten)."""
+        with self._cache_lock:
+            cached = cache.get(key)
+            if cached is None:
+                if len(cache) >= CACHE_ROUNDS:
+                    cache.clear()
+                cached = cache[key] = read()
+            return dict(cached)
+
+    def grant(self, round_index: int, slot: int, unit_index: int, peer_id: str, seconds: float,
+              copy: int = 0) -> Lease:
+        with self._cache_lock:
+            lease = self._leases.grant(round_index, slot, unit_index, peer_id, seconds, copy)
+            self._generation += 1
+            self._forget_active(unless=peer_id)
+            cached = self._lease_cache.get((round_index, copy))
+            if cached is not None:
+                cached[slot] = lease
+            return lease
+
+    @contextlib.contextmanager
+    def _changing(self, *caches: dict[Any, Any], active: bool = False) -> Iterator[None]:
+        """Around a change to what ``caches`` keep (and, with ``active``, who is active): they are forgotten once it
+        is done, and the generation moves on."""
+        with self._cache_lock:
+            try:
+                yield
+            finally:
+                for cache in caches:
+                    cache.clear()
+                if active:
+                    self._active = None
+                self._generation += 1
+
+    def _changing_leases(self) -> contextlib.AbstractContextManager[None]:
+        """Around any change to the leases table but a grant (the copies and results kept go too)."""
+        return self._changing(self._lease_cache, self._copies_cache, self._slots_cache, active=True)
+
+    def _changing_results(self) -> contextlib.AbstractContextManager[None]:
+        return self._changing(self._slots_cache)
+
+    def _changing_copies(self) -> contextlib.AbstractContextManager[None]:
+        return self._changing(self._copies_cache)
+
+    def release(self, round_index: int, slot: int, peer_id: str | None = None) -> None:
+        with self._changing_leases():
+            self._leases.release(round_index, slot, peer_id)
+
+    def swap_copies(self, round_index: int, slot: int) -> None:
+        with self._changing_leases():
+            self._leases.swap_copies(round_index, slot)
+
+    def release_leases_of(self, peer_id: str) -> int:
+        with self._changing_leases():
+            return self._leases.release_leases_of(peer_id)
+
+    def release_leases_on_leaving(self, peer_id: str) -> int:
+        with self._changing_leases():
+            return self._leases.release_leases_on_leaving(peer_id)
+
+    def release_live_leases(self) -> int:
+        with self._changing_leases():
+            return self._leases.release_live_leases()
+
+    # -- results ------------------------------------------------------------------------------------
+    # The slots with a result are kept like the leases (every request for work and every poll of a round asks).
+    def add_result(self, result: StoredResult, *, count_unit: bool = True) -> None:
+        with self._changing_results():
+            self._results.add_result(result, count_unit=count_unit)
+
+    def result_slots(self, round_index: int) -> set[int]:
+        return set(self._result_peers(round_index))
+
+    def _result_peers(self, round_index: int) -> dict[int, str]:
+        with self._cache_lock:
+            cached = self._slots_cache.get(round_index)
+            if cached is None:
+                if len(self._slots_cache) >= CACHE_ROUNDS:
+                    self._slots_cache.clear()
+                cached = self._slots_cache[round_index] = self._results.result_peers(round_index)
+            return cached
+
+    def result_peer(self, round_index: int, slot: int) -> str | None:
+        return self._result_peers(round_index).get(slot)
+
+    def results(self, round_index: int) -> dict[int, StoredResult]:
+        return self._results.results(round_index)
+
+    def result(self, round_index: int, slot: int) -> StoredResult | None:
+        return self._results.result(round_index, slot)
+
+    def all_results(self) -> list[StoredResult]:
+        return self._results.all_results()
+
+    def replace_message(self, round_index: int, slot: int, message: bytes) -> None:
+        self._results.replace_message(round_index, slot, message)
+
+    def remove_result(self, round_index: int, slot: int) -> None:
+        with self._changing_results():
+            self._results.remove_result(round_index, slot)
+
+    def remove_results_of(self, peer_id: str, round_index: int) -> list[int]:
+        with self._changing_leases():  # (its leases of the round go too)
+            return self._results.remove_results_of(peer_id, round_index)
+
+    def reset_round(self, round_index: int) -> int:
+        with self._changing_leases():  # (the round's leases go too)
+            return self._results.reset_round(round_index)
+
+    def set_verification(self, round_index: int, slot: int, peer_id: str, outcome: str) -> None:
+        self._results.set_verification(round_index, slot, peer_id, outcome)
+
+    def audit(self) -> list[dict[str, Any]]:
+        return self._results.audit()
+
+    def prune_before(self, round_index: int) -> int:
+        return self._results.prune_before(round_index)
+
+    # -- second copies ------------------------------------------------------------------------------
+    # Kept like the leases, for the same reason (each request for work asks whether a slot wants its copy): a round's
+    # outcomes as read, forgotten on any change to them.
+    def add_copy(self, round_index: int, slot: int, peer_id: str, message: bytes, outcome: str, *,
+                 count_unit: bool = True) -> None:
+        with self._changing_copies():
+            self._copies.add_copy(round_index, slot, peer_id, message, outcome, count_unit=count_unit)
+
+    def set_copy_outcome(self, round_index: int, slot: int, peer_id: str, outcome: str) -> None:
+        with self._changing_copies():
+            self._copies.set_copy_outcome(round_index, slot, peer_id, outcome)
+
+    def copies(self, round_index: int) -> dict[tuple[int, str], str]:
+        return self._kept(self._copies_cache, round_index, lambda: self._copies.copies(round_index))
+
+    def copy_message(self, round_index: int, slot: int, peer_id: str) -> bytes | None:
+        return self._copies.copy_message(round_index, slot, peer_id)
+
+    def confirmed_peers(self) -> set[str]:
+        return self._copies.confirmed_peers()
+
+    # -- the asynchronous buffer --------------------------------------------------------------------
+    def add_arrival(self, *, entry: int, unit_index: int, peer_id: str, version: int, num_examples: int,
+                    metrics: dict[str, Any], message: bytes, update: bytes) -> int:
+        return self._arrivals.add_arrival(entry=entry, unit_index=unit_index, peer_id=peer_id, version=version,
+                                          num_examples=num_examples, metrics=metrics, message=message, update=update)
+
+    def arrived_entries(self) -> set[int]:
+        return self._arrivals.arrived_entries()
+
+    def buffered(self, limit: int | None = None) -> list[BufferedArrival]:
+        return self._arrivals.buffered(limit)
+
+    def buffered_count(self) -> int:
+        return self._arrivals.buffered_count()
+
+    def mark_merged(self, seqs: list[int], merge: int) -> None:
+        self._arrivals.mark_merged(seqs, merge)
+
+    def unmerge_from(self, merge: int) -> int:
+        return self._arrivals.unmerge_from(merge)
+
+    def arrivals(self) -> list[MergedArrival]:
+        return self._arrivals.arrivals()
+
+    def prune_arrivals_before(self, merge: int) -> int:
+        return self._arrivals.prune_arrivals_before(merge)
+
+    # -- bans ---------------------------------------------------------------------------------------
+    def ban(self, peer_id: str, reason: str) -> str:
+        self._forget_active()
+        return self._bans.ban(peer_id, reason)
+
+    def unban(self, peer_id: str) -> bool:
+        self._forget_active()
+        return self._bans.unban(peer_id)
+
+    def ban_reason(self, peer_id: str) -> str | None:
+        return self._bans.ban_reason(peer_id)
+
+    def address_banned(self, address: str) -> bool:
+        return self._bans.address_banned(address)
+
+    # -- undos --------------------------------------------------------------------------------------
+    def request_undo(self, peer_id: str) -> None:
+        self._undos.request_undo(peer_id)
+
+    def undos(self) -> list[PendingUndo]:
+        return self._undos.undos()
+
+    def set_undo(self, peer_id: str, state: str, plan: dict[str, Any]) -> None:
+        self._undos.set_undo(peer_id, state, plan)
+
+    def unverified_rounds(self, peer_id: str) -> tuple[int | None, list[int]]:
+        return self._undos.unverified_rounds(peer_id)
+
+    def mark_undone(self, peer_id: str, first: int, end: int) -> int:
+        return self._undos.mark_undone(peer_id, first, end)
+
+    def undone_slots(self, round_index: int) -> set[int]:
+        return self._undos.undone_slots(round_index)
+
+    def pruned_rounds(self, first: int, end: int) -> set[int]:
+        return self._undos.pruned_rounds(first, end)
+
+    # -- counters -----------------------------------------------------------------------------------
+    def count(self, name: str, by: int = 1) -> None:
+        self._counters.count(name, by)
+
+    def counters(self) -> dict[str, int]:
+        return self._counters.counters()
