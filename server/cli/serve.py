@@ -50,7 +50,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--session-dir", type=Path, help="where checkpoints and the SQLite file live "
                         "(default: runs/session-<task> under $PEERTRAIN_HOME, else under the working directory); "
                         "an existing session there is resumed")
-    parser.add_argument("--fresh", action="store_true", help="discard an existing session in --session-dir")
+    parser.add_argument("--fresh", action="store_true", help="discard an existing session in --session-dir (and, "
+                        "with --store postgresql://..., drop its tables in that database)")
+    parser.add_argument("--store", metavar="URL", help="where the relay keeps peers, leases, results, bans and "
+                        "counters: postgresql://USER:PASSWORD@HOST:PORT/DATABASE (psycopg 3; one database per "
+                        "session) or sqlite:///PATH (default: relay.sqlite3 in --session-dir); checkpoints and "
+                        "history stay in --session-dir")
     add_config_option(parser, "serve")
     session = parser.add_argument_group("the session (server.session.config.SessionConfig; a --config file's keys)")
     asynchronous = parser.add_argument_group("buffered asynchronous mode")
@@ -137,6 +142,7 @@ def open_session(args: argparse.Namespace, paths: RelayPaths):  # type: ignore[n
     from server.relay.options import RelayOptions
     from server.relay.state import Relay
     from server.relay.store import open_store
+    from server.relay.store.location import StoreInUse, erase_server_store, server_holds_a_session
     from server.session.config import SessionConfig
     from server.session.package import Package, build_package
     from server.session.rules import resolve
@@ -144,9 +150,15 @@ def open_session(args: argparse.Namespace, paths: RelayPaths):  # type: ignore[n
 
     config_values, relay_values = read_settings(args, "serve")
     session_dir = args.session_dir or runs_home() / f"session-{Path(args.task).stem}"
+    location = args.store or str(session_dir / "relay.sqlite3")
     if args.fresh:
         shutil.rmtree(session_dir, ignore_errors=True)
+        erase_server_store(location)
     resuming = (session_dir / "session.json").is_file()
+    if not resuming and server_holds_a_session(location):
+        raise StoreInUse(f"the database in --store holds another session's state and {session_dir} has no "
+                         "session.json to resume it with: give that --session-dir, or --fresh to drop the tables, "
+                         "or another database")
     config = SessionConfig(**config_values)  # (checked even when resuming: a bad flag is refused either way)
     session_dir.mkdir(parents=True, exist_ok=True)
     if args.package:
@@ -175,8 +187,7 @@ def open_session(args: argparse.Namespace, paths: RelayPaths):  # type: ignore[n
     else:
         session = Session.create(package, resolved.config, directory=session_dir)
         print(f"new session in {session_dir}: {session.num_rounds} rounds of {session.config.participants} units")
-    return Relay(session=session, package=package, store=open_store(session_dir / "relay.sqlite3"),
-                 options=resolved.options)
+    return Relay(session=session, package=package, store=open_store(location), options=resolved.options)
 
 
 def run(args: argparse.Namespace, paths: RelayPaths | None = None) -> int:
@@ -205,12 +216,13 @@ def run(args: argparse.Namespace, paths: RelayPaths | None = None) -> int:
     if not args.no_session:
         from runtime.planner import PlanError
         from runtime.tasks import TaskError
+        from server.relay.store.location import StoreUnavailable
 
         try:
             relay = open_session(args, paths)
             if relay.package.manifest.get("task_source") and not relay.session.done:
                 print(relay.verification.dry_run(), flush=True)  # (a task from a file: do its units replay?)
-        except (TaskError, PlanError, ValueError, FileNotFoundError) as error:
+        except (TaskError, PlanError, ValueError, FileNotFoundError, StoreUnavailable) as error:
             sock.close()
             print(f"peertrain serve: {error}", file=sys.stderr)
             return 2

@@ -31,6 +31,7 @@ class ServeCommand:
     task_settings: Mapping[str, Any] = field(default_factory=dict)  # the task's settings (serve's --set KEY=VALUE)
     package: Path | None = None  # a built package, instead of building the task's
     session_dir: Path | None = None
+    store: str | None = None  # the store's location (serve --store: postgresql://...); None: SQLite in session_dir
     config: SessionConfig | None = None
     options: RelayOptions | None = None
     limits: ServerLimits | None = None  # None: serve's connection limits
@@ -48,6 +49,7 @@ class ServeCommand:
         """The command line (after ``serve``); ``RelayProcess`` puts ``--port 0`` before it: ``port`` overrides it."""
         said: list[str] = []
         for flag, value in (("--task", self.task), ("--package", self.package), ("--session-dir", self.session_dir),
+                            ("--store", self.store),
                             ("--port", self.port), ("--peers", self.peers), ("--tls-cert", self.tls_cert),
                             ("--tls-key", self.tls_key), ("--config", self.config_file)):
             if value is not None:

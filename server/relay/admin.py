@@ -17,6 +17,7 @@ from server.relay.context import RelayContext
 from server.relay.options import RelayOptions
 from server.relay.refusal import Refusal
 from server.relay.store import Store, open_store
+from server.relay.store.location import archive_server_store
 from server.session.archive import archive_session
 from server.session.config import SessionConfig, config_from_request
 from server.session.rules import resolve
@@ -91,8 +92,11 @@ class SessionAdmin:
         old = self.context.store
         old.close()
         archived = archive_session(directory)
+        schema = archive_server_store(old.location)  # (a database server's tables: into a schema of their own)
+        if schema is not None:
+            (archived / "store.txt").write_text(f"this session's store: schema {schema} of its PostgreSQL database\n")
         self.start_session(Session.create(self.context.package, config, directory=directory),
-                           open_store(directory / "relay.sqlite3", clock=old.clock), options)
+                           open_store(old.location, clock=old.clock), options)
         return archived
 
     def admin_action(self, action: str) -> None:

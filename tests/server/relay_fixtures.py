@@ -50,18 +50,19 @@ def build_text_package(folder: Path, chunks: int) -> Package:
 
 
 def make_relay(package: Package, session_dir: Path | None, *, k: int = 2, passes: int = 2,
-               config: dict[str, Any] | None = None, **options: Any) -> Relay:
+               config: dict[str, Any] | None = None, store: str | None = None, **options: Any) -> Relay:
     """A fresh session on ``package`` (checkpoints in ``session_dir`` when given) behind a relay; ``config``:
     more session settings (``aggregate``, ...), ``options``: relay options. Backups of slow units are off
     unless ``backup_after`` is given: these tests script who trains what (tests/server/relay/test_backups.py). Every
     result message is kept unless ``keep_results`` is given: these tests replay whole sessions. Replays run natively
     unless ``replay_engine`` is given (these peers train natively; a Pyodide worker boots in seconds, and the tests of
-    the browser's engine ask for it: tests/server/relay/test_pyodide_replays.py)."""
+    the browser's engine ask for it: tests/server/relay/test_pyodide_replays.py). ``store``: where the store lives
+    (a PostgreSQL URL), else a SQLite file in ``session_dir``."""
     session = Session.create(package, SessionConfig(participants=k, passes=passes, **(config or {})),
                              directory=session_dir)
     store_path = (session_dir or Path(package.path).parent) / "relay.sqlite3"
     defaults = {"backup_after": None, "keep_results": None, "replay_engine": "native"}
-    return Relay(session=session, package=package, store=open_store(store_path),
+    return Relay(session=session, package=package, store=open_store(store or store_path),
                  options=RelayOptions(admin_token=ADMIN_TOKEN, **(defaults | options)))
 
 

@@ -48,10 +48,10 @@ class Relayd(RelayProcess):
     the peers' URL and it is known before the first start."""
 
     def __init__(self, session_dir: Path, port: int, log: Path, *, config: SessionConfig = RELAYD_CONFIG,
-                 options: RelayOptions | None = None) -> None:
+                 options: RelayOptions | None = None, store: str | None = None) -> None:
         super().__init__(ServeCommand(task="majority_task:MajorityTask", task_settings=SMALL_SETTINGS,
-                                      session_dir=session_dir, config=config, options=options or relayd_options(),
-                                      port=port), log=log, examples=True)
+                                      session_dir=session_dir, store=store, config=config,
+                                      options=options or relayd_options(), port=port), log=log, examples=True)
         self.url = f"http://127.0.0.1:{port}"
 
 

@@ -17,6 +17,14 @@ class UnsupportedStore(ValueError):
     """A location no store here can open."""
 
 
+class StoreUnavailable(Exception):
+    """A database server that could not be reached or opened (its own error's text, never the URL's password)."""
+
+
+class StoreInUse(ValueError):
+    """A new session asked for a database that holds another session's state."""
+
+
 def sqlite_path(location: str | Path) -> Path:
     """The file of a SQLite location: a path, or ``sqlite:///PATH`` (SQLAlchemy's form: ``sqlite:///runs/a.db`` is
     relative, ``sqlite:////srv/a.db`` absolute)."""
@@ -41,7 +49,42 @@ def open_store(location: str | Path, *, clock: Callable[[], float] = time.time, 
     PostgreSQL database (``postgresql://...``, libpq's URL). ``clock`` is what "now" is for it (a simulator runs a
     virtual one); ``durable=False`` lets a SQLite file skip syncing to disk (a simulation's throwaway file)."""
     if is_server(location):
-        from server.relay.store.postgresql import PostgreSQLStore  # (psycopg only where a session asks for it)
+        import psycopg  # (only where a session asks for a server)
 
-        return PostgreSQLStore(str(location), clock=clock)
+        from server.relay.store.postgresql import PostgreSQLStore
+
+        try:
+            return PostgreSQLStore(str(location), clock=clock)
+        except psycopg.OperationalError as error:
+            raise StoreUnavailable(f"the PostgreSQL store could not be opened: {error}") from None
     return SQLiteStore(sqlite_path(location), clock=clock, durable=durable)
+
+
+def erase_server_store(location: str) -> bool:
+    """``serve --fresh`` on a database server: drop the session's tables (a SQLite file goes with its session
+    folder). False for a location that is not a server."""
+    if not is_server(location):
+        return False
+    from server.relay.store.postgresql.store import drop_tables
+
+    drop_tables(location)
+    return True
+
+
+def server_holds_a_session(location: str) -> bool:
+    """Whether the database server at ``location`` already holds a session's state (False for a SQLite file)."""
+    if not is_server(location):
+        return False
+    from server.relay.store.postgresql.store import holds_a_session
+
+    return holds_a_session(location)
+
+
+def archive_server_store(location: str) -> str | None:
+    """A new session replaces the old on a database server: the old tables move to a schema of their own; returns
+    its name (None for a SQLite file, which moves with the session folder's files)."""
+    if not is_server(location):
+        return None
+    from server.relay.store.postgresql.store import archive_tables
+
+    return archive_tables(location)

@@ -41,6 +41,11 @@ class StoreLifecycle(Protocol):
         None for a database server's."""
 
     @property
+    def location(self) -> str:
+        """Where it was opened: its file's path, or its database's URL (``open_store`` of it opens this store
+        again, the same data; a URL's password is in it, so it is never logged)."""
+
+    @property
     def closed(self) -> bool: ...
 
     def open(self) -> None:

@@ -105,3 +105,50 @@ def test_a_setting_both_commands_take_has_one_flag_default_and_help(capsys: pyte
         assert exit_info.value.code == 0
         text = capsys.readouterr().out
         assert "--config FILE" in text and "-k K, --participants K" in text and "--max-rounds N, --rounds N" in text
+
+
+def test_serve_on_a_database_that_holds_another_session_refuses_and_fresh_drops_it(
+        tmp_path: Path, postgresql_url: str, majority_importable: None, capsys: pytest.CaptureFixture[str]) -> None:
+    """``serve --store postgresql://...``: one database holds one session. A new session folder over a database that
+    holds another session's rows is refused (exit 2, nothing written to the database); ``--fresh`` drops the
+    tables and starts over; the folder that has the session resumes it."""
+    from relay_fixtures import build_small_package
+
+    from server.cli.commands import build_parser
+    from server.cli.serve import open_session
+    from server.cli.serve import run as serve
+    from server.relay.store import StoreInUse, open_store
+
+    package = build_small_package(tmp_path / "package", task="majority_task:MajorityTask")
+
+    def arguments(folder: str, *more: str) -> argparse.Namespace:
+        return build_parser().parse_args(["serve", "--port", "0", "--package", str(package.path), "--session-dir",
+                                          str(tmp_path / folder), "--store", postgresql_url, *more])
+
+    relay = open_session(arguments("first"), RelayPaths())
+    peer_id, _ = relay.store.add_peer("agent", "127.0.0.1")
+    relay.store.count("results_accepted")
+    relay.store.close()
+
+    with pytest.raises(StoreInUse, match="holds another session's state"):
+        open_session(arguments("second"), RelayPaths())
+    assert serve(arguments("second"), paths=RelayPaths()) == 2
+    assert "holds another session's state" in capsys.readouterr().err
+    kept = open_store(postgresql_url)
+    try:
+        assert kept.peers_listing()[0]["peer_id"] == peer_id and kept.counters() == {"results_accepted": 1}
+    finally:
+        kept.close()
+
+    resumed = open_session(arguments("first"), RelayPaths())  # (its folder has the session: resumed, rows kept)
+    try:
+        assert resumed.store.peer_count() == 1 and "resuming session" in capsys.readouterr().out
+    finally:
+        resumed.store.close()
+
+    fresh = open_session(arguments("second", "--fresh"), RelayPaths())
+    try:
+        assert fresh.store.peer_count() == 0 and fresh.store.counters() == {} and fresh.session.round == 0
+        assert not (tmp_path / "second" / "relay.sqlite3").exists()
+    finally:
+        fresh.store.close()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import psycopg
+import pytest
 from relay_fixtures import ADMIN_TOKEN, HttpPeer, make_relay, run_round, serving, session_status
 
 from server.session.package import Package
@@ -13,9 +15,13 @@ from server.session.session import Session
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
 
-def test_new_session_over_http(package: Package, tmp_path: Path) -> None:
+@pytest.mark.parametrize("store", ["sqlite", "postgresql"])
+def test_new_session_over_http(package: Package, tmp_path: Path, store: str, request: pytest.FixtureRequest) -> None:
+    """On either store: the old session's SQLite file moves to the archive folder with its checkpoints, or its
+    PostgreSQL tables to a schema of their own, named in the archive folder."""
     session_dir = tmp_path / "session"
-    relay = make_relay(package, session_dir, k=2, passes=1)
+    location = request.getfixturevalue("postgresql_url") if store == "postgresql" else None
+    relay = make_relay(package, session_dir, k=2, passes=1, store=location)
     with serving(relay) as client:
         first, second = HttpPeer(client), HttpPeer(client)
         run_round(client, [first, second])
@@ -49,11 +55,20 @@ def test_new_session_over_http(package: Package, tmp_path: Path) -> None:
         assert status_now["round"] == 0 and status_now["plan"]["participants_per_round"] == 1
         assert status_now["num_rounds"] == 2 * package.data.num_units
 
-        # Old tokens lived in the archived SQLite file: peers join again and train the new session.
+        # Old tokens lived in the archived store: peers join again and train the new session.
         assert client.post("/api/work", headers=first.headers).status_code == 401
         again = HttpPeer(client)
         run_round(client, [again])
         assert session_status(client)["round"] == 1
+        assert relay.store.peer_count() == 1 and len(relay.store.all_results()) == 1
+    if location is not None:
+        assert (archived / "store.txt").read_text().startswith("this session's store: schema archive_001 ")
+        assert not (archived / "relay.sqlite3").exists() and not (session_dir / "relay.sqlite3").exists()
+        with psycopg.connect(location) as db:  # the old session's rows, where the archive folder says
+            assert db.execute("SELECT COUNT(*) FROM archive_001.peers").fetchone() == (2,)
+            assert db.execute("SELECT COUNT(*) FROM archive_001.results").fetchone() == (2,)
+    else:
+        assert (archived / "relay.sqlite3").is_file()
 
     restored = Session.restore(session_dir, package)
     assert restored.config.seed == 7 and restored.round == 1

@@ -64,11 +64,15 @@ def test_restart_after_the_last_result_but_before_the_merge_merges(tmp_path: Pat
 
 
 @pytest.mark.skipif(bool(RelayPaths().missing()), reason="set-up has not built web/node_modules and wheels/")
-def test_relay_killed_mid_round_resumes_and_matches_an_uninterrupted_run(tmp_path: Path,
+@pytest.mark.parametrize("store", ["sqlite", "postgresql"])
+def test_relay_killed_mid_round_resumes_and_matches_an_uninterrupted_run(tmp_path: Path, store: str,
+                                                                         request: pytest.FixtureRequest,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same on either store: SQLite in the session folder, or ``serve --store postgresql://...``."""
     monkeypatch.syspath_prepend(str(EXAMPLE.parent))  # the peers import majority_task as the browsers would
     session_dir, log = tmp_path / "session", tmp_path / "serve.log"
-    relayd = Relayd(session_dir, free_port(), log)
+    location = request.getfixturevalue("postgresql_url") if store == "postgresql" else None
+    relayd = Relayd(session_dir, free_port(), log, store=location)
     deadline = time.monotonic() + 120
     gate = UploadGate(limit=5)  # rounds 0 and 1 (2 results each), then the first result of round 2
     peers = [PeerThread(relayd.url, gate, deadline) for _ in range(2)]
@@ -116,3 +120,10 @@ def test_relay_killed_mid_round_resumes_and_matches_an_uninterrupted_run(tmp_pat
     package = Package.load(session_dir / "package")
     config = SessionConfig.from_json(checkpoint.read_session_config(session_dir)["config"])
     assert np.array_equal(final, reference_run(package, config))
+    if location is not None:  # the session's state lived in PostgreSQL, and nowhere else
+        assert not (session_dir / "relay.sqlite3").exists()
+        kept = open_store(location)
+        try:
+            assert [(r.round, r.slot) for r in kept.all_results()] == accepted and kept.peer_count() == 2
+        finally:
+            kept.close()

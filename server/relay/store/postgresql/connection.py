@@ -53,6 +53,10 @@ class Connection:
     def path(self) -> Path | None:
         return None  # (its bytes are the server's)
 
+    @property
+    def location(self) -> str:
+        return self.url
+
     def open(self) -> None:
         with self._lock:
             if self._db is not None:

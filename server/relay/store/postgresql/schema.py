@@ -3,6 +3,8 @@ types (timestamps as double precision, messages as bytea, the asynchronous buffe
 
 from __future__ import annotations
 
+TABLES = ("peers", "leases", "results", "counters", "copies", "arrivals", "bans", "undos")
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS peers (
     id TEXT PRIMARY KEY, token_hash TEXT NOT NULL, joined DOUBLE PRECISION NOT NULL,

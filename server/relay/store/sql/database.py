@@ -41,6 +41,10 @@ class Database(Protocol):
         """The database's file on this machine (None: it lives in a server)."""
 
     @property
+    def location(self) -> str:
+        """The file's path or the server's URL, as ``open_store`` takes it."""
+
+    @property
     def closed(self) -> bool: ...
 
     def open(self) -> None:

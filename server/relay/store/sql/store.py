@@ -66,6 +66,10 @@ class SQLStore:
         return self.connection.path
 
     @property
+    def location(self) -> str:
+        return self.connection.location
+
+    @property
     def closed(self) -> bool:
         return self.connection.closed
 

@@ -43,6 +43,10 @@ class Connection:
             self._db = db
 
     @property
+    def location(self) -> str:
+        return str(self.path)
+
+    @property
     def closed(self) -> bool:
         return self._db is None
 
