@@ -125,6 +125,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--addresses", type=int, default=250, help="loopback addresses the crowd comes from "
                         "(127.0.0.2 on)")
     parser.add_argument("--work-dir", type=Path, help="packages and sessions (default: a temporary folder)")
+    parser.add_argument("--store", metavar="URL", help="the relay's --store for every setting (postgresql://...: "
+                        "each setting drops its tables first, as serve --fresh); default: SQLite in the session")
     parser.add_argument("--out", type=Path, default=Path("runs/bench/crowd.json"), help="figures as JSON")
     parser.add_argument("--skip-training", action="store_true", help="do not time the native anchor (one unit)")
     parser.add_argument("--skip-browser", action="store_true", help="do not time the browser anchor (one unit)")
@@ -160,7 +162,7 @@ class Updates:
 
 
 def serve_command(package: Path, session_dir: Path, k: int, passes: int, codec: str, mode: str,
-                  peers: int, redundancy: float = 0.0, verify_trust: int = 0) -> ServeCommand:
+                  peers: int, redundancy: float = 0.0, verify_trust: int = 0, store: str | None = None) -> ServeCommand:
     # --limit-concurrency: each peer holds a connection (a browser page about two: its event stream too); the
     # default (1,000) answers 503 past that, so a crowd's host raises it, as here
     options = RelayOptions(admin_token=ADMIN, lease_seconds=3600.0, peer_timeout=3600.0, backup_after=None,
@@ -169,8 +171,8 @@ def serve_command(package: Path, session_dir: Path, k: int, passes: int, codec: 
                            verify_trust=verify_trust)
     limits = ServerLimits(limit_concurrency=max(DEFAULT_LIMIT_CONCURRENCY, 3 * peers + 100))
     config = SessionConfig(participants=k, passes=passes, codec=codec, mode=mode)
-    return ServeCommand(package=package, session_dir=session_dir, fresh=True, config=config, options=options,
-                        limits=limits)
+    return ServeCommand(package=package, session_dir=session_dir, store=store, fresh=True, config=config,
+                        options=options, limits=limits)
 
 
 async def crowd_peer(peer: RelayPeer, transport: AsyncTransport, updates: Updates, timeline: Timeline,
@@ -313,14 +315,14 @@ def one_setting(package: Package, work: Path, args: argparse.Namespace, figures:
     units = package.data.num_units
     passes = max(1, -(-(rounds + 4) * figures.k // units)) if rounds is not None else 50
     with RelayProcess(serve_command(package.path, session, figures.k, passes, args.codec, mode, figures.peers,
-                                    args.redundancy if figures.k != ANCHOR_K else 0.0, args.verify_trust),
+                                    args.redundancy if figures.k != ANCHOR_K else 0.0, args.verify_trust, args.store),
                       log=work / f"serve-{figures.setting}.log", start_timeout_s=RELAY_START_SECONDS) as relay:
         print(f"{figures.setting}: relay at {relay.page_url}, {units} units, {passes} passes, {figures.peers} peers",
               flush=True)
         run_async(lambda: drive(relay.page_url.rstrip("/"), package, figures.peers, figures, args, rounds, seconds))
         figures.peak_rss_mb = relay.peak_rss_mb()
         figures.relay_cpu_seconds = relay.cpu_seconds()
-    figures.relay_own = relay_own_seconds(session / "relay.sqlite3", figures.timed)
+    figures.relay_own = relay_own_seconds(args.store or session / "relay.sqlite3", figures.timed)
     shutil.rmtree(session, ignore_errors=True)
     first = statistics.fmean(figures.first_after_last) if figures.first_after_last else math.nan
     own = statistics.fmean(figures.relay_own) if figures.relay_own else math.nan

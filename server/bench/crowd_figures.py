@@ -3,9 +3,7 @@ from the timeline and the relay's status and list of peers) and the table the be
 
 from __future__ import annotations
 
-import contextlib
 import math
-import sqlite3
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -13,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from server.relay.store.location import open_database
 
 ANCHOR_K = 5
 LIES = ("free_rider", "flip")
@@ -191,23 +191,27 @@ def table(results: list[Figures], anchor: float | None) -> str:
     return "\n".join(lines)
 
 
-def relay_own_seconds(store: Path, timed: dict[int, float]) -> list[float]:
-    """The relay's own time after each timed round's last result, on its clock, from its SQLite file (read after
-    it stopped): from the round's last result or copy stored before the next round's first lease to that lease, less the
-    validation (the merge and the round's opening; a lease row keeps only its slot's latest grant, so the k-th
-    grant is not in the file). What the crowd measures adds the hand-out of k assignments, both ends' HTTP and the
-    bench's own event loop, which runs a thousand peers on the same two cores."""
-    if not store.exists() or not timed:
+def relay_own_seconds(store: str | Path, timed: dict[int, float]) -> list[float]:
+    """The relay's own time after each timed round's last result, on its clock, from its store (a SQLite file or a
+    PostgreSQL URL, read after the relay stopped): from the round's last result or copy stored before the next
+    round's first lease to that lease, less the validation (the merge and the round's opening; a lease row keeps
+    only its slot's latest grant, so the k-th grant is not in the store). What the crowd measures adds the hand-out
+    of k assignments, both ends' HTTP and the bench's own event loop, which runs a thousand peers on the same two
+    cores."""
+    database = open_database(store) if timed else None
+    if database is None:
         return []
-    with contextlib.closing(sqlite3.connect(f"file:{store}?mode=ro", uri=True)) as db:
+    try:
         own = []
         for r, validate in sorted(timed.items()):
-            first = db.execute("SELECT MIN(issued) FROM leases WHERE round = ? AND copy = 0", (r + 1,)).fetchone()[0]
+            first = database.run("SELECT MIN(issued) FROM leases WHERE round = ? AND copy = 0", (r + 1,))[0][0]
             if first is None:
                 continue
-            last = db.execute("SELECT MAX(received) FROM (SELECT received FROM results WHERE round = ? UNION ALL "
-                              "SELECT received FROM copies WHERE round = ?) WHERE received <= ?",
-                              (r, r, first)).fetchone()[0]  # (a backup's copy may come after the merge: compared)
+            last = database.run("SELECT MAX(received) FROM (SELECT received FROM results WHERE round = ? UNION ALL "
+                                "SELECT received FROM copies WHERE round = ?) AS stored WHERE received <= ?",
+                                (r, r, first))[0][0]  # (a backup's copy may come after the merge: compared)
             if last is not None:
                 own.append(float(first) - float(last) - validate)
         return own
+    finally:
+        database.close()

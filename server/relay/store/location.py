@@ -7,7 +7,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from server.relay.store.protocol import Store
+from server.relay.store.sql.database import Database
 from server.relay.store.sqlite import SQLiteStore
+from server.relay.store.sqlite.connection import Connection as SQLiteConnection
 
 SCHEMES = ("sqlite", "postgresql")  # what a location's URL may start with (``scheme://``); a plain path is SQLite's
 POSTGRESQL = ("postgresql", "postgres")  # (libpq takes both)
@@ -58,6 +60,22 @@ def open_store(location: str | Path, *, clock: Callable[[], float] = time.time, 
         except psycopg.OperationalError as error:
             raise StoreUnavailable(f"the PostgreSQL store could not be opened: {error}") from None
     return SQLiteStore(sqlite_path(location), clock=clock, durable=durable)
+
+
+def open_database(location: str | Path) -> Database | None:
+    """The SQL database under the store at ``location``, opened, for a reader of its tables after the relay stopped
+    (a bench's own figures); None for a SQLite file that does not exist."""
+    if is_server(location):
+        from server.relay.store.postgresql.connection import Connection as PostgreSQLConnection
+
+        database: Database = PostgreSQLConnection(str(location))
+    else:
+        path = sqlite_path(location)
+        if not path.exists():
+            return None
+        database = SQLiteConnection(path, durable=False)
+    database.open()
+    return database
 
 
 def erase_server_store(location: str) -> bool:

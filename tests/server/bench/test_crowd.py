@@ -3,18 +3,18 @@ real relay."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
-import sqlite3
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from relay_fixtures import REPO_ROOT
 
 from server.bench.crowd_figures import Figures, Timeline, relay_own_seconds, summarize
+from server.relay.store import StoredResult, open_store
 
 
 def status_of(history: list[dict]) -> dict:
@@ -52,18 +52,31 @@ def test_the_relays_time_after_the_last_result_and_the_units_lost_by_hand() -> N
     assert again.units_lost == 0
 
 
-def test_the_relays_own_time_from_its_store_by_hand(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
+def test_the_relays_own_time_from_its_store_by_hand(tmp_path: Path, kind: str, request: pytest.FixtureRequest) -> None:
     """Round 1's last result stored at 10.2 and its last copy at 10.4; round 2's first lease granted at 10.7 (a copy's
-    lease at 10.5 does not count); round 1 validated for 0.1 s: 10.7 - 10.4 - 0.1 = 0.2 s. Round 2 has no round 3."""
-    store = tmp_path / "relay.sqlite3"
-    with contextlib.closing(sqlite3.connect(store)) as db, db:
-        db.executescript("CREATE TABLE results (round INTEGER, received REAL); CREATE TABLE copies (round INTEGER, "
-                         "received REAL); CREATE TABLE leases (round INTEGER, issued REAL, copy INTEGER);")
-        db.executemany("INSERT INTO results VALUES (?, ?)", [(1, 10.0), (1, 10.2), (2, 12.0)])
-        db.executemany("INSERT INTO copies VALUES (?, ?)", [(1, 10.4), (1, 11.0)])  # (11.0: a copy after the merge)
-        db.executemany("INSERT INTO leases VALUES (?, ?, ?)", [(2, 10.9, 0), (2, 10.7, 0), (2, 10.5, 1), (1, 9.0, 0)])
-    assert relay_own_seconds(store, {1: 0.1}) == pytest.approx([0.2])
-    assert relay_own_seconds(store, {1: 0.1, 2: 0.1}) == pytest.approx([0.2])
+    lease at 10.5 does not count); round 1 validated for 0.1 s: 10.7 - 10.4 - 0.1 = 0.2 s. Round 2 has no round 3.
+    Read from either store, after the relay stopped."""
+    location = request.getfixturevalue("postgresql_url") if kind == "postgresql" else str(tmp_path / "relay.sqlite3")
+    now = [0.0]
+    store = open_store(location, clock=lambda: now[0])
+    try:
+        def at(seconds: float, write: Callable[[], object]) -> None:
+            now[0] = seconds
+            write()
+
+        at(9.0, lambda: store.grant(1, 0, 0, "p-a", 30.0))
+        for slot, seconds in enumerate((10.0, 10.2)):
+            at(seconds, lambda slot=slot: store.add_result(StoredResult(1, slot, slot, "p-a", 1, {}, b"m")))
+        at(12.0, lambda: store.add_result(StoredResult(2, 0, 0, "p-a", 1, {}, b"m")))
+        at(10.4, lambda: store.add_copy(1, 0, "p-b", b"m", "identical"))
+        at(11.0, lambda: store.add_copy(1, 1, "p-b", b"m", "identical"))  # (a copy after the merge)
+        for slot, copy, seconds in ((0, 0, 10.9), (1, 0, 10.7), (2, 1, 10.5)):
+            at(seconds, lambda slot=slot, copy=copy: store.grant(2, slot, slot, "p-c", 30.0, copy=copy))
+    finally:
+        store.close()
+    assert relay_own_seconds(location, {1: 0.1}) == pytest.approx([0.2])
+    assert relay_own_seconds(location, {1: 0.1, 2: 0.1}) == pytest.approx([0.2])
     assert relay_own_seconds(tmp_path / "none.sqlite3", {1: 0.1}) == []
 
 
