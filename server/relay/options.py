@@ -128,6 +128,12 @@ class RelayOptions:
     replay_workers: int | None = field(default=None, metadata=setting(
         help="replays run at once (each a Pyodide worker process of about 150 MB)", minimum=1, metavar="N",
         default_text="half the machine's cores, 2 to 8", group="guards", commands=("serve",)))
+    remote_replays: bool = field(default=False, metadata=setting(
+        help="replays run on verification workers, not in this process: each is queued in the store and any "
+        "`peertrain verify-worker --store URL` (on any machine that reaches the store, as many as you start) claims "
+        "it for a while, replays it on --replay-engine's engine and sends it back; a worker that dies leaves its "
+        "claim to run out and another takes it (no worker running: the replays wait, and so do merges that wait "
+        "for them)", group="guards", commands=("serve",)))
     ban_addresses: bool = field(default=False, metadata=setting(
         help="a ban also refuses the banned peer's client address (default: the peer's token only, so one attacker "
         "behind a NAT does not lock out the volunteers who share its address); with it, a second copy of a unit "

@@ -24,6 +24,7 @@ from server.relay.direction import DIRECTION, direction_of
 from server.relay.engine_classes import EngineClasses
 from server.relay.jobs import Jobs
 from server.relay.refusal import Refusal
+from server.relay.remote_replays import StoreReplays
 from server.relay.store import StoredResult
 from server.relay.undo_rules import UndoRules
 from server.relay.verify import COVERAGE, ROUTINE, Replay, ReplayQueue, Verdict, Verifier, matches
@@ -74,8 +75,11 @@ class ReplayChecks:
         replayable = options.verify and session.task.kind != "local"  # (a peer's own data: no replay)
         self.engine, self.engine_note = engines.resolve(options.replay_engine)
         task_info = {**package.task_description(), "task_source": package.manifest.get("task_source")}
+        remote = StoreReplays(self.context.store, task_info, self.engine) if replayable and \
+            options.remote_replays else None
         verifier = Verifier(task_info, rtol=options.verify_rtol, atol=options.verify_atol, engine=self.engine,
-                            workers=options.replay_workers or engines.default_workers()) if replayable else None
+                            workers=options.replay_workers or engines.default_workers(),
+                            replays=remote) if replayable else None
         self.queue = ReplayQueue(verifier, fraction=options.verify_fraction, seed=session.config.seed,
                                  every=options.verify_every, direction=options.verify_direction,
                                  trust=options.verify_trust) if verifier else None

@@ -37,7 +37,7 @@ import threading
 import time
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -116,20 +116,30 @@ def compared_exactly(replay_engine: str, result_engine: str) -> bool:
     return replay_engine == result_engine == PYODIDE_CPU
 
 
-class Verifier:
-    """Replays units on a pool of ``workers`` threads, each with an engine of its own
-    (``server.browser_assets.engines``: Pyodide under Node, the browser's engine, or native numpy).
+class Replays(Protocol):
+    """Who runs the replays: ``LocalReplays`` (threads of this process) or ``server.relay.remote_replays``
+    (verification workers anywhere, through the store)."""
 
-    A replay needs only the job, never the result, so the relay starts the replay of a unit it will check
-    when it hands the unit out (``replay``), and the check (``judge``) is a comparison when the result comes."""
+    workers: int
 
-    def __init__(self, task_info: dict[str, Any], *, rtol: float, atol: float, engine: str = "native",
-                 workers: int = 1) -> None:
-        self.task_info = task_info
-        self.rtol, self.atol = rtol, atol
-        self.engine = engine  # "pyodide" or "native"
-        self.engine_name = PYODIDE_CPU if engine == "pyodide" else NATIVE  # what its replays' results would say
-        self.workers = workers
+    def replay(self, job: Job, weights_message: bytes, unit_message: bytes | None) -> Future[Replay]: ...
+
+    def close(self) -> None: ...
+
+
+def replayed(job: Job, weights_message: bytes, message: bytes, seconds: float, engine: str) -> Replay:
+    """A replay's result message as the weights it trained, beside the global weights it started from."""
+    _, global_weights = wire.decode(weights_message)
+    _, weights = wire.result_weights(message, global_weights, codec=Codec.from_json(job.codec) if job.codec
+                                     else Codec())
+    return Replay(weights, global_weights, seconds, engine)
+
+class LocalReplays:
+    """Replays units on a pool of ``workers`` threads of this process, each with an engine of its own
+    (``server.browser_assets.engines``: Pyodide under Node, the browser's engine, or native numpy)."""
+
+    def __init__(self, task_info: dict[str, Any], engine: str, workers: int) -> None:
+        self.task_info, self.engine, self.workers = task_info, engine, workers
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="replay")
         self._local = threading.local()  # each replay thread's engine
         self._engines: list[Engine] = []
@@ -138,8 +148,57 @@ class Verifier:
             for _ in range(workers):
                 self._pool.submit(self._engine)
 
-    def replay(self, *, job: Job, weights_message: bytes, unit_message: bytes | None) -> Future[Replay]:
+    def replay(self, job: Job, weights_message: bytes, unit_message: bytes | None) -> Future[Replay]:
         return self._pool.submit(self._train, job, weights_message, unit_message)
+
+    def _train(self, job: Job, weights_message: bytes, unit_message: bytes | None) -> Replay:
+        started = time.perf_counter()
+        engine = self._engine()
+        message = engine.train(self.task_info, job, weights_message, unit_message)
+        return replayed(job, weights_message, message, time.perf_counter() - started, engine.name)
+
+    def _engine(self) -> Engine:
+        """This replay thread's engine (started on first use: a Pyodide worker boots)."""
+        engine: Engine | None = getattr(self._local, "engine", None)
+        if engine is None:
+            engine = self._local.engine = make_engine(self.engine)
+            with self._engines_lock:
+                self._engines.append(engine)
+        if isinstance(engine, PyodideEngine):
+            try:
+                engine.boot_report  # noqa: B018 (boots the worker)
+            except EngineError:
+                pass  # (the replay that needs it says why)
+        return engine
+
+    def close(self) -> None:
+        """Stop the pool; the engines' workers exit (a Pyodide worker at the end of its input)."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        with self._engines_lock:
+            engines, self._engines = self._engines, []
+        for engine in engines:
+            threading.Thread(target=engine.close, daemon=True, name="replay-close").start()
+
+
+class Verifier:
+    """Judges results against replays of their units, run by ``replays`` (``LocalReplays``: ``workers`` threads of
+    this process, each with an engine of its own; or verification workers through the store,
+    ``server.relay.remote_replays``).
+
+    A replay needs only the job, never the result, so the relay starts the replay of a unit it will check
+    when it hands the unit out (``replay``), and the check (``judge``) is a comparison when the result comes."""
+
+    def __init__(self, task_info: dict[str, Any], *, rtol: float, atol: float, engine: str = "native",
+                 workers: int = 1, replays: Replays | None = None) -> None:
+        self.task_info = task_info
+        self.rtol, self.atol = rtol, atol
+        self.engine = engine  # "pyodide" or "native"
+        self.engine_name = PYODIDE_CPU if engine == "pyodide" else NATIVE  # what its replays' results would say
+        self.replays = replays if replays is not None else LocalReplays(task_info, engine, workers)
+        self.workers = self.replays.workers
+
+    def replay(self, *, job: Job, weights_message: bytes, unit_message: bytes | None) -> Future[Replay]:
+        return self.replays.replay(job, weights_message, unit_message)
 
     def judge(self, replay: Future[Replay], *, round_index: int, slot: int, results: dict[str, np.ndarray],
               reason: str, count_seconds: bool = True, engines: dict[str, str] | None = None) -> Future[list[Verdict]]:
@@ -181,36 +240,9 @@ class Verifier:
         return self.judge(self.replay(job=job, weights_message=weights_message, unit_message=unit_message),
                           round_index=job.round, slot=job.slot, results=results, reason=reason)
 
-    def _train(self, job: Job, weights_message: bytes, unit_message: bytes | None) -> Replay:
-        started = time.perf_counter()
-        engine = self._engine()
-        _, global_weights = wire.decode(weights_message)
-        message = engine.train(self.task_info, job, weights_message, unit_message)
-        _, replay = wire.result_weights(message, global_weights,
-                                        codec=Codec.from_json(job.codec) if job.codec else Codec())
-        return Replay(replay, global_weights, time.perf_counter() - started, engine.name)
-
-    def _engine(self) -> Engine:
-        """This replay thread's engine (started on first use: a Pyodide worker boots)."""
-        engine: Engine | None = getattr(self._local, "engine", None)
-        if engine is None:
-            engine = self._local.engine = make_engine(self.engine)
-            with self._engines_lock:
-                self._engines.append(engine)
-        if isinstance(engine, PyodideEngine):
-            try:
-                engine.boot_report  # noqa: B018 (boots the worker)
-            except EngineError:
-                pass  # (the replay that needs it says why)
-        return engine
-
     def close(self) -> None:
-        """Stop the pool; the engines' workers exit (a Pyodide worker at the end of its input)."""
-        self._pool.shutdown(wait=False, cancel_futures=True)
-        with self._engines_lock:
-            engines, self._engines = self._engines, []
-        for engine in engines:
-            threading.Thread(target=engine.close, daemon=True, name="replay-close").start()
+        """Stop the replays (``LocalReplays``: the pool; the engines' workers exit)."""
+        self.replays.close()
 
 
 class ReplayQueue:

@@ -19,11 +19,19 @@ The contract every implementation keeps:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any, Protocol
 
-from server.relay.store.records import BufferedArrival, Lease, MergedArrival, PendingUndo, StoredResult
+from server.relay.store.records import (
+    BufferedArrival,
+    FinishedReplay,
+    Lease,
+    MergedArrival,
+    PendingUndo,
+    ReplayJob,
+    StoredResult,
+)
 
 # authenticate() writes a peer's last_seen at most once per this many seconds: each write is a commit, and a peer
 # makes several requests per unit; "connected" is judged over the peer timeout (30 s by default).
@@ -272,6 +280,38 @@ class UndoStore(Protocol):
         """Rounds from ``first`` to ``end - 1`` with a result whose message was emptied (``prune_before``)."""
 
 
+class ReplayJobStore(Protocol):
+    """Replays done by verification workers (``serve --remote-replays``, ``peertrain verify-worker``): the relay
+    queues each replay, a worker anywhere claims it for a while, replays it and sends back the result; a claim that
+    runs out (its worker died) goes to the next worker that asks."""
+
+    def add_replay_job(self, *, job: str, task: bytes, weights: bytes, unit: bytes, engine: str) -> int:
+        """Queue a replay of ``job`` (its JSON) from the global ``weights`` (a weights message) on the task ``task``
+        describes (its JSON) and the unit's data; returns its id (rising). The task and the weights are kept once
+        under their sha256 however many replays share them (``blob``), for as long as a queued replay needs them."""
+
+    def blob(self, digest: str) -> bytes | None:
+        """A queued replay's task or weights by sha256 (None: none kept)."""
+
+    def claim_replay_job(self, worker: str, seconds: float) -> ReplayJob | None:
+        """The oldest replay neither finished nor claimed (or whose claim ran out), now ``worker``'s for
+        ``seconds``; None when there is none. Two workers never hold the same claim."""
+
+    def finish_replay_job(self, job_id: int, worker: str, result: FinishedReplay) -> bool:
+        """Record ``worker``'s result of a replay it holds the claim of; False (nothing recorded) when its claim ran
+        out and another worker claimed it, or the replay is finished or gone."""
+
+    def finished_replay_jobs(self, job_ids: Collection[int]) -> dict[int, FinishedReplay]:
+        """The results of the replays among ``job_ids`` that are finished."""
+
+    def forget_replay_jobs(self, job_ids: Collection[int] | None) -> None:
+        """Drop these replays (their result read, or no longer wanted; None: every one, as a relay starts) and the
+        weights no replay needs any more."""
+
+    def replay_jobs_waiting(self) -> int:
+        """Replays queued and not finished (claimed or not)."""
+
+
 class CounterStore(Protocol):
     def count(self, name: str, by: int = 1) -> None:
         """Add ``by`` to the counter ``name`` (created at 0)."""
@@ -281,7 +321,7 @@ class CounterStore(Protocol):
 
 
 class Store(StoreLifecycle, PeerStore, LeaseStore, ResultStore, CopyStore, ArrivalStore, BanStore, UndoStore,
-            CounterStore, Protocol):
+            ReplayJobStore, CounterStore, Protocol):
     """The relay's session state: peers, leases, every accepted result and copy, the asynchronous buffer, bans,
     undos and counters (the contract is in this module's docstring). Open one with
     ``server.relay.store.open_store``."""
@@ -289,4 +329,4 @@ class Store(StoreLifecycle, PeerStore, LeaseStore, ResultStore, CopyStore, Arriv
 
 # Each concept's protocol, for a test that checks an implementation concept by concept.
 CONCEPTS: tuple[type, ...] = (StoreLifecycle, PeerStore, LeaseStore, ResultStore, CopyStore, ArrivalStore, BanStore,
-                              UndoStore, CounterStore)
+                              UndoStore, ReplayJobStore, CounterStore)

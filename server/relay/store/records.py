@@ -49,3 +49,29 @@ type BufferedArrival = tuple[int, int, int, int, int, dict[str, Any], bytes, byt
 type MergedArrival = tuple[int, int, int, int, int, int, dict[str, Any], bytes]
 # A ban's undo not finished yet, (peer, state, plan): ``server.relay.undo`` writes the state and plan.
 type PendingUndo = tuple[str, str, dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class ReplayJob:
+    """A replay waiting in the store for a verification worker (``peertrain verify-worker``): the job (its JSON),
+    the digests of the task's description and of the global weights (``Store.blob``), the unit's data (empty for an
+    experience unit) and the engine to replay on."""
+
+    id: int
+    job: str
+    task: str
+    weights: str
+    unit: bytes
+    engine: str
+    attempts: int  # claims so far, this one included (a worker that died leaves its claim to expire)
+
+
+@dataclass(frozen=True)
+class FinishedReplay:
+    """What a worker sent back: the replay's result message (empty when it failed), why it failed (its engine's
+    error, "" when it did not), the seconds it took and the engine that ran it."""
+
+    message: bytes
+    error: str
+    seconds: float
+    engine: str

@@ -180,7 +180,7 @@ def booted_worker(relay: Relay) -> engines.PyodideEngine:
     assert verifier is not None
     deadline = time.monotonic() + engines.BOOT_SECONDS
     while time.monotonic() < deadline:
-        for worker in list(verifier._engines):
+        for worker in list(verifier.replays._engines):
             if isinstance(worker, engines.PyodideEngine) and worker._process is not None and worker._process.boot:
                 return worker
         time.sleep(0.05)

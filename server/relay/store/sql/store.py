@@ -10,12 +10,20 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import Any
 
 from server.relay.store.protocol import LAST_SEEN_RESOLUTION
-from server.relay.store.records import BufferedArrival, Lease, MergedArrival, PendingUndo, StoredResult
+from server.relay.store.records import (
+    BufferedArrival,
+    FinishedReplay,
+    Lease,
+    MergedArrival,
+    PendingUndo,
+    ReplayJob,
+    StoredResult,
+)
 from server.relay.store.sql.arrivals import SQLArrivals
 from server.relay.store.sql.bans import SQLBans
 from server.relay.store.sql.copies import SQLCopies
@@ -23,6 +31,7 @@ from server.relay.store.sql.counters import SQLCounters
 from server.relay.store.sql.database import Database
 from server.relay.store.sql.leases import SQLLeases
 from server.relay.store.sql.peers import SQLPeers
+from server.relay.store.sql.replay_jobs import SQLReplayJobs
 from server.relay.store.sql.results import SQLResults
 from server.relay.store.sql.undos import SQLUndos
 
@@ -45,6 +54,7 @@ class SQLStore:
         self._bans = SQLBans(self.connection, clock)
         self._undos = SQLUndos(self.connection, clock)
         self._counters = SQLCounters(self.connection, clock)
+        self._replays = SQLReplayJobs(self.connection, clock)
         self._lease_cache: dict[tuple[int, int], dict[int, Lease]] = {}  # (round, copy) -> the rows, as read
         self._cache_lock = threading.RLock()
         self._copies_cache: dict[int, dict[tuple[int, str], str]] = {}  # round -> its copies' outcomes, as read
@@ -347,6 +357,28 @@ class SQLStore:
 
     def pruned_rounds(self, first: int, end: int) -> set[int]:
         return self._undos.pruned_rounds(first, end)
+
+    # -- replays for verification workers ---------------------------------------------------------------
+    def add_replay_job(self, *, job: str, task: bytes, weights: bytes, unit: bytes, engine: str) -> int:
+        return self._replays.add_replay_job(job=job, task=task, weights=weights, unit=unit, engine=engine)
+
+    def blob(self, digest: str) -> bytes | None:
+        return self._replays.blob(digest)
+
+    def claim_replay_job(self, worker: str, seconds: float) -> ReplayJob | None:
+        return self._replays.claim_replay_job(worker, seconds)
+
+    def finish_replay_job(self, job_id: int, worker: str, result: FinishedReplay) -> bool:
+        return self._replays.finish_replay_job(job_id, worker, result)
+
+    def finished_replay_jobs(self, job_ids: Collection[int]) -> dict[int, FinishedReplay]:
+        return self._replays.finished_replay_jobs(job_ids)
+
+    def forget_replay_jobs(self, job_ids: Collection[int] | None) -> None:
+        self._replays.forget_replay_jobs(job_ids)
+
+    def replay_jobs_waiting(self) -> int:
+        return self._replays.replay_jobs_waiting()
 
     # -- counters -----------------------------------------------------------------------------------
     def count(self, name: str, by: int = 1) -> None:

@@ -41,6 +41,13 @@ CREATE TABLE IF NOT EXISTS bans (
 CREATE TABLE IF NOT EXISTS undos (
     peer_id TEXT PRIMARY KEY, state TEXT NOT NULL, plan TEXT NOT NULL, time REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS blobs (digest TEXT PRIMARY KEY, data BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS replay_jobs (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, job TEXT NOT NULL, task TEXT NOT NULL, weights TEXT NOT NULL,
+    unit BLOB NOT NULL, engine TEXT NOT NULL, queued REAL NOT NULL, worker TEXT, claimed_until REAL,
+    attempts INTEGER NOT NULL DEFAULT 0, finished REAL, message BLOB, error TEXT, seconds REAL, ran_on TEXT
+);
+CREATE INDEX IF NOT EXISTS replay_jobs_open ON replay_jobs (finished, id);
 """
 
 # Columns added since the first files (table -> column -> definition): added to an older file on open.

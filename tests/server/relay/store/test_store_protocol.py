@@ -18,12 +18,13 @@ from server.relay.store.sql.copies import SQLCopies
 from server.relay.store.sql.counters import SQLCounters
 from server.relay.store.sql.leases import SQLLeases
 from server.relay.store.sql.peers import SQLPeers
+from server.relay.store.sql.replay_jobs import SQLReplayJobs
 from server.relay.store.sql.results import SQLResults
 from server.relay.store.sql.undos import SQLUndos
 from server.relay.store.sqlite import SQLiteStore
 
 PARTS = dict(zip(CONCEPTS[1:], (SQLPeers, SQLLeases, SQLResults, SQLCopies, SQLArrivals, SQLBans, SQLUndos,
-                                SQLCounters), strict=True))
+                                SQLReplayJobs, SQLCounters), strict=True))
 
 
 def members(protocol: type) -> dict[str, object]:
