@@ -10,6 +10,8 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 import uvicorn
@@ -135,6 +137,52 @@ def runs_home() -> Path:
     return Path(os.environ.get("PEERTRAIN_HOME") or Path.cwd()) / "runs"
 
 
+def session_folder(args: argparse.Namespace) -> Path:
+    return Path(args.session_dir or runs_home() / f"session-{Path(args.task).stem}")
+
+
+def store_location(args: argparse.Namespace) -> str:
+    """Where the session's store lives: --store, else the SQLite file in the session folder."""
+    return str(args.store or session_folder(args) / "relay.sqlite3")
+
+
+HOLD_POLL_SECONDS = 0.5  # how often a relay waiting to take a session over asks whether it may
+HOLD_CHECK_SECONDS = 1.0  # how often the serving relay makes sure it still holds its session
+
+
+def hold_the_session(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    """With a database server's store: the session's hold, taken (waiting while another relay serves the session,
+    not listening meanwhile: a proxy in front sends everything to the one that serves); None with a SQLite file.
+    A relay told --fresh does not wait: it would wipe the session it takes over."""
+    from server.relay.store.location import hold_server_session
+
+    hold = hold_server_session(store_location(args))
+    if hold is None or hold.take():
+        return hold
+    if args.fresh:
+        hold.close()
+        raise ValueError("another relay serves this session; --fresh would drop its tables: stop it first")
+    print("another relay serves this session (its store's hold is taken): this one waits, not listening, and takes "
+          "the session over from its checkpoint when that relay stops", flush=True)
+    while not hold.take():
+        time.sleep(HOLD_POLL_SECONDS)
+    print("the session's hold is free: taking the session over", flush=True)
+    return hold
+
+
+def keep_watch(hold) -> None:  # type: ignore[no-untyped-def]
+    """A thread that stops this process at once if its hold on the session is lost (the database dropped its
+    connection: another relay may take the session over, and two must never serve it)."""
+    def watch() -> None:
+        while hold.held():
+            time.sleep(HOLD_CHECK_SECONDS)
+        print("peertrain serve: the hold on the session was lost (its database connection dropped); stopping so "
+              "that only one relay serves it", file=sys.stderr, flush=True)
+        os._exit(3)
+
+    threading.Thread(target=watch, daemon=True, name="session-hold").start()
+
+
 def open_session(args: argparse.Namespace, paths: RelayPaths):  # type: ignore[no-untyped-def]
     """The relay of the session in --session-dir (resumed, else new): the settings read (flags over the
     --config file over the declared defaults), checked, and made consistent by ``server.session.rules.resolve``
@@ -149,8 +197,7 @@ def open_session(args: argparse.Namespace, paths: RelayPaths):  # type: ignore[n
     from server.session.session import Session
 
     config_values, relay_values = read_settings(args, "serve")
-    session_dir = args.session_dir or runs_home() / f"session-{Path(args.task).stem}"
-    location = args.store or str(session_dir / "relay.sqlite3")
+    session_dir, location = session_folder(args), store_location(args)
     if args.fresh:
         shutil.rmtree(session_dir, ignore_errors=True)
         erase_server_store(location)
@@ -207,6 +254,19 @@ def run(args: argparse.Namespace, paths: RelayPaths | None = None) -> int:
     if unusable is not None:
         print(f"peertrain serve: {unusable}", file=sys.stderr)
         return 2
+    hold = None
+    if not args.no_session:
+        from server.relay.store.location import StoreUnavailable
+
+        try:
+            hold = hold_the_session(args)
+        except (StoreUnavailable, ValueError) as error:
+            print(f"peertrain serve: {error}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            return 0
+        if hold is not None:
+            keep_watch(hold)
     try:
         sock = bind(args.host, args.port)
     except OSError as error:
@@ -246,4 +306,6 @@ def run(args: argparse.Namespace, paths: RelayPaths | None = None) -> int:
             peers.terminate()
         if relay is not None:
             relay.close()  # (the app's lifespan closes it too; a failed start-up never ran it)
+        if hold is not None:
+            hold.close()  # (a relay waiting to take over takes the session now)
     return 0

@@ -5,11 +5,15 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from server.relay.store.protocol import Store
 from server.relay.store.sql.database import Database
 from server.relay.store.sqlite import SQLiteStore
 from server.relay.store.sqlite.connection import Connection as SQLiteConnection
+
+if TYPE_CHECKING:
+    from server.relay.store.postgresql.store import SessionHold
 
 SCHEMES = ("sqlite", "postgresql")  # what a location's URL may start with (``scheme://``); a plain path is SQLite's
 POSTGRESQL = ("postgresql", "postgres")  # (libpq takes both)
@@ -76,6 +80,21 @@ def open_database(location: str | Path) -> Database | None:
         database = SQLiteConnection(path, durable=False)
     database.open()
     return database
+
+
+def hold_server_session(location: str) -> SessionHold | None:
+    """A hold on the session in the database server at ``location`` (not taken yet: ``SessionHold.take``); None for
+    a SQLite file, which one relay opens at a time anyway."""
+    if not is_server(location):
+        return None
+    import psycopg
+
+    from server.relay.store.postgresql.store import SessionHold
+
+    try:
+        return SessionHold(location)
+    except psycopg.OperationalError as error:
+        raise StoreUnavailable(f"the PostgreSQL store could not be opened: {error}") from None
 
 
 def erase_server_store(location: str) -> bool:

@@ -65,3 +65,37 @@ def archive_tables(url: str) -> str:
         for table in _present(db):
             db.execute(sql.SQL("ALTER TABLE {} SET SCHEMA {}").format(sql.Identifier(table), sql.Identifier(schema)))
         return schema
+
+
+# The advisory lock the relay serving a database's session holds (another number than the tables' creation lock).
+SESSION_LOCK = 0x7065657274726131
+
+
+class SessionHold:
+    """Which relay serves the session in a database: a PostgreSQL advisory lock, held on a connection of its own for
+    as long as that relay lives. A second relay over the same database waits for it (``serve``), and takes the
+    session over from its checkpoint once the first is gone: the lock goes with the first relay's connection, which
+    the server drops when its process dies (SIGKILL included)."""
+
+    def __init__(self, url: str) -> None:
+        self._db = psycopg.connect(url, autocommit=True)
+
+    def take(self) -> bool:
+        """Whether this relay holds the session now (taken, or already held)."""
+        row = self._db.execute("SELECT pg_try_advisory_lock(%s)", (SESSION_LOCK,)).fetchone()
+        return bool(row and row[0])
+
+    def held(self) -> bool:
+        """Whether the hold still stands: its connection is alive and holds the lock (False once the server or
+        the network dropped it: another relay may be serving the session by now)."""
+        try:
+            row = self._db.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted AND "
+                                   "pid = pg_backend_pid() AND objid = %s",
+                                   (SESSION_LOCK & 0xFFFFFFFF,)).fetchone()
+        except psycopg.Error:
+            return False
+        return bool(row and row[0])
+
+    def close(self) -> None:
+        """Let the session go (the next relay waiting takes it)."""
+        self._db.close()
