@@ -31,6 +31,7 @@ BENCHES: dict[str, tuple[str, ...]] = {
     "workers": ("server.bench.workers",),
     "direction": ("server.bench.direction",),
     "crowd": ("server.bench.crowd",),
+    "capacity": ("server.bench.capacity",),
 }
 
 
