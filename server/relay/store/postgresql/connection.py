@@ -63,6 +63,11 @@ class Connection:
                 return
             db = psycopg.connect(self.url, autocommit=True)
             try:
+                # As SQLite's synchronous=NORMAL under WAL: a commit survives the relay being killed (the server
+                # has it) without waiting for the server's disk; a crash of the database server itself may lose
+                # its last fraction of a second of commits, whose units are then handed out again. On, every
+                # counter and lease of every request waited for a flush.
+                db.execute("SET synchronous_commit = off")
                 with db.transaction():
                     db.execute("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK,))
                     db.execute(SCHEMA)  # type: ignore[arg-type]  # (a constant)
