@@ -5,13 +5,20 @@ Which problems go where (all seeded by ``ArithSettings.seed``):
   ``split_pairs``: a held-out share (``heldout_fraction``, default 10%) and the training pairs; a held-out
   pair is never trained on, with any operator.
 - ``generate_problems``: ``num_examples`` problems drawn with replacement from the training pairs and
-  the operators.
-- ``validation_problems``: ``validation_size`` (200) problems drawn uniformly from the whole operand range,
-  a measure of fit. These MAY overlap the training problems: with 0-99 the range holds few enough
-  problems that a model can memorise most of them, so this set measures fit, not generalisation.
+  the operators, 40 % of the operands (``width_balance``) digit count first, then value; the rest uniform over
+  the range. Drawn uniformly from 0-99, both operands have one digit in 1 % of the problems, and the demo's
+  model, 97 % right on random problems, got 41 of the 100 sums a+b (a, b in 0..9) right; with 40 % (6.8 % of
+  the problems) it gets 100 and is as right on random problems. Even widths (1: a quarter of the problems)
+  got the 100 too but only 41 % on random problems: too few two-digit pairs for the demo's training.
+- ``validation_problems``: ``validation_size`` (200) problems drawn uniformly from the whole operand range
+  (every pair equally likely: 81 % have two two-digit operands for 0-99, whatever ``width_balance`` is), a
+  measure of fit. These MAY overlap the training problems: with 0-99 the range holds few enough problems that
+  a model can memorise most of them, so this set measures fit, not generalisation.
 - ``generalization_problems``: problems the model never saw: up to ``generalization_size`` problems on
   held-out pairs, plus ``beyond_range_size`` problems whose operands lie above the training range
   (100-999 for the default range: three-digit numbers).
+- ``sample_problems``: a few problems to show, spread over the space: both operands of the fewest digits,
+  both of the most, and held-out pairs.
 
 Answers of ``-`` may be negative and carry a leading ``-`` (``"3-5=-2"``); ``*`` is the plain product.
 """
@@ -47,6 +54,7 @@ class ArithSettings:
     validation_size: int = 200
     generalization_size: int = 200
     beyond_range_size: int = 50
+    width_balance: float = 0.4
 
     def __post_init__(self) -> None:
         self.operators = tuple(self.operators)
@@ -61,6 +69,8 @@ class ArithSettings:
             raise ArithError(f"end_token must be {EOS!r} or {EOS + chr(10)!r}, got {self.end_token!r}")
         if not 0.0 <= self.heldout_fraction < 1.0:
             raise ArithError(f"heldout_fraction must be in [0, 1), got {self.heldout_fraction}")
+        if not 0.0 <= self.width_balance <= 1.0:
+            raise ArithError(f"width_balance must be in [0, 1], got {self.width_balance}")
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -129,8 +139,28 @@ def split_pairs(settings: ArithSettings) -> tuple[list[tuple[int, int]], list[tu
     return train, heldout
 
 
-def _draw(pairs: list[tuple[int, int]], operators: tuple[str, ...], n: int, rng: np.random.Generator) -> list[Problem]:
-    pair_idx = rng.integers(0, len(pairs), size=n)
+def operand_weights(settings: ArithSettings) -> np.ndarray:
+    """The chance of each operand value ``operand_min ... operand_max`` in the training problems, shape (V,).
+
+    A share ``width_balance`` of the operands takes a digit count first (each count in the range equally likely),
+    then a value of that many digits; the rest take any value in the range. For 0-99 and balance 0.4 (the
+    default) each one-digit value has 2.6 % and each two-digit value 0.82 %; for balance 0 every value 1 %, for
+    balance 1 one-digit values 5 % and two-digit ones 0.56 %."""
+    values = np.arange(settings.operand_min, settings.operand_max + 1)
+    widths = np.array([len(str(v)) for v in values.tolist()])
+    _, width_index, width_counts = np.unique(widths, return_inverse=True, return_counts=True)
+    by_width = 1.0 / (len(width_counts) * width_counts[width_index])
+    balance = settings.width_balance
+    return balance * by_width + (1.0 - balance) / len(values)
+
+
+def _draw(pairs: list[tuple[int, int]], operators: tuple[str, ...], n: int, rng: np.random.Generator,
+          weights: np.ndarray | None = None) -> list[Problem]:
+    """``n`` problems on ``pairs`` drawn with replacement, uniformly or in proportion to ``weights`` (one a pair)."""
+    if weights is None:
+        pair_idx = rng.integers(0, len(pairs), size=n)
+    else:
+        pair_idx = rng.choice(len(pairs), size=n, p=weights / weights.sum())
     op_idx = rng.integers(0, len(operators), size=n)
     return [
         make_problem(pairs[p][0], operators[o], pairs[p][1])
@@ -139,9 +169,16 @@ def _draw(pairs: list[tuple[int, int]], operators: tuple[str, ...], n: int, rng:
 
 
 def generate_problems(settings: ArithSettings) -> list[Problem]:
-    """``num_examples`` training problems, drawn with replacement from the training pairs."""
+    """``num_examples`` training problems drawn with replacement from the training pairs, a pair (a, b) in proportion
+    to ``operand_weights``' chances of a and of b (uniformly where those are equal: the same draws as before
+    ``width_balance`` existed)."""
     train, _ = split_pairs(settings)
-    return _draw(train, settings.operators, settings.num_examples, _rng(settings, 1))
+    chance = operand_weights(settings)
+    weights = None
+    if not np.allclose(chance, chance[0]):
+        low = settings.operand_min
+        weights = np.array([chance[a - low] * chance[b - low] for a, b in train])
+    return _draw(train, settings.operators, settings.num_examples, _rng(settings, 1), weights)
 
 
 def chunk_problems(problems: list[Problem], chunks: int) -> list[list[Problem]]:
@@ -175,6 +212,29 @@ def generalization_problems(settings: ArithSettings) -> list[Problem]:
     ops = rng.integers(0, len(settings.operators), size=settings.beyond_range_size).tolist()
     problems += [make_problem(x, settings.operators[o], y) for x, o, y in zip(a, ops, b, strict=True)]
     return problems
+
+
+def sample_problems(settings: ArithSettings, count: int) -> tuple[list[Problem], list[bool]]:
+    """``count`` problems to show and whether each is on a held-out pair, seeded and fixed for a session: in turn a
+    trained pair of the range's shortest operands (``3+5``), a trained pair of its longest (``37+48``) and a
+    held-out pair (any widths), so the first three, six, ... cover the space evenly."""
+    train, heldout = split_pairs(settings)
+    shortest, longest = len(str(settings.operand_min)), len(str(settings.operand_max))
+    kinds = [
+        ([p for p in train if len(str(p[0])) == len(str(p[1])) == shortest], False),
+        ([p for p in train if len(str(p[0])) == len(str(p[1])) == longest], False),
+        (heldout, True),
+    ]
+    kinds = [(pairs, held) for pairs, held in kinds if pairs] or [(train, False)]  # (e.g. no held-out pairs)
+    rng = _rng(settings, 4)
+    orders = [rng.permutation(len(pairs)).tolist() for pairs, _ in kinds]
+    problems, held_out = [], []
+    for turn in range(count):
+        (pairs, held), order = kinds[turn % len(kinds)], orders[turn % len(kinds)]
+        a, b = pairs[order[(turn // len(kinds)) % len(order)]]
+        problems.append(make_problem(a, settings.operators[turn % len(settings.operators)], b))
+        held_out.append(held)
+    return problems, held_out
 
 
 def make_lm_examples(tokenizer: Tokenizer, problems: list[Problem], context: int) -> tuple[np.ndarray, np.ndarray]:

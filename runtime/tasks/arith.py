@@ -9,17 +9,19 @@ A known pitfall is built in: a byte-pair tokenizer trained on arithmetic glues d
 (``tokenizer="char"``, the default) does. ``inspect_lines()`` shows how the tokenizer cuts a few examples and
 warns about glued tokens.
 
-Data (``runtime.data.arith``, all seeded by ``seed``): ``num_examples`` training problems on the training
-pairs, cut into ``chunks`` work units. Each chunk is one int32 array of shape ``(2, N, T)``: ``chunk[0]`` the
-inputs (token ids, right-padded with ``<pad>``), ``chunk[1]`` the next-token targets, -100 wherever the loss
-does not look (prompt and padding: the loss covers only the answer and the end marker). ``T`` is the longest
-training or validation sequence minus one, not the model's context, so no step is spent on padding.
+Data (``runtime.data.arith``, all seeded by ``seed``): ``num_examples`` training problems on the training pairs,
+one-digit operands more often than uniform draws give (``width_balance``), cut into ``chunks`` work units. Each
+chunk is one int32 array of shape ``(2, N, T)``: ``chunk[0]`` the inputs (token ids, right-padded with ``<pad>``),
+``chunk[1]`` the next-token targets, -100 wherever the loss does not look (prompt and padding: the loss covers
+only the answer and the end marker). ``T`` is the longest training or validation sequence minus one, not the
+model's context, so no step is spent on padding.
 
-Validation (kept on the host): ``val_*`` the 200 seeded problems from the whole range (a measure of fit:
-they may overlap the training problems), ``gen_*`` problems never trained on (held-out pairs, then
-``beyond_range_size`` three-digit ones, marked by ``gen_beyond``), ``sample_*`` the fixed problems ``1+1``
-... ``1+8``, shown as samples. Each set is ``*_prompts`` (M, P) int32 right-padded, ``*_lengths`` (M,) and
-``*_answers`` (M,) int64; ``loss_inputs`` / ``loss_targets`` are the validation problems as LM arrays for ``val_loss``.
+Validation (kept on the host): ``val_*`` the 200 seeded problems drawn uniformly from the whole range (every pair
+equally likely; a measure of fit: they may overlap the training problems), ``gen_*`` problems never trained on
+(held-out pairs, then ``beyond_range_size`` three-digit ones, marked by ``gen_beyond``), ``sample_*`` the
+problems shown as samples (one-digit, two-digit and held-out pairs in turn; ``sample_heldout`` marks the
+held-out ones). Each set is ``*_prompts`` (M, P) int32 right-padded, ``*_lengths`` (M,) and ``*_answers`` (M,)
+int64; ``loss_inputs`` / ``loss_targets`` are the validation problems as LM arrays for ``val_loss``.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from runtime.data.arith import (
     make_lm_examples,
     make_problem,
     parse_answer,
+    sample_problems,
     split_pairs,
     validation_problems,
 )
@@ -55,7 +58,7 @@ from runtime.tasks.settings import setting
 
 TOKENIZERS = ("char", "bpe")
 MODEL_OVERRIDES = ("n_layer", "n_head", "n_embd", "context")
-SAMPLE_COUNT = 8  # the sample problems "1+1=", "1+2=", ...
+SAMPLE_COUNT = 6  # the page's samples: two one-digit pairs, two two-digit pairs, two held-out pairs
 SIZE = "None: the preset's"
 
 
@@ -71,6 +74,11 @@ class ArithTaskSettings(LMRecipe):
     num_examples: int = field(default=10_000, metadata=setting(help="training problems"))
     chunks: int = field(default=8, metadata=setting(help="work units the training problems are cut into"))
     seed: int = field(default=0, metadata=setting(help="seeds the problems and the held-out pairs"))
+    width_balance: float = field(default=0.4, metadata=setting(
+        help="the share of training operands drawn digit count first, the rest uniform over the range (0.4: "
+             "two one-digit operands in 6.8 % of the problems; 0: in 1 %; 1: one- and two-digit operands "
+             "equally often)",
+        minimum=0, maximum=1))
     heldout_fraction: float = field(default=0.1, metadata=setting(
         help="the share of operand pairs never trained on (the gen_* scores)"))
     validation_size: int = field(default=200, metadata=setting(help="validation problems from the whole range"))
@@ -194,9 +202,7 @@ class ArithTask(LMTask):
         tokenizer = self.make_tokenizer(problems, host)
         val = validation_problems(arith)
         general = generalization_problems(arith)
-        first_op = arith.operators[0]
-        low = arith.operand_min
-        shown = [make_problem(low + 1, first_op, low + k) for k in range(1, SAMPLE_COUNT + 1)]
+        shown, shown_heldout = sample_problems(arith, SAMPLE_COUNT)
         try:
             steps = max(len(tokenizer.pieces(p.text(tokenizer.end_text))) for p in problems + val) - 1
             context = self.settings.base_config().context
@@ -216,6 +222,7 @@ class ArithTask(LMTask):
         _, heldout = split_pairs(arith)
         validation["gen_beyond"] = np.array([i >= min(len(heldout), arith.generalization_size)
                                              for i in range(len(general))], dtype=np.int32)
+        validation["sample_heldout"] = np.array(shown_heldout, dtype=np.int32)
         return TaskData(num_units=len(chunks), units=chunks, validation=validation,
                         assets={"tokenizer": tokenizer.to_json()})
 
@@ -311,14 +318,17 @@ class ArithTask(LMTask):
         return {"text": text + parse_answer(tokenizer, generated[0]), "prompt": text}
 
     def samples(self, weights: np.ndarray, validation: Mapping[str, np.ndarray], count: int = 6) -> list[Sample]:
-        """Lines like ``1+1=2 ok`` and ``1+6=10 wrong, want 7`` for the sample problems 1+1, 1+2, ..."""
+        """Lines like ``3+5=8 ok``, ``37+48=84 wrong, want 85`` and ``never trained on: 61+7=68 ok`` for the sample
+        problems (``runtime.data.arith.sample_problems``: one-digit, two-digit and held-out pairs in turn)."""
         tokenizer = self.require_tokenizer()
         model = self.load(weights)
         answers = self.answers(model, validation, "sample")
+        held_out = validation.get("sample_heldout", np.zeros(len(answers), dtype=np.int32))  # (older packages)
         out = []
         for row, answer in enumerate(answers[:count]):
             prompt = tokenizer.decode(validation["sample_prompts"][row, : validation["sample_lengths"][row]])
             want = str(int(validation["sample_answers"][row]))
             ok = answer == want
-            out.append(Sample(text=f"{prompt}{answer} " + ("ok" if ok else f"wrong, want {want}"), ok=ok))
+            text = f"{prompt}{answer} " + ("ok" if ok else f"wrong, want {want}")
+            out.append(Sample(text=("never trained on: " if held_out[row] else "") + text, ok=ok))
         return out

@@ -1,13 +1,13 @@
 """``peertrain bench tasks`` (arithmetic part): the BPE tokenizer pitfall on arithmetic
 (digits glued to operators, the end marker swallowed), reproduced and fixed.
 
-Both runs use the pitfall's data (``REPORT_ARITH_SEED``, ``REPORT_NUM_EXAMPLES`` problems 0-99) and the same
-model and training settings; only the tokenizer differs: ``bpe`` (``REPORT_NUM_MERGES`` merges, the end
-marker glued into the text: the pitfall) and ``char`` (every character a token, a real ``<eos>``:
-the fix). An epoch is one pass over every chunk, trained unit after unit (FedAvg with one participant per
-round, so the merge is the identity). Printed per tokenizer: the inspection of how it cuts ``37+48=85``,
-then per epoch the seconds (wall and CPU), validation loss, exact answers x/200, generalisation accuracy
-(held-out pairs and three-digit problems), and finally a few sample answers. The anchor is the bpe run:
+Both runs use the pitfall's data (``REPORT_ARITH_SEED``, ``REPORT_NUM_EXAMPLES`` problems, operands uniform over
+0-99: ``REPORT_WIDTH_BALANCE``) and the same model and training settings; only the tokenizer differs: ``bpe``
+(``REPORT_NUM_MERGES`` merges, the end marker glued into the text: the pitfall) and ``char`` (every character a
+token, a real ``<eos>``: the fix). An epoch is one pass over every chunk, trained unit after unit (FedAvg with one
+participant per round, so the merge is the identity). Printed per tokenizer: the inspection of how it cuts
+``37+48=85``, then per epoch the seconds (wall and CPU), validation loss, exact answers x/200, generalisation
+accuracy (held-out pairs and three-digit problems), and finally a few sample answers. The anchor is the bpe run:
 the last lines print char against bpe, and the epoch time against a published ~4 s per epoch for this set-up.
 """
 
@@ -24,12 +24,12 @@ import numpy as np
 
 from runtime.tasks.arith import ArithTask
 from runtime.tasks.base import WorkUnit
-from server.session.bpe import REPORT_ARITH_SEED, REPORT_NUM_EXAMPLES, REPORT_NUM_MERGES
+from server.session.bpe import REPORT_ARITH_SEED, REPORT_NUM_EXAMPLES, REPORT_NUM_MERGES, REPORT_WIDTH_BALANCE
 from server.session.package import host_services
 
 REPORT_EPOCH_SECONDS = 4.0
 REPORT_SETTINGS: dict[str, Any] = {"seed": REPORT_ARITH_SEED, "num_examples": REPORT_NUM_EXAMPLES,
-                                   "merges": REPORT_NUM_MERGES}
+                                   "width_balance": REPORT_WIDTH_BALANCE, "merges": REPORT_NUM_MERGES}
 
 
 @dataclass

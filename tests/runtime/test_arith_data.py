@@ -18,7 +18,9 @@ from runtime.data.arith import (
     generate_problems,
     make_lm_examples,
     make_problem,
+    operand_weights,
     parse_answer,
+    sample_problems,
     split_pairs,
     validation_problems,
 )
@@ -49,6 +51,8 @@ def test_settings_are_checked() -> None:
         ArithSettings(operand_min=50, operand_max=10)
     with pytest.raises(ArithError, match="chunks"):
         ArithSettings(num_examples=3, chunks=5)
+    with pytest.raises(ArithError, match="width_balance"):
+        ArithSettings(width_balance=1.5)
 
 
 def test_answers_and_format() -> None:
@@ -82,6 +86,52 @@ def test_held_out_pairs_are_disjoint_and_never_trained_on() -> None:
     assert all((p.a, p.b) in set(heldout) for p in on_heldout)
     assert all(100 <= p.a <= 999 and 100 <= p.b <= 999 for p in beyond)  # three-digit problems
     assert generalization_problems(SETTINGS) == general
+
+
+def test_one_digit_operands_are_drawn_more_often() -> None:
+    """Uniform over 0-99 (width_balance=0, the old draws), two one-digit operands were 1 % of the problems (about one
+    draw per pair); 40 % of the operands digit count first makes it 6.8 %, every trained one-digit pair often."""
+    chance = operand_weights(ArithSettings())
+    assert chance.shape == (100,) and chance.sum() == pytest.approx(1.0)
+    assert chance[:10] == pytest.approx([0.026] * 10) and chance[10:] == pytest.approx([0.006 + 0.2 / 90] * 90)
+    assert operand_weights(ArithSettings(width_balance=0)) == pytest.approx([0.01] * 100)
+    even = operand_weights(ArithSettings(width_balance=1))
+    assert even[:10].sum() == pytest.approx(0.5) and even[10:].sum() == pytest.approx(0.5)
+    assert operand_weights(ArithSettings(operand_min=10, operand_max=49)) == pytest.approx([1 / 40] * 40)
+
+    settings = ArithSettings(num_examples=10_000)
+    train, heldout = split_pairs(settings)
+    problems = generate_problems(settings)
+    one_digit = [p for p in problems if p.a < 10 and p.b < 10]
+    assert 0.06 < len(one_digit) / len(problems) < 0.08
+    assert 0.25 < sum((p.a < 10) + (p.b < 10) for p in problems) / (2 * len(problems)) < 0.27
+    small_train = [pair for pair in train if max(pair) < 10]
+    counts = {pair: 0 for pair in small_train}
+    for p in one_digit:
+        counts[(p.a, p.b)] += 1
+    assert min(counts.values()) >= 3  # every trained one-digit pair, 3 to 12 times (7.8 on average)
+    assert {(p.a, p.b) for p in problems} <= set(train)  # held-out pairs (13 of the one-digit ones) stay held out
+    assert len(small_train) == 87 and sum(max(pair) < 10 for pair in heldout) == 13
+
+    uniform = generate_problems(ArithSettings(num_examples=10_000, width_balance=0))
+    assert sum(p.a < 10 and p.b < 10 for p in uniform) / len(uniform) < 0.02
+    assert uniform != problems and {(p.a, p.b) for p in uniform} <= set(train)
+
+
+def test_samples_spread_over_one_digit_two_digit_and_held_out_pairs() -> None:
+    settings = ArithSettings()
+    train, heldout = split_pairs(settings)
+    problems, held = sample_problems(settings, 6)
+    assert (problems, held) == sample_problems(settings, 6) and held == [False, False, True] * 2
+    assert all(p.a < 10 and p.b < 10 and (p.a, p.b) in set(train) for p in problems[0::3])
+    assert all(p.a >= 10 and p.b >= 10 and (p.a, p.b) in set(train) for p in problems[1::3])
+    assert all((p.a, p.b) in set(heldout) for p in problems[2::3])
+    assert len(set(problems)) == 6 and all(int(p.answer) == p.a + p.b for p in problems)
+    # every operator in turn, and a range without held-out pairs shows trained pairs only
+    mixed, _ = sample_problems(ArithSettings(operators=("+", "-", "*")), 3)
+    assert [p.op for p in mixed] == ["+", "-", "*"]
+    _, none_held = sample_problems(ArithSettings(heldout_fraction=0), 4)
+    assert none_held == [False] * 4
 
 
 def test_validation_problems_cover_the_training_range() -> None:

@@ -1,19 +1,29 @@
 """The arithmetic task: chunk layout, settings errors, replay, tokenizer assets, and the BPE pitfall.
 
-The char tokenizer must learn sums; a BPE trained on the problems (glued "7+4", "8=8" fragments) must not.
+The char tokenizer must learn sums; a BPE trained on the problems (glued "7+4", "8=8" fragments) must not; the
+demo session (the Makefile's DEMO_SESSION) must get every one-digit sum right.
 """
 
 from __future__ import annotations
 
+import json
+import shlex
+from pathlib import Path
+
 import numpy as np
 import pytest
 
-from runtime.data.arith import IGNORE_INDEX
+from runtime.data.arith import IGNORE_INDEX, make_problem
 from runtime.data.tokenizer import EOS
 from runtime.tasks import HostServices, TaskError, load_task
-from runtime.tasks.arith import ArithTask
+from runtime.tasks.arith import ArithTask, encode_prompts
 from runtime.tasks.base import WorkUnit
 from runtime.tasks.loader import dry_run
+from server import cli
+from server.session import checkpoint_files
+from server.session.package import Package
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 SMALL = {"num_examples": 400, "chunks": 4, "validation_size": 40, "generalization_size": 20, "beyond_range_size": 5}
 
@@ -78,6 +88,20 @@ def test_replaying_a_unit_gives_bit_identical_weights(small) -> None:
     assert not np.array_equal(first.weights, other.weights)
 
 
+def test_samples_show_one_digit_two_digit_and_held_out_problems(small) -> None:
+    """The page's samples: a one-digit pair, a two-digit pair and a held-out pair in turn (not 1+1, 1+2, ...)."""
+    task, data = small
+    samples = task.samples(task.initial_weights(0), data.validation)
+    assert len(samples) == 6 and all(s.ok is False and " wrong, want " in s.text for s in samples)
+    prompts = [s.text.removeprefix("never trained on: ").split("=")[0] for s in samples]
+    operands = [tuple(int(x) for x in prompt.split("+")) for prompt in prompts]
+    assert all(max(pair) < 10 for pair in operands[0::3]) and all(min(pair) >= 10 for pair in operands[1::3])
+    assert [s.text.startswith("never trained on: ") for s in samples] == [False, False, True] * 2
+    older = {k: v for k, v in data.validation.items() if k != "sample_heldout"}  # a package built before the mark
+    assert [s.text for s in task.samples(task.initial_weights(0), older)] == [
+        s.text.removeprefix("never trained on: ") for s in samples]
+
+
 def test_tokenizer_travels_as_an_asset(small) -> None:
     task, data = small
     peer = ArithTask(SMALL)
@@ -137,7 +161,7 @@ def test_char_tokenizer_learns_sums() -> None:
     assert after["heldout_accuracy"] >= 0.85 and after["val_loss"] < before["val_loss"] / 5, after
     samples = task.samples(weights, data.validation)
     assert len(samples) == 6 and sum(s.ok for s in samples) >= 5
-    assert samples[0].text.startswith("11+11=") and all(s.text.endswith(" ok") == s.ok for s in samples)
+    assert all(s.text.endswith(" ok") == s.ok for s in samples)
 
 
 @pytest.mark.slow
@@ -160,3 +184,33 @@ def test_bpe_pitfall_stays_low_char_reaches_99_percent() -> None:
     char = train_sequentially({**REPORT_SETTINGS, "tokenizer": "char"}, epochs=24, target=0.99, log=lambda _: None)
     assert char.final["correct"] >= 198, char.epochs
     assert not any("warning" in line for line in char.inspection)
+
+
+def demo_session() -> list[str]:
+    """The Makefile's DEMO_SESSION: the settings ``make demo`` serves."""
+    for line in (REPO_ROOT / "Makefile").read_text().splitlines():
+        if line.startswith("DEMO_SESSION ?="):
+            return shlex.split(line.partition("?=")[2])
+    raise AssertionError("the Makefile has no DEMO_SESSION")
+
+
+@pytest.mark.slow
+# One demo session of CPU-bound training (11 rounds of 3 units): 22 s on a quiet machine, 73 s on a busy one.
+def test_the_demo_session_learns_every_one_digit_sum(tmp_path: Path) -> None:
+    """The demo's settings in the simulator: at least 99 % exact answers on the 200 validation problems (drawn
+    uniformly from 0-99) and every a+b with a, b in 0..9 right, the 13 pairs never trained on included.
+
+    Measured: 199/200 and 100/100 (seed 0, the demo's); uniform operands (width_balance=0) got 194/200 and 41/100.
+    Not every seed gets there: seeds 1 and 2 end at 197/200 with 98/100 and 194/200 with 96/100."""
+    args = demo_session()
+    assert args[:2] == ["--task", "arith"]
+    assert cli.main(["simulate", *args, "--workers", "1", "--no-progress", "--out", str(tmp_path)]) == 0
+    history = [json.loads(line) for line in (tmp_path / "fedavg" / "history.jsonl").read_text().splitlines()]
+    final = history[-1]["metrics"]
+    assert final["accuracy"] >= 0.99, [entry["metrics"]["accuracy"] for entry in history]
+    package = Package.load(tmp_path / "package")
+    task = package.task
+    model = task.load(checkpoint_files.read_latest(tmp_path / "fedavg").weights)
+    sums = [make_problem(a, "+", b) for a in range(10) for b in range(10)]
+    answers = task.answers(model, encode_prompts(task.tokenizer, sums, "sums"), "sums")
+    assert [f"{p.prompt}{answer}" for p, answer in zip(sums, answers, strict=True) if answer != p.answer] == []

@@ -19,11 +19,13 @@ from server.session.bpe import (  # noqa: E402
     REPORT_ARITH_SEED,
     REPORT_NUM_EXAMPLES,
     REPORT_NUM_MERGES,
+    REPORT_WIDTH_BALANCE,
     BpeSettings,
     train_arith_bpe,
 )
 
-REPORT_ARITH = ArithSettings(seed=REPORT_ARITH_SEED, num_examples=REPORT_NUM_EXAMPLES)
+REPORT_ARITH = ArithSettings(seed=REPORT_ARITH_SEED, num_examples=REPORT_NUM_EXAMPLES,
+                             width_balance=REPORT_WIDTH_BALANCE)
 
 
 @pytest.fixture(scope="module")

@@ -12,11 +12,18 @@ pytest.importorskip("tokenizers")
 from runtime.data.tokenizer import Tokenizer  # noqa: E402
 from runtime.tasks.base import WorkUnit  # noqa: E402
 from server import cli  # noqa: E402
-from server.session.bpe import REPORT_ARITH_SEED, REPORT_NUM_EXAMPLES, REPORT_NUM_MERGES, train_for_task  # noqa: E402
+from server.session.bpe import (  # noqa: E402
+    REPORT_ARITH_SEED,
+    REPORT_NUM_EXAMPLES,
+    REPORT_NUM_MERGES,
+    REPORT_WIDTH_BALANCE,
+    train_for_task,
+)
 from server.session.package import Package, build_package  # noqa: E402
 
 SMALL = {"num_examples": 400, "chunks": 4, "validation_size": 40, "generalization_size": 20, "beyond_range_size": 5}
-REPORT = [f"seed={REPORT_ARITH_SEED}", f"num_examples={REPORT_NUM_EXAMPLES}", f"merges={REPORT_NUM_MERGES}"]
+REPORT = [f"seed={REPORT_ARITH_SEED}", f"num_examples={REPORT_NUM_EXAMPLES}", f"width_balance={REPORT_WIDTH_BALANCE}",
+          f"merges={REPORT_NUM_MERGES}"]
 
 
 def quiet(*_: object) -> None:
