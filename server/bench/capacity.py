@@ -25,6 +25,7 @@ from typing import Any
 
 import httpx
 
+from server.harness.peer import run_async
 from server.harness.relay_process import RelayProcess
 from server.harness.serve_command import ServeCommand
 from server.relay.options import RelayOptions
@@ -138,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
               f"{figures['download_cpu_ms']:.2f} ms of relay CPU each", flush=True)
         print(f"watchers: {args.watchers} event streams, {args.changes} status changes", flush=True)
         with Meter(relay, rate) as watching:
-            events = asyncio.run(watch(relay.url, args.watchers, args.changes, admin))
+            events = run_async(lambda: watch(relay.url, args.watchers, args.changes, admin))
         figures |= {"events": events, "event_cpu_ms": 1000 * watching.used / max(events, 1),
                     "watcher_change_cpu_ms": 1000 * watching.used / (args.watchers * args.changes)}
         print(f"watchers: {events} events sent, {figures['event_cpu_ms']:.3f} ms of relay CPU per event "
