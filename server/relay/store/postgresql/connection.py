@@ -5,7 +5,6 @@ and ``?`` placeholders spoken as psycopg's ``%s``."""
 from __future__ import annotations
 
 import functools
-import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -14,6 +13,7 @@ from typing import Any
 import psycopg
 
 from server.relay.store.postgresql.schema import SCHEMA
+from server.relay.store.sql.database import OneConnection
 
 # The advisory lock relays take while they create the tables (two starting at once would both try): any number,
 # the same for every relay of a database.
@@ -40,14 +40,13 @@ class _Statements:
             cursor.executemany(placeholders(sql), [tuple(row) for row in rows])  # type: ignore[arg-type]
 
 
-class Connection:
+class Connection(OneConnection[psycopg.Connection]):
     """The database at ``url`` (``postgresql://user:password@host:port/name``), one connection safe to share between
     threads: every statement runs under one lock."""
 
     def __init__(self, url: str) -> None:
         self.url = url
-        self._lock = threading.Lock()
-        self._db: psycopg.Connection | None = None
+        super().__init__()
 
     @property
     def path(self) -> Path | None:
@@ -76,21 +75,8 @@ class Connection:
                 raise
             self._db = db
 
-    @property
-    def closed(self) -> bool:
-        return self._db is None
-
-    def close(self) -> None:
-        with self._lock:
-            if self._db is not None:
-                self._db.close()
-                self._db = None
-
-    @property
-    def db(self) -> psycopg.Connection:
-        if self._db is None:
-            raise psycopg.InterfaceError("the store's PostgreSQL connection is closed")
-        return self._db
+    def closed_error(self) -> Exception:
+        return psycopg.InterfaceError("the store's PostgreSQL connection is closed")
 
     def run(self, sql: str, args: Sequence[Any] = ()) -> list[Any]:
         with self._lock:

@@ -8,6 +8,7 @@ subset both speak (``INSERT ... ON CONFLICT``, ``RETURNING``, no ``INSERT OR REP
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -71,6 +72,38 @@ class Database(Protocol):
 
     def disk_bytes(self) -> int:
         """Bytes the database takes on this machine's disk (0 for one kept by a server)."""
+
+
+class Closable(Protocol):
+    def close(self) -> None: ...
+
+
+class OneConnection[C: Closable]:
+    """What both databases' ``Database`` share: one driver connection (None while closed) under one lock, which every
+    statement takes; ``closed_error`` is the driver's own error for a call on a closed store."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._db: C | None = None
+
+    @property
+    def closed(self) -> bool:
+        return self._db is None
+
+    def close(self) -> None:
+        with self._lock:
+            if self._db is not None:
+                self._db.close()
+                self._db = None
+
+    @property
+    def db(self) -> C:
+        if self._db is None:
+            raise self.closed_error()
+        return self._db
+
+    def closed_error(self) -> Exception:
+        raise NotImplementedError
 
 
 @dataclass(frozen=True)

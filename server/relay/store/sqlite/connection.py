@@ -4,18 +4,18 @@ lock every call takes, a transaction for a call that writes more than once, and 
 from __future__ import annotations
 
 import sqlite3
-import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from server.relay.store.sql.database import OneConnection
 from server.relay.store.sqlite.schema import create_or_upgrade
 
 WAL_LIMIT_BYTES = 8 << 20  # the write-ahead log is cut back to this after a checkpoint of it
 
 
-class Connection:
+class Connection(OneConnection[sqlite3.Connection]):
     """The file's one connection, safe to share between threads (the merge runs in a worker thread): every
     statement runs under one lock, and commits on its own unless ``transaction`` groups several."""
 
@@ -23,8 +23,7 @@ class Connection:
         self.path = Path(path)
         self.durable = durable
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._lock = threading.Lock()
-        self._db: sqlite3.Connection | None = None
+        super().__init__()
 
     def open(self) -> None:
         """Connect (again, after ``close``); creates the tables of a new file and upgrades an older one."""
@@ -46,21 +45,8 @@ class Connection:
     def location(self) -> str:
         return str(self.path)
 
-    @property
-    def closed(self) -> bool:
-        return self._db is None
-
-    def close(self) -> None:
-        with self._lock:
-            if self._db is not None:
-                self._db.close()
-                self._db = None
-
-    @property
-    def db(self) -> sqlite3.Connection:
-        if self._db is None:
-            raise sqlite3.ProgrammingError(f"the store {self.path} is closed")
-        return self._db
+    def closed_error(self) -> Exception:
+        return sqlite3.ProgrammingError(f"the store {self.path} is closed")
 
     def run(self, sql: str, args: Sequence[Any] = ()) -> list[Any]:
         """One statement (its own transaction); its rows."""
