@@ -40,6 +40,11 @@ def test_the_page_shows_people_metrics_and_answers(browser: Browser, tmp_path: P
     try:
         final = train_to_the_end(browser, url, 3, relay, pages)
         page = pages[0]
+        # finished: the round's bar full, and where the model is (try it, download it)
+        wait_js(page, "document.getElementById('session-status').textContent.startsWith('finished')", 20)
+        bar = page.evaluate("[document.getElementById('round-progress').value, "
+                            "document.getElementById('round-progress').max]")
+        finished_next = page.inner_text("#finished-next") if page.is_visible("#finished-next") else ""
         wait_js(page, "document.querySelectorAll('#participants tbody tr').length >= 3", 20)
         # the table follows the status stream, which may come a little after the end: wait for the last units
         wait_js(page, "[...document.querySelectorAll('#participants tbody tr')].reduce((n, r) => n + "
@@ -80,6 +85,7 @@ def test_the_page_shows_people_metrics_and_answers(browser: Browser, tmp_path: P
         stop(relay)
 
     assert {"accuracy", "val_loss"} <= set(options)
+    assert bar[0] == bar[1] > 0 and "try it" in finished_next and "download it" in finished_next, (bar, finished_next)
     by_id = {p["peer_id"][:8]: p for p in listing}
     assert len(table) == 3 and {row[0] for row in table} == set(by_id)
     for row in table:

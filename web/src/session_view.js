@@ -45,7 +45,9 @@ function showSession(session) {
     + (p.needed > 1 ? `a round starts once ${p.needed} are connected (the host's choice)` : "no start gate: one peer alone trains every unit in turn");
   $("round").textContent = `${Math.min(session.round + 1, session.num_rounds)} of ${session.num_rounds}`;
   $("round-progress").max = session.round_progress.slots || 1;
-  $("round-progress").value = session.round_progress.done;
+  // (a finished session's round is past its last: its bar is full, not the empty bar of a round never opened)
+  $("round-progress").value = session.done ? $("round-progress").max : session.round_progress.done;
+  $("finished-next").hidden = !session.done;
   // session.waiting: what the relay says the session waits for and why (null: a peer asking now gets work)
   $("session-status").textContent = session.done ? `finished: ${session.stopped || "all rounds done"}`
     : session.merging ? "merging and validating the round"
