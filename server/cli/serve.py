@@ -13,6 +13,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import uvicorn
 
@@ -29,6 +30,9 @@ from server.relay.app import RelayPaths, create_app
 from server.relay.limits import raise_file_limit, uvicorn_settings
 from server.relay.verify import DEFAULT_VERIFY_RTOL
 from server.session.settings import add_flags
+
+if TYPE_CHECKING:
+    from server.relay.options import ServerLimits
 
 HELP = "start the relay and the page; prints the URL to join"
 DESCRIPTION = ("Start (or resume) a session and the relay that serves the page, Pyodide and the wheels, hands out "
@@ -174,8 +178,10 @@ def keep_watch(hold) -> None:  # type: ignore[no-untyped-def]
     """A thread that stops this process at once if its hold on the session is lost (the database dropped its
     connection: another relay may take the session over, and two must never serve it)."""
     def watch() -> None:
-        while hold.held():
+        while not hold.closed and hold.held():
             time.sleep(HOLD_CHECK_SECONDS)
+        if hold.closed:  # (let go on purpose: the relay stops, or never started)
+            return
         print("peertrain serve: the hold on the session was lost (its database connection dropped); stopping so "
               "that only one relay serves it", file=sys.stderr, flush=True)
         os._exit(3)
@@ -268,6 +274,15 @@ def run(args: argparse.Namespace, paths: RelayPaths | None = None) -> int:
         if hold is not None:
             keep_watch(hold)
     try:
+        return serve_session(args, paths, limits)
+    finally:
+        if hold is not None:
+            hold.close()  # (on every way out: a relay waiting to take over takes the session now)
+
+
+def serve_session(args: argparse.Namespace, paths: RelayPaths, limits: ServerLimits) -> int:
+    """Listen, open the session (unless --no-session) and serve it until stopped; 2 when it cannot."""
+    try:
         sock = bind(args.host, args.port)
     except OSError as error:
         print(f"peertrain serve: cannot listen on {args.host}:{args.port}: {error.strerror}", file=sys.stderr)
@@ -306,6 +321,4 @@ def run(args: argparse.Namespace, paths: RelayPaths | None = None) -> int:
             peers.terminate()
         if relay is not None:
             relay.close()  # (the app's lifespan closes it too; a failed start-up never ran it)
-        if hold is not None:
-            hold.close()  # (a relay waiting to take over takes the session now)
     return 0

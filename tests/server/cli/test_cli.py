@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -118,6 +120,7 @@ def test_serve_on_a_database_that_holds_another_session_refuses_and_fresh_drops_
     from server.cli.serve import open_session
     from server.cli.serve import run as serve
     from server.relay.store import StoreInUse, open_store
+    from server.relay.store.postgresql.store import SessionHold
 
     package = build_small_package(tmp_path / "package", task="majority_task:MajorityTask")
 
@@ -134,6 +137,18 @@ def test_serve_on_a_database_that_holds_another_session_refuses_and_fresh_drops_
         open_session(arguments("second"), RelayPaths())
     assert serve(arguments("second"), paths=RelayPaths()) == 2
     assert "holds another session's state" in capsys.readouterr().err
+    # The refused serve let the session's hold go, and its watch on the hold ended (a watch left behind would stop
+    # this process once the database goes)
+    hold = SessionHold(postgresql_url)
+    try:
+        assert hold.take()
+    finally:
+        hold.close()
+    for _ in range(100):  # (bounded: the watch looks every second)
+        if not any(thread.name == "session-hold" for thread in threading.enumerate()):
+            break
+        time.sleep(0.05)
+    assert not any(thread.name == "session-hold" for thread in threading.enumerate())
     kept = open_store(postgresql_url)
     try:
         assert kept.peers_listing()[0]["peer_id"] == peer_id and kept.counters() == {"results_accepted": 1}

@@ -79,6 +79,7 @@ class SessionHold:
 
     def __init__(self, url: str) -> None:
         self._db = psycopg.connect(url, autocommit=True)
+        self.closed = False
 
     def take(self) -> bool:
         """Whether this relay holds the session now (taken, or already held)."""
@@ -98,4 +99,5 @@ class SessionHold:
 
     def close(self) -> None:
         """Let the session go (the next relay waiting takes it)."""
+        self.closed = True
         self._db.close()
