@@ -35,7 +35,7 @@ from browser_helpers import (
     stop,
     wait_for_status,
 )
-from playwright.sync_api import Browser, Page
+from playwright.sync_api import Browser, Page, Route
 
 from server.harness.serve_command import ServeCommand
 from server.session.config import SessionConfig
@@ -105,12 +105,25 @@ def test_relay_killed_mid_round_resumes_and_finishes(browser: Browser, tmp_path:
                          config=SessionConfig(participants=2, passes=1), options=relay_options())
     relay, url = start_relay(serve, log_name="relay-kill-1.log")
     pages: list[Page] = []
+    refused: list[str] = []  # round 1's uploads, dropped as a lost connection drops them
+
+    def drop(route: Route) -> None:
+        refused.append(route.request.url)
+        route.abort()
+
+    round_1 = re.compile(r"/api/result\?round=1&")
     try:
         pages = open_peers(browser, url, 2)
-        wait_for_status(url, lambda s: s["round"] == 1 and s["round_progress"]["leased"] >= 1 and not s["merging"],
+        # Round 1 stays in flight until the kill, whatever the machine's speed: its uploads fail (the pages keep
+        # their leases and try again); before, a fast unit could be uploaded between the poll and the kill.
+        for page in pages:
+            page.context.route(round_1, drop)
+        wait_for_status(url, lambda s: s["round"] == 1 and s["round_progress"]["leased"] >= 1 and bool(refused),
                         timeout_s=BOOT_SECONDS + 60, what="round 1 in flight", pages=pages, relay=relay, poll_s=0.05)
         os.kill(relay.pid, signal.SIGKILL)
         relay.wait(timeout=10)
+        for page in pages:
+            page.context.unroute(round_1, drop)
         peer_ids = {page.evaluate("window.peertrain.peerId") for page in pages}
 
         port = urlsplit(url).port
