@@ -25,7 +25,7 @@ from server.relay.options import RelayOptions
 from server.relay.state import Relay
 from server.relay.store import open_store
 from server.relay.undo import REBASED
-from server.relay.verify import sampled
+from server.relay.verify import LocalReplays, sampled
 from server.session.package import Package
 from server.session.session import Session
 
@@ -280,14 +280,15 @@ def held_replays(relay: Relay) -> threading.Event:
     """Hold every host replay of ``relay`` until the returned event is set (the replays then run as they would)."""
     gate = threading.Event()
     assert relay.verification.queue is not None
-    verifier = relay.verification.queue.verifier
-    train = verifier._train
+    replays = relay.verification.queue.verifier.replays
+    assert isinstance(replays, LocalReplays)
+    train = replays._train
 
     def held(*args: Any) -> Any:
         assert gate.wait(timeout=120), "the test never released the replays"
         return train(*args)
 
-    verifier._train = held  # type: ignore[method-assign]
+    replays._train = held  # type: ignore[method-assign]
     return gate
 
 
