@@ -78,8 +78,9 @@ def run(args: argparse.Namespace) -> int:
                 if claimed.weights not in weights:
                     weights.clear()
                     weights[claimed.weights] = store.blob(claimed.weights) or b""
-                engine = engines.get(claimed.engine) or engines.setdefault(claimed.engine,
-                                                                            make_engine(claimed.engine))
+                if claimed.engine not in engines:
+                    engines[claimed.engine] = make_engine(claimed.engine)
+                engine = engines[claimed.engine]
                 message = engine.train(tasks[claimed.task], job, weights[claimed.weights], claimed.unit or None)
                 result = FinishedReplay(message, "", time.perf_counter() - started, engine.name)
             except (EngineError, TaskError, ValueError, KeyError) as error:  # (its trouble: said, no verdict)

@@ -55,10 +55,6 @@ class StoreReplays:
         self.store.count("replays_queued_for_workers")
         return future
 
-    def waiting(self) -> int:
-        with self._lock:
-            return len(self._pending)
-
     def _collect(self) -> None:
         while not self._closed.wait(self.poll_seconds):
             with self._lock:

@@ -134,6 +134,7 @@ def replayed(job: Job, weights_message: bytes, message: bytes, seconds: float, e
                                      else Codec())
     return Replay(weights, global_weights, seconds, engine)
 
+
 class LocalReplays:
     """Replays units on a pool of ``workers`` threads of this process, each with an engine of its own
     (``server.browser_assets.engines``: Pyodide under Node, the browser's engine, or native numpy)."""

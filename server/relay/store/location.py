@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -45,6 +46,18 @@ def sqlite_path(location: str | Path) -> Path:
     return Path(rest[1:])
 
 
+@contextlib.contextmanager
+def unreachable_as_unavailable() -> Iterator[None]:
+    """A database server that cannot be reached or opened, said as ``StoreUnavailable`` (psycopg's reason, which
+    never holds the URL's password)."""
+    import psycopg
+
+    try:
+        yield
+    except psycopg.OperationalError as error:
+        raise StoreUnavailable(f"the PostgreSQL store could not be opened: {error}") from None
+
+
 def is_server(location: str | Path) -> bool:
     """Whether ``location`` names a database server (``postgresql://...``) rather than a SQLite file."""
     return isinstance(location, str) and location.partition("://")[0].lower() in POSTGRESQL and "://" in location
@@ -55,14 +68,10 @@ def open_store(location: str | Path, *, clock: Callable[[], float] = time.time, 
     PostgreSQL database (``postgresql://...``, libpq's URL). ``clock`` is what "now" is for it (a simulator runs a
     virtual one); ``durable=False`` lets a SQLite file skip syncing to disk (a simulation's throwaway file)."""
     if is_server(location):
-        import psycopg  # (only where a session asks for a server)
+        from server.relay.store.postgresql import PostgreSQLStore  # (psycopg only where a session asks for it)
 
-        from server.relay.store.postgresql import PostgreSQLStore
-
-        try:
+        with unreachable_as_unavailable():
             return PostgreSQLStore(str(location), clock=clock)
-        except psycopg.OperationalError as error:
-            raise StoreUnavailable(f"the PostgreSQL store could not be opened: {error}") from None
     return SQLiteStore(sqlite_path(location), clock=clock, durable=durable)
 
 
@@ -87,14 +96,10 @@ def hold_server_session(location: str) -> SessionHold | None:
     a SQLite file, which one relay opens at a time anyway."""
     if not is_server(location):
         return None
-    import psycopg
-
     from server.relay.store.postgresql.store import SessionHold
 
-    try:
+    with unreachable_as_unavailable():
         return SessionHold(location)
-    except psycopg.OperationalError as error:
-        raise StoreUnavailable(f"the PostgreSQL store could not be opened: {error}") from None
 
 
 def erase_server_store(location: str) -> bool:

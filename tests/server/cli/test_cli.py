@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import threading
-import time
 from pathlib import Path
 
 import httpx
@@ -144,10 +143,8 @@ def test_serve_on_a_database_that_holds_another_session_refuses_and_fresh_drops_
         assert hold.take()
     finally:
         hold.close()
-    for _ in range(100):  # (bounded: the watch looks every second)
-        if not any(thread.name == "session-hold" for thread in threading.enumerate()):
-            break
-        time.sleep(0.05)
+    for watch in [thread for thread in threading.enumerate() if thread.name == "session-hold"]:
+        watch.join(timeout=10)  # (it ends at its next look, within a second of the hold's close)
     assert not any(thread.name == "session-hold" for thread in threading.enumerate())
     kept = open_store(postgresql_url)
     try:
