@@ -32,6 +32,7 @@ BENCHES: dict[str, tuple[str, ...]] = {
     "direction": ("server.bench.direction",),
     "crowd": ("server.bench.crowd",),
     "capacity": ("server.bench.capacity",),
+    "demo": ("server.bench.demo",),
 }
 
 

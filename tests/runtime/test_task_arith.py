@@ -7,23 +7,21 @@ demo session (the Makefile's DEMO_SESSION) must get every one-digit sum right.
 from __future__ import annotations
 
 import json
-import shlex
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from runtime.data.arith import IGNORE_INDEX, make_problem
+from runtime.data.arith import IGNORE_INDEX
 from runtime.data.tokenizer import EOS
 from runtime.tasks import HostServices, TaskError, load_task
-from runtime.tasks.arith import ArithTask, encode_prompts
+from runtime.tasks.arith import ArithTask
 from runtime.tasks.base import WorkUnit
 from runtime.tasks.loader import dry_run
 from server import cli
+from server.bench.demo import demo_session, one_digit_sums, wrong_sums
 from server.session import checkpoint_files
 from server.session.package import Package
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 SMALL = {"num_examples": 400, "chunks": 4, "validation_size": 40, "generalization_size": 20, "beyond_range_size": 5}
 
@@ -186,14 +184,6 @@ def test_bpe_pitfall_stays_low_char_reaches_99_percent() -> None:
     assert not any("warning" in line for line in char.inspection)
 
 
-def demo_session() -> list[str]:
-    """The Makefile's DEMO_SESSION: the settings ``make demo`` serves."""
-    for line in (REPO_ROOT / "Makefile").read_text().splitlines():
-        if line.startswith("DEMO_SESSION ?="):
-            return shlex.split(line.partition("?=")[2])
-    raise AssertionError("the Makefile has no DEMO_SESSION")
-
-
 @pytest.mark.slow
 # One demo session of CPU-bound training (11 rounds of 3 units): 22 s on a quiet machine, 73 s on a busy one.
 def test_the_demo_session_learns_every_one_digit_sum(tmp_path: Path) -> None:
@@ -208,9 +198,6 @@ def test_the_demo_session_learns_every_one_digit_sum(tmp_path: Path) -> None:
     history = [json.loads(line) for line in (tmp_path / "fedavg" / "history.jsonl").read_text().splitlines()]
     final = history[-1]["metrics"]
     assert final["accuracy"] >= 0.99, [entry["metrics"]["accuracy"] for entry in history]
-    package = Package.load(tmp_path / "package")
-    task = package.task
-    model = task.load(checkpoint_files.read_latest(tmp_path / "fedavg").weights)
-    sums = [make_problem(a, "+", b) for a in range(10) for b in range(10)]
-    answers = task.answers(model, encode_prompts(task.tokenizer, sums, "sums"), "sums")
-    assert [f"{p.prompt}{answer}" for p, answer in zip(sums, answers, strict=True) if answer != p.answer] == []
+    task = Package.load(tmp_path / "package").task
+    answered = one_digit_sums(task, checkpoint_files.read_latest(tmp_path / "fedavg").weights)
+    assert wrong_sums(answered) == []
