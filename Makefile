@@ -16,7 +16,7 @@ RUNTIME_SOURCES := $(shell find runtime -name '*.py' -o -name '*.wgsl' 2>/dev/nu
 
 .PHONY: setup demo test lint chromium nginx postgresql torch-env clean
 
-setup: $(STAMPS)/venv chromium $(STAMPS)/npm wheels/pyodide-lock.json
+setup: $(STAMPS)/venv chromium $(STAMPS)/npm wheels/pyodide-lock.json site/index.html
 
 $(STAMPS)/venv: pyproject.toml
 	@mkdir -p $(STAMPS)
@@ -44,6 +44,13 @@ $(STAMPS)/npm: web/package.json web/package-lock.json
 
 wheels/pyodide-lock.json: $(STAMPS)/venv $(STAMPS)/npm $(RUNTIME_SOURCES) server/browser_assets/wheels.py server/browser_assets/assets.py
 	$(PY) -m server.browser_assets.wheels
+
+# The documentation site the relay serves at /docs: MkDocs (mkdocs.yml) over docs/, the README and BENCHMARKS.md,
+# the HTTP API page from the relay's OpenAPI declarations; --strict fails on a broken link or a page off the nav.
+DOCS_SOURCES := mkdocs.yml README.md BENCHMARKS.md scripts/mkdocs_hooks.py $(shell find docs -type f 2>/dev/null) \
+	$(wildcard server/relay/*.py)
+site/index.html: $(STAMPS)/venv $(DOCS_SOURCES)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
 # PyTorch (and transformers, which loads `peertrain export --format hf`) is a test oracle and benchmark anchor
 # only; its CPU build exists for Python 3.11 here.
@@ -76,4 +83,4 @@ test: setup torch-env nginx postgresql lint
 	$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; [ $$rc -eq 5 ] && { echo "pytest: no tests collected"; rc=0; }; exit $$rc
 
 clean:
-	rm -rf $(STAMPS) wheels wheels.new tests/artifacts
+	rm -rf $(STAMPS) wheels wheels.new tests/artifacts site

@@ -249,11 +249,11 @@ def path_exists(base: str, name: str) -> bool:
     return any((folder / name).exists() for folder in folders)
 
 
-@pytest.mark.parametrize("document", ["README.md", "docs/architecture.md"])
+@pytest.mark.parametrize("document", ["docs/getting-started.md", "docs/architecture.md"])
 def test_the_folder_maps_match_the_tree(document: str) -> None:
     """Every path a folder map names exists, and every sub-package of server/ is on the map."""
     text = (REPO_ROOT / document).read_text()
-    generated = {"wheels/"}  # built by set-up, not in a fresh clone
+    generated = {"wheels/", "site/"}  # built by set-up, not in a fresh clone
     at_run_time = {"archive/NNN/"}  # made in a session folder
     missing = sorted({name for base, name in documented_paths(text)
                       if base not in generated and name not in at_run_time and not path_exists(base, name)})

@@ -1,5 +1,5 @@
 """``peertrain bench capacity``: what a weights download and an event-stream watcher cost the relay's CPU, for the
-capacity model in the README ("Run a public session"), beside the per-result and per-check figures ``bench crowd``
+capacity model in docs/sessions/public.md, beside the per-result and per-check figures ``bench crowd``
 and ``bench relay`` measure.
 
 A real ``peertrain serve`` on a bytetext package (its default model: the weights a crowd downloads each round), no

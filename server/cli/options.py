@@ -22,11 +22,12 @@ def merge_names() -> list[str]:
 
 
 def add_config_option(parser: argparse.ArgumentParser, command: str) -> None:
-    """``--config FILE``: the settings of a session in a TOML file (README, "Settings"); flags override it."""
+    """``--config FILE``: the settings of a session in a TOML file (docs/sessions/settings.md); flags override it."""
     parser.add_argument("--config", type=Path, metavar="FILE",
                         help=f"a TOML file of settings, keyed by their names (merge = \"fedavgm\", participants = 4, "
                         f"[merge_config] ...; examples/session.toml); a flag given here overrides the file; an "
-                        f"unknown key or a bad value is refused (the settings: {command} --help, README)")
+                        f"unknown key or a bad value is refused (the settings: {command} --help, "
+                        f"docs/sessions/settings.md)")
 
 
 def add_buffer_option(parser: Any) -> None:

@@ -68,7 +68,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     relay = parser.add_argument_group("the relay (server.relay.options.RelayOptions; a --config file's keys)")
     rounds = parser.add_argument_group("slow peers: backups and round deadlines")
     guard = parser.add_argument_group("an open session's guards (anyone with the URL can join)")
-    privacy = parser.add_argument_group("user-level differential privacy (README, \"Differential privacy\")")
+    privacy = parser.add_argument_group("user-level differential privacy (docs/sessions/privacy.md)")
     groups = {"": session, "async": asynchronous, "privacy": privacy}
     add_flags(parser, SessionConfig, "serve", groups=groups)
     add_buffer_option(asynchronous)

@@ -57,7 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="FedAdam/FedYogi/FedAdagrad without bias correction (the paper's Algorithm 2)")
     session = parser.add_argument_group("the session (server.session.config.SessionConfig; a --config file's keys)")
     stragglers = straggler_group(parser)
-    privacy = parser.add_argument_group("user-level differential privacy (README, \"Differential privacy\")")
+    privacy = parser.add_argument_group("user-level differential privacy (docs/sessions/privacy.md)")
     add_flags(parser, SessionConfig, "simulate", groups={"": session, "async": stragglers, "privacy": privacy})
     parser.add_argument("--out", type=Path, default=Path("runs/simulate"), help="output folder")
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")

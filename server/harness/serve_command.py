@@ -23,9 +23,9 @@ from server.session.settings import arguments
 
 @dataclass(frozen=True, kw_only=True)
 class ServeCommand:
-    """``peertrain serve``'s arguments as objects (README, "Settings"). None leaves serve's default: no ``config``
-    is serve's session defaults, no ``options`` its relay defaults; an admin token serve makes up and prints where
-    none is given (no ``options``, or an empty ``admin_token``)."""
+    """``peertrain serve``'s arguments as objects (docs/sessions/settings.md). None leaves serve's default: no
+    ``config`` is serve's session defaults, no ``options`` its relay defaults; an admin token serve makes up and
+    prints where none is given (no ``options``, or an empty ``admin_token``)."""
 
     task: str | None = None  # a built-in task, a file path.py or package.module[:Class] (serve's default: arith)
     task_settings: Mapping[str, Any] = field(default_factory=dict)  # the task's settings (serve's --set KEY=VALUE)

@@ -1,4 +1,5 @@
-"""The relay's Starlette application: the page, its assets and, with a relay, the session API under ``/api``.
+"""The relay's Starlette application: the page, its assets, the documentation site under ``/docs`` and, with a
+relay, the session API under ``/api``.
 
 Every request passes ``SecurityHeaders`` and ``BodyLimits`` (``server.relay.limits``: a body must arrive within
 a deadline and under a size limit, so a trickled upload cannot hold a request task for long).
@@ -16,13 +17,14 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.gzip import DEFAULT_EXCLUDED_CONTENT_TYPES, GZipMiddleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-from starlette.routing import BaseRoute, Route
+from starlette.responses import JSONResponse, RedirectResponse, Response
+from starlette.routing import BaseRoute, Mount, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from server.paths import REPO_ROOT
 from server.relay import admin_endpoints, endpoints, peer_endpoints, static, storage
+from server.relay.docs_site import DocsSite
 from server.relay.limits import NO_BODY_LIMIT, BodyLimits, plain_refusal_response
 from server.relay.options import ServerLimits
 from server.relay.state import Relay
@@ -58,6 +60,7 @@ class RelayPaths:
 
     web: Path = field(default_factory=lambda: REPO_ROOT / "web")
     wheels: Path = field(default_factory=lambda: REPO_ROOT / "wheels")
+    docs: Path = field(default_factory=lambda: REPO_ROOT / "site")  # the documentation site (mkdocs build)
 
     @property
     def node_modules(self) -> Path:
@@ -78,7 +81,8 @@ class RelayPaths:
 
 
 class SecurityHeaders:
-    """Adds the Content-Security-Policy and friends to every response."""
+    """Adds the Content-Security-Policy and friends to every response (a response that brings its own policy, as
+    the documentation site's, keeps it)."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -90,8 +94,9 @@ class SecurityHeaders:
 
         async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
-                message.setdefault("headers", [])
-                message["headers"] = list(message["headers"]) + list(SECURITY_HEADERS)
+                headers = list(message.get("headers", []))
+                present = {name.lower() for name, _ in headers}
+                message["headers"] = headers + [header for header in SECURITY_HEADERS if header[0] not in present]
             await send(message)
 
         await self.app(scope, receive, send_with_headers)
@@ -156,6 +161,8 @@ def create_app(paths: RelayPaths | None = None, relay: Relay | None = None,
         Route("/pyodide/{path:path}", pyodide_files),
         Route("/wheels/{path:path}", wheels_tree.endpoint),
         Route("/vendor/{path:path}", vendor),
+        Route("/docs", lambda request: RedirectResponse("/docs/", status_code=308)),
+        Mount("/docs", app=DocsSite(paths.docs)),
     ]
     if relay is not None:
         routes.append(endpoints.API)

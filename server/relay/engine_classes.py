@@ -6,9 +6,9 @@ results must then agree exactly. ``UnitCopies`` hands out and compares the copie
 
 A class is what a peer says (when it joins, then in each result): claiming another class buys a liar nothing but
 copies from that class's peers, who agree with each other and not with it. Two colluding identities that claim a
-class of their own can confirm each other, as any two colluders can where nothing replays their results (see the
-README's bound); ``--ban-addresses`` makes them come from two addresses. The classes live in memory: after a restart
-they are learnt again from the next results.
+class of their own can confirm each other, as any two colluders can where nothing replays their results (see
+docs/sessions/defences.md's bound); ``--ban-addresses`` makes them come from two addresses. The classes live in
+memory: after a restart they are learnt again from the next results.
 """
 
 from __future__ import annotations

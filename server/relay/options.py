@@ -12,7 +12,7 @@ from server.relay.direction import DEFAULT_VERIFY_DIRECTION, PREVIOUS_STEP_SLACK
 from server.relay.verify import DEFAULT_VERIFY_ATOL, DEFAULT_VERIFY_FRACTION, DEFAULT_VERIFY_RTOL, REPLAY_WAITS
 from server.session.settings import check_fields, setting
 
-# Defaults of an open session (README, "What an open session defends against").
+# Defaults of an open session (docs/sessions/defences.md).
 DEFAULT_OUTLIER_FACTOR = 3.0
 DEFAULT_JOIN_RATE = 2.0
 DEFAULT_JOIN_BURST = 20

@@ -1,4 +1,4 @@
-"""``Refusal``: how the relay says no. Every refusal is a documented 4xx with a code (README, "Refusals")."""
+"""``Refusal``: how the relay says no. Every refusal is a documented 4xx with a code (docs/api.md)."""
 
 from __future__ import annotations
 

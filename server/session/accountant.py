@@ -1,6 +1,6 @@
 """The privacy accountant of user-level differential privacy: Google's ``dp-accounting`` (RDP), never our own sums.
 
-What the accountant is told, and why that is what the relay does (README, "Differential privacy"):
+What the accountant is told, and why that is what the relay does (docs/sessions/privacy.md):
 
 - **No amplification by sampling.** DP-FedAvg's published guarantees (McMahan et al. 2018, "Learning
   Differentially Private Recurrent Language Models", ICLR) assume each user takes part in a round with a fixed

@@ -113,12 +113,12 @@ class SessionConfig:
         help="how a result travels: none (float32 weights), int8 (its update: an int8 per entry, a scale per 256) "
         "or topk (the largest --topk-fraction of each block of its update, int8, with error feedback), or another "
         "codec registered in runtime.codecs; merged steps travel down the same way; auto: the task's default "
-        "(README, \"Compressed results\")", registry="server.session.config:CODEC_CHOICES", admin=True))
+        "(docs/sessions/relay.md, \"Compressed results\")", registry="server.session.config:CODEC_CHOICES", admin=True))
     topk_fraction: float = field(default=DEFAULT_TOPK_FRACTION, metadata=setting(
         help="topk: the share of each block's entries a result sends", above=0, maximum=1, what="a share",
         metavar="F", admin=True))
 
-    # User-level differential privacy (server.session.privacy, README "Differential privacy"): each update clipped,
+    # User-level differential privacy (server.session.privacy, docs/sessions/privacy.md): each update clipped,
     # the clipped updates averaged, Gaussian noise added; epsilon from Google's dp-accounting after every round.
     dp_noise_multiplier: float | None = field(default=None, metadata=setting(
         help="differential privacy: each round adds Gaussian noise of Z times the clip to the sum of the clipped "

@@ -413,10 +413,10 @@ def combine(cls: type, command: str, flags: Mapping[str, Any], from_file: Mappin
     return values
 
 
-# -- README's tables ----------------------------------------------------------------------------------------------
+# -- the settings page's tables (docs/sessions/settings.md) -------------------------------------------------------
 
 def takes_text(item: Declared) -> str:
-    """What a setting takes, in a README table cell: its kind, bounds or choices, and None's word."""
+    """What a setting takes, in a cell of the settings page's tables: its kind, bounds or choices, and None's word."""
     choices = item.literal or item.setting.choices
     if choices:
         text = " \\| ".join(f"`{c}`" for c in choices)
@@ -431,7 +431,7 @@ def takes_text(item: Declared) -> str:
 
 
 def markdown_table(cls: type, commands: Sequence[str] = COMMANDS) -> str:
-    """README's table of ``cls``'s settings: the file key, the flags, the default (per command where they
+    """The settings page's table of ``cls``'s settings: the file key, the flags, the default (per command where they
     differ), what it takes, the commands that have it, what it does."""
     rows = ["| key | flag | default | takes | " + " | ".join(commands) + " | what it does |",
             "| --- | --- | --- | --- | " + " | ".join("---" for _ in commands) + " | --- |"]

@@ -5,7 +5,7 @@ import * as cartpole from "./drawings/cartpole.js";
 const DRAWINGS = new Map([["cartpole", cartpole.drawEpisode]]);
 
 // Draws the answer's frames (if it has any) with its task's drawing. Frames from a task without a drawing of
-// its own are drawn as a cart and pole: README's respond contract names them [[x, angle], ...].
+// its own are drawn as a cart and pole: the task's respond contract (docs/tasks/writing.md) names them [[x, angle], ...].
 export function drawAnswer(canvas, taskName, answer) {
   if (!answer.frames) return;
   (DRAWINGS.get(taskName) || cartpole.drawEpisode)(canvas, answer.frames);

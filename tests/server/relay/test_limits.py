@@ -71,11 +71,11 @@ def test_serve_shows_the_limits_with_their_defaults() -> None:
 
 
 def test_the_limits_are_declared_once_with_the_relays_options(tmp_path: Path) -> None:
-    """The flags, a --config file's keys, the bounds and README's table all come from ``ServerLimits``."""
+    """The flags, a --config file's keys, the bounds and the settings page's table all come from ``ServerLimits``."""
     assert tuple(item.flag for item in declarations(ServerLimits)) == LIMIT_FLAGS
     names = [set(declared(cls)) for cls in (SessionConfig, RelayOptions, ServerLimits)]
     assert all(a.isdisjoint(b) for a, b in itertools.combinations(names, 2))  # one file namespace for all three
-    assert markdown_table(ServerLimits, ("serve",)) in (REPO_ROOT / "README.md").read_text()
+    assert markdown_table(ServerLimits, ("serve",)) in (REPO_ROOT / "docs" / "sessions" / "settings.md").read_text()
     config = tmp_path / "serve.toml"
     config.write_text("header_timeout = 4\nbacklog = 64\nparticipants = 2\n")
     args = serve_parser().parse_args(["--config", str(config), "--backlog", "128"])  # a flag overrides the file

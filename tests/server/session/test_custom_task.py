@@ -1,7 +1,9 @@
-"""Custom task modules: the README's example works end to end; broken modules get errors that name the problem."""
+"""Custom task modules: the README's and the docs' examples work end to end; broken modules get errors that name
+the problem."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -15,12 +17,23 @@ from server.session.package import Package, build_package
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 EXAMPLE = REPO_ROOT / "examples" / "majority_task.py"
+README_EXAMPLE = REPO_ROOT / "examples" / "circle_task.py"
 
 
-def test_readme_shows_the_example_file_verbatim() -> None:
-    readme = (REPO_ROOT / "README.md").read_text()
-    blocks = re.findall(r"```python\n(.*?)```", readme, flags=re.S)
-    assert EXAMPLE.read_text() in blocks
+@pytest.mark.parametrize(("document", "example"), [("README.md", README_EXAMPLE), ("docs/tasks/writing.md", EXAMPLE)])
+def test_the_documents_show_the_example_files_verbatim(document: str, example: Path) -> None:
+    blocks = re.findall(r"```python\n(.*?)```", (REPO_ROOT / document).read_text(), flags=re.S)
+    assert example.read_text() in blocks
+
+
+def test_the_readme_task_is_short_and_learns_in_the_simulator(tmp_path: Path) -> None:
+    """The README's task, as its commands run it: `simulate -k 3 --passes 2` ends above 95 % accuracy."""
+    assert len(README_EXAMPLE.read_text().splitlines()) <= 50
+    out = tmp_path / "out"
+    assert cli.main(["simulate", "--task", str(README_EXAMPLE), "-k", "3", "--passes", "2", "--workers", "1",
+                     "--no-progress", "--out", str(out)]) == 0
+    history = [json.loads(line) for line in next(out.glob("*/history.jsonl")).read_text().splitlines()]
+    assert len(history) == 4 and history[-1]["metrics"]["accuracy"] > 0.95
 
 
 def test_example_task_packages_and_learns(tmp_path: Path) -> None:

@@ -127,21 +127,24 @@ def test_the_admin_schema_is_the_declaration() -> None:
     assert set(declared(SessionConfig)).isdisjoint(declared(RelayOptions))  # one file namespace for both
 
 
-def test_every_option_is_in_the_readme() -> None:
+def test_every_option_is_in_the_readme_and_the_settings_page() -> None:
+    """The README lists every option by command; the settings page says what each does."""
     from server.cli import serve, simulate
 
-    readme = (REPO_ROOT / "README.md").read_text()
+    documents = {name: (REPO_ROOT / name).read_text() for name in ("README.md", "docs/sessions/settings.md")}
     for command, module in (("serve", serve), ("simulate", simulate)):
         parser = argparse.ArgumentParser()
         module.add_arguments(parser)
         flags = [flag for action in parser._actions for flag in action.option_strings
                  if flag.startswith("--") and flag != "--help"]
-        missing = [flag for flag in flags if f"`{flag}" not in readme]
-        assert missing == [], f"{command} options missing from README.md: {missing}"
+        for name, text in documents.items():
+            missing = [flag for flag in flags if f"`{flag}" not in text]
+            assert missing == [], f"{command} options missing from {name}: {missing}"
     # The tables are the declarations' (regenerate them with markdown_table after a change), and the example is
     # the file a test reads.
-    assert markdown_table(SessionConfig) in readme and markdown_table(RelayOptions) in readme
-    assert f"```toml\n{EXAMPLE_CONFIG.read_text()}```" in readme
+    settings = documents["docs/sessions/settings.md"]
+    assert markdown_table(SessionConfig) in settings and markdown_table(RelayOptions) in settings
+    assert f"```toml\n{EXAMPLE_CONFIG.read_text()}```" in settings
 
 
 def test_the_example_file_round_trips(tmp_path: Path) -> None:

@@ -91,6 +91,6 @@ def test_peer_folders_and_their_files(tmp_path: Path) -> None:
 def test_readme_shows_the_csv_example_file_verbatim() -> None:
     import re
 
-    readme = (REPO_ROOT / "README.md").read_text()
+    readme = (REPO_ROOT / "docs" / "tasks" / "local-data.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", readme, flags=re.S)
     assert CSV_TASK.read_text() in blocks
