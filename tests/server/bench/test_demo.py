@@ -80,7 +80,7 @@ def test_the_recorded_demo_is_quoted_word_for_word(page: str) -> None:
 
 @pytest.mark.slow
 def test_a_short_demo_in_one_browser_is_timed_and_asked(tmp_path: Path) -> None:
-    """One peer, one pass of a small package (3 rounds): about 15 s with Chromium's start."""
+    """One peer, one pass of a small package (3 rounds): 15-30 s with Chromium's start and the simulator's."""
     record = tmp_path / "demo.json"
     small = "--set num_examples=600 --set validation_size=40 --set generalization_size=20 " \
             "--set beyond_range_size=5 --set epochs=1 --passes 1"
