@@ -201,6 +201,14 @@ class Task:
             raise TaskError(f"task {self.name!r}: unit {unit.index} has no data to count")
         return int(unit.data.shape[0]) if unit.data.ndim else 1
 
+    def unit_flops(self, unit: WorkUnit, num_examples: int) -> float:
+        """The training FLOPs of one unit as the relay counts them for a volunteer's credit, never as a peer claims:
+        about 6 per weight per example a pass (a forward and a backward pass, Kaplan et al.'s rule), times the
+        passes a unit makes (the task's ``epochs`` setting, else 1). ``num_examples`` is the relay's own count
+        (``unit_examples``, or an experience unit's report capped by ``max_examples_per_unit``)."""
+        epochs = getattr(self.settings, "epochs", 1)
+        return 6.0 * self.spec().size * num_examples * max(1, int(epochs) if isinstance(epochs, int | float) else 1)
+
     def max_examples_per_unit(self) -> int | None:
         """Experience and local tasks: the most examples one unit can honestly report (e.g. episodes x the step
         limit, or the rows a local unit trains on at most); None (the default) means no cap is known, and the relay

@@ -78,6 +78,12 @@ class LMTask(Task):
         example count the unit reports."""
         raise NotImplementedError
 
+    def unit_flops(self, unit: WorkUnit, num_examples: int) -> float:
+        """6 FLOPs per weight per token the unit trains on: its batches' rows (``batch_plan``) times their length."""
+        inputs, _, _ = self.unit_tokens(unit)
+        plan = self.batch_plan(len(inputs), np.random.default_rng(np.random.SeedSequence([unit.seed, 7])))
+        return 6.0 * self.spec().size * sum(len(rows) for rows in plan) * inputs.shape[1]
+
     def batch_plan(self, count: int, rng: np.random.Generator) -> list[np.ndarray]:
         """The rows of each step's batch: ``steps`` batches of ``batch_size`` rows drawn at random."""
         size = min(self.settings.batch_size, count)

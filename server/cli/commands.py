@@ -7,10 +7,10 @@ import argparse
 from collections.abc import Sequence
 from types import ModuleType
 
-from server.cli import bench, export, package, peers, serve, simulate, verify_worker
+from server.cli import bench, credit, export, package, peers, serve, simulate, verify_worker
 
 COMMANDS: dict[str, ModuleType] = {"serve": serve, "peers": peers, "package": package, "simulate": simulate,
-                                   "export": export, "bench": bench, "verify-worker": verify_worker}
+                                   "export": export, "credit": credit, "bench": bench, "verify-worker": verify_worker}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -25,10 +25,16 @@ class Bans:
         self.on_unban = on_unban  # (the replays' record of the peer starts afresh: server.relay.coverage)
 
     def ban(self, peer_id: str, reason: str) -> None:
+        """Ban the peer, and every other peer of its volunteer (each worker and tab of the same key: a ban follows
+        the key, ``server.relay.volunteers``)."""
         store, round_index = self.context.store, self.context.session.round
         if store.ban_reason(peer_id) is None:
             store.ban(peer_id, reason)
             store.count("peers_banned")
+            volunteer = store.volunteer_of(peer_id)
+            for sibling in store.volunteer_peers(volunteer) if volunteer else []:
+                if store.ban_reason(sibling) is None:
+                    self.ban(sibling, f"the same volunteer as {peer_id}: {reason}")
         released = store.release_leases_of(peer_id)
         if released:
             store.count("leases_released_by_ban", released)
@@ -47,8 +53,13 @@ class Bans:
         self.ban(peer_id, f"claimed more examples than its unit holds ({message})")
 
     def unban(self, peer_id: str) -> bool:
-        lifted = self.context.store.unban(peer_id)
-        if lifted:
-            self.on_unban(peer_id)
+        """Lift the peer's ban, and its volunteer's other peers' (the key's ban is one ban)."""
+        store = self.context.store
+        volunteer = store.volunteer_of(peer_id)
+        lifted = False
+        for peer in {peer_id, *(store.volunteer_peers(volunteer) if volunteer else [])}:
+            if store.unban(peer):
+                lifted = True
+                self.on_unban(peer)
         self.context.notices.changed()
         return lifted

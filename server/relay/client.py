@@ -11,11 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
 from runtime.protocol import Joined, Receipt
+
+if TYPE_CHECKING:
+    from server.relay.volunteer_key import VolunteerKey
 
 
 class RelayRefusal(Exception):
@@ -60,12 +63,19 @@ class Call:
     follow_redirects: bool = False
 
 
-def join_call(join_code: str | None = None, ticket: str = "", engine_class: str = "") -> Call:
+def join_call(join_code: str | None = None, ticket: str = "", engine_class: str = "",
+              volunteer: dict[str, Any] | None = None) -> Call:
     """``POST /api/join``; ``ticket``: the one the last ``429 join_rate`` gave, which keeps the join's place;
-    ``engine_class``: what the peer trains on (``runtime.peer.engine_class``)."""
+    ``engine_class``: what the peer trains on (``runtime.peer.engine_class``); ``volunteer``: the proof of a
+    volunteer key (``VolunteerKey.proof``)."""
     body = ({"join_code": join_code} if join_code else {}) | ({"ticket": ticket} if ticket else {}) | (
-        {"engine_class": engine_class} if engine_class else {})
+        {"engine_class": engine_class} if engine_class else {}) | ({"volunteer": volunteer} if volunteer else {})
     return Call("POST", "/api/join", json=body, authorized=False)
+
+
+def challenge_call() -> Call:
+    """``POST /api/challenge``: what the next join signs with its volunteer key."""
+    return Call("POST", "/api/challenge", authorized=False)
 
 
 def task_call() -> Call:
@@ -133,8 +143,10 @@ class RelayClient:
     def call(self, call: Call) -> Any:
         return call.parse(self.send(call))
 
-    def join(self, join_code: str | None = None, engine_class: str = "") -> Credentials:
-        joined = Joined.from_json(self.call(join_call(join_code, engine_class=engine_class)))
+    def join(self, join_code: str | None = None, engine_class: str = "",
+             volunteer: VolunteerKey | None = None) -> Credentials:
+        proof = volunteer.proof(self.call(challenge_call())["challenge"]) if volunteer is not None else None
+        joined = Joined.from_json(self.call(join_call(join_code, engine_class=engine_class, volunteer=proof)))
         self.credentials = Credentials(joined.peer_id, joined.token)
         return self.credentials
 

@@ -305,8 +305,8 @@ class UnitCopies(Part):
                 self.store.count("quorums_without_majority")
             return []
         liars = [peer for peer in unresolved if peer not in agreeing]
-        confirmed = self.choice.confirmed
-        if set(liars) & confirmed and not {*agreeing, stored.peer_id} & confirmed:
+        confirmed, who = self.choice.confirmed, self.store.identity
+        if {who(p) for p in liars} & confirmed and not {who(p) for p in (*agreeing, stored.peer_id)} & confirmed:
             self.store.count("quorums_against_a_record")  # (newcomers that agree outvote no confirmed peer)
             return []
         for peer in agreeing:

@@ -23,10 +23,11 @@ from server.relay.verify import sampled
 class CopyChoice(Part):
     def __init__(self, context: RelayContext, classes: EngineClasses) -> None:
         self.context, self.classes = context, classes
-        self.confirmed: set[str] = set()  # peers with a result a copy agreed with (or a quorum upheld)
+        self.confirmed: set[str] = set()  # volunteers (or peers) with a result a copy agreed with (or a quorum upheld)
         self._unconfirmed: set[tuple[int, int]] = set()  # (round, slot) whose result came from a peer not confirmed
         self._chosen: set[tuple[int, int]] = set()  # (round, slot) adaptive replication chose by its peer's record
-        self.record = Coverage(context.options.verify_every, context.session.config.seed, context.options.verify_trust)
+        self.record = Coverage(context.options.verify_every, context.session.config.seed, context.options.verify_trust,
+                               identity=lambda peer_id: self.store.identity(peer_id))
 
     @property
     def adaptive(self) -> bool:
@@ -45,7 +46,7 @@ class CopyChoice(Part):
         """A slot's result came in: a newcomer's is copied; with adaptive replication, its peer's record decides."""
         if self.options.redundancy <= 0:
             return
-        chosen = peer_id not in self.confirmed
+        chosen = self.store.identity(peer_id) not in self.confirmed
         if chosen:
             self._unconfirmed.add((round_index, slot))
         elif self.adaptive:
@@ -60,12 +61,13 @@ class CopyChoice(Part):
         """A copy agreed with these peers' results (or a quorum upheld them): each has a record, one pass longer."""
         for peer in peers:
             if not self.store.ban_reason(peer):
-                self.confirmed.add(peer)
+                self.confirmed.add(self.store.identity(peer))
                 self.record.passed(peer)
 
     def restore(self) -> None:
         """After a restart: the peers a copy confirmed, read back from the store."""
-        self.confirmed |= {peer for peer in self.store.confirmed_peers() if not self.store.ban_reason(peer)}
+        self.confirmed |= {self.store.identity(peer) for peer in self.store.confirmed_peers()
+                           if not self.store.ban_reason(peer)}
 
     def forget_record(self, peer_id: str) -> None:
         """A lifted ban: the peer's record of passed copies starts afresh."""

@@ -32,6 +32,7 @@ Without ``--verify-trust`` (0, or W <= N) the window stays N and the share stays
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 DEFAULT_VERIFY_EVERY = 4
@@ -42,6 +43,8 @@ class Coverage:
     every: int  # N (0: no bound)
     seed: int
     trust: int = 0  # W: the widest window a record of passed checks earns (<= N: no trust earned)
+    # who a peer is for its record: its volunteer (every peer of one key shares one record), or itself
+    identity: Callable[[str], str] = field(default=lambda peer_id: peer_id)
     _unchecked: dict[str, int] = field(default_factory=dict)  # accepted results since the peer's last check
     _checks: dict[str, int] = field(default_factory=dict)  # checks so far: which draw places the next one
     _passed: dict[str, int] = field(default_factory=dict)  # checks passed in a row (the record trust is earned by)
@@ -49,41 +52,49 @@ class Coverage:
 
     def window(self, peer_id: str) -> int:
         """The size of the peer's open window: N, or with trust N times 2 to the checks passed in a row, up to W."""
+        peer_id = self.identity(peer_id)
         return self._windows.get(peer_id, self.every)
 
     def earned(self, peer_id: str) -> int:
         """How many checks in a row the peer passed (its record; 0 without ``trust``)."""
+        peer_id = self.identity(peer_id)
         return self._passed.get(peer_id, 0)
 
     def share(self, fraction: float, peer_id: str) -> float:
         """The random share for this peer: ``fraction``, halved for each check passed in a row (with trust)."""
+        peer_id = self.identity(peer_id)
         return fraction if fraction >= 1 else fraction / 2 ** min(self.earned(peer_id), 60)
 
     def passed(self, peer_id: str) -> None:
         """A check of the peer passed: one more on its record (the window it opens next is wider)."""
+        peer_id = self.identity(peer_id)
         if self.trust > self.every > 0:
             self._passed[peer_id] = self._passed.get(peer_id, 0) + 1
 
     def forget(self, peer_id: str) -> None:
         """The peer's record starts afresh (its ban was lifted): the narrowest window from its next check."""
+        peer_id = self.identity(peer_id)
         self._passed.pop(peer_id, None)
         self._windows.pop(peer_id, None)
 
     def position(self, peer_id: str) -> int:
         """Which accepted result after the peer's last check is checked, 1..window (a seeded draw per window)."""
+        peer_id = self.identity(peer_id)
         window = self._checks.get(peer_id, 0)
         digest = hashlib.sha256(f"coverage:{self.seed}:{peer_id}:{window}".encode()).digest()
         return 1 + int.from_bytes(digest[:8], "little") % self.window(peer_id)
 
     def due(self, peer_id: str) -> bool:
         """Whether the peer's next accepted result must be checked."""
+        peer_id = self.identity(peer_id)
         return self.every > 0 and self._unchecked.get(peer_id, 0) + 1 >= self.position(peer_id)
 
     def unchecked(self, peer_id: str) -> int:
-        return self._unchecked.get(peer_id, 0)
+        return self._unchecked.get(self.identity(peer_id), 0)
 
     def note(self, peer_id: str, *, checked: bool) -> None:
         """An accepted result of the peer: checked (a new window opens) or not (the window goes on)."""
+        peer_id = self.identity(peer_id)
         if checked:
             self._unchecked[peer_id] = 0
             self._checks[peer_id] = self._checks.get(peer_id, 0) + 1

@@ -6,7 +6,11 @@ JSON unless noted; weights, chunks and results are binary wire messages (``runti
     GET  /api/task                 what a peer needs to build the task (import name, settings, assets, spec,
                                    and the relay's limits a peer should follow: ``limits``)
     GET  /api/events               server-sent events: the session status after every change
-    POST /api/join                 {"join_code"?} -> {"peer_id", "token"}
+    POST /api/challenge            -> {"challenge"}: what a join signs with its page's volunteer key
+    POST /api/join                 {"join_code"?, "volunteer"?: {public_key, challenge, signature, name?, team?}}
+                                   -> {"peer_id", "token", "volunteer"?}
+    POST /api/volunteer            (peer) {"name"?, "team"?}: the volunteer's display name and team
+    GET  /api/credit[?top=N&volunteer=V]     credit for verified work: the leaderboard, teams, one's own place
     POST /api/leave                (peer) -> {"released": n}: the peer is going; its leases are freed at once
     POST /api/work[?hold=S]        (peer) -> an assignment with a lease deadline, or {"wait": s, "reason"};
                                    with hold, a "wait" answer is held up to S s (at most MAX_HOLD_SECONDS and
@@ -55,6 +59,7 @@ from server.relay.peer_endpoints import join, leave, result, unit, work
 from server.relay.refusal import Refusal
 from server.relay.requests import relay_of
 from server.relay.state import Relay
+from server.relay.volunteer_endpoints import challenge, credit, volunteer
 from server.relay.weights_endpoints import weights, weights_chain, weights_named
 
 KEEP_ALIVE_SECONDS = 10.0  # an idle event stream sends a comment this often, so proxies keep it open
@@ -149,7 +154,10 @@ API = Mount(API_PREFIX, routes=[
     Route("/task", task_info),
     Route("/events", events),
     Route("/openapi.json", openapi_document),
+    Route("/challenge", challenge, methods=["POST"]),
     Route("/join", join, methods=["POST"]),
+    Route("/volunteer", volunteer, methods=["POST"]),
+    Route("/credit", credit),
     Route("/work", work, methods=["POST"]),
     Route("/leave", leave, methods=["POST"]),
     Route("/weights", weights),

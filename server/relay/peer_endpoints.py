@@ -27,6 +27,7 @@ from server.relay.requests import (
     relay_of,
 )
 from server.relay.state import MAX_HOLD_SECONDS
+from server.relay.volunteers import MAX_NAME_CHARS, parse_proof
 
 JOIN_BODY_LIMIT = 4096  # bytes: a join body holds at most a join code
 MAX_TICKET_CHARS = 100  # a join's ticket (server.relay.admission): a longer one is not one the relay gave
@@ -38,16 +39,22 @@ MAX_INDEX_DIGITS = 18  # a unit index in a path: int() of a longer digit string 
     summary="join the session: a peer id and its token",
     body=Body(schema={"type": "object", "properties": {
         "join_code": {"type": "string"}, "ticket": {"type": "string"},
-        "engine_class": {"type": "string", "maxLength": MAX_ENGINE_CLASS_CHARS}}},
+        "engine_class": {"type": "string", "maxLength": MAX_ENGINE_CLASS_CHARS},
+        "volunteer": {"type": "object", "properties": {
+            "public_key": {"type": "string"}, "challenge": {"type": "string"}, "signature": {"type": "string"},
+            "name": {"type": "string", "maxLength": MAX_NAME_CHARS},
+            "team": {"type": "string", "maxLength": MAX_NAME_CHARS}}}}},
               description=f"at most {JOIN_BODY_LIMIT} bytes; an empty body is {{}}; ticket: the one a 429 join_rate "
               "gave this address, which keeps the join's place in the address's queue; engine_class: what the peer "
               "trains on (runtime.peer.engine_class), so that a copy of its units goes to a peer of the same class "
-              "where the host cannot replay them"),
-    answers=[Answer(description="the peer's credentials (Authorization: Bearer <peer_id>:<token>)",
+              "where the host cannot replay them; volunteer: the proof of the key the page keeps (POST /api/challenge, "
+              "signed with it: server.relay.volunteers), so that its credit, record and bans last"),
+    answers=[Answer(description="the peer's credentials (Authorization: Bearer <peer_id>:<token>) and its volunteer",
                     content={JSON: {"type": "object", "required": ["peer_id", "token"],
-                                    "properties": {"peer_id": {"type": "string"}, "token": {"type": "string"}}}})],
-    refusals=[*JSON_REFUSALS, (400, "bad_engine_class"), (403, "join_code"), (403, "banned"), (429, "join_rate"),
-              (429, "too_many_peers")]))
+                                    "properties": {"peer_id": {"type": "string"}, "token": {"type": "string"},
+                                                   "volunteer": {"type": "string"}}}})],
+    refusals=[*JSON_REFUSALS, (400, "bad_engine_class"), (400, "bad_volunteer"), (403, "join_code"), (403, "banned"),
+              (403, "volunteer_proof"), (429, "join_rate"), (429, "too_many_peers")]))
 async def join(request: Request) -> Response:
     relay = relay_of(request)
     payload = await read_json_object(request, JOIN_BODY_LIMIT, "join")
@@ -57,10 +64,12 @@ async def join(request: Request) -> Response:
             not engine_class.isprintable():
         raise Refusal(400, "bad_engine_class", f"engine_class must be printable text of at most "
                       f"{MAX_ENGINE_CLASS_CHARS} characters (runtime.peer.engine_class)")
+    proof = parse_proof(payload.get("volunteer"))
     peer_id, token = relay.join(address, agent=request.headers.get("user-agent", ""),
                                 join_code=str(payload.get("join_code", "")),
-                                ticket=str(payload.get("ticket", ""))[:MAX_TICKET_CHARS], engine_class=engine_class)
-    return JSONResponse({"peer_id": peer_id, "token": token})
+                                ticket=str(payload.get("ticket", ""))[:MAX_TICKET_CHARS], engine_class=engine_class,
+                                volunteer=proof)
+    return JSONResponse({"peer_id": peer_id, "token": token} | ({"volunteer": proof.volunteer_id} if proof else {}))
 
 
 @operation(Operation(

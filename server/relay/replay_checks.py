@@ -82,7 +82,8 @@ class ReplayChecks:
                             replays=remote) if replayable else None
         self.queue = ReplayQueue(verifier, fraction=options.verify_fraction, seed=session.config.seed,
                                  every=options.verify_every, direction=options.verify_direction,
-                                 trust=options.verify_trust) if verifier else None
+                                 trust=options.verify_trust,
+                                 identity=lambda peer_id: self.context.store.identity(peer_id)) if verifier else None
 
     def refusal(self, engine: str) -> Refusal | None:
         """A result this session's replays cannot judge: trained on another engine than the replays', on a task

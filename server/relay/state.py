@@ -52,6 +52,7 @@ from server.relay.buffered import AsyncBuffer
 from server.relay.checks import EarlyRead
 from server.relay.context import Notices, RelayContext
 from server.relay.copies import UnitCopies
+from server.relay.credit import Credit
 from server.relay.jobs import Jobs
 from server.relay.merge_schedule import MergeSchedule
 from server.relay.options import RelayOptions
@@ -68,6 +69,7 @@ from server.relay.undo import BanUndo
 from server.relay.undo_rules import UndoRules
 from server.relay.uploads import Uploads
 from server.relay.verify import DISPUTE
+from server.relay.volunteers import VolunteerProof, Volunteers
 from server.session.package import Package
 from server.session.session import Session
 
@@ -90,7 +92,9 @@ class Relay:
         self.notices: Notices = context.notices
         self.admission = Admission(context)
         self.jobs = Jobs(context)
-        self.people = Participants(context)
+        self.volunteers = Volunteers(context)
+        self.credit = Credit(context)
+        self.people = Participants(context, credit=self.credit)
         undo_rules = UndoRules(context)
         self.verification = ReplayChecks(context, self.jobs, undo_rules=undo_rules, on_verdict=self.apply_verdicts)
         self.book = RoundBook(judges_direction=self.verification.judges_direction)
@@ -213,9 +217,14 @@ class Relay:
 
     # -- joining and who a request is from (server.relay.admission) ---------------------------------------
     def join(self, address: str, *, agent: str = "", join_code: str = "", ticket: str = "",
-             engine_class: str = "") -> tuple[str, str]:
-        """A new peer's credentials (``server.relay.admission``); ``engine_class``: what it says it trains on."""
+             engine_class: str = "", volunteer: VolunteerProof | None = None) -> tuple[str, str]:
+        """A new peer's credentials (``server.relay.admission``); ``engine_class``: what it says it trains on;
+        ``volunteer``: the proof of the key its page keeps (``server.relay.volunteers``), checked first."""
+        if volunteer is not None:
+            self.volunteers.prove(volunteer)
         peer_id, token = self.admission.join(address, agent=agent, join_code=join_code, ticket=ticket)
+        if volunteer is not None:
+            self.volunteers.attach(peer_id, volunteer)
         if engine_class:
             self.verification.classes.note(peer_id, engine_class)
         return peer_id, token

@@ -22,6 +22,7 @@ from server.relay.storage import StorageGuard
 from server.session.session import Session
 
 HISTORY_LENGTH = 200  # rounds of history in the status (the page's chart); the full history is exported
+CREDIT_TOP = 10  # volunteers and teams of the leaderboard the status carries (GET /api/credit has more)
 
 
 @dataclass
@@ -56,6 +57,8 @@ class StatusReport(Part):
     def status(self) -> dict[str, Any]:
         session, store, options = self.session, self.store, self.options
         active = store.active_peers(options.peer_timeout)
+        participants = self.people.participants()
+        credit = self.people.credit.table()
         return {
             **session.describe(),
             "task": session.task.describe(),
@@ -75,7 +78,10 @@ class StatusReport(Part):
             "samples_round": self.samples.round,
             "counters": store.counters(),
             "defenses": self.defenses(),
-            "participants": self.people.participants(),
+            "participants": participants,
+            "volunteers": self.people.volunteers(participants),  # (the page's table: server.relay.people)
+            "credit": {"unit": credit["unit"], "total": credit["total"], "top": credit["volunteers"][:CREDIT_TOP],
+                       "teams": credit["teams"][:CREDIT_TOP], "count": len(credit["volunteers"])},
             "public_model": options.public_model,
             "storage": self.disk.report,
             "version": self.context.notices.version,

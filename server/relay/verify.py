@@ -35,6 +35,7 @@ import hashlib
 import math
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -250,10 +251,12 @@ class ReplayQueue:
     """The replays of the open rounds: which results to replay, the pending ones, the peers already checked."""
 
     def __init__(self, verifier: Verifier, *, fraction: float, seed: int, every: int = 0,
-                 direction: float | None = None, trust: int = 0) -> None:
+                 direction: float | None = None, trust: int = 0,
+                 identity: Callable[[str], str] = lambda peer_id: peer_id) -> None:
         self.verifier, self.fraction, self.seed = verifier, fraction, seed
+        self.identity = identity  # who a peer is for its record: its volunteer (``server.relay.volunteers``) or itself
         # at most ``every`` accepted results of a peer between two checks (up to ``trust`` for a record of passes)
-        self.coverage = Coverage(every, seed, trust)
+        self.coverage = Coverage(every, seed, trust, identity=identity)
         self.direction = direction  # replay updates pointing away (``server.relay.direction``); None: never
         self.replayed: set[tuple[int, int, str]] = set()  # (round, slot, peer) results queued for a replay
         self.pending: dict[tuple[int, Any], Future[list[Verdict]]] = {}  # (round, which result(s))
@@ -261,7 +264,7 @@ class ReplayQueue:
         # (round, slot) -> a replay started when the slot was handed out, and whether a judgement counted it
         self.prepared: dict[tuple[int, int], tuple[Future[Replay], list[bool]]] = {}
         self.checked_peers: set[str] = set()  # peers with a result that passed a replay
-        self.first_queued: set[str] = set()  # peers whose first result is (or was) queued
+        self.first_queued: set[str] = set()  # volunteers (or peers) whose first result is (or was) queued
         self.seconds: dict[int, float] = {}  # replay seconds per round (the history's costs)
         self.counts: dict[int, int] = {}  # results replayed per round
 
@@ -271,8 +274,8 @@ class ReplayQueue:
         the peer's coverage window) a suspect by direction, the peer's first, the coverage bound, the sampled share."""
         if outlier:
             return "outlier"
-        first = peer_id not in self.first_queued
-        self.first_queued.add(peer_id)
+        first = self.identity(peer_id) not in self.first_queued
+        self.first_queued.add(self.identity(peer_id))
         why = (direction.describe() if self.suspect(direction) and direction is not None else
                FIRST if first else COVERAGE if self.coverage.due(peer_id) else
                SAMPLED if self._sampled(round_index, slot, peer_id) else None)
@@ -296,7 +299,7 @@ class ReplayQueue:
     def will_check(self, peer_id: str, round_index: int, slot: int) -> bool:
         """At hand-out: whether this slot's result will be replayed (the peer's first, its coverage bound, or the
         sampled share; a suspect by direction is known only when the result comes)."""
-        return peer_id not in self.first_queued or self.coverage.due(peer_id) or \
+        return self.identity(peer_id) not in self.first_queued or self.coverage.due(peer_id) or \
             self._sampled(round_index, slot, peer_id)
 
     def _sampled(self, round_index: int, slot: int, peer_id: str) -> bool:

@@ -27,6 +27,7 @@ from server.relay.client import RelayClient, result_call
 from server.relay.options import RelayOptions
 from server.relay.state import Relay
 from server.relay.store import StoredResult, open_store
+from server.relay.volunteer_key import VolunteerKey
 from server.session.package import Package, build_package
 from server.session.session import Session, SessionConfig
 
@@ -84,9 +85,10 @@ class HttpPeer(RelayClient):
     """A native peer speaking the relay's HTTP API (``server.relay.client``) through ``client`` (TestClient or
     httpx.Client): joined at once, with the task built as a browser builds it."""
 
-    def __init__(self, client: httpx.Client, *, join_code: str | None = None, engine_class: str = "") -> None:
+    def __init__(self, client: httpx.Client, *, join_code: str | None = None, engine_class: str = "",
+                 volunteer: VolunteerKey | None = None) -> None:
         super().__init__(client)
-        credentials = self.join(join_code, engine_class)
+        credentials = self.join(join_code, engine_class, volunteer=volunteer)
         self.peer_id: str = credentials.peer_id
         self.token: str = credentials.token
         self.peer = Peer(self.task())

@@ -312,6 +312,39 @@ class ReplayJobStore(Protocol):
         """Replays queued and not finished (claimed or not)."""
 
 
+class VolunteerStore(Protocol):
+    """Volunteers: a key a page proved when it joined (``server.relay.volunteers``), its peers, its name and team;
+    the rows credit is counted from (``server.relay.credit``)."""
+
+    def attach_volunteer(self, peer_id: str, volunteer_id: str, public_key: str, *, name: str | None = None,
+                         team: str | None = None) -> None:
+        """``peer_id`` is one of ``volunteer_id``'s peers (the volunteer is created on its first join, with its
+        public key); a ``name`` or ``team`` given replaces the volunteer's."""
+
+    def set_profile(self, volunteer_id: str, *, name: str | None, team: str | None) -> None:
+        """Replace the volunteer's display name and team (None: leave it)."""
+
+    def volunteer_of(self, peer_id: str) -> str:
+        """The volunteer ``peer_id`` joined as ("" for a peer that proved no key, or an unknown one)."""
+
+    def identity(self, peer_id: str) -> str:
+        """Who a peer is for its record: its volunteer, or the peer itself where it proved no key."""
+
+    def volunteer_peers(self, volunteer_id: str) -> list[str]:
+        """Every peer the volunteer joined, oldest first."""
+
+    def volunteer_banned(self, volunteer_id: str) -> str | None:
+        """Why one of the volunteer's peers is banned (None: none is)."""
+
+    def volunteers(self) -> dict[str, dict[str, Any]]:
+        """Every volunteer: its name, team, when it first and last joined."""
+
+    def credit_rows(self) -> tuple[list[tuple], list[tuple]]:
+        """The rows credit is counted from: every result (round, slot, unit index, peer, volunteer, examples,
+        verification, received, banned) and every merged arrival (merge, unit index, peer, volunteer, examples,
+        received, banned)."""
+
+
 class CounterStore(Protocol):
     def count(self, name: str, by: int = 1) -> None:
         """Add ``by`` to the counter ``name`` (created at 0)."""
@@ -321,7 +354,7 @@ class CounterStore(Protocol):
 
 
 class Store(StoreLifecycle, PeerStore, LeaseStore, ResultStore, CopyStore, ArrivalStore, BanStore, UndoStore,
-            ReplayJobStore, CounterStore, Protocol):
+            ReplayJobStore, VolunteerStore, CounterStore, Protocol):
     """The relay's session state: peers, leases, every accepted result and copy, the asynchronous buffer, bans,
     undos and counters (the contract is in this module's docstring). Open one with
     ``server.relay.store.open_store``."""
@@ -329,4 +362,4 @@ class Store(StoreLifecycle, PeerStore, LeaseStore, ResultStore, CopyStore, Arriv
 
 # Each concept's protocol, for a test that checks an implementation concept by concept.
 CONCEPTS: tuple[type, ...] = (StoreLifecycle, PeerStore, LeaseStore, ResultStore, CopyStore, ArrivalStore, BanStore,
-                              UndoStore, ReplayJobStore, CounterStore)
+                              UndoStore, ReplayJobStore, VolunteerStore, CounterStore)

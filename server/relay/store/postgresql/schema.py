@@ -3,13 +3,19 @@ types (timestamps as double precision, messages as bytea, the asynchronous buffe
 
 from __future__ import annotations
 
-TABLES = ("peers", "leases", "results", "counters", "copies", "arrivals", "bans", "undos", "blobs", "replay_jobs")
+TABLES = ("peers", "leases", "results", "counters", "copies", "arrivals", "bans", "undos", "blobs", "replay_jobs",
+          "volunteers")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS peers (
     id TEXT PRIMARY KEY, token_hash TEXT NOT NULL, joined DOUBLE PRECISION NOT NULL,
     last_seen DOUBLE PRECISION NOT NULL, agent TEXT NOT NULL DEFAULT '', units_done BIGINT NOT NULL DEFAULT 0,
-    address TEXT NOT NULL DEFAULT ''
+    address TEXT NOT NULL DEFAULT '', volunteer TEXT NOT NULL DEFAULT ''
+);
+ALTER TABLE peers ADD COLUMN IF NOT EXISTS volunteer TEXT NOT NULL DEFAULT '';
+CREATE TABLE IF NOT EXISTS volunteers (
+    id TEXT PRIMARY KEY, public_key TEXT NOT NULL, name TEXT NOT NULL DEFAULT '', team TEXT NOT NULL DEFAULT '',
+    created DOUBLE PRECISION NOT NULL, last_joined DOUBLE PRECISION NOT NULL
 );
 CREATE TABLE IF NOT EXISTS leases (
     round BIGINT NOT NULL, slot BIGINT NOT NULL, unit_index BIGINT NOT NULL, peer_id TEXT NOT NULL,

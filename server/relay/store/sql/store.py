@@ -34,11 +34,12 @@ from server.relay.store.sql.peers import SQLPeers
 from server.relay.store.sql.replay_jobs import SQLReplayJobs
 from server.relay.store.sql.results import SQLResults
 from server.relay.store.sql.undos import SQLUndos
+from server.relay.store.sql.volunteers import SQLVolunteers, VolunteerCalls
 
 CACHE_ROUNDS = 8  # rounds (of leases: (round, copy)) whose rows are kept; past that all are forgotten
 
 
-class SQLStore:
+class SQLStore(VolunteerCalls):
     """The relay's store on ``database`` (opened here), safe to share between threads. One relay process is the
     store's only writer while it serves: what it reads of the leases, copies and results it keeps until it changes
     them itself."""
@@ -55,6 +56,8 @@ class SQLStore:
         self._undos = SQLUndos(self.connection, clock)
         self._counters = SQLCounters(self.connection, clock)
         self._replays = SQLReplayJobs(self.connection, clock)
+        self._volunteers = SQLVolunteers(self.connection, clock)
+        self._identities = {}
         self._lease_cache: dict[tuple[int, int], dict[int, Lease]] = {}  # (round, copy) -> the rows, as read
         self._cache_lock = threading.RLock()
         self._copies_cache: dict[int, dict[tuple[int, str], str]] = {}  # round -> its copies' outcomes, as read

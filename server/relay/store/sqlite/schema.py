@@ -7,7 +7,12 @@ import sqlite3
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS peers (
     id TEXT PRIMARY KEY, token_hash TEXT NOT NULL, joined REAL NOT NULL, last_seen REAL NOT NULL,
-    agent TEXT NOT NULL DEFAULT '', units_done INTEGER NOT NULL DEFAULT 0, address TEXT NOT NULL DEFAULT ''
+    agent TEXT NOT NULL DEFAULT '', units_done INTEGER NOT NULL DEFAULT 0, address TEXT NOT NULL DEFAULT '',
+    volunteer TEXT NOT NULL DEFAULT ''
+);
+CREATE TABLE IF NOT EXISTS volunteers (
+    id TEXT PRIMARY KEY, public_key TEXT NOT NULL, name TEXT NOT NULL DEFAULT '', team TEXT NOT NULL DEFAULT '',
+    created REAL NOT NULL, last_joined REAL NOT NULL
 );
 CREATE TABLE IF NOT EXISTS leases (
     round INTEGER NOT NULL, slot INTEGER NOT NULL, unit_index INTEGER NOT NULL, peer_id TEXT NOT NULL,
@@ -52,7 +57,7 @@ CREATE INDEX IF NOT EXISTS replay_jobs_open ON replay_jobs (finished, id);
 
 # Columns added since the first files (table -> column -> definition): added to an older file on open.
 ADDED_COLUMNS = {
-    "peers": {"address": "TEXT NOT NULL DEFAULT ''"},
+    "peers": {"address": "TEXT NOT NULL DEFAULT ''", "volunteer": "TEXT NOT NULL DEFAULT ''"},
     "results": {"sha256": "TEXT NOT NULL DEFAULT ''", "size": "INTEGER NOT NULL DEFAULT 0",
                 "verification": "TEXT NOT NULL DEFAULT ''"},
     "copies": {"sha256": "TEXT NOT NULL DEFAULT ''"},

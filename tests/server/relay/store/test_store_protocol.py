@@ -21,10 +21,11 @@ from server.relay.store.sql.peers import SQLPeers
 from server.relay.store.sql.replay_jobs import SQLReplayJobs
 from server.relay.store.sql.results import SQLResults
 from server.relay.store.sql.undos import SQLUndos
+from server.relay.store.sql.volunteers import SQLVolunteers
 from server.relay.store.sqlite import SQLiteStore
 
 PARTS = dict(zip(CONCEPTS[1:], (SQLPeers, SQLLeases, SQLResults, SQLCopies, SQLArrivals, SQLBans, SQLUndos,
-                                SQLReplayJobs, SQLCounters), strict=True))
+                                SQLReplayJobs, SQLVolunteers, SQLCounters), strict=True))
 
 
 def members(protocol: type) -> dict[str, object]:
