@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from server.relay.options import ServerLimits
+    from server.session.metrics import MetricsTargets
 
 
 def merge_names() -> list[str]:
@@ -82,6 +83,37 @@ def read_limits(args: argparse.Namespace) -> ServerLimits:
 
     values = combine(ServerLimits, "serve", explicit(ServerLimits, args), config_file(args, "serve"), os.environ)
     return ServerLimits(**values)
+
+
+def add_metrics_options(parser: argparse.ArgumentParser, output: str) -> None:
+    """``--tensorboard DIR`` and ``--mlflow [URI]``: each round's metrics where ML people look
+    (``server.session.metrics``); ``output`` names the folder the local MLflow store goes in. Read them back with
+    ``metrics_log(args, folder)``."""
+    from server.session.metrics import LOCAL_STORE
+
+    parser.add_argument("--tensorboard", type=Path, metavar="DIR",
+                        help="also write each round's metrics (every number of its history entry: the validation "
+                        "metrics, the merge's diagnostics, the timings) and the session's settings as TensorBoard "
+                        "event files, one run per session in DIR/NAME (NAME: the session's folder); see them with "
+                        "`tensorboard --logdir DIR`; a resumed session writes on in its run")
+    parser.add_argument("--mlflow", nargs="?", const=LOCAL_STORE, metavar="URI",
+                        help="also log them to MLflow: one run per session, named after its folder, in the experiment "
+                        "\"peertrain TASK\", the settings as its params, FINISHED when the session ends; URI: a "
+                        "tracking server (http://HOST:5000) or store (sqlite:///PATH/mlflow.db); without one, a SQLite "
+                        f"store in {output}/mlflow.db (MLflow's recommended local store)")
+
+
+def metrics_targets(args: argparse.Namespace, output: Path) -> MetricsTargets | None:
+    """Where ``--tensorboard`` and ``--mlflow`` ask each session's rounds to go (the local MLflow store in ``output``),
+    checked: a ``MetricsError`` (a ValueError) says what cannot be written or reached. None without either option;
+    ``targets.log()`` is the sessions' ``round_log``."""
+    from server.session.metrics import MetricsTargets
+
+    targets = MetricsTargets.of(args.tensorboard, args.mlflow, output=output)
+    if not targets:
+        return None
+    targets.check()
+    return targets
 
 
 def add_sweep_options(parser: argparse.ArgumentParser) -> None:

@@ -20,7 +20,9 @@ import uvicorn
 from server.cli.options import (
     add_buffer_option,
     add_config_option,
+    add_metrics_options,
     add_task_options,
+    metrics_targets,
     parse_sets,
     read_limits,
     read_settings,
@@ -62,6 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "counters: postgresql://USER:PASSWORD@HOST:PORT/DATABASE (psycopg 3; one database per "
                         "session) or sqlite:///PATH (default: relay.sqlite3 in --session-dir); checkpoints and "
                         "history stay in --session-dir")
+    add_metrics_options(parser, "--session-dir")
     add_config_option(parser, "serve")
     session = parser.add_argument_group("the session (server.session.config.SessionConfig; a --config file's keys)")
     asynchronous = parser.add_argument_group("buffered asynchronous mode")
@@ -214,6 +217,7 @@ def open_session(args: argparse.Namespace, paths: RelayPaths):  # type: ignore[n
                          "or another database")
     config = SessionConfig(**config_values)  # (checked even when resuming: a bad flag is refused either way)
     session_dir.mkdir(parents=True, exist_ok=True)
+    targets = metrics_targets(args, session_dir)  # (after --fresh emptied the folder a local MLflow store goes in)
     if args.package:
         package = Package.load(args.package)
     elif (session_dir / "package" / "manifest.json").is_file():
@@ -221,26 +225,32 @@ def open_session(args: argparse.Namespace, paths: RelayPaths):  # type: ignore[n
     else:
         package = build_package(args.task, parse_sets(args.sets), session_dir / "package",
                                 seed=config_values.get("seed", 0))
-    session = Session.restore(session_dir, package) if resuming else None
-    relay_values.setdefault("verify_rtol", package.task.replay_rtol or DEFAULT_VERIFY_RTOL)
-    admin_token = relay_values.get("admin_token") or secrets.token_urlsafe(18)
-    if not relay_values.get("admin_token"):
-        print(f"admin token (shown once): {admin_token}")
-    options = RelayOptions(**{**relay_values, "admin_token": admin_token})
-    resolved = resolve(session.config if session is not None else config, options, package,
-                       force_verify=args.force_verify)
-    for note in resolved.notes:
-        print(note)
-    package.manifest["wheel"] = build_task_wheel(package.manifest, paths)
-    if session is not None:
-        print(f"resuming session in {session_dir} after round {session.round} of {session.num_rounds}")
-        if session.done:
-            print(f"that session has finished ({session.stopped or 'all rounds done'}); "
-                  "start over with --fresh (make demo DEMO_ARGS=--fresh)")
-    else:
-        session = Session.create(package, resolved.config, directory=session_dir)
-        print(f"new session in {session_dir}: {session.num_rounds} rounds of {session.config.participants} units")
-    return Relay(session=session, package=package, store=open_store(location), options=resolved.options)
+    round_log = targets.log() if targets is not None else None  # (Relay.close closes it, as the app stops)
+    try:
+        session = Session.restore(session_dir, package, round_log=round_log) if resuming else None
+        relay_values.setdefault("verify_rtol", package.task.replay_rtol or DEFAULT_VERIFY_RTOL)
+        admin_token = relay_values.get("admin_token") or secrets.token_urlsafe(18)
+        if not relay_values.get("admin_token"):
+            print(f"admin token (shown once): {admin_token}")
+        options = RelayOptions(**{**relay_values, "admin_token": admin_token})
+        resolved = resolve(session.config if session is not None else config, options, package,
+                           force_verify=args.force_verify)
+        for note in resolved.notes:
+            print(note)
+        package.manifest["wheel"] = build_task_wheel(package.manifest, paths)
+        if session is not None:
+            print(f"resuming session in {session_dir} after round {session.round} of {session.num_rounds}")
+            if session.done:
+                print(f"that session has finished ({session.stopped or 'all rounds done'}); "
+                      "start over with --fresh (make demo DEMO_ARGS=--fresh)")
+        else:
+            session = Session.create(package, resolved.config, directory=session_dir, round_log=round_log)
+            print(f"new session in {session_dir}: {session.num_rounds} rounds of {session.config.participants} units")
+        return Relay(session=session, package=package, store=open_store(location), options=resolved.options)
+    except BaseException:
+        if round_log is not None:
+            round_log.close()
+        raise
 
 
 def run(args: argparse.Namespace, paths: RelayPaths | None = None) -> int:
@@ -320,5 +330,5 @@ def serve_session(args: argparse.Namespace, paths: RelayPaths, limits: ServerLim
         if peers is not None:
             peers.terminate()
         if relay is not None:
-            relay.close()  # (the app's lifespan closes it too; a failed start-up never ran it)
+            relay.close()  # (the app's lifespan closes it too, SIGTERM's way out; a failed start-up never ran it)
     return 0

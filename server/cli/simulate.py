@@ -10,9 +10,11 @@ from typing import Any
 from server.cli.options import (
     add_buffer_option,
     add_config_option,
+    add_metrics_options,
     add_sweep_options,
     add_task_options,
     merge_names,
+    metrics_targets,
     parse_sets,
     read_settings,
     sweep_settings,
@@ -60,6 +62,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     privacy = parser.add_argument_group("user-level differential privacy (docs/sessions/privacy.md)")
     add_flags(parser, SessionConfig, "simulate", groups={"": session, "async": stragglers, "privacy": privacy})
     parser.add_argument("--out", type=Path, default=Path("runs/simulate"), help="output folder")
+    add_metrics_options(parser, "--out")
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     add_sweep_options(parser)
     add_flags(parser, RelayOptions, "simulate", groups={"rounds": stragglers})
@@ -122,6 +125,7 @@ def run(args: argparse.Namespace) -> int:
     if args.peer_speeds is not None and parallel:
         return fail(ValueError(f"{', '.join(parallel)} do not apply with --peer-speeds (its sessions run here, one "
                                "after another)"))
+    round_log = None
     try:
         common = {name: getattr(args, name) for name in MERGE_OPTIONS if getattr(args, name, None) is not None}
         merge, merge_config = config_values.pop("merge", None), config_values.pop("merge_config", {})
@@ -129,6 +133,8 @@ def run(args: argparse.Namespace) -> int:
             [MergeChoice(merge, dict(merge_config))]
         choices = with_common_settings(named, common)
         SessionConfig(**config_values)  # (settings that cannot go together are refused before anything is built)
+        targets = metrics_targets(args, Path(args.out))  # (a folder or store that cannot be used: refused here too)
+        round_log = targets.log() if targets is not None else None
         if args.package is not None:
             package = Package.load(args.package)
         else:
@@ -136,12 +142,17 @@ def run(args: argparse.Namespace) -> int:
                                     seed=config_values.get("seed", 0))
         config, options = simulated_settings(config_values, relay_values, package)
         if args.local_data or package.task.kind == "local":  # (server.simulation.local_sim)
-            return run_local(args, package, choices, config, fail)
+            return run_local(args, package, choices, config, fail, round_log)
         if args.peer_speeds is not None:
-            return run_stragglers(args, straggler_settings(args, options, config.seed), package, choices, config)
-        comparison = compare(package, choices, config, out=args.out, progress=args.progress, **sweep_settings(args))
+            return run_stragglers(args, straggler_settings(args, options, config.seed), package, choices, config,
+                                  round_log)
+        comparison = compare(package, choices, config, out=args.out, progress=args.progress, round_log=round_log,
+                             **sweep_settings(args))
     except (MergeError, PlanError, TaskError, SessionError, SweepError, FileNotFoundError, ValueError) as error:
         return fail(error)
+    finally:
+        if round_log is not None:
+            round_log.close()
     stopped = [s for s in comparison.sessions if s.stopped]
     for session in stopped:
         print(f"{session.config.name}: stopped: {session.stopped}", file=sys.stderr)
@@ -166,7 +177,8 @@ def simulated_settings(config_values: dict[str, Any], relay_values: dict[str, An
     return resolved.config, resolved.options
 
 
-def run_local(args: argparse.Namespace, package: Any, choices: list[Any], config: Any, fail: Any) -> int:
+def run_local(args: argparse.Namespace, package: Any, choices: list[Any], config: Any, fail: Any,
+              round_log: Any = None) -> int:
     """``simulate --local-data``: a local task's sessions, each simulated peer training on its own folder."""
     from server.simulation.local_sim import simulate_local
 
@@ -179,7 +191,8 @@ def run_local(args: argparse.Namespace, package: Any, choices: list[Any], config
             getattr(args, "ray", None) is not None:
         return fail(ValueError("--local-data sessions run here one after another, without --peer-speeds, --workers "
                                "or --ray"))
-    sessions = simulate_local(package, choices, args.local_data, config, out=args.out, progress=args.progress)
+    sessions = simulate_local(package, choices, args.local_data, config, out=args.out, progress=args.progress,
+                              round_log=round_log)
     for session in sessions:
         if session.stopped:
             print(f"{session.config.name}: stopped: {session.stopped}", file=sys.stderr)
@@ -228,7 +241,8 @@ def straggler_settings(args: argparse.Namespace, options: Any, seed: int) -> Any
                              hold_seconds=args.hold_seconds, away_seconds=args.away_seconds, seed=seed)
 
 
-def run_stragglers(args: argparse.Namespace, settings: Any, package: Any, choices: list[Any], base: Any) -> int:
+def run_stragglers(args: argparse.Namespace, settings: Any, package: Any, choices: list[Any], base: Any,
+                   round_log: Any = None) -> int:
     """``simulate --peer-speeds``: one session per merge choice through the relay on a virtual clock; a line per
     round, then the virtual times. Checkpoints, history and the relay's SQLite file go in ``--out``/NAME/."""
     import json
@@ -256,7 +270,8 @@ def run_stragglers(args: argparse.Namespace, settings: Any, package: Any, choice
     for choice in choices:
         config = choice_config(base, choice)
         folder = Path(args.out) / choice.slug
-        run = simulate_stragglers(package, config, settings, folder, session_dir=folder, memo=memo, on_round=progress)
+        run = simulate_stragglers(package, config, settings, folder, session_dir=folder, memo=memo, on_round=progress,
+                                  round_log=round_log)
         backups = "off" if settings.backup_after is None or asynchronous else \
             f"after {settings.backup_after:g}x the median unit"
         deadline = f", deadline {settings.round_deadline:g} s" if settings.round_deadline else ""

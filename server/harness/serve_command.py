@@ -43,6 +43,8 @@ class ServeCommand:
     tls_cert: Path | None = None
     tls_key: Path | None = None
     config_file: Path | None = None  # a TOML file of settings (the objects' flags override it)
+    tensorboard: Path | None = None  # each round's metrics as TensorBoard event files in this folder
+    mlflow: str | None = None  # ... and in this MLflow tracking URI ("local": a SQLite store in the session folder)
     extra: Sequence[str] = ()  # serve's other arguments as typed: --host, --log-level
 
     def arguments(self) -> list[str]:
@@ -51,7 +53,8 @@ class ServeCommand:
         for flag, value in (("--task", self.task), ("--package", self.package), ("--session-dir", self.session_dir),
                             ("--store", self.store),
                             ("--port", self.port), ("--peers", self.peers), ("--tls-cert", self.tls_cert),
-                            ("--tls-key", self.tls_key), ("--config", self.config_file)):
+                            ("--tls-key", self.tls_key), ("--config", self.config_file),
+                            ("--tensorboard", self.tensorboard), ("--mlflow", self.mlflow)):
             if value is not None:
                 said.append(f"{flag}={value}")
         said += [f"--set={key}={set_text(value)}" for key, value in self.task_settings.items()]

@@ -95,8 +95,9 @@ class SessionAdmin:
         schema = archive_server_store(old.location)  # (a database server's tables: into a schema of their own)
         if schema is not None:
             (archived / "store.txt").write_text(f"this session's store: schema {schema} of its PostgreSQL database\n")
-        self.start_session(Session.create(self.context.package, config, directory=directory),
-                           open_store(old.location, clock=old.clock), options)
+        session = Session.create(self.context.package, config, directory=directory,
+                                 round_log=self.context.session.round_log)  # (its metrics: a new run of the same log)
+        self.start_session(session, open_store(old.location, clock=old.clock), options)
         return archived
 
     def admin_action(self, action: str) -> None:

@@ -166,6 +166,7 @@ class Relay:
         self.uploads.close()
         self.verification.close()
         self.store.close()
+        self.session.round_log.close()  # (its metrics runs end: FINISHED if the session is done, else KILLED)
 
     # -- state the page and the CLI see ---------------------------------------------------------------------
     @property

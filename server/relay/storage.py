@@ -160,7 +160,7 @@ class StorageGuard:
         if not self.needs_reload or directory is None:
             return True
         try:
-            restored = Session.restore(directory, self.context.package)
+            restored = Session.restore(directory, self.context.package, round_log=self.context.session.round_log)
         except (OSError, sqlite3.Error, ValueError) as error:  # (anything else is a bug and propagates)
             LOG.warning("storage: the checkpoint could not be reloaded yet: %s", error)
             return False

@@ -1,7 +1,8 @@
 """Archiving a session's files so a new session can start in the same folder (``POST /api/admin/session``).
 
-The previous session's files (checkpoints, history, the relay's SQLite state) move to ``archive/NNN/``
-(the next free number), so nothing is lost; the package folder stays where it is.
+The previous session's files (checkpoints, history, the relay's SQLite state, which metrics runs it wrote) move to
+``archive/NNN/`` (the next free number), so nothing is lost; the package folder stays where it is, and so does a
+local MLflow store (``mlflow.db``: the new session is a new run in it, ``server.session.metrics``).
 """
 
 from __future__ import annotations
@@ -10,10 +11,11 @@ import shutil
 from pathlib import Path
 
 from server.session import checkpoint_files
+from server.session.metrics.log import MARKER_FILE
 
 SQLITE_FILES = ("relay.sqlite3", "relay.sqlite3-wal", "relay.sqlite3-shm")
 SESSION_FILES = (checkpoint_files.SESSION_FILE, checkpoint_files.HISTORY_FILE, checkpoint_files.LATEST_FILE,
-                 checkpoint_files.ROUNDS_DIR, checkpoint_files.BEST_DIR, *SQLITE_FILES)
+                 checkpoint_files.ROUNDS_DIR, checkpoint_files.BEST_DIR, MARKER_FILE, *SQLITE_FILES)
 
 
 def archive_session(directory: Path) -> Path:

@@ -311,6 +311,20 @@ def discard_set_aside(directory: Path) -> None:
     shutil.rmtree(directory / UNDONE_DIR, ignore_errors=True)
 
 
+def session_settings(session: Any) -> dict[str, Any]:
+    """A session's (``server.session.session.Session``) settings as its folder's ``session.json`` keeps them (and a
+    metrics run's params: ``server.session.metrics``)."""
+    package_path = getattr(session.package, "path", None)
+    return {
+        "config": session.config.to_json(),  # (codec auto resolved to the task's)
+        "package": str(Path(package_path).resolve()) if package_path is not None else None,
+        "fingerprint": session.package.fingerprint,
+        "task": session.task.describe(),
+        "plan": session.plan.to_json(),
+        "num_rounds": session.num_rounds,
+    }
+
+
 def session_state(session: Any) -> dict[str, Any]:
     """A session's (``server.session.session.Session``) state as its checkpoint's JSON keeps it."""
     return {

@@ -43,6 +43,7 @@ from server.session import streamed as streamed_round
 from server.session.checkpoint_files import split_server_state
 from server.session.config import DivergenceAction, SessionConfig, SessionError, merge_memory_bytes, privacy_settings
 from server.session.downloads import Downloads, split_download_state
+from server.session.metrics.round_log import NO_ROUND_LOG, RoundLog
 from server.session.privacy import CentralPrivacy, privacy_units
 from server.session.privacy import describe as describe_privacy
 from server.session.privacy import warm as warm_privacy
@@ -64,7 +65,8 @@ class SessionPackage(Protocol):
 class Session:
     """The round loop's state; see the module docstring. Build with ``create`` or ``restore``."""
 
-    def __init__(self, package: SessionPackage, config: SessionConfig, *, directory: Path | None = None) -> None:
+    def __init__(self, package: SessionPackage, config: SessionConfig, *, directory: Path | None = None,
+                 round_log: RoundLog | None = None) -> None:
         self.package = package
         self.task: Task = package.task
         self.data: TaskData = package.data
@@ -81,6 +83,7 @@ class Session:
         self.weights = np.array(package.initial_weights, dtype=np.float32)
         self.downloads = Downloads(config.result_codec, self.spec.size, config.seed)  # how merged steps move them
         self.directory = Path(directory) if directory is not None else None
+        self.round_log = round_log or NO_ROUND_LOG  # where each round goes besides the history (server.session.metrics)
         self.checkpoints_kept = config.keep_checkpoints  # (the relay keeps more while a ban may undo rounds)
         self.round = 0  # the next round to run = rounds completed
         self.history: list[dict[str, Any]] = []
@@ -102,28 +105,23 @@ class Session:
 
     # -- starting and resuming ------------------------------------------------------------------
     @classmethod
-    def create(cls, package: SessionPackage, config: SessionConfig, *, directory: Path | None = None) -> Session:
+    def create(cls, package: SessionPackage, config: SessionConfig, *, directory: Path | None = None,
+               round_log: RoundLog | None = None) -> Session:
         """A new session: checks the merge guard, validates the initial weights, writes the first checkpoint."""
-        session = cls(package, config, directory=directory)
+        session = cls(package, config, directory=directory, round_log=round_log)
         metrics = session.task.validate(session.weights, session.data.validation) if session.host_validates else {}
         session.initial_metrics = checkpoint.json_safe(metrics)
         session.best_metric = float(metrics[session.task.metric]) if session.host_validates else None
         if session.directory is not None:
-            package_path = getattr(package, "path", None)
-            checkpoint.write_session_config(session.directory, {
-                "config": session.config.to_json(),  # (codec auto resolved to the task's)
-                "package": str(Path(package_path).resolve()) if package_path is not None else None,
-                "fingerprint": package.fingerprint,
-                "task": session.task.describe(),
-                "plan": session.plan.to_json(),
-                "num_rounds": session.num_rounds,
-            })
+            checkpoint.write_session_config(session.directory, checkpoint.session_settings(session))
             checkpoint.rewrite_history(session.directory, [])
+            session.round_log.begin(session, new=True)
             session._save(new_entries=[], best_changed=True)
         return session
 
     @classmethod
-    def restore(cls, directory: Path, package: SessionPackage | None = None) -> Session:
+    def restore(cls, directory: Path, package: SessionPackage | None = None, *,
+                round_log: RoundLog | None = None) -> Session:
         """The session stored in ``directory`` as of its latest checkpoint (``checkpoint_files.read_latest``).
 
         ``package`` defaults to the folder named in ``session.json``; its fingerprint must match."""
@@ -138,11 +136,12 @@ class Session:
         if package.fingerprint != stored["fingerprint"]:
             raise checkpoint.CheckpointError(
                 f"{directory} was trained on package {stored['fingerprint']}, not {package.fingerprint}")
-        session = cls(package, SessionConfig.from_json(stored["config"]), directory=directory)
+        session = cls(package, SessionConfig.from_json(stored["config"]), directory=directory, round_log=round_log)
         state = session._load_point(checkpoint.read_latest(directory), checkpoint.read_best(directory).weights)
         session.history = checkpoint.read_history(directory, int(state["history_length"]))
         with contextlib.suppress(OSError):  # (a full disk: the next checkpoint writes the history whole, see _save)
             checkpoint.rewrite_history(directory, session.history)  # drop lines written after the checkpoint
+        session.round_log.begin(session, new=False)
         return session
 
     def _load_point(self, point: checkpoint.Checkpoint, best_weights: np.ndarray) -> dict[str, Any]:
@@ -458,6 +457,7 @@ class Session:
 
     def _save(self, *, new_entries: list[dict[str, Any]], best_changed: bool) -> None:
         checkpoint.save_session(self, new_entries=new_entries, best_changed=best_changed)
+        self.round_log.follow(self)
 
     # -- reporting ------------------------------------------------------------------------------
     @property

@@ -22,6 +22,7 @@ from runtime.planner import Assignment
 from runtime.tasks import Task, TaskError, UnitResult
 from runtime.tasks.local import LocalData, train_local_unit
 from server.session.local_files import folder_files, peer_folders
+from server.session.metrics import RoundLog
 from server.session.package import Package
 from server.session.plot import plot_metric
 from server.session.session import Session, SessionConfig
@@ -76,10 +77,11 @@ class LocalPeers:
 
 def run_local_session(package: Package, config: SessionConfig, peers: LocalPeers, *, directory: Path | None = None,
                       assign: Callable[[Assignment], int] | None = None,
-                      on_round: Callable[[dict[str, Any]], Any] | None = None) -> Session:
+                      on_round: Callable[[dict[str, Any]], Any] | None = None,
+                      round_log: RoundLog | None = None) -> Session:
     """One whole session of ``package``'s local task, every unit trained by the simulated peer ``assign`` names
-    (default: the module docstring's rule)."""
-    session = Session.create(package, config, directory=directory)
+    (default: the module docstring's rule); ``round_log``: where its rounds go besides the history."""
+    session = Session.create(package, config, directory=directory, round_log=round_log)
     k = session.plan.participants_per_round
     uploads = SimulatedUploads()
     while not session.done:
@@ -101,7 +103,8 @@ def judged_value(session: Session, entry: Mapping[str, Any]) -> Any:
 
 
 def simulate_local(package: Package, choices: Sequence[MergeChoice], folders: Sequence[Path], config: SessionConfig,
-                   *, out: Path, progress: bool = True, log: Callable[[str], Any] = print) -> list[Session]:
+                   *, out: Path, progress: bool = True, log: Callable[[str], Any] = print,
+                   round_log: RoundLog | None = None) -> list[Session]:
     """``peertrain simulate --local-data``: one session per merge choice on the same peers' files, one after
     another, each ``config`` with the choice's merge (``choice_config``); a line per round, then the plot and a
     table in ``out``."""
@@ -123,7 +126,8 @@ def simulate_local(package: Package, choices: Sequence[MergeChoice], folders: Se
                     f"{fed or '-'}" + (f"; epsilon {entry['privacy']['epsilon']:.3g}" if "privacy" in entry else ""))
 
         started = time.perf_counter()
-        session = run_local_session(package, chosen, peers, directory=out / choice.slug, on_round=report)
+        session = run_local_session(package, chosen, peers, directory=out / choice.slug, on_round=report,
+                                    round_log=round_log)
         log(f"{choice.label}: {session.round} rounds in {time.perf_counter() - started:.1f} s; judged by "
             f"{'the host' if session.host_validates else 'federated evaluation'}: best {session.metric} "
             f"{session.best_metric if session.best_metric is not None else '-'} "

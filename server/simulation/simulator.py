@@ -24,6 +24,7 @@ from typing import Any
 
 from runtime.merge import InvalidHyperparameter, merge_class
 from runtime.planner import RoundPlan, check_merge_guard
+from server.session.metrics import RoundLog
 from server.session.package import Package
 from server.session.plot import plot_metric
 from server.session.session import Session, SessionConfig
@@ -125,13 +126,15 @@ class Comparison:
 
 def compare(package: Package, choices: Sequence[MergeChoice], config: SessionConfig, *, out: Path,
             progress: bool = True, title: str = "", log: Callable[[str], Any] = print, engine: Engine = "local",
-            workers: int | None = None, ray_address: str | None = None) -> Comparison:
+            workers: int | None = None, ray_address: str | None = None,
+            round_log: RoundLog | None = None) -> Comparison:
     """Run one session per merge choice (same package, same plan), then write the plot and the table. Each session
     is ``config`` with the choice's merge, merge settings and label (``choice_config``).
 
     ``engine``, ``workers``, ``ray_address``: where the sessions run (``server.simulation.sweep.run_sessions``:
     in-process one after another, a local process pool, or Ray); the results are the same bits on each (not with
-    differential privacy, the config's ``dp_*`` settings: each session draws its noise from its own secret)."""
+    differential privacy, the config's ``dp_*`` settings: each session draws its noise from its own secret).
+    ``round_log``: where every session's rounds go besides its history (``server.session.metrics``)."""
     out = Path(out)
     plan = RoundPlan(package.data.num_units, config.participants, config.passes, config.seed)
     for choice in choices:  # refuse before training anything
@@ -139,7 +142,8 @@ def compare(package: Package, choices: Sequence[MergeChoice], config: SessionCon
     configs = [choice_config(config, choice) for choice in choices]
     started = time.perf_counter()
     specs = [SessionSpec(package, config, choice.slug) for choice, config in zip(choices, configs, strict=True)]
-    outcomes = run_sessions(specs, engine=engine, workers=workers, address=ray_address, progress=progress, out=out)
+    outcomes = run_sessions(specs, engine=engine, workers=workers, address=ray_address, progress=progress, out=out,
+                            round_log=round_log)
     sessions = [outcome.session for outcome in outcomes if outcome.session is not None]
     seconds = time.perf_counter() - started
     task = package.task

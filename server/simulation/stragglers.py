@@ -52,6 +52,7 @@ from server.relay.options import DEFAULT_BACKUP_AFTER, RelayOptions
 from server.relay.refusal import Refusal
 from server.relay.state import Relay
 from server.relay.store import open_store
+from server.session.metrics import RoundLog
 from server.session.package import Package
 from server.session.session import Session, SessionConfig
 
@@ -239,7 +240,8 @@ class StragglerSimulation:
 
     def __init__(self, package: Package, config: SessionConfig, settings: StragglerSettings, work_dir: Path, *,
                  session_dir: Path | None = None, memo: TrainingMemo | None = None,
-                 on_round: Callable[[dict[str, Any], float, StragglerSimulation], Any] | None = None) -> None:
+                 on_round: Callable[[dict[str, Any], float, StragglerSimulation], Any] | None = None,
+                 round_log: RoundLog | None = None) -> None:
         self.now = 0.0
         self.settings, self.package, self.on_round = settings, package, on_round
         self.memo = memo if memo is not None else TrainingMemo()
@@ -248,7 +250,7 @@ class StragglerSimulation:
                          store_path.with_name(store_path.name + "-shm")):
             leftover.unlink(missing_ok=True)
         store = open_store(store_path, clock=self.clock, durable=False)  # a simulation's file needs no durability
-        session = Session.create(package, config, directory=session_dir)
+        session = Session.create(package, config, directory=session_dir, round_log=round_log)
         self.relay = Relay(session=session, package=package, store=store, options=settings.options())
         count = settings.peers or session.plan.participants_per_round
         factors = settings.profile.factors(count, settings.seed)
@@ -447,10 +449,11 @@ class StragglerSimulation:
 def simulate_stragglers(package: Package, config: SessionConfig, settings: StragglerSettings, work_dir: Path, *,
                         session_dir: Path | None = None, memo: TrainingMemo | None = None,
                         on_round: Callable[[dict[str, Any], float, StragglerSimulation], Any] | None = None,
-                        ) -> StragglerRun:
+                        round_log: RoundLog | None = None) -> StragglerRun:
     """One session on ``package`` with ``config``, its peers and relay options from ``settings``; the relay's
     SQLite file goes in ``work_dir``, checkpoints in ``session_dir`` (None: none). ``on_round(entry, virtual
-    time, simulation)`` after each merge."""
+    time, simulation)`` after each merge; ``round_log``: where its rounds go besides the history (with a
+    ``session_dir``: ``server.session.metrics``)."""
     Path(work_dir).mkdir(parents=True, exist_ok=True)
     return StragglerSimulation(package, config, settings, work_dir, session_dir=session_dir, memo=memo,
-                               on_round=on_round).run()
+                               on_round=on_round, round_log=round_log).run()

@@ -38,6 +38,7 @@ from tqdm import tqdm
 
 from server.session import checkpoint_files as checkpoint
 from server.session.config import SessionConfig
+from server.session.metrics import RoundLog
 from server.session.package import Package
 from server.session.session import Session
 from server.simulation.sweep_worker import (
@@ -115,10 +116,13 @@ def effective_engine(engine: Engine, workers: int | None, sessions: int) -> tupl
 
 
 def run_sessions(specs: Sequence[SessionSpec], *, engine: Engine = "local", workers: int | None = None,
-                 address: str | None = None, progress: bool = True, out: Path | None = None) -> list[SessionOutcome]:
+                 address: str | None = None, progress: bool = True, out: Path | None = None,
+                 round_log: RoundLog | None = None) -> list[SessionOutcome]:
     """Run every session of ``specs``; the outcomes come in the order of ``specs``.
 
-    With ``out``, session i's folder is ``out/specs[i].name`` (written on this machine whatever the engine).
+    With ``out``, session i's folder is ``out/specs[i].name`` (written on this machine whatever the engine), and
+    ``round_log`` gets its rounds (``server.session.metrics``: always from this process, the driver: as they come in
+    process, when a worker's session comes back on a pool or on Ray).
     ``workers``: processes of the pool (default one per CPU), CPUs of an embedded Ray instance, or sessions in
     flight at once on a cluster. ``address``: the Ray cluster to join (``engine="ray"`` only). Each config is
     checked here first (the merge guard, the aggregator's assumptions), before any worker starts."""
@@ -136,7 +140,7 @@ def run_sessions(specs: Sequence[SessionSpec], *, engine: Engine = "local", work
     with RoundsBar(specs, rounds, enabled=progress, parallel=engine != "local") as bar:
         if engine == "local":
             for index, (spec, package) in enumerate(zip(specs, packages, strict=True)):
-                outcomes[index] = _run_here(index, spec, package, out, bar)
+                outcomes[index] = _run_here(index, spec, package, out, bar, round_log)
             return [o for o in outcomes if o is not None]
 
         def collect(result: JobResult) -> None:
@@ -144,7 +148,7 @@ def run_sessions(specs: Sequence[SessionSpec], *, engine: Engine = "local", work
                 raise SweepError(f"session {result.label!r} failed: {result.error}", label=result.label,
                                  worker_traceback=result.worker_traceback)
             bar.finished(result.index)
-            outcomes[result.index] = _outcome(result, packages[result.index], out)
+            outcomes[result.index] = _outcome(result, packages[result.index], out, round_log)
 
         jobs = [SessionJob(index=i, name=spec.name, config=spec.config, keep_files=out is not None,
                            package_path=str(Path(package.path).resolve()) if engine == "pool" else None)
@@ -167,7 +171,8 @@ def _load(package: Package | Path, loaded: dict[Path, Package]) -> Package:
     return loaded[path]
 
 
-def _run_here(index: int, spec: SessionSpec, package: Package, out: Path | None, bar: RoundsBar) -> SessionOutcome:
+def _run_here(index: int, spec: SessionSpec, package: Package, out: Path | None, bar: RoundsBar,
+              round_log: RoundLog | None = None) -> SessionOutcome:
     started = time.perf_counter()
     directory = out / spec.name if out is not None else None
     bar.describe(spec.label)
@@ -177,7 +182,7 @@ def _run_here(index: int, spec: SessionSpec, package: Package, out: Path | None,
         bar.report(index, session.round, spec.label, value if isinstance(value, int | float) else None)
 
     try:
-        session = train_session(package, spec.config, directory, on_round)
+        session = train_session(package, spec.config, directory, on_round, round_log if directory else None)
     except Exception as error:
         raise SweepError(f"session {spec.label!r} failed: {type(error).__name__}: {error}", label=spec.label) \
             from error
@@ -188,13 +193,16 @@ def _run_here(index: int, spec: SessionSpec, package: Package, out: Path | None,
                           seconds=time.perf_counter() - started, directory=directory, session=session)
 
 
-def _outcome(result: JobResult, package: Package, out: Path | None) -> SessionOutcome:
-    """A worker's result on the driver: its folder written under ``out`` and restored from there."""
+def _outcome(result: JobResult, package: Package, out: Path | None, round_log: RoundLog | None) -> SessionOutcome:
+    """A worker's result on the driver: its folder written under ``out`` and restored from there (its rounds to
+    ``round_log``: a new session there, whatever an earlier sweep left in the folder)."""
     directory = session = None
     if out is not None and result.files is not None:
         directory = out / result.name
         write_session_folder(directory, result.files, package)
         session = Session.restore(directory, package)
+        if round_log is not None:
+            round_log.begin(session, new=True)
     assert result.weights is not None and result.best_weights is not None
     return SessionOutcome(name=result.name, label=result.label, history=result.history, weights=result.weights,
                           best_weights=result.best_weights, best_metric=result.best_metric,

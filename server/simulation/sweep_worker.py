@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from server.session.config import SessionConfig
+from server.session.metrics import RoundLog
 from server.session.package import Package
 from server.session.session import Session
 from server.simulation.uploads import SimulatedUploads
@@ -65,10 +66,12 @@ def run_round(session: Session, uploads: SimulatedUploads | None = None) -> dict
 
 
 def train_session(package: Package, config: SessionConfig, directory: Path | None,
-                  on_round: Callable[[Session, dict[str, Any]], Any] | None = None) -> Session:
-    """A whole session (checkpoints in ``directory`` as it goes, when given) with one BLAS thread."""
+                  on_round: Callable[[Session, dict[str, Any]], Any] | None = None,
+                  round_log: RoundLog | None = None) -> Session:
+    """A whole session (checkpoints in ``directory`` as it goes, when given, and its rounds in ``round_log``) with one
+    BLAS thread."""
     with one_blas_thread():
-        session = Session.create(package, config, directory=directory)
+        session = Session.create(package, config, directory=directory, round_log=round_log)
         uploads = SimulatedUploads()
         while not session.done:
             entry = run_round(session, uploads)

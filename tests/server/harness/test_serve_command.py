@@ -30,8 +30,10 @@ def test_serve_reads_back_every_part_of_the_command(tmp_path: Path) -> None:
                            session_dir=tmp_path / "session", config=config, options=options, limits=limits, fresh=True,
                            force_verify=True, port=8123, peers=2, tls_cert=tmp_path / "cert.pem",
                            tls_key=tmp_path / "key.pem",
-                           config_file=tmp_path / "session.toml", extra=("--log-level", "info"))
+                           config_file=tmp_path / "session.toml", tensorboard=tmp_path / "tb", mlflow="local",
+                           extra=("--log-level", "info"))
     args = parsed(command.arguments())
+    assert (args.tensorboard, args.mlflow) == (tmp_path / "tb", "local")
     assert (args.task, args.package, args.session_dir, args.tls_cert, args.tls_key, args.config) == (
         "arith", tmp_path / "package", tmp_path / "session", tmp_path / "cert.pem", tmp_path / "key.pem",
         tmp_path / "session.toml")
