@@ -177,8 +177,7 @@ def run_browsers(session: list[str], peers: int, work: Path, timeout: float) -> 
     from server.harness.serve_command import ServeCommand
 
     serve = ServeCommand(session_dir=work / "session", fresh=True, peers=peers, extra=session)
-    # Stopped as Ctrl-C stops `make demo`: on SIGTERM uvicorn re-raises the signal once it has shut down, so serve
-    # dies before its `finally` ends the Chromium peers, and a peers process that has not yet seen `done` lives on.
+    # Stopped as Ctrl-C stops `make demo` (SIGTERM works too: serve ends its Chromium peers either way).
     with RelayProcess(serve, log=work / "serve.log", start_timeout_s=300.0, stop_signal=signal.SIGINT) as relay:
         print(f"browsers: relay at {relay.url}, {peers} headless Chromium peer(s) joining; log {relay.log}",
               flush=True)

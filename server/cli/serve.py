@@ -6,6 +6,7 @@ import argparse
 import os
 import secrets
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -290,6 +291,14 @@ def run(args: argparse.Namespace, paths: RelayPaths | None = None) -> int:
             hold.close()  # (on every way out: a relay waiting to take over takes the session now)
 
 
+def terminated(signum: int, frame: object) -> None:
+    """SIGTERM once uvicorn has shut down gracefully (it re-raises the signal it caught): leave through the
+    ``finally`` blocks (the headless peers stopped, the relay closed, the session's hold let go), with the exit code
+    a shell gives a process SIGTERM ended. Without it the default action killed serve before them, and a ``--peers``
+    process (with its Chromium) outlived its relay."""
+    raise SystemExit(128 + signal.SIGTERM)
+
+
 def serve_session(args: argparse.Namespace, paths: RelayPaths, limits: ServerLimits) -> int:
     """Listen, open the session (unless --no-session) and serve it until stopped; 2 when it cannot."""
     try:
@@ -324,9 +333,13 @@ def serve_session(args: argparse.Namespace, paths: RelayPaths, limits: ServerLim
     config = uvicorn.Config(create_app(paths, relay, limits), log_level=args.log_level, lifespan="on",
                             timeout_graceful_shutdown=3, ssl_certfile=args.tls_cert, ssl_keyfile=args.tls_key,
                             **uvicorn_settings(limits, on_header_timeout))
+    previous = signal.signal(signal.SIGTERM, terminated) if threading.current_thread() is threading.main_thread() \
+        else None
     try:
         uvicorn.Server(config).run(sockets=[sock])
     finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
         if peers is not None:
             peers.terminate()
         if relay is not None:

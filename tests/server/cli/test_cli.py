@@ -164,3 +164,33 @@ def test_serve_on_a_database_that_holds_another_session_refuses_and_fresh_drops_
         assert not (tmp_path / "second" / "relay.sqlite3").exists()
     finally:
         fresh.store.close()
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+@pytest.mark.skipif(bool(RelayPaths().missing()), reason="set-up has not built web/node_modules and wheels/")
+def test_serve_stopped_by_sigterm_stops_its_headless_peers(tmp_path: Path) -> None:
+    """uvicorn re-raises the SIGTERM it shut down on: serve must still leave through its own clean-up, so the
+    `--peers` process (and its Chromium) does not outlive the relay; the exit code is a shell's for SIGTERM."""
+    import time
+
+    from server.harness.relay_process import RelayProcess
+
+    def children(pid: int) -> list[int]:
+        path = Path(f"/proc/{pid}/task/{pid}/children")
+        return [int(child) for child in path.read_text().split()] if path.exists() else []
+
+    with RelayProcess(ServeCommand(no_session=True, peers=1), log=tmp_path / "serve.log") as relay:
+        assert relay.process is not None
+        deadline = time.monotonic() + 60
+        while not children(relay.process.pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        (peers,) = children(relay.process.pid)
+        code = relay.stop()
+    assert code == 143, relay.logs[-2000:]
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{peers}").exists() and time.monotonic() < deadline:  # (a zombie is reaped by init)
+        if Path(f"/proc/{peers}/stat").read_text().split()[2] == "Z":
+            break
+        time.sleep(0.1)
+    assert not Path(f"/proc/{peers}").exists() or Path(f"/proc/{peers}/stat").read_text().split()[2] == "Z"
