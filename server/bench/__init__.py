@@ -29,6 +29,7 @@ BENCHES: dict[str, tuple[str, ...]] = {
     "comm": ("server.bench.comm",),
     "privacy": ("server.bench.privacy",),
     "workers": ("server.bench.workers",),
+    "hidden-tab": ("server.bench.hidden_tab",),
     "direction": ("server.bench.direction",),
     "crowd": ("server.bench.crowd",),
     "capacity": ("server.bench.capacity",),

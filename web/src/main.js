@@ -3,6 +3,7 @@
 //   peer.js          this peer's state (window.peertrain) and the join
 //   boot.js          a worker: its start, the table of handlers for its messages, run/ask requests
 //   workers.js       how many workers train (the "Cores" control), their start and their leaving
+//   guest.js         the volunteer's rules ("Your machine"): CPU share, pause on battery, only when idle, Pause
 //   session_view.js  the session's facts, progress, defenses and samples, and the sections that follow it
 //   chart.js         the metrics chart and the round timing
 //   participants.js  "Who takes part"
@@ -11,6 +12,7 @@
 //   download.js      "Download the model"
 import { drawChart } from "./chart.js";
 import { download } from "./download.js";
+import { startGuest } from "./guest.js";
 import { listenForFiles } from "./local_files.js";
 import { $, join, peer } from "./peer.js";
 import { follow } from "./session_view.js";
@@ -18,6 +20,7 @@ import { tryModel } from "./try_model.js";
 import { startWorkers } from "./workers.js";
 
 startWorkers();
+startGuest();
 $("join").addEventListener("click", join);
 $("try-form").addEventListener("submit", tryModel);
 $("download-form").addEventListener("submit", download);

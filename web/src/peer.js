@@ -5,12 +5,13 @@ export const params = new URLSearchParams(location.search);
 export const peer = { state: "starting", versions: null, steps: [], worker: null, pending: new Map(), nextId: 1,
   session: null, activity: "not joined", unitsDone: 0, lastMetrics: null, refused: [], local: null, wantsJoin: params.has("join"),
   bytes: { sent: 0, received: 0 }, context: null, workers: [], cores: 0, coreLimit: 1, localFiles: [], longestTaskMs: 0,
-  onFirstReady: () => {}, onLeft: () => {}, onWorkerChange: () => {} };
+  pausedFor: "", share: 1, onFirstReady: () => {}, onLeft: () => {}, onWorkerChange: () => {} };
 // (bytes: this page's uploads and downloads for its units; context: a secure context, cross-origin isolation, WebGPU
 // offered, once the first worker is ready; workers: a record per training worker, worker: the first one's Worker;
-// cores: how many workers train now, coreLimit: the most the control offers; localFiles: a local task's chosen
-// files, kept to hand to a worker started later; longestTaskMs: the page's longest task since it opened (over 50 ms);
-// onFirstReady, onLeft, onWorkerChange: set by workers.js)
+// cores: how many workers the volunteer gives, coreLimit: the most the control offers; pausedFor: why the
+// volunteer's rules pause every worker now ("" when none does), share: the CPU share each worker keeps (guest.js);
+// localFiles: a local task's chosen files, kept to hand to a worker started later; longestTaskMs: the page's longest
+// task since it opened (over 50 ms); onFirstReady, onLeft, onWorkerChange: set by workers.js)
 window.peertrain = peer;
 
 export function fmt(value) {
@@ -53,14 +54,17 @@ export function maybeJoin() {
   }
   peer.joined = true;
   $("join").disabled = true;
-  setActivity("joining", "joining");
+  setActivity(peer.pausedFor || "joining", peer.pausedFor ? "paused" : "joining");
   peer.workers.forEach(joinWorker);
 }
 
-// A worker joins (or comes back) when the page has joined and it is booted and within the cores given. The first
+// How many workers train now: the cores given, or none while a rule of the volunteer's pauses the page.
+export const trainingCores = () => (peer.pausedFor ? 0 : peer.cores);
+
+// A worker joins (or comes back) when the page has joined and it is booted and within the cores training. The first
 // worker takes the device the page asked for (?device=auto|webgpu); the others train on the CPU.
 export function joinWorker(record) {
-  if (!peer.joined || record.state !== "ready" || record.joined || record.stopping || record.index >= peer.cores
+  if (!peer.joined || record.state !== "ready" || record.joined || record.stopping || record.index >= trainingCores()
       || record.banned || record.finished) return;
   record.joined = true;
   record.worker.postMessage({ type: "join", joinCode: $("join-code").value || params.get("code") || "",

@@ -7,7 +7,9 @@
 //
 // A page may run several of these workers (one per core its volunteer gives), each a peer of its own: its own token,
 // its own leases. "stop" makes a worker finish the unit in hand, upload it, leave the session (its leases freed at
-// once) and wait, booted, until it is asked to join again.
+// once) and wait, booted, until it is asked to join again. The page's CPU share (a "share" message, 0.1..1) is a
+// duty cycle kept here, not by the page's timers (which a background tab throttles): after a unit of T seconds of
+// training the worker rests T (1 - share) / share before asking for the next, holding no lease while it rests.
 //
 // All Python it calls is one module, runtime.worker (boot report, the peer, the device, training); the worker
 // runs no Python source of its own and passes nothing through pyodide.globals. The one exception is the
@@ -66,6 +68,8 @@ let credentials = null;
 let training = false;
 let stopping = false; // the page asked this worker to stop training (fewer cores given, or 0: paused)
 let wake = null; // ends a wait early when the page says stop (an abort for a held /api/work, or a sleep's timer)
+let share = 1; // the volunteer's CPU share (web/src/guest.js)
+let resting = false; // in the rest after a unit: a new share ends it early (the rest is reckoned again)
 let current = null; // the prepared task of the session being trained ("Try the model" answers with it)
 const localFiles = new Map(); // name -> Uint8Array: the files chosen in the page (they stay in this worker)
 let localNoise = { z: 0, clip: 1 }; // local differential privacy, the volunteer's choice (web/src/local_privacy.js)
@@ -123,6 +127,19 @@ function interruptible(ms) {
   }).finally(() => { wake = null; });
 }
 
+
+// The rest after a unit that took `seconds` of training, reckoned again when the share changes; "stop" ends it.
+async function rest(seconds) {
+  const started = performance.now();
+  for (;;) {
+    const left = (seconds * (1 - share)) / share - (performance.now() - started) / 1000;
+    if (left <= 0 || stopping) return;
+    const reason = `resting: CPU share ${Math.round(share * 100)} % (the next unit in ${Math.ceil(left)} s)`;
+    report("waiting", { reason, resting: left });
+    resting = true;
+    await interruptible(left * 1000).finally(() => { resting = false; });
+  }
+}
 
 // cacheable: a content-addressed answer (weights by digest): no credentials, and the browser's cache may keep it.
 async function api(path, { method = "GET", body = null, binary = false, cacheable = false, signal = null } = {}) {
@@ -346,6 +363,7 @@ async function trainLoop(joinCode, device) {
           report("refused", { job, code: error.code, message: error.message });
         } else throw error;
       }
+      await rest(seconds);
     } catch (error) {
       if (stopping && error.name === "AbortError") continue; // (the held ask the page's stop ended)
       // A result that failed the host's replay bans this peer for the session: say why and stop asking.
@@ -386,6 +404,11 @@ const handlers = {
     stopping = true;
     if (wake) wake();
     if (!training) report("left", {});
+  },
+  // The volunteer's CPU share, 0.1..1: applies from the rest in progress on.
+  share(message) {
+    share = Math.min(1, Math.max(0.1, Number(message.share) || 1));
+    if (resting && wake) wake();
   },
   // Local tasks: files chosen in the page, as { name, bytes } (an ArrayBuffer each); parsed by the task here.
   async files(message) {

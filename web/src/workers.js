@@ -9,8 +9,12 @@
 // (its leases freed at once); worker 0 then stays booted and idle (it answers "Try the model"), the others end.
 // Closing the page tells the relay that every worker leaves (a keepalive request per worker), so their units go to
 // other peers at once instead of waiting out their leases.
+//
+// The volunteer's rules (guest.js) pause the workers the same way without changing the count given: while
+// peer.pausedFor says why, no worker trains (trainingCores() is 0), and the workers within the count stay booted and
+// idle, so resuming is quick and each comes back as the same peer.
 import { startWorker } from "./boot.js";
-import { $, joinWorker, params, peer } from "./peer.js";
+import { $, joinWorker, params, peer, setActivity, trainingCores } from "./peer.js";
 
 const STORED = "peertrain.cores";
 // One worker's memory with the largest built-in model (bytelm-2.3mb) while it trains: its Pyodide's WebAssembly heap
@@ -56,6 +60,26 @@ export function showWorkers() {
   $("cores").value = String(peer.cores);
   $("cores-note").textContent = peer.cores === 0 ? "paused: no core given"
     : `${peer.cores} of this machine's ${navigator.hardwareConcurrency || 1} cores train (at most ${peer.coreLimit} offered)`;
+  $("guest-status").textContent = whatTheWorkersDo();
+}
+
+// The status line under "Join and train": why the page pauses or rests, in the words of the rule.
+function whatTheWorkersDo() {
+  const busy = peer.workers.filter((record) => record.joined);
+  if (peer.pausedFor) {
+    return busy.length ? `${peer.pausedFor} (the unit in hand finishes and uploads first)` : peer.pausedFor;
+  }
+  if (peer.cores === 0) return "paused: no core given";
+  if (!peer.joined) return peer.state === "failed" ? "cannot train: see the error below" : "not training: not joined yet";
+  if (peer.workers.length && peer.workers.every((record) => record.finished)) return "the session is over";
+  const share = `CPU share ${Math.round(peer.share * 100)} %`;
+  if (busy.length && busy.every((record) => record.activity.startsWith("resting"))) return `resting: ${share}`;
+  return peer.share < 1 ? `training (${share})` : "training";
+}
+
+// The CPU share to every worker (each keeps its own duty cycle: worker.js).
+export function sendShare() {
+  for (const record of peer.workers) record.worker.postMessage({ type: "share", share: peer.share });
 }
 
 const workerAt = (index) => peer.workers.find((record) => record.index === index);
@@ -65,25 +89,27 @@ function end(record) {
   peer.workers = peer.workers.filter((other) => other !== record);
 }
 
-// Start, join, or give back workers until `cores` of them train. Workers past the first start only once the first
-// is booted (its assets are then in the browser's cache).
+// Start, join, or give back workers until `cores` of them train (none while a rule pauses the page). Workers past
+// the first start only once the first is booted (its assets are then in the browser's cache).
 export function setCores(cores) {
   peer.cores = Math.max(0, Math.min(cores, peer.coreLimit, relayCap()));
+  const training = trainingCores();
   const first = workerAt(0);
-  for (let index = 0; index < Math.max(1, peer.cores); index += 1) {
+  for (let index = 0; index < Math.max(1, training); index += 1) {
     let record = workerAt(index);
     if (!record) {
       if (first.state !== "ready") break;
       record = startWorker(index);
+      record.worker.postMessage({ type: "share", share: peer.share });
       peer.workers = [...peer.workers, record].sort((a, b) => a.index - b.index);
     }
     record.stopping = false;
     joinWorker(record);
   }
-  for (const record of peer.workers.filter((other) => other.index >= peer.cores)) {
+  for (const record of peer.workers.filter((other) => other.index >= training)) {
     if (record.stopping) continue;
-    if (!record.joined) { // (booting, or idle: nothing to hand back)
-      if (record.index > 0) end(record);
+    if (!record.joined) { // (booting, or idle: nothing to hand back; kept while paused within the cores given)
+      if (record.index > 0 && record.index >= peer.cores) end(record);
       continue;
     }
     record.stopping = true;
@@ -96,7 +122,8 @@ export function setCores(cores) {
 peer.onLeft = (record) => {
   record.stopping = false;
   if (record.index >= peer.cores && record.index > 0) end(record);
-  else joinWorker(record); // (given again while it was leaving)
+  else joinWorker(record); // (given again while it was leaving, or the pause ended meanwhile)
+  if (peer.pausedFor && !peer.workers.some((other) => other.joined)) setActivity(peer.pausedFor, "paused");
   showWorkers();
 };
 
