@@ -208,12 +208,14 @@ class RefusalCode(StrEnum):
     BAD_CODEC = "bad_codec"
     CHAIN_MISMATCH = "chain_mismatch"
     BAD_ENGINE_CLASS = "bad_engine_class"
+    BAD_VOLUNTEER = "bad_volunteer"
     # 401
     UNAUTHORIZED = "unauthorized"
     # 403
     JOIN_CODE = "join_code"
     NOT_LEASED = "not_leased"
     BANNED = "banned"
+    VOLUNTEER_PROOF = "volunteer_proof"
     # 404, 405
     UNKNOWN_SLOT = "unknown_slot"
     UNKNOWN_UNIT = "unknown_unit"
@@ -237,6 +239,7 @@ class RefusalCode(StrEnum):
     WRONG_BASE = "wrong_base"
     SESSION_RUNNING = "session_running"
     NO_SESSION_FOLDER = "no_session_folder"
+    NO_VOLUNTEER = "no_volunteer"
     # 413
     TOO_LARGE = "too_large"
     # 422: a result (or session request) whose content is refused
@@ -279,6 +282,7 @@ ACTIONS: dict[RefusalCode, PeerAction] = {
     RefusalCode.UNKNOWN_WEIGHTS: PeerAction.REFETCH_WEIGHTS,
     RefusalCode.WRONG_BASE: PeerAction.REFETCH_WEIGHTS,
     RefusalCode.CHAIN_MISMATCH: PeerAction.REFETCH_WEIGHTS,
+    RefusalCode.VOLUNTEER_PROOF: PeerAction.REJOIN,  # the challenge ran out (a restarted relay): sign a new one
 }
 _BY_STATUS: tuple[tuple[range, PeerAction], ...] = (
     (range(401, 402), PeerAction.REJOIN),

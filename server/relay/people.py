@@ -78,7 +78,8 @@ class Participants(Part):
                 "volunteer": who, "name": profile.get("name") or handle(who), "team": profile.get("team", ""),
                 "peers": [], "workers": 0, "units_done": 0, "refusals": 0, "banned": False, "devices": [],
                 "median_unit_seconds": row["median_unit_seconds"], "last_seen_seconds": row["last_seen_seconds"],
-                "credit": credit.get(who, {}).get("total", 0.0), "rank": credit.get(who, {}).get("rank")})
+                "credit": credit.get(who, {}).get("total", 0.0), "credited_units": credit.get(who, {}).get("units", 0),
+                "rank": credit.get(who, {}).get("rank")})
             entry["peers"].append(row["peer"])
             entry["workers"] += int(row["last_seen_seconds"] <= live_within and not row["banned"])
             entry["units_done"] += row["units_done"]

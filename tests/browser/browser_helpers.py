@@ -198,3 +198,11 @@ def replay(session_dir: Path, results: Sequence[StoredResult]) -> tuple[Session,
             pairs.append((planned[result.slot], UnitResult(vector, result.num_examples, result.metrics)))
         session.complete_round(pairs)
     return session, before
+
+
+def wait_js(page: Page, expression: str, timeout_s: float) -> None:
+    """Poll ``expression`` in the page (its CSP forbids the string evaluation wait_for_function uses)."""
+    deadline = time.monotonic() + timeout_s
+    while not page.evaluate(expression):
+        assert time.monotonic() < deadline, f"{expression} did not hold in {timeout_s} s"
+        time.sleep(0.1)

@@ -5,13 +5,21 @@ model does for the same weights, the model downloads with the admin token (and w
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
-from browser_helpers import ADMIN_TOKEN, ARITH_SETTINGS, close_pages, relay_options, start_relay, stop, train_to_the_end
+from browser_helpers import (
+    ADMIN_TOKEN,
+    ARITH_SETTINGS,
+    close_pages,
+    relay_options,
+    start_relay,
+    stop,
+    train_to_the_end,
+    wait_js,
+)
 from playwright.sync_api import Browser, Page
 
 from server.harness.serve_command import ServeCommand
@@ -21,14 +29,6 @@ from server.session.export import exported_weights
 from server.session.package import Package
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
-
-
-def wait_js(page: Page, expression: str, timeout_s: float) -> None:
-    """Poll ``expression`` in the page (its CSP forbids the string evaluation wait_for_function uses)."""
-    deadline = time.monotonic() + timeout_s
-    while not page.evaluate(expression):
-        assert time.monotonic() < deadline, f"{expression} did not hold in {timeout_s} s"
-        time.sleep(0.1)
 
 
 def test_the_page_shows_people_metrics_and_answers(browser: Browser, tmp_path: Path, artifacts_dir: Path) -> None:
@@ -48,9 +48,9 @@ def test_the_page_shows_people_metrics_and_answers(browser: Browser, tmp_path: P
         wait_js(page, "document.querySelectorAll('#participants tbody tr').length >= 3", 20)
         # the table follows the status stream, which may come a little after the end: wait for the last units
         wait_js(page, "[...document.querySelectorAll('#participants tbody tr')].reduce((n, r) => n + "
-                f"Number(r.cells[2].textContent), 0) >= {3 * final['num_rounds']}", 20)
-        table = page.eval_on_selector_all("#participants tbody tr",
-                                          "rows => rows.map(r => [...r.cells].map(c => c.textContent))")
+                f"Number(r.cells[3].textContent), 0) >= {3 * final['num_rounds']}", 20)
+        table = page.eval_on_selector_all("#participants tbody tr", "rows => rows.map(r => [r.dataset.peers, "
+                                          "...[...r.cells].map(c => c.textContent)])")
         listing = httpx.get(url + "api/admin/peers", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
                             timeout=10).json()["peers"]
         # the metric selector: exact answers first, then the loss
@@ -86,11 +86,14 @@ def test_the_page_shows_people_metrics_and_answers(browser: Browser, tmp_path: P
 
     assert {"accuracy", "val_loss"} <= set(options)
     assert bar[0] == bar[1] > 0 and "try it" in finished_next and "download it" in finished_next, (bar, finished_next)
+    # a row per volunteer (three browser profiles: three keys), each with its page's one peer: name (an anonymous
+    # handle), team, workers, units, credit, device, median unit, last seen, refused, banned
     by_id = {p["peer_id"][:8]: p for p in listing}
     assert len(table) == 3 and {row[0] for row in table} == set(by_id)
-    for row in table:
-        assert int(row[2]) == by_id[row[0]]["units_done"] and row[1] == "CPU (Pyodide)" and row[6] == "no"
-    assert sum(int(row[2]) for row in table) == 3 * final["num_rounds"]
+    for peers, name, team, _workers, units, credit, device, *_, banned in table:
+        assert name.startswith("volunteer-") and team == "–" and device == "CPU (Pyodide)" and banned == "no"
+        assert int(units) == by_id[peers]["units_done"] and float(credit) > 0  # (done: every unit settled)
+    assert sum(int(row[4]) for row in table) == 3 * final["num_rounds"]
     package = Package.load(session_dir / "package")
     host = package.task.respond(checkpoint.read_latest(session_dir).weights, "3+4=")
     assert answer["round"] == final["round"] and answer["text"] == host["text"], (answer, host)

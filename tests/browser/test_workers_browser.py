@@ -61,11 +61,13 @@ def wait_for_page(page: Page, check: Any, *, what: str, timeout_s: float = BOOT_
 
 
 def page_rows_of_mine(page: Page, wanted: list[str], tries: int = 240) -> list[str]:
-    """The peers the page's participants table marks as its own, once they are ``wanted`` (the table follows the
-    status stream, which trails a worker's own count of its uploads by up to a status interval)."""
+    """The peers of the volunteer the page's participants table marks as its own (its workers are one volunteer:
+    one row), once they are ``wanted`` (the table follows the status stream, which trails a worker's own count of
+    its uploads by up to a status interval)."""
     mine: list[str] = []
     for _ in range(tries):  # (bounded: a minute of 0.25 s polls)
-        mine = sorted(page.eval_on_selector_all("#participants tr[data-mine]", "rows => rows.map(r => r.dataset.peer)"))
+        mine = sorted(page.eval_on_selector_all("#participants tr[data-mine]",
+                                                "rows => rows.flatMap(r => r.dataset.peers.split(' '))"))
         if mine == wanted:
             break
         page.wait_for_timeout(250)

@@ -1,5 +1,7 @@
 // This peer's state, shared by the page's modules and exposed as window.peertrain (tests and `peertrain peers`
 // read it), and the join: a peer joins once it is asked to and may.
+import { volunteerProfile } from "./identity.js";
+
 export const $ = (id) => document.getElementById(id);
 export const params = new URLSearchParams(location.search);
 export const peer = { state: "starting", versions: null, steps: [], worker: null, pending: new Map(), nextId: 1,
@@ -68,5 +70,5 @@ export function joinWorker(record) {
       || record.banned || record.finished) return;
   record.joined = true;
   record.worker.postMessage({ type: "join", joinCode: $("join-code").value || params.get("code") || "",
-    device: record.index === 0 ? params.get("device") || "cpu" : "cpu" });
+    device: record.index === 0 ? params.get("device") || "cpu" : "cpu", profile: volunteerProfile() });
 }

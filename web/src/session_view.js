@@ -1,6 +1,7 @@
 // The session as the relay streams it (server-sent events): its facts, round progress, defenses, samples, and
 // the sections that follow it (chart, participants, local files, "Try the model", download).
 import { drawChart, showTiming } from "./chart.js";
+import { showCredit } from "./credit.js";
 import { showDownload } from "./download.js";
 import { showLocal } from "./local_files.js";
 import { showLocalPrivacy } from "./local_privacy.js";
@@ -83,6 +84,7 @@ function showSession(session) {
   drawChart(session);
   showTiming(session);
   showParticipants(session);
+  showCredit(session);
   showDownload(session);
   showTry(session);
   $("join").disabled = !mayJoin();

@@ -16,6 +16,7 @@
 // "run" message, a test and benchmark hook that runs the Python source it is given: it is answered only
 // when the page was opened with ?test=1 (the page passes that flag in its "boot" message).
 import { loadPyodide } from "/pyodide/pyodide.mjs";
+import { volunteerProof } from "./identity.js";
 
 const INDEX_URL = new URL("/pyodide/", self.location.origin).href;
 const STEPS = ["fetch and start Pyodide", "install numpy + runtime", "import runtime"];
@@ -65,6 +66,7 @@ let entry = null; // runtime.worker, the module's proxy
 let options = null; // from the page's "boot" message: { blas, test }
 let booted = null; // resolves once the runtime is imported
 let credentials = null;
+let profile = {}; // the volunteer's display name and team, from the page's "join" message (sent with the key's proof)
 let training = false;
 let stopping = false; // the page asked this worker to stop training (fewer cores given, or 0: paused)
 let wake = null; // ends a wait early when the page says stop (an abort for a held /api/work, or a sleep's timer)
@@ -232,9 +234,12 @@ async function join(joinCode, prepared) {
   let ticket = "";
   for (let tries = 1; !credentials; tries++) {
     try {
-      const body = { join_code: joinCode || "", ...(ticket ? { ticket } : {}) };
+      // the volunteer's key, proven on a fresh challenge (identity.js); null where no key can be kept: anonymous
+      const volunteer = await volunteerProof(() => api("/api/challenge", { method: "POST" }), profile);
+      const body = { join_code: joinCode || "", ...(ticket ? { ticket } : {}), ...(volunteer ? { volunteer } : {}) };
       credentials = await api("/api/join", { method: "POST", body: JSON.stringify(body) });
     } catch (error) {
+      if (error.code === "volunteer_proof" && tries < 3) continue; // (a relay restarted since its challenge)
       if (error.status !== 429 || stopping || tries >= MAX_JOIN_TRIES) throw error;
       ticket = error.ticket || ticket;
       report("waiting", { reason: `joining in turn with others at this address: in ${error.retryAfter} s` });
@@ -388,6 +393,7 @@ const handlers = {
   },
   async join(message) {
     stopping = false;
+    profile = message.profile || {};
     if (training) return;
     training = true;
     try {
