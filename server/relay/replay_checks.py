@@ -286,6 +286,17 @@ class ReplayChecks:
         pending = self.queue.pending
         return sum(1 for key in self.queue.blocking(round_index) if key in pending and not pending[key].done())
 
+    def replaying(self, count: int) -> str:
+        """What the round waits for while ``count`` of its results are replayed, in words for the waiting line: the
+        host, or verification workers (with how many replays wait in the store for one, so a host who started none
+        sees why the round waits)."""
+        results = f"{count} result{'s' if count > 1 else ''}"
+        if self.context.options.remote_replays:
+            queued = self.context.store.replay_jobs_waiting()
+            return (f"{results} wait for their replays by verification workers ({queued} queued in the store; each "
+                    "`peertrain verify-worker --store URL` takes one at a time)")
+        return f"the host is replaying {results}"
+
     def take_verdicts(self) -> list[Verdict]:
         """The verdicts not applied yet: those a full disk held back, then the replays finished since."""
         verdicts = self._unapplied + (self.queue.finished() if self.queue is not None else [])

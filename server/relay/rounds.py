@@ -188,7 +188,7 @@ class SyncRounds:
             return f"round {round_index + 1}: waiting for {out} unit{'s' if out > 1 else ''} out with peers"
         replays = self.replays.pending(round_index)
         if replays:
-            return f"round {round_index + 1}: the host is replaying {replays} result{'s' if replays > 1 else ''}"
+            return f"round {round_index + 1}: {self.replays.replaying(replays)}"
         if self.copies.copies_outstanding():
             return f"round {round_index + 1}: waiting for second copies of units to compare"
         return None

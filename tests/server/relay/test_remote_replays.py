@@ -114,3 +114,18 @@ def test_a_worker_killed_mid_session_loses_no_check(package: Package, tmp_path: 
     by_first = first_log.read_text().count(" replayed in ")
     by_second = second_log.read_text().count(" replayed in ")
     assert by_first >= 1 and by_first + by_second >= package.data.num_units
+
+
+def test_a_round_waiting_for_workers_says_so(package: Package, tmp_path: Path, postgresql_url: str) -> None:
+    """No worker running: the round's results wait for their replays in the store, and the status says where the
+    host starts what they need (a host who forgot the workers saw only "the host is replaying")."""
+    relay = make_relay(package, tmp_path / "session", k=2, passes=1, store=postgresql_url, remote_replays=True,
+                       verify_fraction=1.0, replay_wait="all")
+    with serving(relay) as client:
+        for peer in (HttpPeer(client), HttpPeer(client)):
+            assert peer.train_and_upload().status_code == 200
+        status = session_status(client)
+    waiting = status["waiting"]
+    assert status["round"] == 0 and waiting == ("round 1: 2 results wait for their replays by verification workers "
+                                                "(2 queued in the store; each `peertrain verify-worker --store URL` "
+                                                "takes one at a time)"), waiting
