@@ -125,6 +125,11 @@ class ByteLMTask(LMTask):
     respond_hint = "The "
     missing_data: ClassVar[str] = "a unit needs its bytes"  # the refusal of a unit without data, after the name
 
+    def unit_flops(self, unit: WorkUnit, num_examples: int) -> float:
+        """``steps * batch_size`` windows of ``context`` bytes, whatever the unit holds: a local unit's bytes stay in
+        its peer's browser, and its count needs none of them."""
+        return 6.0 * self.spec().size * self.settings.steps * self.settings.batch_size * self.config().context
+
     def unit_tokens(self, unit: WorkUnit) -> tuple[np.ndarray, np.ndarray, int]:
         if unit.data is None:
             raise TaskError(f"{self.name}: {self.missing_data}")

@@ -240,7 +240,8 @@ async function join(joinCode, prepared) {
       credentials = await api("/api/join", { method: "POST", body: JSON.stringify(body) });
     } catch (error) {
       if (error.code === "volunteer_proof" && tries < 3) continue; // (a relay restarted since its challenge)
-      if (error.status !== 429 || stopping || tries >= MAX_JOIN_TRIES) throw error;
+      if (error.status === 429 && stopping) return; // (paused while waiting its turn: not joined, nothing to leave)
+      if (error.status !== 429 || tries >= MAX_JOIN_TRIES) throw error;
       ticket = error.ticket || ticket;
       report("waiting", { reason: `joining in turn with others at this address: in ${error.retryAfter} s` });
       await interruptible(error.retryAfter * 1000);
@@ -253,6 +254,7 @@ async function join(joinCode, prepared) {
 // was handed but has not started goes to the next peer that asks). The credentials are kept: joining again later
 // makes the same peer come back.
 async function leave() {
+  if (!credentials) { report("left", {}); return; } // (never joined: stopped while waiting its turn to)
   try {
     await api("/api/leave", { method: "POST" });
   } catch (error) {
@@ -318,6 +320,7 @@ async function trainLoop(joinCode, device) {
         current = prepared;
         await join(joinCode, prepared);
         weightsRound = null; // a new session's round 0 is not the old session's round 0
+        if (!credentials) continue; // (stopped while waiting its turn to join: the loop's top leaves)
       }
       // hold: the relay keeps a "wait" answer up to hold_seconds and answers the moment a round opens.
       if (prepared.taskInfo.kind === "local" && !localReady) { // (the person forgot the files: no work until new ones)

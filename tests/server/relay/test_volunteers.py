@@ -29,6 +29,8 @@ from relay_fixtures import (
     work_until_done,
 )
 
+from runtime.tasks import WorkUnit, load_task
+from runtime.tasks.lm_task import LMTask
 from server import cli
 from server.relay.options import RelayOptions
 from server.relay.volunteer_key import VolunteerKey
@@ -181,3 +183,14 @@ def test_a_volunteers_record_follows_its_key(package: Package, tmp_path: Path) -
     assert "replay passed" in checked[first.peer_id] and "replay passed" in checked[stranger.peer_id]
     assert "replay passed" in checked[newcomer.peer_id]  # a new key: replayed
     assert checked[reload.peer_id] == "not checked"  # the same key in a new tab: its record holds
+
+
+def test_a_local_units_credit_needs_none_of_its_peers_bytes() -> None:
+    """A local unit's data stays in its peer's browser: the relay counts it from the recipe (steps x batch x context
+    tokens), as a host-cut bytetext unit of the same recipe (a count that needed the bytes broke the status)."""
+    local, hosted = load_task("bytetext-local"), load_task("bytetext")
+    s = local.settings
+    tokens = s.steps * s.batch_size * local.config().context
+    assert local.unit_flops(WorkUnit(index=3, seed=1), 100) == 6.0 * local.spec().size * tokens
+    unit = hosted.work_unit(hosted.prepare(), 0, seed=0)
+    assert hosted.unit_flops(unit, 1) == LMTask.unit_flops(hosted, unit, 1)  # (the count from the tokens themselves)
