@@ -140,6 +140,35 @@ def test_only_when_idle_trains_after_the_idle_time_without_input_and_input_pause
         stop(relay)
 
 
+def test_with_idle_detection_granted_the_whole_computers_idle_state_decides(browser: Browser, tmp_path: Path) -> None:
+    """Where the volunteer granted the Idle Detection API, "only when idle" follows the computer's idle state (input
+    in any window, a locked screen), which Chromium's DevTools emulate: active, the page waits whatever its own
+    input; idle, it trains; active again, it pauses."""
+    relay, url = start_relay(serve(tmp_path, ARITH_SETTINGS, passes=200), log_name="relay-guest-idle-detection.log")
+    context = browser.new_context()
+    page = context.new_page()
+    try:
+        idle = context.new_cdp_session(page)
+        context_id = idle.send("Target.getTargetInfo")["targetInfo"]["browserContextId"]  # (this context's grant)
+        browser.new_browser_cdp_session().send("Browser.grantPermissions", {
+            "permissions": ["idleDetection"], "origin": url.rstrip("/"), "browserContextId": context_id})
+        idle.send("Emulation.setIdleOverride", {"isUserActive": True, "isScreenUnlocked": True})
+        page.goto(join_url(url) + "&idle-minutes=1")
+        waiting = "paused: waiting for 1 min without input on this computer"
+        wait_page(page, lambda s: s["pausedFor"] == waiting and s["state"] == "ready", what="the computer's state")
+        assert accepted(url) == 0 and "without input on this computer" in page.inner_text("#guest-use")
+        idle.send("Emulation.setIdleOverride", {"isUserActive": False, "isScreenUnlocked": True})
+        wait_page(page, lambda s: not s["pausedFor"] and s["units"] >= 1, what="training once the computer is idle")
+        idle.send("Emulation.setIdleOverride", {"isUserActive": True, "isScreenUnlocked": True})
+        wait_page(page, lambda s: s["pausedFor"] == waiting and not s["joined"], what="the pause", timeout_s=60)
+        before = accepted(url)
+        page.wait_for_timeout(2000)
+        assert accepted(url) == before
+    finally:
+        context.close()
+        stop(relay)
+
+
 def units_per_minute(page: Page, url: str, units: int) -> float:
     """Units per minute over ``units`` accepted results, counted from a unit boundary."""
     start = accepted(url)

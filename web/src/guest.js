@@ -35,6 +35,9 @@ const guest = {
   batteryMissing: false,
   lastInput: performance.now(),
   idleTimer: null,
+  detector: null, // an IdleDetector, where the browser has the Idle Detection API and the volunteer granted it
+  detectorStop: null, // (an AbortController that stops it)
+  systemIdle: false, // the detector's last word: no input anywhere on this computer for the idle time, or locked
 };
 
 function stored() {
@@ -71,14 +74,47 @@ function pauseReason() {
   const s = guest.settings;
   if (guest.byYou) return "paused by you";
   if (s.pauseOnBattery && onBattery()) return "paused: on battery";
-  if (s.idleOnly && idleLeftMs() > 0) return `paused: waiting for ${minutes(s.idleMinutes)} without input`;
+  if (s.idleOnly && guest.detector) {
+    if (!guest.systemIdle) return `paused: waiting for ${minutes(detectorMinutes())} without input on this computer`;
+  } else if (s.idleOnly && idleLeftMs() > 0) {
+    return `paused: waiting for ${minutes(s.idleMinutes)} without input`;
+  }
   return "";
+}
+
+// The Idle Detection API (Chromium, where the volunteer grants it): the whole computer's idle state (input anywhere,
+// a locked screen), where the page's own input says nothing about someone working in another window or tab. It is
+// asked for when the volunteer turns the rule on (the permission needs that click) and used again on a later visit
+// while still granted; refused or missing, the rule counts input on this page, as before. Its shortest idle time is
+// a minute.
+const detectorMinutes = () => Math.max(1, guest.settings.idleMinutes);
+
+async function watchIdle(ask) {
+  if (guest.detector || typeof window.IdleDetector !== "function") return;
+  try {
+    const state = ask ? await window.IdleDetector.requestPermission()
+      : (await navigator.permissions.query({ name: "idle-detection" })).state;
+    if (state !== "granted") return;
+    const detector = new window.IdleDetector();
+    const stop = new AbortController();
+    const read = () => { guest.systemIdle = detector.userState === "idle" || detector.screenState === "locked"; };
+    detector.addEventListener("change", () => { read(); apply(); });
+    await detector.start({ threshold: detectorMinutes() * 60_000, signal: stop.signal });
+    Object.assign(guest, { detector, detectorStop: stop });
+    read();
+  } catch { /* not allowed here (a frame, a policy): the page's own input stands */ }
+  apply();
+}
+
+function stopWatchingIdle() {
+  if (guest.detectorStop) guest.detectorStop.abort();
+  Object.assign(guest, { detector: null, detectorStop: null, systemIdle: false });
 }
 
 // Re-check the rules; a change of the outcome starts or stops the workers (workers.js: setCores).
 function apply() {
   const reason = pauseReason();
-  if (guest.settings.idleOnly && reason.startsWith("paused: waiting") && guest.idleTimer === null) {
+  if (guest.settings.idleOnly && !guest.detector && reason.startsWith("paused: waiting") && guest.idleTimer === null) {
     guest.idleTimer = setTimeout(() => { guest.idleTimer = null; apply(); }, Math.max(50, idleLeftMs() + 50));
   }
   const share = guest.settings.share / 100;
@@ -101,7 +137,9 @@ function show() {
   const rules = [`${peer.cores} of this machine's ${cores} core${cores === 1 ? "" : "s"}, ${s.share} % of their time`,
     guest.batteryMissing ? "this browser does not say when it runs on battery"
       : s.pauseOnBattery ? "pauses on battery" : "trains on battery too",
-    s.idleOnly ? `only after ${minutes(s.idleMinutes)} without input on this page` : "whether or not you use this page"];
+    !s.idleOnly ? "whether or not you use this page" : guest.detector
+      ? `only after ${minutes(detectorMinutes())} without input on this computer`
+      : `only after ${minutes(s.idleMinutes)} without input on this page`];
   $("guest-use").textContent = `Uses ${rules.join("; ")}.`;
   $("pause").textContent = guest.byYou ? "Resume" : "Pause";
   $("pause").setAttribute("aria-pressed", String(guest.byYou));
@@ -146,11 +184,14 @@ export function startGuest() {
   $("idle-only").addEventListener("change", () => {
     guest.lastInput = performance.now(); // (the click itself was input)
     remember("idleOnly", $("idle-only").checked);
+    if ($("idle-only").checked) watchIdle(true);
+    else stopWatchingIdle();
   });
   $("idle-minutes").addEventListener("change", () => {
     const value = Number($("idle-minutes").value);
     if (value > 0) remember("idleMinutes", value);
     else show();
+    if (guest.detector) { stopWatchingIdle(); watchIdle(false); } // (a new idle time: a new threshold)
   });
   $("pause").addEventListener("click", () => { guest.byYou = !guest.byYou; apply(); });
   $("cores").addEventListener("change", show); // (after workers.js's own listener has set the count)
@@ -158,4 +199,5 @@ export function startGuest() {
   document.addEventListener("visibilitychange", apply); // (a hidden page's timers run late: check on the way back)
   apply();
   watchBattery();
+  if (guest.settings.idleOnly) watchIdle(false);
 }
