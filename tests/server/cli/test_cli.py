@@ -188,9 +188,15 @@ def test_serve_stopped_by_sigterm_stops_its_headless_peers(tmp_path: Path) -> No
         (peers,) = children(relay.process.pid)
         code = relay.stop()
     assert code == 143, relay.logs[-2000:]
-    deadline = time.monotonic() + 30
-    while Path(f"/proc/{peers}").exists() and time.monotonic() < deadline:  # (a zombie is reaped by init)
-        if Path(f"/proc/{peers}/stat").read_text().split()[2] == "Z":
-            break
+
+    def alive(pid: int) -> bool:
+        """Running, not a zombie init has yet to reap (gone between two reads counts as gone)."""
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+        except FileNotFoundError:
+            return False
+
+    deadline = time.monotonic() + 30  # (polling another process's state: bounded, no event to wait on)
+    while alive(peers) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not Path(f"/proc/{peers}").exists() or Path(f"/proc/{peers}/stat").read_text().split()[2] == "Z"
+    assert not alive(peers)
