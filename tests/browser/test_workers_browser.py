@@ -78,10 +78,18 @@ def history_of(session_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (session_dir / "history.jsonl").read_text().splitlines() if line.strip()]
 
 
-def give_cores(page: Page, cores: int) -> None:
-    """What a volunteer does: type the number into the "Cores to give" control and confirm it."""
+def give_cores(page: Page, cores: int, *, unit_between: bool = False) -> None:
+    """What a volunteer does: type the number into the "Cores to give" control and confirm it.
+
+    ``unit_between``: a worker finishes a unit between the keystrokes and Enter, as it often does for a person
+    (each unit redraws the page's workers, which once put the old count back into the control and lost the change).
+    """
     page.fill("#cores", str(cores))
+    if unit_between:
+        done = sum(w["units"] for w in workers_of(page))
+        wait_for_page(page, lambda ws: sum(w["units"] for w in ws) > done, what="a unit while typing")
     page.press("#cores", "Enter")
+    assert page.input_value("#cores") == str(cores)
 
 
 def test_two_workers_boot_once_from_the_network_train_as_two_peers_and_leave_with_the_page(
@@ -144,7 +152,7 @@ def test_the_cores_control_changes_the_workers_while_the_session_runs_without_lo
         page.goto(join_url(url, 1))
         first = wait_for_page(page, lambda ws: len(ws) == 1 and ws[0]["units"] >= 1, what="one worker's unit")[0]
 
-        give_cores(page, 2)
+        give_cores(page, 2, unit_between=True)
         workers = wait_for_page(page, lambda ws: len(ws) == 2 and ws[1]["units"] >= 1, what="a second worker's unit")
         assert workers[0]["peerId"] == first["peerId"] and workers[1]["peerId"] != first["peerId"]
 

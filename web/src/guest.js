@@ -19,7 +19,7 @@
 //
 // ?idle-minutes=N turns "only while left alone" on with N minutes (fractions too) and ?share=P sets the CPU share in
 // percent (10, 20, ..., 100), for this visit only (tests, benches, a kiosk); neither is remembered.
-import { $, params, peer, setActivity } from "./peer.js";
+import { $, params, peer, setActivity, showValue } from "./peer.js";
 import { sendShare, setCores, showWorkers } from "./workers.js";
 
 const STORED = "peertrain.guest";
@@ -143,10 +143,10 @@ function show() {
   $("guest-use").textContent = `Uses ${rules.join("; ")}.`;
   $("pause").textContent = guest.byYou ? "Resume" : "Pause";
   $("pause").setAttribute("aria-pressed", String(guest.byYou));
-  $("share").value = String(s.share);
+  showValue("share", String(s.share));
   $("pause-on-battery").checked = s.pauseOnBattery;
   $("idle-only").checked = s.idleOnly;
-  $("idle-minutes").value = String(s.idleMinutes);
+  showValue("idle-minutes", String(s.idleMinutes));
   $("battery-note").textContent = guest.batteryMissing
     ? "this browser does not tell pages whether it runs on battery (Firefox and Safari keep it to themselves), so this cannot apply"
     : guest.battery ? `now ${guest.battery.charging ? "plugged in" : `on battery (${Math.round(guest.battery.level * 100)} %)`}` : "";
@@ -190,7 +190,7 @@ export function startGuest() {
   $("idle-minutes").addEventListener("change", () => {
     const value = Number($("idle-minutes").value);
     if (value > 0) remember("idleMinutes", value);
-    else show();
+    showValue("idle-minutes", String(guest.settings.idleMinutes), true);
     if (guest.detector) { stopWatchingIdle(); watchIdle(false); } // (a new idle time: a new threshold)
   });
   $("pause").addEventListener("click", () => { guest.byYou = !guest.byYou; apply(); });

@@ -3,6 +3,13 @@
 import { volunteerProfile } from "./identity.js";
 
 export const $ = (id) => document.getElementById(id);
+// Show a control's value, unless the volunteer is typing into it: a re-render (each unit redraws the page) between
+// their keystrokes and Enter would otherwise put the old value back and their change would be lost. A control's own
+// change handler shows the outcome with force (a value clamped to what the machine allows).
+export function showValue(id, value, force = false) {
+  const control = $(id);
+  if (force || document.activeElement !== control) control.value = value;
+}
 export const params = new URLSearchParams(location.search);
 export const peer = { state: "starting", versions: null, steps: [], worker: null, pending: new Map(), nextId: 1,
   session: null, activity: "not joined", unitsDone: 0, lastMetrics: null, refused: [], local: null, wantsJoin: params.has("join"),

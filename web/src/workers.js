@@ -14,7 +14,7 @@
 // peer.pausedFor says why, no worker trains (trainingCores() is 0), and the workers within the count stay booted and
 // idle, so resuming is quick and each comes back as the same peer.
 import { startWorker } from "./boot.js";
-import { $, joinWorker, params, peer, setActivity, trainingCores } from "./peer.js";
+import { $, joinWorker, params, peer, setActivity, showValue, trainingCores } from "./peer.js";
 
 const STORED = "peertrain.cores";
 // One worker's memory with the largest built-in model (bytelm-2.3mb) while it trains: its Pyodide's WebAssembly heap
@@ -57,7 +57,7 @@ export function showWorkers() {
     li.textContent = `worker ${record.index + 1}${record.peerId ? ` (${record.peerId})` : ""}: ${record.activity}; ${record.unitsDone} unit${record.unitsDone === 1 ? "" : "s"}`;
     return li;
   }));
-  $("cores").value = String(peer.cores);
+  showValue("cores", String(peer.cores));
   $("cores-note").textContent = peer.cores === 0 ? "paused: no core given"
     : `${peer.cores} of this machine's ${navigator.hardwareConcurrency || 1} cores train (at most ${peer.coreLimit} offered)`;
   $("guest-status").textContent = whatTheWorkersDo();
@@ -159,6 +159,7 @@ export function startWorkers() {
     const cores = clamp($("cores").value, peer.coreLimit) ?? peer.cores;
     try { localStorage.setItem(STORED, String(cores)); } catch { /* not remembered */ }
     setCores(cores);
+    showValue("cores", String(peer.cores), true);
   });
   window.addEventListener("pagehide", leaveAll);
   watchLongTasks();
