@@ -73,7 +73,7 @@ lint: $(STAMPS)/venv $(STAMPS)/npm
 # (16 rounds). In the simulator over seeds 0-3: 199, 200, 197, 196 of 200 exact answers and 100, 100, 100, 99 of the
 # 100 one-digit sums a+b, ~35 s on 2 cores; 4 passes with a decay to 0.3 got 199, 197, 194 and 100, 98, 96, and
 # 186/200 in three browsers, where Pyodide's last bits make another draw (BENCHMARKS.md, "The demo").
-DEMO_SESSION ?= --task arith --set tokenizer=char --set epochs=3 --set lr=0.005 --set session_final_lr_ratio=0.1 -k 3 --passes 6
+DEMO_SESSION ?= --task arith --set tokenizer=char --set epochs=3 --set lr=0.007 --set session_final_lr_ratio=0.1 -k 3 --passes 7
 # DEMO_ARGS: more `peertrain serve` options, e.g. DEMO_ARGS=--fresh to start the session over.
 DEMO_ARGS ?=
 demo: setup

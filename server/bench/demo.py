@@ -12,7 +12,7 @@ The session is the Makefile's ``DEMO_SESSION``, read from the Makefile at run ti
 
 Each model's figures: the task's validation as the session's last history entry holds it (exact answers on the
 200 validation problems, the held-out pairs, the three-digit problems beyond the range), and the final weights
-asked all 100 one-digit sums ``a+b`` (a, b in 0..9; the 13 held-out ones included). ``--record FILE`` writes them
+asked all 100 one-digit sums ``a+b`` (a, b in 0..9, every one of them trained on). ``--record FILE`` writes them
 as JSON with the date, the machine and the commit; ``summary_sentence`` is the sentence README.md and BENCHMARKS.md
 quote from docs/benchmarks/demo.json.
 """
