@@ -32,11 +32,12 @@ SPECIAL_TOKENS = (PAD, EOS)
 
 # Settings under which the pitfall's cut appears exactly (digits glued to operators, the end marker swallowed):
 #   37+48=85<eos> -> "3" | "7+4" | "8=8" | "5<eos>\n"
-# ArithSettings(seed=4, num_examples=10_000, width_balance=0) (other fields default: 0-99, "+", 10% held-out pairs)
-# and BpeSettings(num_merges=300, glue_end_marker=True). Other seeds give similar fragments ("7+4", "=85<eos>\n"),
-# and so does the default data (one- and two-digit operands equally often: "3" | "7+4" | "8" | "=85<eos>\n");
-# width_balance=0 keeps the report's own data, both operands uniform over 0-99.
-REPORT_ARITH_SEED = 4
+# ArithSettings(seed=8, num_examples=10_000, width_balance=0) (other fields default: 0-99, "+", 10% held-out pairs)
+# and BpeSettings(num_merges=300, glue_end_marker=True). Other seeds give similar fragments (seeds 0-7 with the
+# one-digit table always trained: "3" | "7+4" | "8" | "=85<eos>\n"; seed 4 gave the exact cut before), and so does
+# the default data (one- and two-digit operands drawn more evenly); width_balance=0 keeps the report's own data, both
+# operands uniform over 0-99.
+REPORT_ARITH_SEED = 8
 REPORT_NUM_EXAMPLES = 10_000
 REPORT_WIDTH_BALANCE = 0.0
 REPORT_NUM_MERGES = 300
