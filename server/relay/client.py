@@ -86,8 +86,9 @@ def status_call() -> Call:
     return Call("GET", "/api/session", authorized=False)
 
 
-def work_call(hold: float | str | None = None) -> Call:
-    return Call("POST", "/api/work" if hold is None else f"/api/work?hold={hold}")
+def work_call(hold: float | str | None = None, *, back: bool = False) -> Call:
+    query = "&".join(([] if hold is None else [f"hold={hold}"]) + (["back=1"] if back else []))
+    return Call("POST", f"/api/work?{query}" if query else "/api/work")
 
 
 def leave_call() -> Call:
@@ -156,10 +157,10 @@ class RelayClient:
     def status(self) -> dict[str, Any]:
         return dict(self.call(status_call()))
 
-    def work(self, hold: float | str | None = None) -> dict[str, Any]:
+    def work(self, hold: float | str | None = None, *, back: bool = False) -> dict[str, Any]:
         """The answer's JSON as it came (the relay's tests read and tamper with its fields; a peer reads it with
-        ``runtime.protocol.work_answer_from_json``)."""
-        return dict(self.call(work_call(hold)))
+        ``runtime.protocol.work_answer_from_json``); ``back``: the first ask after this peer's own leave."""
+        return dict(self.call(work_call(hold, back=back)))
 
     def leave(self) -> dict[str, Any]:
         return dict(self.call(leave_call()))

@@ -76,7 +76,10 @@ async def join(request: Request) -> Response:
     summary="an assignment with a lease deadline, or {wait, reason}, or {done}", auth="peer",
     params=[Param(name="hold", schema={"type": "number", "minimum": 0},
                   description=f"hold a wait answer up to this many seconds (at most {MAX_HOLD_SECONDS:g} and half "
-                  "the peer timeout); work is answered the moment it exists")],
+                  "the peer timeout); work is answered the moment it exists"),
+            Param(name="back", schema={"type": "integer", "enum": [0, 1]},
+                  description="1: this peer left (POST /api/leave) and comes back; without it a peer that left is "
+                  "answered a wait (an ask it sent before leaving may arrive after)")],
     answers=[Answer(description="an assignment (round, slot, unit_index, lease deadline), a wait or done")],
     refusals=[*PEER_REFUSALS, (400, "bad_query"), (422, "engine_not_replayable")]))
 async def work(request: Request) -> Response:
@@ -87,7 +90,10 @@ async def work(request: Request) -> Response:
         raise Refusal(400, "bad_query", "hold= must be a number of seconds") from error
     if not 0 <= hold < float("inf"):
         raise Refusal(400, "bad_query", "hold= must be a number of seconds, 0 or more")
-    return JSONResponse((await relay.work(*credentials_of(request), hold=hold)).to_json())
+    back = request.query_params.get("back", "0")
+    if back not in ("0", "1"):
+        raise Refusal(400, "bad_query", "back= must be 0 or 1")
+    return JSONResponse((await relay.work(*credentials_of(request), hold=hold, back=back == "1")).to_json())
 
 
 @operation(Operation(

@@ -268,15 +268,20 @@ class Relay:
             return Wait(self.options.retry_seconds, "merging the round")
         return self.mode.next_job(peer_id)
 
-    async def work(self, peer_id: str, token: str, *, hold: float = 0.0) -> WorkAnswer:
+    async def work(self, peer_id: str, token: str, *, hold: float = 0.0, back: bool = False) -> WorkAnswer:
         """``next_work``, held up to ``hold`` seconds (at most ``max_hold_seconds``) while the answer is a wait:
         answered the moment work exists (``work_changed``) or a unit in flight crosses the backup threshold. A
         held answer is a ``Wait`` of 0 s (ask again at once). Each pass authenticates again: a held peer stays
-        connected, and one banned meanwhile is told so."""
+        connected, and one banned meanwhile is told so. A peer that left comes back only with ``back`` (the
+        ask after its own leave): an ask it sent before leaving can reach the relay after the leave (a closing page's
+        last request racing its keepalive leave) and must not lease it a unit nor count it connected again."""
         asked = time.monotonic()
         deadline = asked + min(hold, self.max_hold_seconds)
-        if peer_id in self.departed:  # a peer that left asks again: it is back
-            self.admission.peer(peer_id, token)
+        if peer_id in self.departed:
+            if not back:  # (an ask sent before the peer left that arrives after: its page is gone; no lease)
+                self.peer(peer_id, token)
+                return Wait(self.options.retry_seconds, "this peer left the session: ask with back=1 to come back")
+            self.admission.peer(peer_id, token)  # a peer that left asks again, saying so: it is back
             del self.departed[peer_id]
         woken = False  # (this pass answers a wake: ``Notices.woken_done`` once it has its answer)
         while True:

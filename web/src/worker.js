@@ -69,6 +69,9 @@ let credentials = null;
 let profile = {}; // the volunteer's display name and team, from the page's "join" message (sent with the key's proof)
 let training = false;
 let stopping = false; // the page asked this worker to stop training (fewer cores given, or 0: paused)
+// this peer left the session (POST /api/leave): its next ask says back=1, so the relay takes it back (an ask without
+// it, sent before a closing page's leave and arriving after, is not taken for the peer's return)
+let left = false;
 let wake = null; // ends a wait early when the page says stop (an abort for a held /api/work, or a sleep's timer)
 let share = 1; // the volunteer's CPU share (web/src/guest.js)
 let resting = false; // in the rest after a unit: a new share ends it early (the rest is reckoned again)
@@ -255,6 +258,7 @@ async function join(joinCode, prepared) {
 // makes the same peer come back.
 async function leave() {
   if (!credentials) { report("left", {}); return; } // (never joined: stopped while waiting its turn to)
+  left = true;
   try {
     await api("/api/leave", { method: "POST" });
   } catch (error) {
@@ -332,8 +336,10 @@ async function trainLoop(joinCode, device) {
       const asking = new AbortController();
       wake = () => asking.abort();
       /** @type {Job|Wait|Done} */
-      const job = await api(hold > 0 ? `/api/work?hold=${hold}` : "/api/work", { method: "POST", signal: asking.signal })
+      const query = [...(hold > 0 ? [`hold=${hold}`] : []), ...(left ? ["back=1"] : [])].join("&");
+      const job = await api(query ? `/api/work?${query}` : "/api/work", { method: "POST", signal: asking.signal })
         .finally(() => { wake = null; });
+      left = false; // (the relay has this peer back)
       failures = 0;
       if (job.done) { report("finished", { reason: job.reason }); return; }
       if (job.wait !== undefined) { report("waiting", { reason: job.reason }); await interruptible(job.wait * 1000); continue; }

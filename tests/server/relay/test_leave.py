@@ -61,9 +61,16 @@ def test_leaving_needs_the_peers_credentials_and_changes_nothing_without_them(tm
         assert client.post("/api/leave").status_code == 401
         assert session_status(client)["peers"]["connected"] == 1
         assert relay.store.counters().get("peers_left", 0) == 0
-        # A peer that left and asks again is back: leaving is not a ban.
+        # An ask the peer sent before leaving that arrives after (a closing page's last request racing its keepalive
+        # leave) is answered a wait: no lease, and the peer is not counted connected again.
         assert peer.leave() == {"released": 1}
-        assert "slot" in peer.work()
+        late = peer.work()
+        assert "slot" not in late and "left the session" in late["reason"]
+        status = session_status(client)
+        assert status["peers"]["connected"] == 0 and status["round_progress"]["leased"] == 0
+        assert client.post("/api/work?back=2", headers=peer.credentials.headers).json()["error"] == "bad_query"
+        # A peer that left and asks again saying so is back: leaving is not a ban.
+        assert "slot" in peer.work(back=True)
         assert session_status(client)["peers"]["connected"] == 1
 
 
