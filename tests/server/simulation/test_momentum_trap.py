@@ -52,11 +52,12 @@ def test_fedavg_learns_where_fedavgm_gets_stuck_and_climbs(single_chunk: MemoryP
     plain = losses(single_chunk, "fedavg")
     momentum = losses(single_chunk, "fedavgm")
     assert len(plain) == len(momentum) == ROUNDS + 1
-    # Measured (seed 0): FedAvg 2.63 -> 0.09 after 20 rounds -> 0.13 after 30;
-    # FedAvgM 2.63 -> best 0.93 (round 12) -> 1.11 after 30, climbing back from its best.
+    # Measured (seed 0, the one-digit table always trained): FedAvg 2.63 -> 0.17 after 20 rounds -> 0.13 after 30;
+    # FedAvgM 2.63 -> 1.40 -> 1.70 (climbing), stuck between 0.88 and 1.71 for 30 rounds, 0.94 at the end. (On the
+    # earlier split: best 0.93 at round 12, 1.11 after 30.)
     assert plain[20] < 0.25 * plain[0] and plain[-1] < 0.25 * plain[0]
-    assert momentum[-1] > 4 * plain[-1]
-    assert momentum[-1] > min(momentum[1:]) * 1.1
+    assert momentum[-1] > 4 * plain[-1] and min(momentum[1:]) > 4 * plain[-1]  # its best is no match for FedAvg's end
+    assert any(later > earlier * 1.1 for earlier, later in zip(momentum[1:], momentum[2:], strict=False))  # climbs
 
 
 def test_guard_refuses_fedavgm_on_a_single_chunk(single_chunk: MemoryPackage) -> None:
