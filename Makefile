@@ -69,10 +69,10 @@ lint: $(STAMPS)/venv $(STAMPS)/npm
 	$(VENV)/bin/mypy runtime server
 	cd web && npx --no-install eslint src eslint.config.js
 
-# The default session: arithmetic with the char tokenizer, 3 units per round, 3 local epochs per unit, 6 passes
-# (16 rounds). In the simulator over seeds 0-3: 199, 200, 197, 196 of 200 exact answers and 100, 100, 100, 99 of the
-# 100 one-digit sums a+b, ~35 s on 2 cores; 4 passes with a decay to 0.3 got 199, 197, 194 and 100, 98, 96, and
-# 186/200 in three browsers, where Pyodide's last bits make another draw (BENCHMARKS.md, "The demo").
+# The default session: arithmetic with the char tokenizer, 3 units per round, 3 local epochs per unit at lr 0.007, 7
+# passes (19 rounds). In the simulator over seeds 0-3: 199, 200, 200, 197 of 200 exact answers and 100, 100, 100, 99
+# of the 100 one-digit sums a+b, ~35 s on 2 cores; in three browsers 199/200 and 100/100 in 115 s, where Pyodide's
+# last bits make another draw (BENCHMARKS.md, "The demo", with the recipes tried).
 DEMO_SESSION ?= --task arith --set tokenizer=char --set epochs=3 --set lr=0.007 --set session_final_lr_ratio=0.1 -k 3 --passes 7
 # DEMO_ARGS: more `peertrain serve` options, e.g. DEMO_ARGS=--fresh to start the session over.
 DEMO_ARGS ?=
