@@ -141,7 +141,7 @@ def split_pairs(settings: ArithSettings) -> tuple[list[tuple[int, int]], list[tu
     n_heldout = int(round(settings.heldout_fraction * len(pairs)))
     if n_heldout >= len(pairs):
         raise ArithError("the held-out share leaves no training pairs")
-    fewest = len(str(min(values, key=lambda v: len(str(v)))))
+    fewest = min(len(str(v)) for v in values)
     table = {i for i, (a, b) in enumerate(pairs) if len(str(a)) == fewest and len(str(b)) == fewest}
     if len(table) < len(pairs) and n_heldout <= len(pairs) - len(table):
         order = np.concatenate([[i for i in order if i not in table], [i for i in order if i in table]])
