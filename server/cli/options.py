@@ -172,21 +172,26 @@ def add_task_options(parser: argparse.ArgumentParser, *, seed: bool = True) -> N
 
 
 def single_threaded_blas() -> None:
-    """One BLAS thread for in-process training, unless the user chose otherwise.
+    """One BLAS thread in this process, unless the user chose otherwise (``OPENBLAS_NUM_THREADS``).
 
     The simulator trains many small units one after another (as a browser does, single-threaded); on a
-    busy 2-core host, OpenBLAS's spinning worker threads made a unit 10-15x slower, for the same bits.
-    It only takes effect before numpy is first imported: ``server.cli.commands`` calls it before importing the
-    commands for the commands that train in-process (``IN_PROCESS_TRAINING``).
+    busy 2-core host, OpenBLAS's spinning worker threads made a unit 10-15x slower, for the same bits. The relay
+    reads each result in its own worker threads (decode, norm, its part of the sum), so BLAS threads on top only
+    oversubscribe the cores: in ``bench crowd``'s async setting the relay spent 38-45 ms of CPU per result with
+    OpenBLAS's default threads and 19 ms with one (a float64 norm of a result, 0.05 ms of CPU on one thread, took
+    2.4 ms on two while the host was busy).
+    It only takes effect before numpy is first imported: ``server.cli`` calls it before importing the commands,
+    for the commands of ``ONE_BLAS_THREAD``.
     """
     if "numpy" not in sys.modules:
         for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
             os.environ.setdefault(name, "1")
 
 
-# command words whose runs train unit after unit
-IN_PROCESS_TRAINING = (("simulate",), ("bench", "merges"), ("bench", "stragglers"))
+# command words whose runs do many small numpy steps, one after another or in threads of their own: training unit
+# after unit, or a relay reading results as they come
+ONE_BLAS_THREAD = (("simulate",), ("bench", "merges"), ("bench", "stragglers"), ("serve",), ("verify-worker",))
 
 
-def trains_in_process(argv: Sequence[str]) -> bool:
-    return any(tuple(argv[:len(words)]) == words for words in IN_PROCESS_TRAINING)
+def wants_one_blas_thread(argv: Sequence[str]) -> bool:
+    return any(tuple(argv[:len(words)]) == words for words in ONE_BLAS_THREAD)

@@ -54,6 +54,7 @@ class AsyncBuffer(Part):
         self.context, self.book, self.jobs, self.people = context, book, jobs, people
         self.versions: dict[int, np.ndarray] = jobs.kept  # (jobs name them and serve their weights by digest)
         self.granted: dict[int, int] = {}  # schedule entry -> the version it was handed out with
+        self.holding: dict[str, int] = {}  # peer -> the entry it was handed last (its lease is checked on each ask)
         self.digests: dict[int, tuple[np.ndarray, str]] = {}  # version -> (its weights, their sha256)
         self.norms: list[float] = []
         self.next = 0
@@ -93,10 +94,12 @@ class AsyncBuffer(Part):
         job = self.jobs.job
         schedule = session.plan.schedule
         leases, done = self.store.leases(ASYNC_ROUND), self.store.arrived_entries()
-        for entry, held in leases.items():  # the unit this peer is training
-            if held.peer_id == peer_id and held.deadline >= now and entry in self.granted and entry not in done:
-                return job(entry_assignment(schedule, session.plan.seed, entry, self.granted[entry]),
-                                held.deadline)
+        entry = self.holding.get(peer_id)  # the unit this peer is training
+        held = None if entry is None else leases.get(entry)
+        if entry is not None and held is not None and held.peer_id == peer_id and held.deadline >= now and \
+                entry in self.granted and entry not in done:
+            return job(entry_assignment(schedule, session.plan.seed, entry, self.granted[entry]), held.deadline)
+        self.holding.pop(peer_id, None)
         while self.next < len(schedule) and self.next in done:
             self.next += 1
         connected = self.store.active_peers(self.context.options.peer_timeout)
@@ -111,7 +114,7 @@ class AsyncBuffer(Part):
                 self.store.count("leases_expired")
             granted = self.store.grant(ASYNC_ROUND, entry, schedule[entry][1], peer_id,
                                        self.context.options.lease_seconds)
-            self.granted[entry] = session.round
+            self.granted[entry], self.holding[peer_id] = session.round, entry
             self.context.notices.changed()
             return job(entry_assignment(schedule, session.plan.seed, entry, session.round), granted.deadline)
         return Wait(self.context.options.retry_seconds, "every unit is out; waiting for results")

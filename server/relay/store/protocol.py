@@ -214,7 +214,7 @@ class ArrivalStore(Protocol):
         """Keep a result in the buffer and count a unit done by its peer; returns its arrival number (seq, rising).
         A second arrival of the same ``entry`` is an error."""
 
-    def arrived_entries(self) -> set[int]:
+    def arrived_entries(self) -> frozenset[int]:
         """The entries of every arrival, merged or not."""
 
     def buffered(self, limit: int | None = None) -> list[BufferedArrival]:

@@ -126,6 +126,29 @@ def status_weights(relay, version: int) -> np.ndarray:  # type: ignore[no-untype
     return relay.mode.versions[version].astype(np.float64)
 
 
+def test_a_peer_asking_again_is_handed_the_unit_it_holds_and_a_new_one_once_it_is_back(package: Package,
+                                                                                       tmp_path: Path) -> None:
+    """The stream remembers which unit each peer holds: asked again it hands the same one (while its lease lasts),
+    after the result a new one, and after a refusal (the lease given up) another, the refused unit going to the next
+    peer who asks."""
+    relay = make_relay(package, tmp_path / "s", k=4, passes=2, config=ASYNC, ban_addresses=False, verify=False)
+    with serving(relay) as client:
+        a, b = HttpPeer(client), HttpPeer(client)
+        first = a.assignment()
+        assert a.assignment()["slot"] == first["slot"]
+        other = b.assignment()
+        assert other["slot"] != first["slot"] and b.assignment()["slot"] == other["slot"]
+        assert a.train_and_upload(first).status_code == 200
+        second = a.assignment()
+        assert second["slot"] not in (first["slot"], other["slot"]) and a.assignment()["slot"] == second["slot"]
+        refused = a.upload(second["round"], second["slot"], b"not a result message")
+        assert refused.status_code in (400, 422), refused.text
+        third = a.assignment()
+        assert third["slot"] not in (first["slot"], other["slot"], second["slot"])
+        assert b.train_and_upload(other).status_code == 200
+        assert b.assignment()["slot"] == second["slot"]  # (the unit the refusal gave up, to the next peer)
+
+
 def test_a_result_too_many_versions_behind_is_refused(package: Package, tmp_path: Path) -> None:
     relay = make_relay(package, tmp_path / "s", k=1, passes=2, config={**ASYNC, "max_staleness": 1},
                        ban_addresses=False)

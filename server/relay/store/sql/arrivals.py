@@ -25,8 +25,8 @@ class SQLArrivals(TablePart):
             db.execute("UPDATE peers SET units_done = units_done + 1 WHERE id = ?", (peer_id,))
             return seq
 
-    def arrived_entries(self) -> set[int]:
-        return {int(r[0]) for r in self.connection.run("SELECT entry FROM arrivals")}
+    def arrived_entries(self) -> frozenset[int]:
+        return frozenset(int(r[0]) for r in self.connection.run("SELECT entry FROM arrivals"))
 
     def buffered(self, limit: int | None = None) -> list[BufferedArrival]:
         rows = self.connection.run("SELECT seq, entry, unit_index, version, num_examples, metrics, update_vector, "

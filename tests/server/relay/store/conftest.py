@@ -31,3 +31,19 @@ def store(request: pytest.FixtureRequest, tmp_path: Path, clock: Clock) -> Itera
         yield opened
     finally:
         opened.close()
+
+
+@pytest.fixture
+def second_look(request: pytest.FixtureRequest, tmp_path: Path, clock: Clock) -> Iterator[Callable[[], Store]]:
+    """Opens another store on the database of this test's ``store`` (what a restarted relay would read), each call
+    a new one; all are closed at the end."""
+    opened: list[Store] = []
+
+    def look() -> Store:
+        opened.append(open_store(LOCATIONS[request.node.callspec.params["store"]](request, tmp_path), clock=clock))
+        return opened[-1]
+    try:
+        yield look
+    finally:
+        for each in opened:
+            each.close()

@@ -3,6 +3,8 @@ checkpoint lacks that merge, pruned once merged."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from server.relay.store import Store
@@ -58,3 +60,24 @@ def test_pruning_empties_arrivals_merged_before_a_merge(store: Store) -> None:
     assert [row[-1] for row in store.arrivals()] == [b"", b"", b"message 2"]
     # (not merged: untouched)
     assert store.buffered() == [(seqs[3], 3, 13, 0, 256, {"loss": 3}, b"update 3", b"message 3")]
+
+
+def test_what_the_store_keeps_of_the_buffer_is_what_its_database_says(store: Store,
+                                                                      second_look: Callable[[], Store]) -> None:
+    """The entries and the waiting count are kept between reads (the stream asks on every request for work); each
+    change leaves them as a fresh read of the database gives them, a refused arrival included."""
+    peer_id, _ = store.add_peer()
+    assert store.arrived_entries() == set() and store.buffered_count() == 0  # (read now, and kept)
+    seqs = [arrive(store, entry, peer_id) for entry in (5, 1, 9)]
+    with pytest.raises(Exception):  # noqa: B017 (each database raises its own integrity error)
+        arrive(store, 5, peer_id)
+    for change, waiting in ((lambda: None, 3), (lambda: store.mark_merged(seqs[:2], 0), 1),
+                            (lambda: store.unmerge_from(0), 3)):
+        change()
+        fresh = second_look()
+        assert store.arrived_entries() == fresh.arrived_entries() == {1, 5, 9}
+        assert store.buffered_count() == fresh.buffered_count() == waiting
+    store.close()
+    arrive(second_look(), 2, peer_id)  # (another process's arrival while this store was closed)
+    store.open()
+    assert store.arrived_entries() == {1, 2, 5, 9} and store.buffered_count() == 4
