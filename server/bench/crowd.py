@@ -40,7 +40,8 @@ in no merged round's units nor carried by one, a ban's undo included: must be 0;
 banned of those with a result accepted, honest peers banned (must be 0), liars' results taken as a slot's result,
 second copies as a share of the crowd's accepted results (volunteer compute spent on checking), and the relay
 process's CPU seconds per 100 accepted results (everything it does: with copies instead of host replays, checking
-costs the host only a comparison); refusals by code.
+costs the host only a comparison), beside it the bench process's own CPU per 100 results (the thousand simulated
+clients share the two cores with the relay: what they take is not the relay's to use); refusals by code.
 """
 
 from __future__ import annotations
@@ -319,7 +320,9 @@ def one_setting(package: Package, work: Path, args: argparse.Namespace, figures:
                       log=work / f"serve-{figures.setting}.log", start_timeout_s=RELAY_START_SECONDS) as relay:
         print(f"{figures.setting}: relay at {relay.page_url}, {units} units, {passes} passes, {figures.peers} peers",
               flush=True)
+        crowd_cpu = time.process_time()
         run_async(lambda: drive(relay.page_url.rstrip("/"), package, figures.peers, figures, args, rounds, seconds))
+        figures.crowd_cpu_seconds = time.process_time() - crowd_cpu
         figures.peak_rss_mb = relay.peak_rss_mb()
         figures.relay_cpu_seconds = relay.cpu_seconds()
     figures.relay_own = relay_own_seconds(args.store or session / "relay.sqlite3", figures.timed)
@@ -334,7 +337,8 @@ def one_setting(package: Package, work: Path, args: argparse.Namespace, figures:
           f"lost {lost(figures, 'not measured')}, refusals {figures.refusals or '-'}", flush=True)
     print(f"{figures.setting}: liars banned {liars(figures)} (with a result accepted), honest banned "
           f"{figures.honest_banned}, lies taken as results {figures.lies_accepted}, copies {copy_share(figures)} of "
-          f"the crowd's results, relay CPU {cpu_per_100(figures)} s per 100 results, disputes "
+          f"the crowd's results, relay CPU {cpu_per_100(figures)} s per 100 results (the crowd's own "
+          f"{cpu_per_100(figures, crowd=True)} s), disputes "
           f"{figures.disputes or '-'}", flush=True)
 
 

@@ -94,6 +94,7 @@ def test_a_small_crowd_on_a_real_relay_loses_nothing_and_reports_every_setting(t
         assert figures["units_lost"] == (None if name.startswith("async") else 0), name  # (async: not measured)
         assert not figures["errors"] and figures["results_per_second"] > 0, name
         assert figures["peak_rss_mb"] > 0 and figures["honest_banned"] == 0, name
+        assert figures["relay_cpu_seconds"] > 0 and figures["crowd_cpu_seconds"] > 0, name  # (both ends' CPU)
         # a ban's undo refuses the results of the round it starts again (round_redone, stale_round, not_leased)
         assert set(figures["refusals"]) <= {"banned", "round_redone", "stale_round", "not_leased", "duplicate"}, \
             figures["refusals"]  # (duplicate: a copy that came after its slot's third result settled a dispute)
