@@ -39,9 +39,10 @@ work requests answered at once and of result requests; units lost (a unit handed
 in no merged round's units nor carried by one, a ban's undo included: must be 0; synchronous rounds only); liars
 banned of those with a result accepted, honest peers banned (must be 0), liars' results taken as a slot's result,
 second copies as a share of the crowd's accepted results (volunteer compute spent on checking), and the relay
-process's CPU seconds per 100 accepted results (everything it does: with copies instead of host replays, checking
-costs the host only a comparison), beside it the bench process's own CPU per 100 results (the thousand simulated
-clients share the two cores with the relay: what they take is not the relay's to use); refusals by code.
+process's CPU seconds per 100 accepted results (everything it does while the crowd runs, its own start left out:
+with copies instead of host replays, checking costs the host only a comparison), beside it the bench process's own
+CPU per 100 results once its clients are made (the thousand simulated clients share the two cores with the relay,
+and what they take is not the relay's to use); refusals by code.
 """
 
 from __future__ import annotations
@@ -254,10 +255,11 @@ async def drive(url: str, package: Package, peers: int, figures: Figures, args: 
     updates = Updates(package, args.perturbation)
     addresses = max(1, min(args.addresses, peers, 253))
     per_client = -(-peers // addresses) + 2
-    limits = pooled(per_client)
+    limits, tls = pooled(per_client), httpx.create_ssl_context()  # (one TLS context: each costs 50 ms of CPU to make)
     clients = [httpx.AsyncClient(base_url=url, timeout=120, limits=limits, transport=httpx.AsyncHTTPTransport(
-        local_address=f"127.0.0.{2 + a}", limits=limits)) for a in range(addresses)]
+        verify=tls, local_address=f"127.0.0.{2 + a}", limits=limits)) for a in range(addresses)]
     timeline, stop = Timeline(), asyncio.Event()
+    started = time.process_time()  # (the crowd's own CPU from here: its clients made)
     tasks: list[asyncio.Task[None]] = []
     try:
         observer = AsyncRelayClient(clients[0])
@@ -295,6 +297,7 @@ async def drive(url: str, package: Package, peers: int, figures: Figures, args: 
         await asyncio.wait(tasks, timeout=HOLD_SECONDS + 30)
         status = await until(observer, lambda s: rounds is None or not s["merging"], 120)  # (async: a backlog of
         #                                                          results may take many merges more: not waited for)
+        figures.crowd_cpu_seconds = time.process_time() - started
         listing = (await clients[0].get("/api/admin/peers", headers={"Authorization": f"Bearer {ADMIN}"})).json()
         count_liars(figures, {peer.peer_id: lies[i] for i, peer in enumerate(crowd)}, listing["peers"], timeline,
                     status)
@@ -320,11 +323,10 @@ def one_setting(package: Package, work: Path, args: argparse.Namespace, figures:
                       log=work / f"serve-{figures.setting}.log", start_timeout_s=RELAY_START_SECONDS) as relay:
         print(f"{figures.setting}: relay at {relay.page_url}, {units} units, {passes} passes, {figures.peers} peers",
               flush=True)
-        crowd_cpu = time.process_time()
+        idle = relay.cpu_seconds()  # (its start: imports, the session opened)
         run_async(lambda: drive(relay.page_url.rstrip("/"), package, figures.peers, figures, args, rounds, seconds))
-        figures.crowd_cpu_seconds = time.process_time() - crowd_cpu
         figures.peak_rss_mb = relay.peak_rss_mb()
-        figures.relay_cpu_seconds = relay.cpu_seconds()
+        figures.relay_cpu_seconds = relay.cpu_seconds() - idle
     figures.relay_own = relay_own_seconds(args.store or session / "relay.sqlite3", figures.timed)
     shutil.rmtree(session, ignore_errors=True)
     first = statistics.fmean(figures.first_after_last) if figures.first_after_last else math.nan
