@@ -22,7 +22,9 @@ CHAINS_KEPT = 8  # encoded chain messages kept (most peers ask for the same one:
 class Jobs:
     def __init__(self, context: RelayContext) -> None:
         self.context = context
-        self._current: tuple[int, bytes, str] | None = None  # (round, message, digest) of the current weights
+        # (round, weights, message, digest) of the current weights: kept while the session's round and weights array
+        # stay (a merge replaces the array before it moves the round on; async mode hands out jobs meanwhile)
+        self._current: tuple[int, np.ndarray, bytes, str] | None = None
         # Older versions a job may still name (async mode keeps the recent ones: ``AsyncBuffer.keep_version``).
         self.kept: dict[int, np.ndarray] = {}
         self._digests: dict[int, str] = {}  # version -> digest of a kept version
@@ -45,15 +47,14 @@ class Jobs:
                    codec=codec.to_json() if codec.compresses else None)
 
     def current(self) -> tuple[int, bytes, str]:
-        """(round, weights message, digest) of the current weights, encoded once per round."""
+        """(round, weights message, digest) of the current weights, encoded once per round and weights."""
         session = self.context.session
-        if self._current is None or self._current[0] != session.round:
+        kept = self._current
+        if kept is None or kept[0] != session.round or kept[1] is not session.weights:
             weights = session.weights
-            current = (session.round, self.message(weights, session.round), deltas.weights_sha256(weights))
-            if self.context.merging:  # (the merge may have moved the weights before the round: keep nothing now)
-                return current
-            self._current = current
-        return self._current
+            kept = self._current = (session.round, weights, self.message(weights, session.round),
+                                    deltas.weights_sha256(weights))
+        return kept[0], kept[2], kept[3]
 
     def weights_message(self) -> bytes:
         """The current round's weights as a wire message (cached until the round changes)."""
