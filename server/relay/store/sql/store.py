@@ -64,12 +64,6 @@ class SQLStore(VolunteerCalls):
         self._active: tuple[float, float, list[str], frozenset[str]] | None = None  # (read at, within, ids, as a set)
         self._slots_cache: dict[int, dict[int, str]] = {}  # round -> who delivered each slot's result, as read
         self._generation = 0  # (``generation``: every change below but a peer's touch moves it on)
-        # The asynchronous stream asks which entries arrived and how many wait on every request for work and every
-        # poll (a thousand peers: thousands of reads a second, each a scan of the arrivals): the entries are kept as
-        # read and added to as they arrive; the count, until a merge or a restart changes it.
-        self._arrived: set[int] | None = None
-        self._arrived_view: frozenset[int] | None = None
-        self._buffered_count: int | None = None
         self.open()
 
     def generation(self) -> int:
@@ -94,12 +88,12 @@ class SQLStore(VolunteerCalls):
 
     def open(self) -> None:
         with self._changing_leases():  # (the file may have changed while it was closed)
-            self._forget_arrivals()
+            self._arrivals.forget()
             self.connection.open()
 
     def close(self) -> None:
         with self._changing_leases():
-            self._forget_arrivals()
+            self._arrivals.forget()
             self.connection.close()
 
     def disk_bytes(self) -> int:
@@ -308,46 +302,23 @@ class SQLStore(VolunteerCalls):
     # -- the asynchronous buffer --------------------------------------------------------------------
     def add_arrival(self, *, entry: int, unit_index: int, peer_id: str, version: int, num_examples: int,
                     metrics: dict[str, Any], message: bytes, update: bytes) -> int:
-        with self._cache_lock:
-            seq = self._arrivals.add_arrival(entry=entry, unit_index=unit_index, peer_id=peer_id, version=version,
-                                             num_examples=num_examples, metrics=metrics, message=message,
-                                             update=update)
-            if self._arrived is not None:
-                self._arrived.add(entry)
-                self._arrived_view = None
-            if self._buffered_count is not None:
-                self._buffered_count += 1
-            return seq
+        return self._arrivals.add_arrival(entry=entry, unit_index=unit_index, peer_id=peer_id, version=version,
+                                          num_examples=num_examples, metrics=metrics, message=message, update=update)
 
     def arrived_entries(self) -> frozenset[int]:
-        with self._cache_lock:
-            if self._arrived is None:
-                self._arrived = set(self._arrivals.arrived_entries())
-            if self._arrived_view is None:
-                self._arrived_view = frozenset(self._arrived)
-            return self._arrived_view
+        return self._arrivals.arrived_entries()
 
     def buffered(self, limit: int | None = None) -> list[BufferedArrival]:
         return self._arrivals.buffered(limit)
 
     def buffered_count(self) -> int:
-        with self._cache_lock:
-            if self._buffered_count is None:
-                self._buffered_count = self._arrivals.buffered_count()
-            return self._buffered_count
+        return self._arrivals.buffered_count()
 
     def mark_merged(self, seqs: list[int], merge: int) -> None:
-        with self._cache_lock:
-            self._buffered_count = None
-            self._arrivals.mark_merged(seqs, merge)
+        self._arrivals.mark_merged(seqs, merge)
 
     def unmerge_from(self, merge: int) -> int:
-        with self._cache_lock:
-            self._buffered_count = None
-            return self._arrivals.unmerge_from(merge)
-
-    def _forget_arrivals(self) -> None:
-        self._arrived, self._arrived_view, self._buffered_count = None, None, None
+        return self._arrivals.unmerge_from(merge)
 
     def arrivals(self) -> list[MergedArrival]:
         return self._arrivals.arrivals()
