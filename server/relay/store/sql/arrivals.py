@@ -5,12 +5,24 @@ from __future__ import annotations
 
 import json
 import threading
+from dataclasses import dataclass, field
 from typing import Any
 
 from server.relay.store.records import BufferedArrival, MergedArrival, sha256_hex
 from server.relay.store.sql.database import TablePart
 
 
+@dataclass
+class KeptArrivals:
+    """What ``SQLArrivals`` keeps of its table between reads (None: read it again), under its own lock."""
+
+    lock: threading.RLock = field(default_factory=threading.RLock)
+    arrived: set[int] | None = None
+    view: frozenset[int] | None = None  # (``arrived`` as handed out; made again after an arrival)
+    waiting: int | None = None
+
+
+@dataclass(frozen=True)
 class SQLArrivals(TablePart):
     """``server.relay.store.protocol.ArrivalStore`` on the ``arrivals`` table.
 
@@ -19,39 +31,39 @@ class SQLArrivals(TablePart):
     while it serves, so the entries are kept as read and added to as they arrive, and the count until a merge or a
     restart changes it (``forget``: the store closed or opened again)."""
 
-    _lock = threading.RLock()
-    _arrived: set[int] | None = None
-    _arrived_view: frozenset[int] | None = None
-    _waiting: int | None = None
+    kept: KeptArrivals = field(default_factory=lambda: KeptArrivals())
 
     def forget(self) -> None:
-        with self._lock:
-            self._arrived, self._arrived_view, self._waiting = None, None, None
+        with self.kept.lock:
+            self.kept.arrived, self.kept.view, self.kept.waiting = None, None, None
 
     def add_arrival(self, *, entry: int, unit_index: int, peer_id: str, version: int, num_examples: int,
                     metrics: dict[str, Any], message: bytes, update: bytes) -> int:
-        with self._lock, self.connection.transaction() as db:
-            cursor = db.execute(
-                "INSERT INTO arrivals (entry, unit_index, peer_id, version, num_examples, metrics, message, "
-                "update_vector, received, merge, sha256) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, ?) RETURNING seq",
-                (entry, unit_index, peer_id, version, num_examples, json.dumps(metrics), message, update,
-                 self.clock(), sha256_hex(message)))
-            seq = int(cursor.fetchone()[0])
-            db.execute("UPDATE peers SET units_done = units_done + 1 WHERE id = ?", (peer_id,))
-            if self._arrived is not None:
-                self._arrived.add(entry)
-                self._arrived_view = None
-            if self._waiting is not None:
-                self._waiting += 1
+        kept = self.kept
+        with kept.lock:
+            with self.connection.transaction() as db:
+                cursor = db.execute(
+                    "INSERT INTO arrivals (entry, unit_index, peer_id, version, num_examples, metrics, message, "
+                    "update_vector, received, merge, sha256) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, ?) RETURNING seq",
+                    (entry, unit_index, peer_id, version, num_examples, json.dumps(metrics), message, update,
+                     self.clock(), sha256_hex(message)))
+                seq = int(cursor.fetchone()[0])
+                db.execute("UPDATE peers SET units_done = units_done + 1 WHERE id = ?", (peer_id,))
+            if kept.arrived is not None:  # (once committed)
+                kept.arrived.add(entry)
+                kept.view = None
+            if kept.waiting is not None:
+                kept.waiting += 1
             return seq
 
     def arrived_entries(self) -> frozenset[int]:
-        with self._lock:
-            if self._arrived is None:
-                self._arrived = {int(r[0]) for r in self.connection.run("SELECT entry FROM arrivals")}
-            if self._arrived_view is None:
-                self._arrived_view = frozenset(self._arrived)
-            return self._arrived_view
+        kept = self.kept
+        with kept.lock:
+            if kept.arrived is None:
+                kept.arrived = {int(r[0]) for r in self.connection.run("SELECT entry FROM arrivals")}
+            if kept.view is None:
+                kept.view = frozenset(kept.arrived)
+            return kept.view
 
     def buffered(self, limit: int | None = None) -> list[BufferedArrival]:
         rows = self.connection.run("SELECT seq, entry, unit_index, version, num_examples, metrics, update_vector, "
@@ -60,19 +72,20 @@ class SQLArrivals(TablePart):
         return [(r[0], r[1], r[2], r[3], r[4], json.loads(r[5]), bytes(r[6]), bytes(r[7])) for r in rows]
 
     def buffered_count(self) -> int:
-        with self._lock:
-            if self._waiting is None:
-                self._waiting = int(self.connection.run("SELECT COUNT(*) FROM arrivals WHERE merge IS NULL")[0][0])
-            return self._waiting
+        kept = self.kept
+        with kept.lock:
+            if kept.waiting is None:
+                kept.waiting = int(self.connection.run("SELECT COUNT(*) FROM arrivals WHERE merge IS NULL")[0][0])
+            return kept.waiting
 
     def mark_merged(self, seqs: list[int], merge: int) -> None:
-        with self._lock, self.connection.transaction() as db:
-            self._waiting = None
+        with self.kept.lock, self.connection.transaction() as db:
+            self.kept.waiting = None
             db.executemany("UPDATE arrivals SET merge = ? WHERE seq = ?", [(merge, seq) for seq in seqs])
 
     def unmerge_from(self, merge: int) -> int:
-        with self._lock:
-            self._waiting = None
+        with self.kept.lock:
+            self.kept.waiting = None
             return self.connection.change("UPDATE arrivals SET merge = NULL WHERE merge >= ?", (merge,))
 
     def arrivals(self) -> list[MergedArrival]:
