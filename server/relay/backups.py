@@ -1,7 +1,8 @@
 """Backups of stragglers (``serve --backup-after F``, a part of the relay; ``UnitCopies`` hands them out as second
 copies): MapReduce's speculative execution. Once every unit of the round is out, an idle peer gets a copy of the unit
 in flight longest, when it has been out for ``F`` times the session's median unit time (default 1; 0: at once), never
-the peer holding it. The first result that passes the checks is merged."""
+the peer holding it (nor, in a local task, a volunteer whose files the round counted: ``server.relay.local_turns``).
+The first result that passes the checks is merged."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from collections import deque
 from runtime.planner import Assignment
 from server.relay.book import RoundBook
 from server.relay.context import Part, RelayContext
+from server.relay.local_turns import LocalTurns
 from server.relay.store import Lease
 
 UNIT_TIMES_KEPT = 50  # merged units whose hand-out-to-result time sets the backups' yardstick
@@ -21,6 +23,7 @@ class Backups(Part):
 
     def __init__(self, context: RelayContext, book: RoundBook) -> None:
         self.context, self.book = context, book
+        self.local = LocalTurns(context)  # (a local unit's backup goes to a volunteer whose files it has not counted)
         # Hand-out to result of the session's last merged units: the backups' yardstick.
         self._unit_seconds: deque[float] = deque(maxlen=UNIT_TIMES_KEPT)
         self._backups: dict[int, dict[str, list[int]]] = {}  # round -> units that got a backup, those that won
@@ -59,7 +62,7 @@ class Backups(Part):
                       if slot not in done and lease.deadline >= now and lease.peer_id != peer_id
                       and now - lease.issued >= after and not self.book.refused(round_index, slot, peer_id)
                       and (slot not in copy_leases or copy_leases[slot].deadline < now)]
-        if not candidates:
+        if not candidates or not self.local.may_back_up(peer_id, candidates[0]):
             return None
         oldest = min(candidates, key=lambda lease: lease.issued)
         assignment = {a.slot: a for a in self.session.assignments()}[oldest.slot]

@@ -3,9 +3,10 @@
 A round hands out its k slots (one lease each), takes one checked result per slot and merges when every slot has
 its result and every chosen second copy is settled, or at its deadline (``server.relay.pacing``). A peer holds one
 lease at a time and takes the round's next open slot once its result is in, so a round that fewer than k peers
-can finish is finished by them (one peer alone trains every slot in turn). A result refused for what it holds (not
-for its lease) frees its slot at once for another peer, and that peer is not handed the slot again this round
-while someone else connected may take it. A slot that every connected peer in good standing was refused for is
+can finish is finished by them (one peer alone trains every slot in turn); in a local task, a volunteer whose files
+trained a unit of the round waits while another's could (``server.relay.local_turns``). A result refused for what
+it holds (not for its lease) frees its slot at once for another peer, and that peer is not handed the slot again this
+round while someone else connected may take it. A slot that every connected peer in good standing was refused for is
 *blocked*: the round merges without it once the rest is in, and the unit is carried into the next round (trained
 from the new weights, still once per pass); a round with no result at all hands a blocked slot back to the peers
 it refused. A result of a slot that has its merged result already is a second copy (``server.relay.copies``):
@@ -27,6 +28,7 @@ from server.relay.checks import EarlyRead
 from server.relay.context import RelayContext
 from server.relay.copies import UnitCopies
 from server.relay.jobs import Jobs
+from server.relay.local_turns import LocalTurns
 from server.relay.pacing import RoundPacing
 from server.relay.people import Participants
 from server.relay.replay_checks import ReplayChecks
@@ -54,6 +56,7 @@ class SyncRounds:
         self.results = RoundResults(context, book=book, jobs=jobs, people=people, replays=replays, copies=copies,
                                     bans=bans, sums=self.sums)
         self.started = False  # a unit was handed out since the relay started: the start gate is passed
+        self.local_turns = LocalTurns(context)  # (a local task's files count once a round)
 
     # -- handing out --------------------------------------------------------------------------------------
     def next_job(self, peer_id: str) -> WorkAnswer:
@@ -76,6 +79,9 @@ class SyncRounds:
         if held:  # (the peer asks again for the unit it holds)
             slot = min(held)
             return self.jobs.job(next(a for a in assignments if a.slot == slot), leases[slot].deadline)
+        turn = self.local_turns.wait(peer_id, session.round, now)
+        if turn is not None:
+            return Wait(options.retry_seconds, turn)
         open_slots = []
         for assignment in assignments:  # (the first open slot: no result, no live lease, not refused to this peer)
             if assignment.slot in results:

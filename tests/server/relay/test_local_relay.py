@@ -103,6 +103,51 @@ def test_a_claim_above_the_cap_is_refused(hosted: Package, tmp_path: Path) -> No
     assert "trains on at most 5000 examples; the result claims 5001" in response.json()["message"]
 
 
+def test_a_volunteers_files_count_once_a_round_while_another_volunteer_could_train(hosted: Package,
+                                                                                  tmp_path: Path) -> None:
+    """Three pages, three units a round: a page whose files trained a unit waits while another page's have not
+    counted (one waiting, one training), and takes the last unit once nobody else is connected."""
+    relay = make_relay(hosted, tmp_path / "session", k=3, passes=1)
+    with serving(relay) as client:
+        first, second, third = (LocalPeer(client, path) for path in PEER_FILES)
+        job = first.assignment()
+        assert first.train_and_upload(job).status_code == 200
+        again = first.work()
+        assert "slot" not in again and "your files trained a unit of this round" in again["reason"], again
+        held = second.assignment()  # (its files are training: counted; the third's are not)
+        assert "your files trained a unit" in first.work()["reason"]
+        assert held["slot"] != job["slot"]
+        third.leave()  # (nobody else's files could take the round's last unit: the first's train it)
+        last = first.assignment()
+        assert len({job["slot"], held["slot"], last["slot"]}) == 3
+        assert first.train_and_upload(last).status_code == 200
+        assert second.train_and_upload(held).status_code == 200
+        wait_for_round(client, 1)
+        trainers = {r.slot: r.peer_id for r in relay.store.all_results() if r.round == 0}
+    assert trainers == {job["slot"]: first.peer_id, held["slot"]: second.peer_id, last["slot"]: first.peer_id}
+
+
+def test_a_local_units_backup_goes_only_to_a_volunteer_whose_files_the_round_has_not_counted(
+        hosted: Package, tmp_path: Path) -> None:
+    """Backups at once: the page whose result is in does not race the straggler on its own files again (under load
+    in the browser test, such a backup won and one page's files counted twice in a round); a page that joins then
+    does."""
+    relay = make_relay(hosted, tmp_path / "session", k=2, passes=1, backup_after=0)
+    with serving(relay) as client:
+        fast, slow = LocalPeer(client, PEER_FILES[0]), LocalPeer(client, PEER_FILES[1])
+        done, straggling = fast.assignment(), slow.assignment()
+        assert fast.train_and_upload(done).status_code == 200
+        idle = fast.work()
+        assert "slot" not in idle and "waiting for other peers' units" in idle["reason"], idle
+        late = LocalPeer(client, PEER_FILES[2])
+        backup = late.assignment()
+        assert (backup["slot"], backup["copy"]) == (straggling["slot"], "backup")
+        assert late.train_and_upload(backup).status_code == 200
+        wait_for_round(client, 1)
+        trainers = {r.slot: r.peer_id for r in relay.store.all_results() if r.round == 0}
+    assert trainers == {done["slot"]: fast.peer_id, straggling["slot"]: late.peer_id}
+
+
 def test_a_relay_session_judged_by_federated_evaluation_is_the_native_one(federated_only: Package,
                                                                             tmp_path: Path) -> None:
     relay = make_relay(federated_only, tmp_path / "session", k=3, passes=2)
