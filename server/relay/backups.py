@@ -68,6 +68,8 @@ class Backups(Part):
         assignment = {a.slot: a for a in self.session.assignments()}[oldest.slot]
         granted = self.store.grant(round_index, oldest.slot, oldest.unit_index, peer_id, self.options.lease_seconds,
                                    copy=1)
+        if granted is None:  # (another relay over the store leased it a moment ago)
+            return None
         self.store.count("backups_handed_out")
         self._backups.setdefault(round_index, {"units": [], "won": []})["units"].append(oldest.unit_index)
         return assignment, granted.deadline

@@ -114,6 +114,8 @@ class AsyncBuffer(Part):
                 self.store.count("leases_expired")
             granted = self.store.grant(ASYNC_ROUND, entry, schedule[entry][1], peer_id,
                                        self.context.options.lease_seconds)
+            if granted is None:  # (another relay over the store leased it a moment ago)
+                continue
             self.granted[entry], self.holding[peer_id] = session.round, entry
             self.context.notices.changed()
             return job(entry_assignment(schedule, session.plan.seed, entry, session.round), granted.deadline)

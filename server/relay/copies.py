@@ -141,6 +141,8 @@ class UnitCopies(Part):
                 assignment = by_slot_index[slot]
                 granted = self.store.grant(round_index, slot, assignment.unit_index, peer_id,
                                            self.options.lease_seconds, copy=1)
+                if granted is None:  # (another relay over the store leased it a moment ago)
+                    continue
                 self.store.count("copies_handed_out")
                 return self._copy_job(assignment, granted.deadline)
         backup = self.backups.next_backup(peer_id, leases, now)

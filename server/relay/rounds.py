@@ -82,34 +82,31 @@ class SyncRounds:
         turn = self.local_turns.wait(peer_id, session.round, now)
         if turn is not None:
             return Wait(options.retry_seconds, turn)
-        open_slots = []
+        started = bool(results) or bool(leases)
         for assignment in assignments:  # (the first open slot: no result, no live lease, not refused to this peer)
             if assignment.slot in results:
                 continue
-            lease = leases.get(assignment.slot)
-            if lease is not None and lease.deadline >= now:
+            expired = leases.get(assignment.slot)
+            if expired is not None and expired.deadline >= now:
                 continue
             if self.book.refused(session.round, assignment.slot, peer_id) and assignment.slot not in blocked:
                 continue
-            open_slots.append((assignment, lease))
-            break
-        if not open_slots:
-            copy = self.copies.next_copy(peer_id)
-            if copy is not None:
-                self.context.notices.changed()
-                return copy
-            return Wait(options.retry_seconds, f"round {session.round + 1}: waiting for other peers' units")
-        assignment, expired = open_slots[0]
-        if expired is not None:
-            store.count("leases_expired")
-        started = bool(results) or bool(leases)
-        lease = store.grant(session.round, assignment.slot, assignment.unit_index, peer_id, options.lease_seconds)
-        self.started = True
-        if not started:
-            self.on_round_opened()
-        self.replays.prepare(peer_id, assignment.slot)
-        self.context.notices.changed()
-        return self.jobs.job(assignment, lease.deadline)
+            lease = store.grant(session.round, assignment.slot, assignment.unit_index, peer_id, options.lease_seconds)
+            if lease is None:  # (another relay over the store leased it a moment ago: the next open slot)
+                continue
+            if expired is not None:
+                store.count("leases_expired")
+            self.started = True
+            if not started:
+                self.on_round_opened()
+            self.replays.prepare(peer_id, assignment.slot)
+            self.context.notices.changed()
+            return self.jobs.job(assignment, lease.deadline)
+        copy = self.copies.next_copy(peer_id)
+        if copy is not None:
+            self.context.notices.changed()
+            return copy
+        return Wait(options.retry_seconds, f"round {session.round + 1}: waiting for other peers' units")
 
     def units_open(self) -> int | None:
         """The new round's units and second copies, and a few more (a refused slot, a backup): the held requests a

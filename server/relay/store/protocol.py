@@ -112,9 +112,10 @@ class LeaseStore(Protocol):
         second copies (1). Empty when there are none."""
 
     def grant(self, round_index: int, slot: int, unit_index: int, peer_id: str, seconds: float,
-              copy: int = 0) -> Lease:
-        """Lease the slot's unit (or its second copy) to ``peer_id`` from now for ``seconds``, replacing any lease
-        on the same (round, slot, copy)."""
+              copy: int = 0) -> Lease | None:
+        """Lease the slot's unit (or its second copy) to ``peer_id`` from now for ``seconds``, replacing a lease on
+        the same (round, slot, copy) that ran out or is ``peer_id``'s own; None where another peer holds a live one
+        (granted meanwhile by another relay over the same store: the database decides, in one statement)."""
 
     def release(self, round_index: int, slot: int, peer_id: str | None = None) -> None:
         """Drop the leases on a slot (its result was refused), or only ``peer_id``'s: the next peer to ask may

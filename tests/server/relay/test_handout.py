@@ -16,6 +16,7 @@ from relay_fixtures import HttpPeer, make_relay, run_round, serving, session_sta
 from runtime.protocol import Wait
 from server.harness.peer.transport import run_async
 from server.relay.status import Samples
+from server.relay.store import open_store
 from server.session.package import Package
 
 
@@ -83,3 +84,25 @@ def test_the_relay_knows_when_the_requests_a_change_woke_have_their_answers(pack
     assert nothing_held and answered and waited < 2.0 and holding == 3 and all(still), (answered, waited, holding)
 
 
+
+
+def test_a_unit_another_relay_leased_meanwhile_goes_to_nobody_else(package: Package, tmp_path: Path) -> None:
+    """Another relay over the same store (here a second store on the relay's SQLite file) leases a unit this relay
+    still thinks open: the database refuses this relay's grant, and its peer gets the next open unit, not that one.
+    Asynchronous mode the same, on the stream's entries."""
+    for mode, extra in (("sync", {}), ("async", {"mode": "async"})):
+        relay = make_relay(package, tmp_path / mode, k=3, passes=1, config=extra)
+        other = open_store(tmp_path / mode / "relay.sqlite3")
+        try:
+            with serving(relay) as client:
+                first, second = HttpPeer(client), HttpPeer(client)
+                held = first.assignment()  # (this relay has read, and keeps, the leases since)
+                stolen = held["slot"] + 1
+                round_index = -1 if mode == "async" else 0
+                assert other.grant(round_index, stolen, stolen, "p-other-relay", 60.0) is not None
+                job = second.assignment()
+                assert job["slot"] == stolen + 1, (mode, held, job)
+                lease = relay.store.leases(round_index)[stolen]
+                assert lease.peer_id == "p-other-relay", mode
+        finally:
+            other.close()

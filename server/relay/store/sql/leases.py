@@ -20,13 +20,16 @@ class SQLLeases(TablePart):
         return {row[1]: Lease(*row) for row in rows}
 
     def grant(self, round_index: int, slot: int, unit_index: int, peer_id: str, seconds: float,
-              copy: int = 0) -> Lease:
+              copy: int = 0) -> Lease | None:
+        # One statement, so the database decides: a lease another peer holds and has not let run out stays (two
+        # relays over one store asking at once: one of them gets no row back).
         now = self.clock()
-        self.connection.run("INSERT INTO leases VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (round, slot, copy) "
-                            "DO UPDATE SET unit_index = excluded.unit_index, peer_id = excluded.peer_id, "
-                            "issued = excluded.issued, deadline = excluded.deadline",
-                            (round_index, slot, unit_index, peer_id, now, now + seconds, copy))
-        return Lease(round_index, slot, unit_index, peer_id, now, now + seconds, copy)
+        taken = self.connection.run(
+            "INSERT INTO leases VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (round, slot, copy) "
+            "DO UPDATE SET unit_index = excluded.unit_index, peer_id = excluded.peer_id, issued = excluded.issued, "
+            "deadline = excluded.deadline WHERE leases.deadline < excluded.issued OR leases.peer_id = excluded.peer_id "
+            "RETURNING slot", (round_index, slot, unit_index, peer_id, now, now + seconds, copy))
+        return Lease(round_index, slot, unit_index, peer_id, now, now + seconds, copy) if taken else None
 
     def release(self, round_index: int, slot: int, peer_id: str | None = None) -> None:
         if peer_id is None:

@@ -170,10 +170,14 @@ class SQLStore(VolunteerCalls):
             return dict(cached)
 
     def grant(self, round_index: int, slot: int, unit_index: int, peer_id: str, seconds: float,
-              copy: int = 0) -> Lease:
+              copy: int = 0) -> Lease | None:
         with self._cache_lock:
             lease = self._leases.grant(round_index, slot, unit_index, peer_id, seconds, copy)
             self._generation += 1
+            if lease is None:  # (another relay over this store leased it: what is kept of the round is read again)
+                self._lease_cache.pop((round_index, copy), None)
+                self._forget_active()
+                return None
             self._forget_active(unless=peer_id)
             cached = self._lease_cache.get((round_index, copy))
             if cached is not None:

@@ -3,6 +3,7 @@ and after a restart; a lease keeps its peer active while the peer trains without
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from virtual_clock import Clock
@@ -20,12 +21,36 @@ def test_a_grant_is_a_lease_from_now_and_replaces_the_one_on_its_slot(store: Sto
     assert lease == Lease(0, 1, 7, "p-a", 1000.0, 1030.0, 0)
     clock.advance(5.0)
     assert store.leases(0) == {1: lease} and store.leases(0, copy=1) == {} and store.leases(1) == {}
-    again = store.grant(0, 1, 7, "p-b", 30.0)
+    assert store.grant(0, 1, 7, "p-b", 30.0) is None  # (p-a's lease is live: it stays)
+    renewed = store.grant(0, 1, 7, "p-a", 30.0)  # (its own peer may take it again)
+    assert renewed is not None and renewed.issued == 1005.0 and store.leases(0) == {1: renewed}
     copy = store.grant(0, 1, 7, "p-c", 10.0, copy=1)
-    assert store.leases(0) == {1: again} and again.peer_id == "p-b" and again.issued == 1005.0
-    assert store.leases(0, copy=1) == {1: copy} and copy.copy == 1
+    assert copy is not None and store.leases(0, copy=1) == {1: copy} and copy.copy == 1
+    clock.advance(31.0)  # (both ran out)
+    again = store.grant(0, 1, 7, "p-b", 30.0)
+    assert again is not None and store.leases(0) == {1: again} and again.peer_id == "p-b" and again.issued == 1036.0
     clock.advance(100.0)
     assert store.leases(0) == {1: again}  # (expired leases are still listed: the caller judges the deadline)
+
+
+def test_two_relays_over_one_store_never_lease_a_unit_twice(store: Store, second_look: Callable[[], Store],
+                                                             clock: Clock) -> None:
+    """Another relay on the same database (a second store object: its own connection and what it keeps) asks
+    for the same units: the database gives each live lease to one peer, and a relay that lost reads the round
+    again."""
+    other = second_look()
+    assert other.leases(0) == {}  # (read, and kept, before the first relay's grants)
+    mine = [store.grant(0, slot, slot, "p-a", 30.0) for slot in range(3)]
+    assert all(lease is not None for lease in mine)
+    assert [other.grant(0, slot, slot, "p-b", 30.0) for slot in range(3)] == [None, None, None]
+    assert other.leases(0) == {lease.slot: lease for lease in mine if lease is not None}
+    assert other.grant(0, 3, 3, "p-b", 30.0) is not None and store.grant(0, 3, 3, "p-a", 30.0) is None
+    assert store.grant(0, 0, 0, "p-b", 10.0, copy=1) is not None  # (a second copy is its own lease)
+    assert other.grant(0, 0, 0, "p-c", 10.0, copy=1) is None
+    clock.advance(31.0)
+    taken = other.grant(0, 1, 1, "p-b", 30.0)  # (p-a's ran out: the unit goes on)
+    assert taken is not None and store.leases(0)[1].peer_id == "p-b"
+    assert store.grant(0, 1, 1, "p-a", 30.0) is None
 
 
 def test_release_drops_a_slot_or_one_peers_lease_on_it(store: Store) -> None:
