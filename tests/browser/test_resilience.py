@@ -43,17 +43,14 @@ from server.session.config import SessionConfig
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 
-def training_page(pages: list[Page], timeout_s: float) -> Page:
-    """The first page seen training a unit (its worker is busy in Python)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        for page in pages:
-            if page.evaluate("document.body.dataset.peer") == "training":
-                return page
-        check_pages(pages)
-        time.sleep(0.05)
-    seen = [page.evaluate("[document.body.dataset.state, window.peertrain.activity]") for page in pages]
-    pytest.fail(f"no page started training within {timeout_s:.0f} s; pages (state, activity): {seen}")
+def wait_for_victim(victim: Page, lost: list[str]) -> str:
+    """The victim's peer id, once its first result upload was dropped (it trained a unit and holds its lease)."""
+    deadline = time.monotonic() + BOOT_SECONDS + 60
+    while not any("/api/result" in url for url in lost):
+        check_pages([victim])
+        assert time.monotonic() < deadline, victim.evaluate("[document.body.dataset.state, window.peertrain.activity]")
+        victim.wait_for_timeout(50)  # (Playwright's own wait: the route handler runs meanwhile)
+    return str(victim.evaluate("window.peertrain.peerId"))
 
 
 def test_closed_page_mid_unit_is_covered_by_lease_expiry(browser: Browser, tmp_path: Path) -> None:
@@ -61,19 +58,29 @@ def test_closed_page_mid_unit_is_covered_by_lease_expiry(browser: Browser, tmp_p
     session_dir = tmp_path / "session"
     settings = {**ARITH_SETTINGS, "chunks": 2, "steps": 60}
     # --no-backups: an idle page would race the closed page's unit first (tests/server/relay/test_backups.py); this
-    # test is about the lease running out
+    # test is about the lease running out. --min-peers 2: each page takes one of the two units (a page that booted
+    # first could train both before the other asked).
     serve = ServeCommand(task="arith", task_settings=settings, session_dir=session_dir,
                          config=SessionConfig(participants=2, passes=1),
-                         options=relay_options(lease_seconds=20, backup_after=None))
+                         options=relay_options(lease_seconds=20, backup_after=None, min_peers=2))
     relay, url = start_relay(serve, log_name="relay-lease.log")
     pages: list[Page] = []
+    lost: list[str] = []  # the victim's uploads and goodbye, dropped as a dead network drops them
+
+    def dead_network(route: Route) -> None:
+        lost.append(route.request.url)
+        route.abort()
+
     try:
         pages = open_peers(browser, url, 2)
-        victim = training_page(pages, BOOT_SECONDS)
-        victim_id = victim.evaluate("window.peertrain.peerId")
-        survivor = next(page for page in pages if page is not victim)
-        # The worker dies in the middle of its unit and the page's goodbye never reaches the relay (a browser that
-        # crashes or loses its network sends none): its fetch is taken away before it closes.
+        victim, survivor = pages
+        # The victim's worker trains a unit whose result never reaches the relay, and its goodbye never does either (a
+        # browser that crashes or loses its network sends none): both are dropped from the start, so that however
+        # fast its unit, it dies mid-unit for the relay. (Once the fetch was taken away only after the page was seen
+        # training; under load its result was in by then, and no lease ran out.)
+        victim.context.route(re.compile(r"/api/(result|leave)"), dead_network)
+        victim_id = wait_for_victim(victim, lost)
+        # (the page's goodbye on closing is a keepalive fetch that routes do not see: it goes with the page's fetch)
         victim.evaluate("() => { window.fetch = () => Promise.reject(new Error('no network')); }")
         victim.context.close()
         status = wait_for_status(url, lambda s: s["round_progress"]["done"] >= 1, timeout_s=60,
