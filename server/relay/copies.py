@@ -135,16 +135,14 @@ class UnitCopies(Part):
                 return self._copy_job(by_slot_index[slot], held.deadline)
         for slot in self._needing(round_index):
             lease = leases.get(slot)
-            if lease is not None and lease.deadline >= now:
-                continue
-            if self._eligible(peer_id, round_index, slot, self._trainers(round_index, slot)):
+            if (lease is None or lease.deadline < now) and \
+                    self._eligible(peer_id, round_index, slot, self._trainers(round_index, slot)):
                 assignment = by_slot_index[slot]
                 granted = self.store.grant(round_index, slot, assignment.unit_index, peer_id,
                                            self.options.lease_seconds, copy=1)
-                if granted is None:  # (another relay over the store leased it a moment ago)
-                    continue
-                self.store.count("copies_handed_out")
-                return self._copy_job(assignment, granted.deadline)
+                if granted is not None:  # (None: another relay over the store leased it a moment ago)
+                    self.store.count("copies_handed_out")
+                    return self._copy_job(assignment, granted.deadline)
         backup = self.backups.next_backup(peer_id, leases, now)
         return None if backup is None else self._copy_job(*backup)
 
