@@ -62,7 +62,7 @@ class Backups(Part):
                       if slot not in done and lease.deadline >= now and lease.peer_id != peer_id
                       and now - lease.issued >= after and not self.book.refused(round_index, slot, peer_id)
                       and (slot not in copy_leases or copy_leases[slot].deadline < now)]
-        if not candidates or not self.local.may_back_up(peer_id, candidates[0]):
+        if not candidates or not self.local.may_back_up(peer_id, round_index, now):
             return None
         oldest = min(candidates, key=lambda lease: lease.issued)
         assignment = {a.slot: a for a in self.session.assignments()}[oldest.slot]

@@ -14,7 +14,6 @@ a page that died. A volunteer is the identity behind a peer (``Store.identity``)
 from __future__ import annotations
 
 from server.relay.context import Part, RelayContext
-from server.relay.store import Lease
 
 
 class LocalTurns(Part):
@@ -50,9 +49,7 @@ class LocalTurns(Part):
         return (f"round {round_index + 1}: your files trained a unit of this round; its other units go to peers "
                 "whose files it has not counted yet")
 
-    def may_back_up(self, peer_id: str, lease: Lease) -> bool:
-        """Whether ``peer_id`` may train a backup of ``lease``'s unit: always, but in a local task only a volunteer
+    def may_back_up(self, peer_id: str, round_index: int, now: float) -> bool:
+        """Whether ``peer_id`` may train a backup of a unit of the round: always, but in a local task only a volunteer
         whose files the round has not counted."""
-        if not self.applies:
-            return True
-        return self.store.identity(peer_id) not in self.counted(lease.round, self.store.clock())
+        return not self.applies or self.store.identity(peer_id) not in self.counted(round_index, now)
