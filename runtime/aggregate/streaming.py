@@ -182,6 +182,13 @@ class Stream:
         self.counts[key], self.distances[key] = contribution.count, contribution.distance
         return contribution.distance
 
+    def rekey(self, keys: dict[Hashable, Hashable]) -> None:
+        """Name the results anew (old key -> new key, one for each result in the sum)."""
+        if keys.keys() != self.counts.keys() or len(set(keys.values())) != len(keys):
+            raise ValueError("a new key for each result in the sum, each its own")
+        self.counts = {keys[key]: count for key, count in self.counts.items()}
+        self.distances = {keys[key]: distance for key, distance in self.distances.items()}
+
     def remove(self, key: Hashable, vector: np.ndarray) -> None:
         """Take a result out again (the same weights it was added with)."""
         count = self.counts.pop(key)

@@ -19,13 +19,15 @@ out again (the weights have moved on meanwhile, or the refused peer tries once m
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from runtime import wire
-from runtime.aggregate.streaming import STREAMED
+from runtime.aggregate.streaming import STREAMED, Contribution, Stream, TermTooLarge
 from runtime.protocol import Wait, WorkAnswer
 from runtime.tasks import UnitResult
 from runtime.wire import weights_sha256
@@ -37,9 +39,21 @@ from server.relay.people import Participants
 from server.relay.refusal import Refusal
 from server.relay.store import StoredResult
 from server.session.buffered import effective_weights, entry_assignment, stored_update, update_of, validates
+from server.session.streamed import add_all
 
 ASYNC_ROUND = -1  # the leases table's round for the asynchronous stream of units
 NORMS_KEPT = 50  # accepted update norms the relative outlier check compares with
+
+
+@dataclass
+class OpenSum:
+    """The next merge's sum, taking results as they arrive: the merge number it is for, the weights it opened on
+    (the merge's current ones) and the arrivals (seq) in it."""
+
+    stream: Stream
+    merge: int
+    weights: np.ndarray
+    seqs: set[int] = field(default_factory=set)
 
 
 class AsyncBuffer(Part):
@@ -58,6 +72,8 @@ class AsyncBuffer(Part):
         self.digests: dict[int, tuple[np.ndarray, str]] = {}  # version -> (its weights, their sha256)
         self.norms: list[float] = []
         self.next = 0
+        self.open: OpenSum | None = None  # (``open_sum``: the next merge's sum; None while a merge runs)
+        self.open_lock = threading.Lock()  # (the loop adds to it, the merge thread takes it)
 
     def units_open(self) -> int | None:
         """Every held request looks for work after a merge (the stream hands out at any time)."""
@@ -69,6 +85,7 @@ class AsyncBuffer(Part):
         if returned:
             self.store.count("arrivals_returned_to_buffer_on_start", returned)
         self.keep_version()
+        self.open_sum()
 
     def keep_version(self) -> None:
         """Remember the current weights (results started from them are judged against them) and forget
@@ -136,6 +153,7 @@ class AsyncBuffer(Part):
 
         named = self.digests.get(version)
         digest = named[1] if named is not None and named[0] is base else None  # (else it is computed from base)
+        opened = self.open
 
         def read() -> EarlyRead:  # (the norm measured once, of the update the merge takes)
             outcome = read_early(body, session=session, fingerprint=fingerprint, round_index=version, unit=unit,
@@ -145,8 +163,39 @@ class AsyncBuffer(Part):
             header, vector, count, _ = outcome
             update = update_of(body, vector, base, codec)
             return EarlyRead(base, (header, vector, count, float(np.linalg.norm(update.astype(np.float64)))),
-                             update=update)
+                             update=update, contribution=self.contribution(opened, update, version, count))
         return read
+
+    def contribution(self, opened: OpenSum | None, update: np.ndarray, version: int,
+                     count: int) -> Contribution | None:
+        """A result's part of the next merge's sum, computed as it arrives (in a reader thread): None where that sum
+        is gone or full already (the merge then adds the result itself) or cannot take it (the merge says why)."""
+        if opened is None or self.open is not opened or version > opened.merge or \
+                self.store.buffered_count() >= self.session.plan.participants_per_round:
+            return None
+        effective = effective_weights(opened.weights, update, opened.merge - version, self.staleness_exponent)
+        try:
+            return opened.stream.prepare(effective, count)
+        except (ValueError, TermTooLarge):
+            return None
+
+    def open_sum(self) -> None:
+        """Open the next merge's sum on the weights of now, for results to join as they arrive (``OpenSum``)."""
+        stream = self.session.open_stream()  # (None: an aggregator that needs every result at once)
+        with self.open_lock:
+            self.open = None if stream is None else OpenSum(stream, self.session.round, self.session.weights)
+
+    def add_on_arrival(self, seq: int, count: int, contribution: Contribution | None) -> None:
+        """Add a stored arrival to the next merge's sum where its part was computed for that sum and the sum holds
+        only the oldest buffered arrivals (so the merge, which takes the oldest K, takes every result in it)."""
+        with self.open_lock:
+            opened = self.open
+            k = self.session.plan.participants_per_round
+            if contribution is None or opened is None or contribution.stream is not opened.stream or \
+                    contribution.count != count or self.store.buffered_count() > k:
+                return
+            opened.stream.add(seq, STREAMED, count, contribution)
+            opened.seqs.add(seq)
 
     def accept(self, peer_id: str, version: int, entry: int, body: bytes,
                early: EarlyRead | None = None) -> StoredResult:
@@ -192,9 +241,10 @@ class AsyncBuffer(Part):
             raise
         self.norms = (self.norms + [norm])[-NORMS_KEPT:]
         self.people.note_unit(peer_id, now - lease.issued, str(header.meta.get("engine", "")))
-        self.store.add_arrival(entry=entry, unit_index=assignment.unit_index, peer_id=peer_id, version=version,
-                               num_examples=count, metrics=dict(header.metrics), message=body,
-                               update=b"" if wire.is_update(body) else update.tobytes())  # (stored_update)
+        seq = self.store.add_arrival(entry=entry, unit_index=assignment.unit_index, peer_id=peer_id, version=version,
+                                     num_examples=count, metrics=dict(header.metrics), message=body,
+                                     update=b"" if wire.is_update(body) else update.tobytes())  # (stored_update)
+        self.add_on_arrival(seq, count, early.contribution if early is not None and early.base is base else None)
         return StoredResult(version, entry, assignment.unit_index, peer_id, count, dict(header.metrics), b"")
 
     def holds_unit(self, peer_id: str, unit_index: int) -> bool:
@@ -215,6 +265,8 @@ class AsyncBuffer(Part):
         """Merge the oldest K buffered results into the next version (runs in a worker thread)."""
         session, k = self.session, self.session.plan.participants_per_round
         merge = session.round
+        with self.open_lock:  # (arrivals from now on wait for the next merge's sum)
+            opened, self.open = self.open, None
         rows = self.store.buffered(k)
 
         def effective(index: object) -> np.ndarray:  # (row ``index`` as the merge sees it)
@@ -225,16 +277,24 @@ class AsyncBuffer(Part):
         validate = validates(merge, session.config.validate_every, session.num_rounds)
         extra = {"staleness": [merge - row[3] for row in rows], "started_from": [row[3] for row in rows],
                  "entries": [row[1] for row in rows], "staleness_exponent": self.staleness_exponent}
-        stream = session.open_stream()
+        position = {row[0]: index for index, row in enumerate(rows)}
+        stream: Stream | None
+        if opened is not None and opened.merge == merge and opened.weights is session.weights and \
+                opened.seqs <= position.keys():  # (the results summed as they came, keyed by position now)
+            stream = opened.stream
+            stream.rekey({seq: position[seq] for seq in opened.seqs})
+        else:  # (a sum that is gone stale: a rewind replaced the weights)
+            stream, opened = session.open_stream(), None
         if stream is None:  # (an aggregator that needs every result at once: K of them in memory)
             buffer = [(row[2], UnitResult(effective(index), row[4], row[5])) for index, row in enumerate(rows)]
             entry = session.complete_buffer(buffer, validate=validate, extra=extra)
-        else:  # one result in memory at a time: the same bits (runtime.aggregate.streaming), O(n) beside the messages
-            for index, row in enumerate(rows):
-                stream.add(index, effective(index), row[4])
+        else:  # a few results in memory at a time: the same bits (runtime.aggregate.streaming), O(n) beside them
+            add_all(stream, [(index, row[4]) for index, row in enumerate(rows)  # (those that came during a merge)
+                             if opened is None or row[0] not in opened.seqs], effective)
             entry = session.complete_buffer([(row[2], UnitResult(STREAMED, row[4], row[5])) for row in rows],
                                             validate=validate, extra=extra, streamed=(stream, effective))
         self.keep_version()
+        self.open_sum()
         return entry
 
     def waiting(self) -> str | None:

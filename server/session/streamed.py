@@ -5,16 +5,45 @@ restart and a ban's undo merge the same results at once, which gives the same bi
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import os
+from collections import deque
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
-from runtime.aggregate.streaming import Reread, Stream
+from runtime.aggregate.streaming import STREAMED, Contribution, Reread, Stream
 from server.session.settings import SessionError
 
 Session = Any  # server.session.session.Session (which imports this module)
 Streamed = tuple[Stream, Reread]  # a round's sum, and a way to read a slot's weights again
+SUM_WORKERS = min(4, os.cpu_count() or 1)  # threads that compute results' parts of a sum at once (``add_all``)
+
+
+def add_all(stream: Stream, results: Sequence[tuple[Hashable, int]], weights_of: Callable[[Hashable], np.ndarray],
+            workers: int = SUM_WORKERS) -> None:
+    """Add results (key, example count; ``weights_of(key)`` reads a result's weights) to ``stream``, their parts
+    computed in ``workers`` threads (NumPy lets go of the GIL) and added in the order given: the same sum as adding
+    them one by one. At most two parts per worker are in hand at once (each holds two int64 vectors)."""
+    if workers <= 1 or len(results) <= 1:
+        for key, count in results:
+            stream.add(key, weights_of(key), count)
+        return
+
+    def prepare(key: Hashable, count: int) -> Contribution:
+        return stream.prepare(weights_of(key), count)
+
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="merge-sum") as pool:
+        pending: deque[tuple[Hashable, Future[Contribution]]] = deque()
+        for key, count in results:
+            pending.append((key, pool.submit(prepare, key, count)))
+            if len(pending) >= 2 * workers:
+                done_key, part = pending.popleft()
+                stream.add(done_key, STREAMED, part.result().count, part.result())
+        while pending:
+            done_key, part = pending.popleft()
+            stream.add(done_key, STREAMED, part.result().count, part.result())
 
 
 def open_stream(session: Session) -> Stream | None:

@@ -171,3 +171,28 @@ def test_contributions_prepared_in_threads_give_the_same_bits_and_a_foreign_one_
     alone.add(0, vectors[0], 5)
     alone.add(1, vectors[1], 5)
     assert fresh.total.value().tobytes() == alone.total.value().tobytes() and fresh.distances == alone.distances
+
+
+def test_results_renamed_keep_their_sum_and_distances_and_a_bad_renaming_changes_nothing() -> None:
+    """An asynchronous relay sums results under their arrival numbers and merges them under their places in the
+    merge: the renamed stream finishes to the bits of one built under the new names."""
+    rng = np.random.default_rng(3)
+    n = 500
+    global64 = rng.standard_normal(n)
+    vectors = {seq: (global64 + rng.standard_normal(n) * (3.0 if seq == 40 else 0.1)).astype(np.float32)
+               for seq in (17, 23, 40)}
+    by_arrival, by_place = CenteredClipping(), CenteredClipping()
+    arrived, placed = by_arrival.open_stream(global64), by_place.open_stream(global64)
+    for place, seq in enumerate(sorted(vectors)):
+        arrived.add(seq, vectors[seq], 10 + place)
+        placed.add(place, vectors[seq], 10 + place)
+    with pytest.raises(ValueError):
+        arrived.rekey({17: 0, 23: 0, 40: 2})  # (two results, one name)
+    with pytest.raises(ValueError):
+        arrived.rekey({17: 0, 23: 1})  # (a result left unnamed)
+    assert set(arrived.counts) == {17, 23, 40}
+    arrived.rekey({17: 0, 23: 1, 40: 2})
+    assert arrived.counts == placed.counts and arrived.distances == placed.distances
+    reread = {place: vectors[seq] for place, seq in enumerate(sorted(vectors))}.__getitem__
+    merged, clipped = by_arrival.finish_stream(arrived, reread)
+    assert merged.tobytes() == by_place.finish_stream(placed, reread)[0].tobytes() and list(clipped) == [2]

@@ -27,6 +27,7 @@ from relay_process import (
 )
 
 from runtime import wire
+from server.bench.attack_peers import as_upload, result_weights
 from server.relay.app import RelayPaths
 from server.relay.store import Store, open_store
 from server.session import checkpoint_files as checkpoint
@@ -103,6 +104,37 @@ def test_merges_weigh_staleness_as_specified(package: Package, tmp_path: Path) -
     fresh = Session.create(package, relay.session.config)
     replayed = replay(fresh, arrivals, exponent=0.5, validate_every=1)
     np.testing.assert_array_equal(replayed.weights, relay.session.weights)  # the recorded arrivals, bit for bit
+
+
+def test_results_join_the_next_merges_sum_as_they_arrive_and_a_far_one_is_clipped_to_the_replays_bits(
+        package: Package, tmp_path: Path) -> None:
+    """The next merge's sum takes each result when it arrives (its part computed in a reader thread), so the merge
+    after the K-th adds nothing; centered clipping (the default) reads a far result again by its place in the merge;
+    the merged weights are the replay's of the recorded arrivals, bit for bit."""
+    relay = make_relay(package, tmp_path / "s", k=3, passes=1, config={"mode": "async"}, ban_addresses=False)
+    with serving(relay) as client:
+        a, b, c = HttpPeer(client), HttpPeer(client), HttpPeer(client)
+        jobs = {p.peer_id: p.assignment() for p in (a, b, c)}
+        for peer in (a, b):
+            assert peer.train_and_upload(jobs[peer.peer_id]).status_code == 200
+        opened = relay.mode.open
+        assert opened is not None and opened.merge == 0 and len(opened.seqs) == 2 and not relay.session.round
+        assert sorted(opened.stream.counts) == sorted(opened.seqs)  # (keyed by arrival until the merge)
+        base, codec = relay.session.weights, relay.session.config.result_codec
+        job = jobs[c.peer_id]
+        header, trained = result_weights(c.train(job), base, codec)
+        far = (base + 2.2 * (trained - base)).astype(np.float32)  # past the radius (twice the median), inside the outlier bound
+        answer = c.upload(0, job["slot"], as_upload(far, header, base, codec, job["unit_seed"]))
+        assert answer.status_code == 200, answer.text
+        status = wait_until_version(client, 1)
+        assert status["history"][0]["outliers"] == [job["unit_index"]]  # clipped
+        assert relay.mode.open is not None and relay.mode.open.merge == 1 and not relay.mode.open.seqs
+        work_until_done(client, [a, b, c])
+    relay.open()
+    fresh = Session.create(package, relay.session.config)
+    replayed = replay(fresh, recorded(relay.store), exponent=relay.session.config.staleness_exponent,
+                      validate_every=relay.session.config.validate_every)
+    np.testing.assert_array_equal(replayed.weights, relay.session.weights)
 
 
 def count_of(relay, job: dict) -> int:  # type: ignore[no-untyped-def]
