@@ -34,7 +34,9 @@ Per setting: the relay's time after a round's last result (its upload answered) 
 round's assignments, less the validation the history records, and its share of a browser unit (the anchor: one
 bytetext unit trained by the page's worker in headless Chromium, in the same run; ``--skip-browser``: a native
 unit, ``--skip-training`` too: no share); the relay's peak RSS (VmHWM) against k = 5's; results per second
-sustained (async: from the first result to the last; sync: results over the timed rounds' wall time); p50/p99 of
+taken (async: from the first result to the last; sync: results over the timed rounds' wall time) and, async, per
+second merged by the time the crowd stopped, with the results still waiting in the buffer then (a relay that takes
+results faster than it merges them keeps up with neither for long: the merged rate is the sustained one); p50/p99 of
 work requests answered at once and of result requests; units lost (a unit handed out in a merged round that is
 in no merged round's units nor carried by one, a ban's undo included: must be 0; synchronous rounds only); liars
 banned of those with a result accepted, honest peers banned (must be 0), liars' results taken as a slot's result,
@@ -77,6 +79,7 @@ from server.bench.crowd_figures import (
     cpu_per_100,
     liars,
     lost,
+    merged,
     relay_own_seconds,
     summarize,
     table,
@@ -293,6 +296,11 @@ async def drive(url: str, package: Package, peers: int, figures: Figures, args: 
                     shown = time.monotonic()
                 if 0 < args.async_merges <= merges:
                     break
+            at_stop = await observer.call(status_call())  # (what the relay had merged of what it took by then)
+            figures.merged_per_second = at_stop["round"] * figures.k / max(
+                time.perf_counter() - min((sent for _, _, sent, _ in timeline.results), default=time.perf_counter()),
+                1e-9)
+            figures.backlog = int(at_stop["round_progress"]["done"])
         stop.set()
         await asyncio.wait(tasks, timeout=HOLD_SECONDS + 30)
         status = await until(observer, lambda s: rounds is None or not s["merging"], 120)  # (async: a backlog of
@@ -334,7 +342,8 @@ def one_setting(package: Package, work: Path, args: argparse.Namespace, figures:
     print(f"{figures.setting}: relay after the last result {figures.relay_seconds:.3f} s (on its own clock, to the "
           f"next round's first lease {own:.3f} s; the first assignment {first:.3f} s; merge "
           f"{statistics.fmean(figures.merge) if figures.merge else math.nan:.3f} s), {figures.results_per_second:.0f} "
-          f"results/s, work p50/p99 {figures.work_p50_ms:.0f}/{figures.work_p99_ms:.0f} ms, result p50/p99 "
+          f"results/s{merged(figures)}, work p50/p99 {figures.work_p50_ms:.0f}/{figures.work_p99_ms:.0f} ms, "
+          f"result p50/p99 "
           f"{figures.result_p50_ms:.0f}/{figures.result_p99_ms:.0f} ms, peak RSS {figures.peak_rss_mb:.0f} MB, units "
           f"lost {lost(figures, 'not measured')}, refusals {figures.refusals or '-'}", flush=True)
     print(f"{figures.setting}: liars banned {liars(figures)} (with a result accepted), honest banned "

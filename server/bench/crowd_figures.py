@@ -54,6 +54,8 @@ class Figures:
     validate: list[float] = field(default_factory=list)
     merge: list[float] = field(default_factory=list)
     results_per_second: float = 0.0
+    merged_per_second: float = math.nan  # async: results merged by the time the crowd stopped, per second
+    backlog: int | None = None  # async: results taken but waiting in the buffer then
     work_p50_ms: float = math.nan
     work_p99_ms: float = math.nan
     result_p50_ms: float = math.nan
@@ -167,12 +169,19 @@ def cpu_per_100(figures: Figures, *, crowd: bool = False) -> str:
     return f"{100 * seconds / accepted:.1f}" if accepted and not math.isnan(seconds) else "-"
 
 
+def merged(figures: Figures) -> str:
+    """Async: ``, N merged/s (B waiting)``: what the relay keeps up with, against what it takes."""
+    if math.isnan(figures.merged_per_second):
+        return ""
+    return f", {figures.merged_per_second:.0f} merged/s ({figures.backlog} waiting at the end)"
+
+
 def lost(figures: Figures, unmeasured: str) -> str:
     return unmeasured if figures.units_lost is None else str(figures.units_lost)
 
 
 COLUMNS = ("setting", "peers", "k", "rounds", "relay after the last result (s)", "share of a browser unit",
-           "merge (s)", "relay peak RSS (MB)", "RSS vs k = 5", "results/s", "work p50/p99 (ms)",
+           "merge (s)", "relay peak RSS (MB)", "RSS vs k = 5", "results/s (async: merged/s)", "work p50/p99 (ms)",
            "result p50/p99 (ms)", "units lost", "liars banned", "honest banned", "copies", "relay CPU s / 100 results",
            "crowd CPU s / 100 results", "refusals")
 
@@ -186,7 +195,7 @@ def table(results: list[Figures], anchor: float | None) -> str:
         relay = f"{f.relay_seconds:.3f}" if not math.isnan(f.relay_seconds) else "-"
         lines.append("| " + " | ".join([
             f.setting, str(f.peers), str(f.k), str(f.rounds), relay, share, merge, f"{f.peak_rss_mb:.0f}",
-            f"{f.peak_rss_mb / base:.1f}x" if base == base else "-", f"{f.results_per_second:.0f}",
+            f"{f.peak_rss_mb / base:.1f}x" if base == base else "-", f"{f.results_per_second:.0f}{merged(f)}",
             f"{f.work_p50_ms:.0f} / {f.work_p99_ms:.0f}", f"{f.result_p50_ms:.0f} / {f.result_p99_ms:.0f}",
             lost(f, "-"), liars(f), str(f.honest_banned), copy_share(f), cpu_per_100(f),
             cpu_per_100(f, crowd=True), ", ".join(f"{k} {v}" for k, v in sorted(f.refusals.items())) or "-"]) + " |")

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +43,7 @@ from server.session.buffered import effective_weights, entry_assignment, stored_
 from server.session.streamed import add_all
 
 ASYNC_ROUND = -1  # the leases table's round for the asynchronous stream of units
+BACKLOG_MERGES = 2  # hand-out waits while this many merges' results (2 K) wait in the buffer
 NORMS_KEPT = 50  # accepted update norms the relative outlier check compares with
 
 
@@ -73,7 +75,8 @@ class AsyncBuffer(Part):
         self.norms: list[float] = []
         self.next = 0
         self.open: OpenSum | None = None  # (``open_sum``: the next merge's sum; None while a merge runs)
-        self.open_lock = threading.Lock()  # (the loop adds to it, the merge thread takes it)
+        self.open_lock = threading.Lock()  # (the adding thread adds to it, the merge thread takes it)
+        self.adder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sum-adder")  # (off the event loop)
 
     def units_open(self) -> int | None:
         """Every held request looks for work after a merge (the stream hands out at any time)."""
@@ -117,6 +120,9 @@ class AsyncBuffer(Part):
                 entry in self.granted and entry not in done:
             return job(entry_assignment(schedule, session.plan.seed, entry, self.granted[entry]), held.deadline)
         self.holding.pop(peer_id, None)
+        behind = self.behind()
+        if behind is not None:
+            return Wait(self.context.options.retry_seconds, behind)
         while self.next < len(schedule) and self.next in done:
             self.next += 1
         connected = self.store.active_peers(self.context.options.peer_timeout)
@@ -137,6 +143,17 @@ class AsyncBuffer(Part):
             self.context.notices.changed()
             return job(entry_assignment(schedule, session.plan.seed, entry, session.round), granted.deadline)
         return Wait(self.context.options.retry_seconds, "every unit is out; waiting for results")
+
+    def behind(self) -> str | None:
+        """Why new units wait for merges (None: they do not). A relay that takes results faster than it merges them
+        would fall further behind with every unit: the buffer and each result's staleness grow (past
+        ``--max-staleness`` a result is refused, its peer's work lost) while the merges, which share the cores with
+        taking results, slow down. So while ``BACKLOG_MERGES`` merges' results wait, a peer asking for a new unit
+        waits for a merge (a unit it holds is handed again; results of units out are taken)."""
+        waiting, k = self.store.buffered_count(), self.session.plan.participants_per_round
+        if waiting < BACKLOG_MERGES * k:
+            return None
+        return f"{waiting} results wait to be merged (at most {BACKLOG_MERGES * k} before new units go out)"
 
     # -- results ---------------------------------------------------------------------------------------
     def reader(self, peer_id: str, version: int, entry: int, body: bytes) -> Callable[[], EarlyRead] | None:
@@ -173,7 +190,8 @@ class AsyncBuffer(Part):
         if opened is None or self.open is not opened or version > opened.merge or \
                 self.store.buffered_count() >= self.session.plan.participants_per_round:
             return None
-        effective = effective_weights(opened.weights, update, opened.merge - version, self.staleness_exponent)
+        effective = effective_weights(opened.stream.global_weights, update, opened.merge - version,
+                                      self.staleness_exponent)  # (the float64 copy of ``opened.weights``)
         try:
             return opened.stream.prepare(effective, count)
         except (ValueError, TermTooLarge):
@@ -186,16 +204,26 @@ class AsyncBuffer(Part):
             self.open = None if stream is None else OpenSum(stream, self.session.round, self.session.weights)
 
     def add_on_arrival(self, seq: int, count: int, contribution: Contribution | None) -> None:
-        """Add a stored arrival to the next merge's sum where its part was computed for that sum and the sum holds
-        only the oldest buffered arrivals (so the merge, which takes the oldest K, takes every result in it)."""
+        """Add a stored arrival to the next merge's sum, in the adding thread (two integer additions of n values:
+        not on the event loop), where its part was computed for that sum and the sum still holds only the oldest
+        buffered arrivals (so the merge, which takes the oldest K, takes every result in it)."""
+        if contribution is not None:
+            self.adder.submit(self._add, seq, count, contribution)
+
+    def _add(self, seq: int, count: int, contribution: Contribution) -> None:
         with self.open_lock:
             opened = self.open
-            k = self.session.plan.participants_per_round
-            if contribution is None or opened is None or contribution.stream is not opened.stream or \
-                    contribution.count != count or self.store.buffered_count() > k:
-                return
+            if opened is None or contribution.stream is not opened.stream or contribution.count != count or \
+                    self.store.buffered_count() > self.session.plan.participants_per_round:
+                return  # (the merge took the sum meanwhile, or the buffer holds more: the merge adds it)
             opened.stream.add(seq, STREAMED, count, contribution)
             opened.seqs.add(seq)
+
+    def summed(self) -> set[int]:
+        """The arrivals in the next merge's sum once the adds under way are done (tests look)."""
+        self.adder.submit(lambda: None).result()
+        with self.open_lock:
+            return set() if self.open is None else set(self.open.seqs)
 
     def accept(self, peer_id: str, version: int, entry: int, body: bytes,
                early: EarlyRead | None = None) -> StoredResult:
@@ -268,11 +296,6 @@ class AsyncBuffer(Part):
         with self.open_lock:  # (arrivals from now on wait for the next merge's sum)
             opened, self.open = self.open, None
         rows = self.store.buffered(k)
-
-        def effective(index: object) -> np.ndarray:  # (row ``index`` as the merge sees it)
-            _, _, _, version, _, _, update, message = rows[int(index)]  # type: ignore[call-overload]
-            return effective_weights(session.weights, stored_update(message, update, session.config.result_codec),
-                                     merge - version, self.staleness_exponent)
         self.store.mark_merged([row[0] for row in rows], merge)  # before the checkpoint (module docstring)
         validate = validates(merge, session.config.validate_every, session.num_rounds)
         extra = {"staleness": [merge - row[3] for row in rows], "started_from": [row[3] for row in rows],
@@ -285,6 +308,12 @@ class AsyncBuffer(Part):
             stream.rekey({seq: position[seq] for seq in opened.seqs})
         else:  # (a sum that is gone stale: a rewind replaced the weights)
             stream, opened = session.open_stream(), None
+        current = session.weights if stream is None else stream.global_weights  # (the same values; float64 once)
+
+        def effective(index: object) -> np.ndarray:  # (row ``index`` as the merge sees it)
+            _, _, _, version, _, _, update, message = rows[int(index)]  # type: ignore[call-overload]
+            return effective_weights(current, stored_update(message, update, session.config.result_codec),
+                                     merge - version, self.staleness_exponent)
         if stream is None:  # (an aggregator that needs every result at once: K of them in memory)
             buffer = [(row[2], UnitResult(effective(index), row[4], row[5])) for index, row in enumerate(rows)]
             entry = session.complete_buffer(buffer, validate=validate, extra=extra)
@@ -304,6 +333,8 @@ class AsyncBuffer(Part):
         out = sum(1 for entry, lease in self.store.leases(ASYNC_ROUND).items()
                   if entry not in done and lease.deadline >= now)
         unsent = len(schedule) - len(done) - out
+        if unsent > 0 and self.behind() is not None:
+            return self.behind()
         if unsent > 0:
             if not self.store.active_peers(self.context.options.peer_timeout):
                 return f"{unsent} unit{'s' if unsent > 1 else ''} wait for a peer (none is connected)"

@@ -57,9 +57,11 @@ def stored_update(message: bytes, update: bytes, codec: Codec) -> np.ndarray:
 
 
 def effective_weights(current: np.ndarray, update: np.ndarray, staleness: int, exponent: float) -> np.ndarray:
-    """A result as its merge sees it: ``current + (1 + s) ** -a * update``, in float64, stored float32."""
-    return (current.astype(np.float64) + staleness_weight(staleness, exponent) * update.astype(np.float64)) \
-        .astype(np.float32)
+    """A result as its merge sees it: ``current + (1 + s) ** -a * update``, in float64, stored float32. ``current``
+    may be the float64 copy of the weights a merge holds already (the same values: the same bits, one pass less)."""
+    summed = np.multiply(update, staleness_weight(staleness, exponent), dtype=np.float64)
+    summed += np.asarray(current, dtype=np.float64)
+    return summed.astype(np.float32)
 
 
 def entry_assignment(schedule: Sequence[tuple[int, int]], seed: int, entry: int, version: int) -> Assignment:

@@ -27,6 +27,7 @@ from relay_process import (
 )
 
 from runtime import wire
+from runtime.protocol import Job, Wait
 from server.bench.attack_peers import as_upload, result_weights
 from server.relay.app import RelayPaths
 from server.relay.store import Store, open_store
@@ -117,24 +118,49 @@ def test_results_join_the_next_merges_sum_as_they_arrive_and_a_far_one_is_clippe
         jobs = {p.peer_id: p.assignment() for p in (a, b, c)}
         for peer in (a, b):
             assert peer.train_and_upload(jobs[peer.peer_id]).status_code == 200
-        opened = relay.mode.open
-        assert opened is not None and opened.merge == 0 and len(opened.seqs) == 2 and not relay.session.round
-        assert sorted(opened.stream.counts) == sorted(opened.seqs)  # (keyed by arrival until the merge)
+        summed, opened = relay.mode.summed(), relay.mode.open
+        assert opened is not None and opened.merge == 0 and len(summed) == 2 and not relay.session.round
+        assert sorted(opened.stream.counts) == sorted(summed)  # (keyed by arrival until the merge)
         base, codec = relay.session.weights, relay.session.config.result_codec
         job = jobs[c.peer_id]
         header, trained = result_weights(c.train(job), base, codec)
-        far = (base + 2.2 * (trained - base)).astype(np.float32)  # past the radius (twice the median), inside the outlier bound
+        far = (base + 2.2 * (trained - base)).astype(np.float32)  # past the radius (2 x median), inside 3 x median
         answer = c.upload(0, job["slot"], as_upload(far, header, base, codec, job["unit_seed"]))
         assert answer.status_code == 200, answer.text
         status = wait_until_version(client, 1)
         assert status["history"][0]["outliers"] == [job["unit_index"]]  # clipped
-        assert relay.mode.open is not None and relay.mode.open.merge == 1 and not relay.mode.open.seqs
+        assert relay.mode.open is not None and relay.mode.open.merge == 1 and not relay.mode.summed()
         work_until_done(client, [a, b, c])
     relay.open()
     fresh = Session.create(package, relay.session.config)
     replayed = replay(fresh, recorded(relay.store), exponent=relay.session.config.staleness_exponent,
                       validate_every=relay.session.config.validate_every)
     np.testing.assert_array_equal(replayed.weights, relay.session.weights)
+
+
+def test_new_units_wait_while_two_merges_of_results_wait_and_a_held_unit_is_handed_again(package: Package,
+                                                                                         tmp_path: Path) -> None:
+    """A relay that takes results faster than it merges them stops handing out new units at 2 K waiting results:
+    a peer asking then is told to wait and why (as is the page), one holding a unit gets it again, and units go out
+    again once a merge has taken K. (Driven without an event loop, so no merge runs unless asked.)"""
+    relay = make_relay(package, tmp_path / "s", k=2, passes=2, config=ASYNC, ban_addresses=False)
+    holder, newcomer, late = (relay.join("127.0.0.1", agent=f"peer {i}")[0] for i in range(3))
+    held = relay.next_work(holder)
+    assert isinstance(held, Job)
+
+    def arrive(entry: int) -> int:
+        return relay.store.add_arrival(entry=entry, unit_index=entry, peer_id=late, version=0, num_examples=1,
+                                       metrics={}, message=b"", update=b"")
+    seqs = [arrive(entry) for entry in (7, 8, 9)]
+    assert isinstance(relay.next_work(newcomer), Job)  # (3 waiting: fewer than 2 K)
+    seqs.append(arrive(10))
+    answer = relay.next_work(late)
+    assert isinstance(answer, Wait) and "4 results wait to be merged" in answer.reason, answer
+    again = relay.next_work(holder)
+    assert isinstance(again, Job) and (again.slot, again.unit_index) == (held.slot, held.unit_index)  # (its unit)
+    assert "4 results wait to be merged" in relay.status()["waiting"]
+    relay.store.mark_merged(seqs[:2], 0)  # (what a merge of K does to the buffer)
+    assert isinstance(relay.next_work(late), Job)  # 2 waiting: units go out again
 
 
 def count_of(relay, job: dict) -> int:  # type: ignore[no-untyped-def]
