@@ -110,6 +110,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(0: skip it)")
     parser.add_argument("--async-seconds", type=float, default=30.0, help="how long the asynchronous crowd runs "
                         "(at most, with --async-merges)")
+    parser.add_argument("--async-validate-every", type=int, default=1, metavar="N", help="the asynchronous relay's "
+                        "--validate-every (default 1, serve's: a validation after every merge, which costs a merge "
+                        "as much as about 30 results' parts here)")
     parser.add_argument("--async-merges", type=int, default=0, help="stop the asynchronous crowd once this many "
                         "merges are in (0: run for --async-seconds)")
     parser.add_argument("--codec", default="int8", help="the session's result codec (none, int8, topk)")
@@ -167,7 +170,8 @@ class Updates:
 
 
 def serve_command(package: Path, session_dir: Path, k: int, passes: int, codec: str, mode: str,
-                  peers: int, redundancy: float = 0.0, verify_trust: int = 0, store: str | None = None) -> ServeCommand:
+                  peers: int, redundancy: float = 0.0, verify_trust: int = 0, store: str | None = None,
+                  validate_every: int = 1) -> ServeCommand:
     # --limit-concurrency: each peer holds a connection (a browser page about two: its event stream too); the
     # default (1,000) answers 503 past that, so a crowd's host raises it, as here
     options = RelayOptions(admin_token=ADMIN, lease_seconds=3600.0, peer_timeout=3600.0, backup_after=None,
@@ -175,7 +179,7 @@ def serve_command(package: Path, session_dir: Path, k: int, passes: int, codec: 
                            redundancy=redundancy if mode == "sync" else 0.0,  # (async: no copies)
                            verify_trust=verify_trust)
     limits = ServerLimits(limit_concurrency=max(DEFAULT_LIMIT_CONCURRENCY, 3 * peers + 100))
-    config = SessionConfig(participants=k, passes=passes, codec=codec, mode=mode)
+    config = SessionConfig(participants=k, passes=passes, codec=codec, mode=mode, validate_every=validate_every)
     return ServeCommand(package=package, session_dir=session_dir, store=store, fresh=True, config=config,
                         options=options, limits=limits)
 
@@ -327,7 +331,8 @@ def one_setting(package: Package, work: Path, args: argparse.Namespace, figures:
     units = package.data.num_units
     passes = max(1, -(-(rounds + 4) * figures.k // units)) if rounds is not None else 50
     with RelayProcess(serve_command(package.path, session, figures.k, passes, args.codec, mode, figures.peers,
-                                    args.redundancy if figures.k != ANCHOR_K else 0.0, args.verify_trust, args.store),
+                                    args.redundancy if figures.k != ANCHOR_K else 0.0, args.verify_trust, args.store,
+                                    args.async_validate_every if mode == "async" else 1),
                       log=work / f"serve-{figures.setting}.log", start_timeout_s=RELAY_START_SECONDS) as relay:
         print(f"{figures.setting}: relay at {relay.page_url}, {units} units, {passes} passes, {figures.peers} peers",
               flush=True)
