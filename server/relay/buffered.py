@@ -39,6 +39,7 @@ from server.relay.jobs import Jobs
 from server.relay.people import Participants
 from server.relay.refusal import Refusal
 from server.relay.store import StoredResult
+from server.relay.store.records import sha256_hex
 from server.session.buffered import effective_weights, entry_assignment, stored_update, update_of, validates
 from server.session.streamed import add_all
 
@@ -180,7 +181,8 @@ class AsyncBuffer(Part):
             header, vector, count, _ = outcome
             update = update_of(body, vector, base, codec)
             return EarlyRead(base, (header, vector, count, float(np.linalg.norm(update.astype(np.float64)))),
-                             update=update, contribution=self.contribution(opened, update, version, count))
+                             update=update, contribution=self.contribution(opened, update, version, count),
+                             digest=sha256_hex(body))
         return read
 
     def contribution(self, opened: OpenSum | None, update: np.ndarray, version: int,
@@ -271,7 +273,8 @@ class AsyncBuffer(Part):
         self.people.note_unit(peer_id, now - lease.issued, str(header.meta.get("engine", "")))
         seq = self.store.add_arrival(entry=entry, unit_index=assignment.unit_index, peer_id=peer_id, version=version,
                                      num_examples=count, metrics=dict(header.metrics), message=body,
-                                     update=b"" if wire.is_update(body) else update.tobytes())  # (stored_update)
+                                     update=b"" if wire.is_update(body) else update.tobytes(),  # (stored_update)
+                                     sha256=early.digest if early is not None else None)
         self.add_on_arrival(seq, count, early.contribution if early is not None and early.base is base else None)
         return StoredResult(version, entry, assignment.unit_index, peer_id, count, dict(header.metrics), b"")
 

@@ -77,6 +77,7 @@ class EarlyRead:
     outcome: Read | Refusal
     contribution: Contribution | None = None
     update: np.ndarray | None = None
+    digest: str | None = None  # (the message's sha256, for the audit)
 
     def answer(self) -> Read:
         if isinstance(self.outcome, Refusal):

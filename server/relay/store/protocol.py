@@ -211,9 +211,10 @@ class ArrivalStore(Protocol):
     """Asynchronous mode (``server.relay.buffered``): results in arrival order, merged K at a time."""
 
     def add_arrival(self, *, entry: int, unit_index: int, peer_id: str, version: int, num_examples: int,
-                    metrics: dict[str, Any], message: bytes, update: bytes) -> int:
+                    metrics: dict[str, Any], message: bytes, update: bytes, sha256: str | None = None) -> int:
         """Keep a result in the buffer and count a unit done by its peer; returns its arrival number (seq, rising).
-        A second arrival of the same ``entry`` is an error."""
+        A second arrival of the same ``entry`` is an error. ``sha256``: the message's digest for the audit, where
+        the caller computed it already (a reader thread: not on the event loop)."""
 
     def arrived_entries(self) -> frozenset[int]:
         """The entries of every arrival, merged or not."""

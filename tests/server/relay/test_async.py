@@ -4,6 +4,8 @@ weights, and a SIGKILL mid-session loses nothing."""
 
 from __future__ import annotations
 
+import hashlib
+import sqlite3
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -136,6 +138,9 @@ def test_results_join_the_next_merges_sum_as_they_arrive_and_a_far_one_is_clippe
     replayed = replay(fresh, recorded(relay.store), exponent=relay.session.config.staleness_exponent,
                       validate_every=relay.session.config.validate_every)
     np.testing.assert_array_equal(replayed.weights, relay.session.weights)
+    with sqlite3.connect(relay.store.location) as db:  # (each digest computed as the result was read)
+        audited = db.execute("SELECT sha256, message FROM arrivals WHERE length(message) > 0").fetchall()
+    assert audited and all(digest == hashlib.sha256(message).hexdigest() for digest, message in audited)
 
 
 def test_new_units_wait_while_two_merges_of_results_wait_and_a_held_unit_is_handed_again(package: Package,

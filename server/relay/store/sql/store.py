@@ -305,9 +305,10 @@ class SQLStore(VolunteerCalls):
 
     # -- the asynchronous buffer --------------------------------------------------------------------
     def add_arrival(self, *, entry: int, unit_index: int, peer_id: str, version: int, num_examples: int,
-                    metrics: dict[str, Any], message: bytes, update: bytes) -> int:
+                    metrics: dict[str, Any], message: bytes, update: bytes, sha256: str | None = None) -> int:
         return self._arrivals.add_arrival(entry=entry, unit_index=unit_index, peer_id=peer_id, version=version,
-                                          num_examples=num_examples, metrics=metrics, message=message, update=update)
+                                          num_examples=num_examples, metrics=metrics, message=message, update=update,
+                                          sha256=sha256)
 
     def arrived_entries(self) -> frozenset[int]:
         return self._arrivals.arrived_entries()
