@@ -7,13 +7,13 @@ take each result's part when it arrives and forget the result; after the last on
 
 Arrival order differs from run to run, while the relay must reproduce the simulator, a restart and a ban's undo
 bit for bit. A float64 running sum depends on the order of its terms, so the sum here is exact instead:
-``ExactSum`` rounds every term once to a fixed grid (2^-40) and adds the grid counts as integers (two int64
-limbs), and integer addition does not care about order. Rounding a term is the only loss: the mean of k terms
-is off by at most 2^-41 (4.5e-13) a weight, below float32's resolution of any weight above 1e-5 in size (the
-float64 running sum it replaces was off by its own rounding, which followed the order). A term may reach 2^46
-(7e13) in one weight (its example count times its update), far beyond any update the relay accepts
-(``--max-update-norm``). What the sum holds is the same whatever order its terms came in, and a term taken out
-again (``subtract``) leaves exactly what was there before it.
+``ExactSum`` rounds every term once to a fixed grid (2^-40) and adds the grid counts as integers (one int64
+limb while the terms are small, two past that), and integer addition does not care about order. Rounding a term
+is the only loss: the mean of k terms is off by at most 2^-41 (4.5e-13) a weight, below float32's resolution of
+any weight above 1e-5 in size (the float64 running sum it replaces was off by its own rounding, which followed the
+order). A term may reach 2^46 (7e13) in one weight (its example count times its update), far beyond any update
+the relay accepts (``--max-update-norm``). What the sum holds is the same whatever order its terms came in, and a
+term taken out again (``subtract``) leaves exactly what was there before it.
 
 ``Stream`` is one round of an aggregator that streams (``Aggregator.streams``): it keeps, per result, its example
 count and its distance from the round's center, and in ``total`` the sum of count x (update - center). Centered
@@ -41,6 +41,9 @@ STREAMED = np.empty(0, dtype=np.float32)  # a result's weights where they were s
 
 HIGH_SCALE = 2.0 ** (GRID_BITS - LOW_BITS)
 LOW_SCALE = 2.0**LOW_BITS
+GRID_SCALE = 2.0**GRID_BITS
+SINGLE_LIMIT = 2.0**22  # the peaks one int64 limb sums (2^22 x 2^40 = 2^62: no term's rounding reaches 2^63)
+SINGLE_TERM_LIMIT = SINGLE_LIMIT  # a term above this is kept in two limbs from the start
 
 
 class TermTooLarge(MergeError):
@@ -49,10 +52,26 @@ class TermTooLarge(MergeError):
 
 @dataclass(frozen=True)
 class Term:
-    """One term of an ``ExactSum``, rounded to its grid: the grid counts in two int64 limbs (``ExactSum.term``)."""
+    """One term of an ``ExactSum``, rounded to its grid (``ExactSum.term``): its grid count in one int64 limb
+    (``single``, where the term is below ``SINGLE_TERM_LIMIT``) or in two, and its largest value (``peak``)."""
 
-    high: np.ndarray
-    low: np.ndarray
+    peak: float
+    single: np.ndarray | None = None
+    high: np.ndarray | None = None
+    low: np.ndarray | None = None
+
+    def limbs(self) -> tuple[np.ndarray, np.ndarray]:
+        """The count in two limbs (a one-limb term split at bit ``LOW_BITS``: the same integer)."""
+        if self.single is None:
+            assert self.high is not None and self.low is not None
+            return self.high, self.low
+        return split(self.single)
+
+
+def split(count: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """An int64 grid count as (high, low) with low in [0, 2^LOW_BITS): high * 2^LOW_BITS + low == count."""
+    high = count >> LOW_BITS  # (floor)
+    return high, count - (high << LOW_BITS)
 
 
 @dataclass
@@ -60,21 +79,54 @@ class ExactSum:
     """sum_i w_i x_i over float64 vectors of one length, the same bits in any order of adding and subtracting.
 
     Each term t = w x (computed in float64) is rounded to the nearest multiple of 2^-40 and its count of grid steps
-    is added in two int64 limbs: high = trunc(t 2^-3) and low = round((t 2^-3 - high) 2^43), each at most 2^43 in
-    size, so 2^20 terms of |t| < 2^46 stay inside int64."""
+    is added as an integer. While the terms added are small enough that their counts cannot leave int64 (the sum of
+    their peaks below ``SINGLE_LIMIT``, 2^22), the count is one int64 limb: round(t 2^40). Past that it moves to two
+    int64 limbs: high = trunc(t 2^-3) and low = round((t 2^-3 - high) 2^43), each at most 2^43 in size, so 2^20
+    terms of |t| < 2^46 stay inside int64. Both hold the same integer (t 2^40 and t 2^-3 differ by a power of two:
+    one rounding either way, and high 2^43 is even), and ``value`` reads the integer, so the bits do not depend on
+    which limbs held it."""
 
     size: int
-    high: np.ndarray = field(init=False, repr=False)
-    low: np.ndarray = field(init=False, repr=False)
+    single: np.ndarray | None = field(init=False, repr=False)
+    _high: np.ndarray | None = field(default=None, init=False, repr=False)
+    _low: np.ndarray | None = field(default=None, init=False, repr=False)
+    bound: float = field(default=0.0, init=False)  # the sum of the peaks added or taken out (one limb while small)
     terms: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
-        self.high = np.zeros(self.size, dtype=np.int64)
-        self.low = np.zeros(self.size, dtype=np.int64)
+        self.single = np.zeros(self.size, dtype=np.int64)
+
+    @property
+    def high(self) -> np.ndarray:
+        return self._two_limbs()[0]
+
+    @high.setter
+    def high(self, value: np.ndarray) -> None:
+        self._two_limbs()
+        self._high = value
+
+    @property
+    def low(self) -> np.ndarray:
+        return self._two_limbs()[1]
+
+    @low.setter
+    def low(self, value: np.ndarray) -> None:
+        self._two_limbs()
+        self._low = value
+
+    def _two_limbs(self) -> tuple[np.ndarray, np.ndarray]:
+        if self.single is not None:
+            self._high, self._low = split(self.single)
+            self.single = None
+        assert self._high is not None and self._low is not None
+        return self._high, self._low
 
     def copy(self) -> ExactSum:
         copied = ExactSum(self.size)
-        copied.high, copied.low, copied.terms = self.high.copy(), self.low.copy(), self.terms
+        copied.single = None if self.single is None else self.single.copy()
+        copied._high = None if self._high is None else self._high.copy()
+        copied._low = None if self._low is None else self._low.copy()
+        copied.bound, copied.terms = self.bound, self.terms
         return copied
 
     def add(self, vector: np.ndarray, weight: float = 1.0) -> None:
@@ -85,42 +137,54 @@ class ExactSum:
         self.add_term(self.term(vector, weight), sign=-1)
 
     def term(self, vector: np.ndarray, weight: float = 1.0) -> Term:
-        """``weight x vector`` rounded to the grid, as the two limbs ``add_term`` adds: the costly part of adding,
-        which reads nothing of the sum (so it may run in another thread while the sum takes other terms)."""
+        """``weight x vector`` rounded to the grid, as ``add_term`` adds it: the costly part of adding, which reads
+        nothing of the sum (so it may run in another thread while the sum takes other terms)."""
         if vector.shape != (self.size,):
             raise ValueError(f"a term of shape {vector.shape} in a sum of {self.size} values")
-        scaled = np.multiply(vector, weight * HIGH_SCALE, dtype=np.float64)  # (a power of two: exact but for weight)
-        peak = max(float(scaled.max(initial=0.0)), -float(scaled.min(initial=0.0))) / HIGH_SCALE
+        scaled = np.multiply(vector, weight * GRID_SCALE, dtype=np.float64)  # (a power of two: exact but for weight)
+        peak = max(float(scaled.max(initial=0.0)), -float(scaled.min(initial=0.0))) / GRID_SCALE
         if not peak < TERM_LIMIT:  # (NaN too)
             raise TermTooLarge(f"a result's part of the merge reaches {peak:.3g} in one weight (count x update); "
                                f"at most {TERM_LIMIT:.3g} can be summed exactly")
+        if peak < SINGLE_TERM_LIMIT:
+            np.rint(scaled, out=scaled)  # (the one rounding)
+            return Term(peak, single=scaled.astype(np.int64))
+        scaled *= 2.0**-LOW_BITS  # (t 2^-3: exact)
         truncated = np.trunc(scaled)
         scaled -= truncated  # (exact: the fraction of a float64)
         high = truncated.astype(np.int64)
         del truncated  # (three vectors at most at once: a relay computes terms in several threads)
         scaled *= LOW_SCALE
         np.rint(scaled, out=scaled)  # (the one rounding)
-        return Term(high, scaled.astype(np.int64))
+        return Term(peak, high=high, low=scaled.astype(np.int64))
 
     def add_term(self, term: Term, sign: int = 1) -> None:
-        """Add (``sign`` 1) or take out (-1) a term from ``term``: two integer additions."""
-        if term.high.shape != (self.size,):
-            raise ValueError(f"a term of shape {term.high.shape} in a sum of {self.size} values")
+        """Add (``sign`` 1) or take out (-1) a term from ``term``: integer additions."""
+        shape = (term.single if term.single is not None else term.high).shape  # type: ignore[union-attr]
+        if shape != (self.size,):
+            raise ValueError(f"a term of shape {shape} in a sum of {self.size} values")
         if sign > 0 and self.terms >= MAX_TERMS:
             raise TermTooLarge(f"an exact sum holds at most {MAX_TERMS:,} terms")
-        if sign > 0:
-            self.high += term.high
-            self.low += term.low
+        add = np.add if sign > 0 else np.subtract
+        if self.single is not None and term.single is not None and self.bound + term.peak < SINGLE_LIMIT:
+            add(self.single, term.single, out=self.single)
         else:
-            self.high -= term.high
-            self.low -= term.low
+            high, low = self._two_limbs()
+            term_high, term_low = term.limbs()
+            add(high, term_high, out=high)
+            add(low, term_low, out=low)
+        self.bound += term.peak
         self.terms += sign
 
     def value(self) -> np.ndarray:
         """The sum in float64 (from the limbs with their carries moved up: the same integers give the same bits)."""
-        carry = self.low >> LOW_BITS  # (floor: the low limb left in [0, 2^43))
-        high = self.high + carry
-        low = self.low - (carry << LOW_BITS)
+        if self.single is not None:
+            high, low = split(self.single)
+        else:
+            assert self._high is not None and self._low is not None
+            carry = self._low >> LOW_BITS  # (floor: the low limb left in [0, 2^43))
+            high = self._high + carry
+            low = self._low - (carry << LOW_BITS)
         return high.astype(np.float64) / HIGH_SCALE + low.astype(np.float64) / (HIGH_SCALE * LOW_SCALE)
 
 

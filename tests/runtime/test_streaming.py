@@ -196,3 +196,31 @@ def test_results_renamed_keep_their_sum_and_distances_and_a_bad_renaming_changes
     reread = {place: vectors[seq] for place, seq in enumerate(sorted(vectors))}.__getitem__
     merged, clipped = by_arrival.finish_stream(arrived, reread)
     assert merged.tobytes() == by_place.finish_stream(placed, reread)[0].tobytes() and list(clipped) == [2]
+
+
+def test_one_limb_and_two_limbs_hold_the_same_integer() -> None:
+    """Small terms are summed in one int64 limb, a large one moves the sum to two: the bits of the value do not
+    depend on which held it, and a large term taken out again leaves the small terms' bits."""
+    vectors, weights = terms(5, 9, 257)
+    small = ExactSum(257)
+    for v, w in zip(vectors, weights, strict=True):
+        small.add(v, w)
+    assert small.single is not None  # (their peaks sum far below 2^22)
+    forced = ExactSum(257)
+    forced.high  # noqa: B018  (reading the limbs moves the sum to two of them)
+    assert forced.single is None
+    for v, w in zip(vectors, weights, strict=True):
+        forced.add(v, w)
+    large = np.zeros(257)
+    large[7] = 2.0**30  # (a term beyond one limb's share)
+    mixed = ExactSum(257)
+    for i, (v, w) in enumerate(zip(vectors, weights, strict=True)):
+        mixed.add(v, w)
+        if i == 3:
+            mixed.add(large, 3.0)
+    assert mixed.single is None
+    mixed.subtract(large, 3.0)
+    assert small.value().tobytes() == forced.value().tobytes() == mixed.value().tobytes()
+    copied = small.copy()
+    copied.add(large)
+    assert small.single is not None and copied.single is None and copied.value()[7] == small.value()[7] + 2.0**30
