@@ -97,22 +97,13 @@ class ExactSum:
         self.single = np.zeros(self.size, dtype=np.int64)
 
     @property
-    def high(self) -> np.ndarray:
-        return self._two_limbs()[0]
+    def limbs(self) -> tuple[np.ndarray, np.ndarray]:
+        """The count in two limbs (high, low), the sum moved to two limbs if it held one."""
+        return self._two_limbs()
 
-    @high.setter
-    def high(self, value: np.ndarray) -> None:
-        self._two_limbs()
-        self._high = value
-
-    @property
-    def low(self) -> np.ndarray:
-        return self._two_limbs()[1]
-
-    @low.setter
-    def low(self, value: np.ndarray) -> None:
-        self._two_limbs()
-        self._low = value
+    @limbs.setter
+    def limbs(self, value: tuple[np.ndarray, np.ndarray]) -> None:
+        self.single, (self._high, self._low) = None, value
 
     def _two_limbs(self) -> tuple[np.ndarray, np.ndarray]:
         if self.single is not None:

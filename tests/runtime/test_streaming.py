@@ -71,7 +71,8 @@ def test_the_limbs_hold_the_most_terms_at_the_largest_value() -> None:
     one = ExactSum(2)
     one.add(big)
     total = ExactSum(2)
-    total.high, total.low = one.high * (MAX_TERMS - 1), one.low * (MAX_TERMS - 1)  # (what MAX_TERMS - 1 adds hold)
+    high, low = one.limbs
+    total.limbs = high * (MAX_TERMS - 1), low * (MAX_TERMS - 1)  # (what MAX_TERMS - 1 adds hold)
     total.terms = MAX_TERMS - 1
     total.add(big)
     np.testing.assert_allclose(total.value(), big * MAX_TERMS, rtol=1e-9)
@@ -207,7 +208,7 @@ def test_one_limb_and_two_limbs_hold_the_same_integer() -> None:
         small.add(v, w)
     assert small.single is not None  # (their peaks sum far below 2^22)
     forced = ExactSum(257)
-    forced.high  # noqa: B018  (reading the limbs moves the sum to two of them)
+    forced.limbs  # noqa: B018  (reading the limbs moves the sum to two of them)
     assert forced.single is None
     for v, w in zip(vectors, weights, strict=True):
         forced.add(v, w)
