@@ -43,7 +43,6 @@ HIGH_SCALE = 2.0 ** (GRID_BITS - LOW_BITS)
 LOW_SCALE = 2.0**LOW_BITS
 GRID_SCALE = 2.0**GRID_BITS
 SINGLE_LIMIT = 2.0**22  # the peaks one int64 limb sums (2^22 x 2^40 = 2^62: no term's rounding reaches 2^63)
-SINGLE_TERM_LIMIT = SINGLE_LIMIT  # a term above this is kept in two limbs from the start
 
 
 class TermTooLarge(MergeError):
@@ -53,7 +52,7 @@ class TermTooLarge(MergeError):
 @dataclass(frozen=True)
 class Term:
     """One term of an ``ExactSum``, rounded to its grid (``ExactSum.term``): its grid count in one int64 limb
-    (``single``, where the term is below ``SINGLE_TERM_LIMIT``) or in two, and its largest value (``peak``)."""
+    (``single``, where the term is below ``SINGLE_LIMIT``) or in two, and its largest value (``peak``)."""
 
     peak: float
     single: np.ndarray | None = None
@@ -137,7 +136,7 @@ class ExactSum:
         if not peak < TERM_LIMIT:  # (NaN too)
             raise TermTooLarge(f"a result's part of the merge reaches {peak:.3g} in one weight (count x update); "
                                f"at most {TERM_LIMIT:.3g} can be summed exactly")
-        if peak < SINGLE_TERM_LIMIT:
+        if peak < SINGLE_LIMIT:  # (a larger one goes to two limbs whatever the sum holds)
             np.rint(scaled, out=scaled)  # (the one rounding)
             return Term(peak, single=scaled.astype(np.int64))
         scaled *= 2.0**-LOW_BITS  # (t 2^-3: exact)
@@ -173,9 +172,8 @@ class ExactSum:
             high, low = split(self.single)
         else:
             assert self._high is not None and self._low is not None
-            carry = self._low >> LOW_BITS  # (floor: the low limb left in [0, 2^43))
+            carry, low = split(self._low)  # (the low limb left in [0, 2^43))
             high = self._high + carry
-            low = self._low - (carry << LOW_BITS)
         return high.astype(np.float64) / HIGH_SCALE + low.astype(np.float64) / (HIGH_SCALE * LOW_SCALE)
 
 

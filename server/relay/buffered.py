@@ -336,8 +336,9 @@ class AsyncBuffer(Part):
         out = sum(1 for entry, lease in self.store.leases(ASYNC_ROUND).items()
                   if entry not in done and lease.deadline >= now)
         unsent = len(schedule) - len(done) - out
-        if unsent > 0 and self.behind() is not None:
-            return self.behind()
+        behind = self.behind() if unsent > 0 else None
+        if behind is not None:
+            return behind
         if unsent > 0:
             if not self.store.active_peers(self.context.options.peer_timeout):
                 return f"{unsent} unit{'s' if unsent > 1 else ''} wait for a peer (none is connected)"

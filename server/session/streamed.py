@@ -25,7 +25,7 @@ def add_all(stream: Stream, results: Sequence[tuple[Hashable, int]], weights_of:
             workers: int = SUM_WORKERS) -> None:
     """Add results (key, example count; ``weights_of(key)`` reads a result's weights) to ``stream``, their parts
     computed in ``workers`` threads (NumPy lets go of the GIL) and added in the order given: the same sum as adding
-    them one by one. At most two parts per worker are in hand at once (each holds two int64 vectors)."""
+    them one by one. At most two parts per worker are in hand at once (each holds one or two int64 vectors)."""
     if workers <= 1 or len(results) <= 1:
         for key, count in results:
             stream.add(key, weights_of(key), count)
@@ -34,16 +34,20 @@ def add_all(stream: Stream, results: Sequence[tuple[Hashable, int]], weights_of:
     def prepare(key: Hashable, count: int) -> Contribution:
         return stream.prepare(weights_of(key), count)
 
+    pending: deque[tuple[Hashable, Future[Contribution]]] = deque()
+
+    def add_oldest() -> None:
+        key, part = pending.popleft()
+        contribution = part.result()
+        stream.add(key, STREAMED, contribution.count, contribution)
+
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="merge-sum") as pool:
-        pending: deque[tuple[Hashable, Future[Contribution]]] = deque()
         for key, count in results:
             pending.append((key, pool.submit(prepare, key, count)))
             if len(pending) >= 2 * workers:
-                done_key, part = pending.popleft()
-                stream.add(done_key, STREAMED, part.result().count, part.result())
+                add_oldest()
         while pending:
-            done_key, part = pending.popleft()
-            stream.add(done_key, STREAMED, part.result().count, part.result())
+            add_oldest()
 
 
 def open_stream(session: Session) -> Stream | None:
