@@ -36,6 +36,7 @@ LONG_LEASE = 900.0  # seconds: a lease never runs out in these tests, only leavi
 SLOWER = {**ARITH_SETTINGS, "epochs": 60}  # a unit of a second or two: the session outlasts a worker's boot
 # (without host replays: after 240 local steps a native replay of a browser unit drifts past the 1 % tolerance, so the
 # relay banned an honest worker in a trial run; replays on the browser's own engine are another issue's work)
+CORES_PASSES = 6  # 36 such units: the session outlasts a second worker's boot and the pause
 WORKERS = """() => window.peertrain.workers.map((w) => ({ index: w.index, state: w.state, peerId: w.peerId,
   joined: w.joined, units: w.unitsDone, error: w.error }))"""
 
@@ -143,7 +144,7 @@ def test_two_workers_boot_once_from_the_network_train_as_two_peers_and_leave_wit
 def test_the_cores_control_changes_the_workers_while_the_session_runs_without_losing_a_unit(
         browser: Browser, tmp_path: Path) -> None:
     serve = ServeCommand(task="arith", task_settings=SLOWER, session_dir=tmp_path / "session",
-                         config=SessionConfig(participants=3, passes=8),
+                         config=SessionConfig(participants=3, passes=CORES_PASSES),
                          options=relay_options(verify=False, lease_seconds=LONG_LEASE))
     relay, url = start_relay(serve, log_name="relay-workers-2.log")
     pages: list[Page] = []
@@ -172,7 +173,7 @@ def test_the_cores_control_changes_the_workers_while_the_session_runs_without_lo
         assert len(history) == status["num_rounds"]
         assert all(entry["participants"] == 3 and not entry["missing"] for entry in history)
         assert "leases_expired" not in status["counters"]
-        assert sorted(unit for entry in history for unit in entry["units"]) == sorted(list(range(6)) * 8)
+        assert sorted(unit for entry in history for unit in entry["units"]) == sorted(list(range(6)) * CORES_PASSES)
 
         give_cores(page, 2)  # remembered in this browser: a later visit without ?workers= starts with it
         page.goto(url)
