@@ -135,6 +135,14 @@ class PyodideEngine:
         self.pyodide_dir, self.wheels_dir, self.job_seconds = pyodide_dir, wheels_dir, job_seconds
         self._process: _Process | None = None
         self.boots = 0  # processes started (a restart after a failure is one more)
+        self._locked: frozenset[str] | None = None
+
+    def locked_packages(self) -> frozenset[str]:
+        """The packages this engine's lock file names (read once)."""
+        if self._locked is None:
+            lock = json.loads((self.wheels_dir / "pyodide-lock.json").read_text())
+            self._locked = frozenset(lock.get("packages", {}))
+        return self._locked
 
     @property
     def boot_report(self) -> dict[str, Any]:
@@ -144,7 +152,9 @@ class PyodideEngine:
     def train(self, task_info: dict[str, Any], job: Job, weights_message: bytes,
               unit_message: bytes | None) -> bytes:
         process = self._running()
-        header = json.dumps({"task": task_info, "job": job.to_json(), "source": task_source(task_info)}).encode()
+        source = task_source(task_info, self.locked_packages())
+        task = {**task_info, "wheel": None} if source is not None else task_info  # (from its text, not a wheel)
+        header = json.dumps({"task": task, "job": job.to_json(), "source": source}).encode()
         deadline = time.monotonic() + self.job_seconds
         try:
             assert process.popen.stdin is not None
@@ -246,11 +256,12 @@ def _drain(popen: subprocess.Popen[bytes], errors: collections.deque[str]) -> No
     popen.stderr.close()
 
 
-def task_source(task_info: dict[str, Any]) -> dict[str, str] | None:
-    """A task given as a file (``task_source``) and not built into a wheel: its module's text, which the worker
-    imports by the task's module name (``serve`` builds the wheel the page installs from the same file)."""
+def task_source(task_info: dict[str, Any], locked: frozenset[str] = frozenset()) -> dict[str, str] | None:
+    """A task given as a file (``task_source``) whose wheel is not among the ``locked`` packages of the engine's
+    wheels: its module's text, which the worker imports by the task's module name. (``serve`` builds the wheel pages
+    install from the same file into the session's own folder, not the install's ``wheels/`` the engine loads.)"""
     path = task_info.get("task_source")
-    if not path or task_info.get("wheel"):
+    if not path or task_info.get("wheel") in locked:
         return None
     return {"module": str(task_info["task_import"]).partition(":")[0], "text": Path(path).read_text()}
 

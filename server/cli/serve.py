@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import secrets
 import shutil
@@ -122,9 +123,14 @@ def check_tls(cert: Path | None, key: Path | None) -> str | None:
     return None
 
 
-def build_task_wheel(package_manifest: dict, paths: RelayPaths) -> str | None:
-    """A task from a file becomes a wheel browsers install, in the folder the relay serves; returns its
-    distribution name."""
+def build_task_wheel(package_manifest: dict, wheels: Path) -> str | None:
+    """A task from a file becomes a wheel browsers install: built, with the runtime's and Pyodide's wheels and their
+    lock, into ``wheels``, the session's own folder (``session_wheels``), which its relay serves in place of the
+    install's. Returns the wheel's distribution name (None: the task is not from a file).
+
+    Not into the install's ``wheels/``: every relay on the machine serves that folder, and a rebuild there (the
+    folder removed and put back) failed the pages booting from another relay meanwhile and handed them this task's
+    lock."""
     source = package_manifest.get("task_source")
     if not source:
         return None
@@ -136,8 +142,13 @@ def build_task_wheel(package_manifest: dict, paths: RelayPaths) -> str | None:
         folder = Path(tmp) / module
         folder.mkdir()
         shutil.copy(source, folder / "__init__.py")
-        build_wheels(REPO_ROOT, extra_packages=[(dist, [folder])], out_dir=paths.wheels, log=lambda _: None)
+        build_wheels(REPO_ROOT, extra_packages=[(dist, [folder])], out_dir=wheels, log=lambda _: None)
     return dist
+
+
+def session_wheels(session_dir: Path) -> Path:
+    """The folder of wheels a session whose task is a file serves (its task's wheel among them)."""
+    return session_dir / "wheels"
 
 
 def runs_home() -> Path:
@@ -193,7 +204,7 @@ def keep_watch(hold) -> None:  # type: ignore[no-untyped-def]
     threading.Thread(target=watch, daemon=True, name="session-hold").start()
 
 
-def open_session(args: argparse.Namespace, paths: RelayPaths):  # type: ignore[no-untyped-def]
+def open_session(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     """The relay of the session in --session-dir (resumed, else new): the settings read (flags over the
     --config file over the declared defaults), checked, and made consistent by ``server.session.rules.resolve``
     before anything is written."""
@@ -238,7 +249,7 @@ def open_session(args: argparse.Namespace, paths: RelayPaths):  # type: ignore[n
                            force_verify=args.force_verify)
         for note in resolved.notes:
             print(note)
-        package.manifest["wheel"] = build_task_wheel(package.manifest, paths)
+        package.manifest["wheel"] = build_task_wheel(package.manifest, session_wheels(session_dir))
         if session is not None:
             print(f"resuming session in {session_dir} after round {session.round} of {session.num_rounds}")
             if session.done:
@@ -313,7 +324,9 @@ def serve_session(args: argparse.Namespace, paths: RelayPaths, limits: ServerLim
         from server.relay.store.location import StoreUnavailable
 
         try:
-            relay = open_session(args, paths)
+            relay = open_session(args)
+            if relay.package.manifest.get("wheel"):  # (a task from a file: its own wheels, its task's among them)
+                paths = dataclasses.replace(paths, wheels=session_wheels(session_folder(args)))
             if relay.package.manifest.get("task_source") and not relay.session.done:
                 print(relay.verification.dry_run(), flush=True)  # (a task from a file: do its units replay?)
         except (TaskError, PlanError, ValueError, FileNotFoundError, StoreUnavailable) as error:

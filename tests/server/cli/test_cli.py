@@ -161,13 +161,13 @@ def test_serve_on_a_database_that_holds_another_session_refuses_and_fresh_drops_
         return build_parser().parse_args(["serve", "--port", "0", "--package", str(package.path), "--session-dir",
                                           str(tmp_path / folder), "--store", postgresql_url, *more])
 
-    relay = open_session(arguments("first"), RelayPaths())
+    relay = open_session(arguments("first"))
     peer_id, _ = relay.store.add_peer("agent", "127.0.0.1")
     relay.store.count("results_accepted")
     relay.store.close()
 
     with pytest.raises(StoreInUse, match="holds another session's state"):
-        open_session(arguments("second"), RelayPaths())
+        open_session(arguments("second"))
     assert serve(arguments("second"), paths=RelayPaths()) == 2
     assert "holds another session's state" in capsys.readouterr().err
     # The refused serve let the session's hold go, and its watch on the hold ended (a watch left behind would stop
@@ -186,13 +186,13 @@ def test_serve_on_a_database_that_holds_another_session_refuses_and_fresh_drops_
     finally:
         kept.close()
 
-    resumed = open_session(arguments("first"), RelayPaths())  # (its folder has the session: resumed, rows kept)
+    resumed = open_session(arguments("first"))  # (its folder has the session: resumed, rows kept)
     try:
         assert resumed.store.peer_count() == 1 and "resuming session" in capsys.readouterr().out
     finally:
         resumed.store.close()
 
-    fresh = open_session(arguments("second", "--fresh"), RelayPaths())
+    fresh = open_session(arguments("second", "--fresh"))
     try:
         assert fresh.store.peer_count() == 0 and fresh.store.counters() == {} and fresh.session.round == 0
         assert not (tmp_path / "second" / "relay.sqlite3").exists()

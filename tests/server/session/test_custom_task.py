@@ -7,12 +7,17 @@ import json
 import re
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 
 from runtime.merge import Result, make_merge
 from runtime.tasks import TaskError, load_task, task_class
 from server import cli
+from server.harness.relay_process import RelayProcess
+from server.harness.serve_command import ServeCommand
+from server.relay.app import RelayPaths
+from server.session.config import SessionConfig
 from server.session.package import Package, build_package
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -111,3 +116,30 @@ def test_replaying_a_unit_is_bit_identical() -> None:
     other = task.train_unit(weights, task.work_unit(data, 2, 100)).weights
     assert np.array_equal(first, again)
     assert not np.array_equal(first, other)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(bool(RelayPaths().missing()), reason="set-up has not built web/node_modules and wheels/")
+def test_a_task_from_a_file_gets_its_own_wheels_and_leaves_the_installs_alone(tmp_path: Path) -> None:
+    """Every relay on a machine serves the install's wheels/. A relay whose task is a file builds the task's wheel
+    into its session's folder and serves that one: the install's lock file is the same file afterwards (it was
+    removed and put back under the pages of every other relay, with this task's lock), a relay of a built-in task
+    started beside it serves the install's lock, and the host replays still run on the browser's engine (from the
+    task's text: the Node workers load the install's lock)."""
+    install_lock = RelayPaths().wheels / "pyodide-lock.json"
+    before = (install_lock.read_bytes(), install_lock.stat().st_mtime_ns)
+    dist = "peertrain-task-majority-task"
+    file_task = ServeCommand(task=str(EXAMPLE), task_settings={"chunks": 4}, session_dir=tmp_path / "file",
+                             config=SessionConfig(participants=2, passes=1))
+    builtin = ServeCommand(task="arith", session_dir=tmp_path / "builtin", config=SessionConfig(participants=2))
+    with RelayProcess(file_task, log=tmp_path / "file.log") as mine, \
+            RelayProcess(builtin, log=tmp_path / "builtin.log") as other:
+        served = httpx.get(mine.url + "/wheels/pyodide-lock.json", timeout=30).json()["packages"]
+        wheel = httpx.get(f"{mine.url}/wheels/{served[dist]['file_name']}", timeout=30)
+        other_served = httpx.get(other.url + "/wheels/pyodide-lock.json", timeout=30).content
+        logs = mine.logs
+    assert wheel.status_code == 200 and wheel.content[:4] == b"PK\x03\x04"
+    assert (tmp_path / "file" / "wheels" / served[dist]["file_name"]).is_file()
+    assert (install_lock.read_bytes(), install_lock.stat().st_mtime_ns) == before
+    assert other_served == before[0]
+    assert "replays exactly on the browser's engine" in logs, logs[-2000:]

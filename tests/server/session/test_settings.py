@@ -18,7 +18,6 @@ from server import cli
 from server.cli.commands import build_parser
 from server.cli.options import read_settings
 from server.relay.admin_endpoints import SESSION_SETTINGS
-from server.relay.app import RelayPaths
 from server.relay.options import RelayOptions
 from server.session.config import SETTABLE, SessionConfig, config_from_request
 from server.session.package import Package
@@ -242,15 +241,14 @@ def test_serve_applies_the_rules(package: Package, tmp_path: Path, capsys: pytes
                          "--mode", "async", "-k", "2", *conflict]) == 2
         assert "to synchronous rounds; not with --mode async" in capsys.readouterr().err
         assert not (session_dir / "session.json").exists()
-    relay = open_session(serve_args(package, tmp_path / "async", "--mode", "async", "--buffer", "2"),
-                         RelayPaths(wheels=tmp_path / "wheels"))
+    relay = open_session(serve_args(package, tmp_path / "async", "--mode", "async", "--buffer", "2"))
     try:
         assert relay.options.verify is False and relay.session.config.participants == 2
         assert "async mode: host replays" in capsys.readouterr().out
     finally:
         relay.close()
     with pytest.raises(SettingError, match="--buffer is async mode's results per merge"):
-        open_session(serve_args(package, tmp_path / "sync", "--buffer", "2"), RelayPaths(wheels=tmp_path / "wheels"))
+        open_session(serve_args(package, tmp_path / "sync", "--buffer", "2"))
 
 
 def test_simulate_applies_the_rules(package: Package, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
