@@ -15,13 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from server.cli.options import single_threaded_blas
-
-# One BLAS thread in the test processes too, as the commands that train or read results have (serve, simulate, the
-# benches): the tests that train in-process (the momentum trap, the arith recipes) took 10x longer with OpenBLAS's
-# spinning threads on busy cores (27 s alone, 324 s beside a second test process). Before numpy is first imported.
-single_threaded_blas()
-
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
