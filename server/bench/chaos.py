@@ -176,16 +176,32 @@ class Killer:
                     return self.kill(trigger)
                 time.sleep(0.0002)
             return None
-        before, _ = disk_state(self.session_dir)  # merge: a round's last result was accepted
-        if not self.next_full_round(limit_s):
-            return None
-        time.sleep(self.rng.uniform(0, self.merge_seconds))
-        return self.kill(trigger, checkpoint_before=before)
+        return self.kill_in_merge(limit_s)
 
-    def kill(self, trigger: str, *, checkpoint_before: int | None = None) -> Kill:
+    def kill_in_merge(self, limit_s: float) -> Kill | None:
+        """Kill a moment into the next merge: armed on ``uploads``, the kill runs in the thread of the peer whose
+        upload was the merge's last result, as its `accepted` comes back (a wake-up of this thread would come
+        after a merge of a few milliseconds is on disk). None: no merge started within ``limit_s``."""
+        delay = self.rng.uniform(0, self.merge_seconds)
+        struck: dict[str, int] = {}
+
+        def strike() -> None:
+            struck["before"], _ = disk_state(self.session_dir)
+            time.sleep(delay)
+            struck["in_flight"] = self.uploads.in_flight
+            self.relay.kill()
+
+        with self.uploads.changed:
+            self.uploads.armed = strike
+            if not self.uploads.changed.wait_for(lambda: "in_flight" in struck, timeout=limit_s):
+                self.uploads.armed = None
+                return None
+        return self.restarted("merge", struck["in_flight"], struck["before"])
+
+    def kill(self, trigger: str) -> Kill:
         in_flight = self.uploads.in_flight
         self.relay.kill()
-        return self.restarted(trigger, in_flight, checkpoint_before)
+        return self.restarted(trigger, in_flight)
 
     def restarted(self, trigger: str, in_flight: int, checkpoint_before: int | None = None) -> Kill:
         """What the killed relay was doing (the disk and the peers say), then its restart."""

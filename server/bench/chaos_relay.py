@@ -44,6 +44,10 @@ class Uploads:
     full_rounds: list[int] = field(default_factory=list)  # merges the accepted results started, in order
     service_unavailable: list[str] = field(default_factory=list)  # the reasons of 503 answers
     accepted_slots: dict[int, set[int]] = field(default_factory=dict)
+    # A one-shot action run in the peer's own thread the moment a merge's last result is answered `accepted`, under
+    # ``changed`` (the killer's merge moment: no thread switch between that answer and the kill, so the kill lands
+    # before a merge of a few milliseconds is on disk).
+    armed: Callable[[], None] | None = None
 
     def send_result(self, job: Job, send: Callable[[], httpx.Response]) -> httpx.Response:
         """One upload, counted in flight while it is (the peer's view: sent, not answered yet)."""
@@ -71,13 +75,19 @@ class Uploads:
         self.by_status["accepted"] += 1
         if not self.per_round:
             if self.slots and self.by_status["accepted"] % self.slots == 0:
-                self.full_rounds.append(self.by_status["accepted"])
+                self.merge_started(self.by_status["accepted"])
             return
         round_index = job.round
         slots = self.accepted_slots.setdefault(round_index, set())
         slots.add(job.slot)
         if self.slots and len(slots) == self.slots and round_index not in self.full_rounds:
-            self.full_rounds.append(round_index)
+            self.merge_started(round_index)
+
+    def merge_started(self, merge: int) -> None:
+        self.full_rounds.append(merge)
+        action, self.armed = self.armed, None
+        if action is not None:
+            action()
 
     def on_answer(self, answer: httpx.Response) -> None:
         if answer.status_code == 503:

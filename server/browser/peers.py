@@ -232,12 +232,12 @@ def run_peers(count: int, url: str, *, timeout_s: float = 0.0, headless: bool = 
                     bar.n = min(int(status.get("round") or 0), bar.total)
                     bar.set_postfix_str(describe_round(status), refresh=False)
                     bar.refresh()
-                    if status.get("done"):
-                        tqdm.write(f"session done: {status.get('stopped') or 'all rounds complete'}")
-                        return 0
-                for view in views:
+                for view in views:  # (before `done`: what a page did in the session's last poll is told too)
                     for line in view.look():
                         tqdm.write(line)
+                if status is not None and status.get("done"):
+                    tqdm.write(f"session done: {status.get('stopped') or 'all rounds complete'}")
+                    return 0
                 if all(view.gone for view in views):
                     tqdm.write("peertrain peers: no page is left to train")
                     return 1

@@ -156,8 +156,8 @@ CARTPOLE_SETTINGS = {"units": 10, "episodes_per_unit": 16, "eval_episodes": 10, 
 def test_serve_with_two_headless_peers_learns_cartpole(tmp_path: Path) -> None:
     session_dir = tmp_path / "session"
     relay, url = start_relay(ServeCommand(task="cartpole", task_settings=CARTPOLE_SETTINGS, session_dir=session_dir,
-                                          config=SessionConfig(participants=2, passes=1), options=relay_options(),
-                                          peers=2),
+                                          config=SessionConfig(participants=2, passes=1),
+                                          options=relay_options(min_peers=2), peers=2),
                              log_name="relay-cartpole-2.log")
     log_path = ARTIFACTS / "relay-cartpole-2.log"
     try:
@@ -173,8 +173,9 @@ def test_serve_with_two_headless_peers_learns_cartpole(tmp_path: Path) -> None:
     assert "session done: all rounds complete" in log, log[-3000:]
     assert re.search(r"peer 1\b.*: Pyodide booted", log) and re.search(r"peer 2\b.*: Pyodide booted", log), log[-3000:]
     assert len(set(re.findall(r"peer \d: joined as (p-[0-9a-f]+)", log))) == 2, log[-3000:]
-    # Units go first come, first served and a CartPole unit takes well under a second, so one fast peer may
-    # train every unit while the other polls: require uploads, not one unit from each page.
+    # The first round waits for both pages (--min-peers 2: a page booting seconds after the other on a busy machine
+    # would otherwise find the ten sub-second units all trained). Units then go first come, first served, so one
+    # fast peer may train most of them while the other polls: require uploads, not a share from each page.
     assert re.search(r"peer \d \((p-[0-9a-f]+)\): \d+ units? uploaded", log), log[-3000:]
 
     initial = final["initial_metrics"]["greedy_return"]
