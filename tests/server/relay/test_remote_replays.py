@@ -111,9 +111,13 @@ def test_a_worker_killed_mid_session_loses_no_check(package: Package, tmp_path: 
         first.wait(timeout=30)
         if second is not None:
             stop(second)
+    # The logs are a lower bound on who replayed what: a worker writes its result to the store, then its line, and a
+    # fast replay done while the test saw the line before can be stored with its line never written (the SIGKILL
+    # between the two; a loaded fresh clone saw 1 + 2 lines for 4 verified results). The store's count is the one
+    # above; here, the first worker did one before its kill, and the second every replay of the round after it (k).
     by_first = first_log.read_text().count(" replayed in ")
     by_second = second_log.read_text().count(" replayed in ")
-    assert by_first >= 1 and by_first + by_second >= package.data.num_units
+    assert by_first >= 1 and by_second >= 2, (by_first, by_second)
 
 
 def test_a_round_waiting_for_workers_says_so(package: Package, tmp_path: Path, postgresql_url: str) -> None:
