@@ -19,6 +19,18 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
 @pytest.fixture
+def one_blas_thread() -> Iterator[None]:
+    """Numpy in this test's process on one BLAS thread, as `peertrain simulate` and `serve` run it: for tests that
+    train many small batches in turn, where OpenBLAS's second thread only spins. Measured per test (quiet, two
+    threads against one): the BPE pitfall 95 s against 35 s, the momentum trap 126 s against 49 s, the liveness ban
+    test 111 s against 54 s. Not suite-wide: the demo-session test ran slower on one (54 s against 38 s)."""
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=1):
+        yield
+
+
+@pytest.fixture
 def majority_importable(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """``examples/`` on sys.path for this test: native peers import ``majority_task`` as a relay started with
     ``--task majority_task:MajorityTask`` (and PYTHONPATH=examples) does."""

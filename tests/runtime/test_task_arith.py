@@ -7,12 +7,10 @@ demo session (the Makefile's DEMO_SESSION) must get every one-digit sum right.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
-from threadpoolctl import threadpool_limits
 
 from runtime.data.arith import IGNORE_INDEX
 from runtime.data.tokenizer import EOS
@@ -36,15 +34,6 @@ def train(task: ArithTask, data, epochs: int, seed: int = 0) -> np.ndarray:
             unit = WorkUnit(index=index, seed=epoch * data.num_units + index, data=chunk)
             weights = task.train_unit(weights, unit).weights
     return weights
-
-
-@pytest.fixture
-def one_blas_thread() -> Iterator[None]:
-    """Train on one BLAS thread, as `peertrain simulate` does, for the tests that train many small batches in turn
-    (quiet: the BPE pitfall 95 s with OpenBLAS's two threads, 35 s with one). Not the demo-session test: there two
-    threads were faster (38 s against 54 s on a fresh clone)."""
-    with threadpool_limits(limits=1):
-        yield
 
 
 @pytest.fixture(scope="module")

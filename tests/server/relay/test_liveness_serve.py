@@ -50,6 +50,7 @@ def final_weights(session_dir: Path) -> tuple[Session, Package]:
 # Three rounds of arith with host replays (six took 55 s alone, 133 s beside other work, 412 s in a suite run with
 # the cores shared 3-to-1).
 @pytest.mark.timeout(1800)
+@pytest.mark.usefixtures("one_blas_thread")
 def test_the_attacker_is_banned_and_two_honest_peers_finish(tmp_path: Path) -> None:
     """Three native peers, one uploading noise from its first result: its first result fails its host replay, it is
     banned, and the two honest peers finish all 3 rounds with exactly the honest run's weights

@@ -7,12 +7,10 @@ Arithmetic task (char tokenizer), one chunk of 1024 problems, 3 local epochs per
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 import pytest
-from threadpoolctl import threadpool_limits
 
 from runtime.planner import MergeGuardRefused
 from runtime.tasks import Task, TaskData, load_task
@@ -24,6 +22,7 @@ from server.simulation.simulator import run_round
 SETTINGS = {"chunks": 1, "num_examples": 1024, "batch_size": 64, "epochs": 3, "validation_size": 100,
             "generalization_size": 20, "beyond_range_size": 5, "session_final_lr_ratio": 1.0, "width_balance": 0}
 ROUNDS = 30
+pytestmark = pytest.mark.usefixtures("one_blas_thread")
 
 
 @dataclass
@@ -32,15 +31,6 @@ class MemoryPackage:
     data: TaskData
     initial_weights: np.ndarray
     fingerprint: str = "trap"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_blas_thread() -> Iterator[None]:
-    """Train on one BLAS thread, as `peertrain simulate` does: 30 rounds of small matrices one after another, where
-    OpenBLAS's second thread only spins (this module alone, quiet: 126 s with two threads, 45 s with one; beside two
-    busy loops a fresh clone's run took 488 s)."""
-    with threadpool_limits(limits=1):
-        yield
 
 
 @pytest.fixture(scope="module")
