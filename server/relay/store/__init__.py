@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from server.relay.store.location import SCHEMES, StoreInUse, StoreUnavailable, UnsupportedStore, open_store
 from server.relay.store.protocol import LAST_SEEN_RESOLUTION, Store
-from server.relay.store.records import Lease, StoredResult
+from server.relay.store.records import AlreadyArrived, Lease, StoredResult
 
-__all__ = ["LAST_SEEN_RESOLUTION", "SCHEMES", "Lease", "Store", "StoreInUse", "StoreUnavailable", "StoredResult",
-           "UnsupportedStore", "open_store"]
+__all__ = ["LAST_SEEN_RESOLUTION", "SCHEMES", "AlreadyArrived", "Lease", "Store", "StoreInUse", "StoreUnavailable",
+           "StoredResult", "UnsupportedStore", "open_store"]

@@ -56,6 +56,10 @@ class StoreLifecycle(Protocol):
     @property
     def closed(self) -> bool: ...
 
+    # Whether other relays may write the store while this one serves (a database server's): what the store keeps of
+    # its rows then lasts a fraction of a second (``generation`` moves on as it goes).
+    shared: bool
+
     def open(self) -> None:
         """Connect (again, after ``close``; nothing when open); creates what a new store lacks and brings an older
         one up to date, keeping its data."""
@@ -111,11 +115,17 @@ class LeaseStore(Protocol):
         """The leases of ``round_index`` by slot, expired ones included: the units' own (``copy`` 0) or their
         second copies (1). Empty when there are none."""
 
+    def lease(self, round_index: int, slot: int, copy: int = 0) -> Lease | None:
+        """One lease, read now from the database (never from what the store keeps: another relay may have granted
+        it a moment ago); None where there is none."""
+
     def grant(self, round_index: int, slot: int, unit_index: int, peer_id: str, seconds: float,
-              copy: int = 0) -> Lease | None:
+              copy: int = 0, *, version: int = 0) -> Lease | None:
         """Lease the slot's unit (or its second copy) to ``peer_id`` from now for ``seconds``, replacing a lease on
         the same (round, slot, copy) that ran out or is ``peer_id``'s own; None where another peer holds a live one
-        (granted meanwhile by another relay over the same store: the database decides, in one statement)."""
+        (granted meanwhile by another relay over the same store: the database decides, in one statement), or, for
+        the asynchronous stream (round -1), where the entry has its result. ``version``: the weights version the
+        unit is handed out with (the lease keeps it: whichever relay the result reaches checks it)."""
 
     def release(self, round_index: int, slot: int, peer_id: str | None = None) -> None:
         """Drop the leases on a slot (its result was refused), or only ``peer_id``'s: the next peer to ask may
@@ -213,8 +223,9 @@ class ArrivalStore(Protocol):
     def add_arrival(self, *, entry: int, unit_index: int, peer_id: str, version: int, num_examples: int,
                     metrics: dict[str, Any], message: bytes, update: bytes, sha256: str | None = None) -> int:
         """Keep a result in the buffer and count a unit done by its peer; returns its arrival number (seq, rising).
-        A second arrival of the same ``entry`` is an error. ``sha256``: the message's digest for the audit, where
-        the caller computed it already (a reader thread: not on the event loop)."""
+        A second arrival of the same ``entry`` raises ``AlreadyArrived`` and changes nothing. ``sha256``: the
+        message's digest for the audit, where the caller computed it already (a reader thread: not on the event
+        loop)."""
 
     def arrived_entries(self) -> frozenset[int]:
         """The entries of every arrival, merged or not."""

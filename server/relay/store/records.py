@@ -18,6 +18,10 @@ def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+class AlreadyArrived(Exception):
+    """An entry of the asynchronous stream has its result already (another relay over the store took it)."""
+
+
 @dataclass(frozen=True)
 class Lease:
     round: int
@@ -27,6 +31,7 @@ class Lease:
     issued: float
     deadline: float
     copy: int = 0  # 0: the unit's own lease; 1: a second copy (redundancy, a backup)
+    version: int = 0  # the weights version the unit was handed out with (async mode; a round's lease: its round)
 
 
 @dataclass(frozen=True)

@@ -21,9 +21,10 @@ from server.relay.store.sql.store import SQLStore
 
 class PostgreSQLStore(SQLStore):
     """The relay's store in the PostgreSQL database at ``url`` (its tables created when new), safe to share between
-    threads."""
+    threads and with other relays serving the session (``shared``)."""
 
     connection: Connection
+    shared = True
 
     def __init__(self, url: str, clock: Callable[[], float] = time.time) -> None:
         super().__init__(Connection(url), clock)

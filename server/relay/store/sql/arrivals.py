@@ -8,7 +8,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from server.relay.store.records import BufferedArrival, MergedArrival, sha256_hex
+from server.relay.store.records import AlreadyArrived, BufferedArrival, MergedArrival, sha256_hex
 from server.relay.store.sql.database import TablePart
 
 
@@ -43,19 +43,23 @@ class SQLArrivals(TablePart):
         digest = sha256 or sha256_hex(message)  # (before the lock: hashing 585 KB holds nothing else up)
         with kept.lock:
             with self.connection.transaction() as db:
-                cursor = db.execute(
+                cursor = db.execute(  # (an entry that arrived already: no row; two relays race on the same entry)
                     "INSERT INTO arrivals (entry, unit_index, peer_id, version, num_examples, metrics, message, "
-                    "update_vector, received, merge, sha256) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, ?) RETURNING seq",
+                    "update_vector, received, merge, sha256) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, ?) "
+                    "ON CONFLICT (entry) DO NOTHING RETURNING seq",
                     (entry, unit_index, peer_id, version, num_examples, json.dumps(metrics), message, update,
                      self.clock(), digest))
-                seq = int(cursor.fetchone()[0])
-                db.execute("UPDATE peers SET units_done = units_done + 1 WHERE id = ?", (peer_id,))
+                row = cursor.fetchone()
+                if row is not None:
+                    db.execute("UPDATE peers SET units_done = units_done + 1 WHERE id = ?", (peer_id,))
             if kept.arrived is not None:  # (once committed)
                 kept.arrived.add(entry)
                 kept.view = None
+            if row is None:
+                raise AlreadyArrived(f"unit entry {entry} already has a result")
             if kept.waiting is not None:
                 kept.waiting += 1
-            return seq
+            return int(row[0])
 
     def arrived_entries(self) -> frozenset[int]:
         kept = self.kept

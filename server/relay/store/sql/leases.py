@@ -5,6 +5,8 @@ from __future__ import annotations
 from server.relay.store.records import Lease
 from server.relay.store.sql.database import TablePart
 
+COLUMNS = "round, slot, unit_index, peer_id, issued, deadline, copy, version"  # (``Lease``'s fields, in order)
+ASYNC_ROUND = -1  # the asynchronous stream's leases (``server.relay.buffered``): the slot is the schedule entry
 # A live lease of ``peer_id``: the two arguments are the peer and now.
 LIVE = "peer_id = ? AND deadline >= ?"
 # A lease whose unit has no result yet, or on a second copy (a copy's result is never the slot's).
@@ -15,21 +17,30 @@ class SQLLeases(TablePart):
     """``server.relay.store.protocol.LeaseStore`` on the ``leases`` table."""
 
     def leases(self, round_index: int, copy: int = 0) -> dict[int, Lease]:
-        rows = self.connection.run("SELECT round, slot, unit_index, peer_id, issued, deadline, copy FROM leases "
-                                   "WHERE round = ? AND copy = ?", (round_index, copy))
+        rows = self.connection.run(f"SELECT {COLUMNS} FROM leases WHERE round = ? AND copy = ?", (round_index, copy))
         return {row[1]: Lease(*row) for row in rows}
 
+    def lease(self, round_index: int, slot: int, copy: int = 0) -> Lease | None:
+        rows = self.connection.run(f"SELECT {COLUMNS} FROM leases WHERE round = ? AND slot = ? AND copy = ?",
+                                   (round_index, slot, copy))
+        return Lease(*rows[0]) if rows else None
+
     def grant(self, round_index: int, slot: int, unit_index: int, peer_id: str, seconds: float,
-              copy: int = 0) -> Lease | None:
+              copy: int = 0, *, version: int = 0) -> Lease | None:
         # One statement, so the database decides: a lease another peer holds and has not let run out stays (two
-        # relays over one store asking at once: one of them gets no row back).
+        # relays over one store asking at once: one of them gets no row back), and an entry of the asynchronous
+        # stream that has its result is not leased again (another relay took it a moment ago).
         now = self.clock()
+        arrived = " AND NOT EXISTS (SELECT 1 FROM arrivals a WHERE a.entry = ?)" if round_index == ASYNC_ROUND else ""
         taken = self.connection.run(
-            "INSERT INTO leases VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (round, slot, copy) "
+            "INSERT INTO leases (round, slot, unit_index, peer_id, issued, deadline, copy, version) "
+            f"SELECT ?, ?, ?, ?, ?, ?, ?, ? WHERE 1 = 1{arrived} ON CONFLICT (round, slot, copy) "
             "DO UPDATE SET unit_index = excluded.unit_index, peer_id = excluded.peer_id, issued = excluded.issued, "
-            "deadline = excluded.deadline WHERE leases.deadline < excluded.issued OR leases.peer_id = excluded.peer_id "
-            "RETURNING slot", (round_index, slot, unit_index, peer_id, now, now + seconds, copy))
-        return Lease(round_index, slot, unit_index, peer_id, now, now + seconds, copy) if taken else None
+            "deadline = excluded.deadline, version = excluded.version "
+            "WHERE leases.deadline < excluded.issued OR leases.peer_id = excluded.peer_id RETURNING slot",
+            (round_index, slot, unit_index, peer_id, now, now + seconds, copy, version,
+             *((slot,) if arrived else ())))
+        return Lease(round_index, slot, unit_index, peer_id, now, now + seconds, copy, version) if taken else None
 
     def release(self, round_index: int, slot: int, peer_id: str | None = None) -> None:
         if peer_id is None:

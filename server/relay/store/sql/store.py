@@ -37,12 +37,17 @@ from server.relay.store.sql.undos import SQLUndos
 from server.relay.store.sql.volunteers import SQLVolunteers, VolunteerCalls
 
 CACHE_ROUNDS = 8  # rounds (of leases: (round, copy)) whose rows are kept; past that all are forgotten
+SHARED_VIEW_SECONDS = 0.25  # a ``shared`` store reads what it keeps again after this long (others write too)
 
 
 class SQLStore(VolunteerCalls):
-    """The relay's store on ``database`` (opened here), safe to share between threads. One relay process is the
-    store's only writer while it serves: what it reads of the leases, copies and results it keeps until it changes
-    them itself."""
+    """The relay's store on ``database`` (opened here), safe to share between threads. What it reads of the leases,
+    copies, results and arrivals it keeps until it changes them itself: one relay process is the only writer while
+    it serves. A ``shared`` store (PostgreSQL's: relays that serve one session together write it too) keeps them at
+    most ``SHARED_VIEW_SECONDS``; what must be exact is decided by the database in one statement (a grant, an
+    arrival) or read afresh (``lease``), never from what is kept."""
+
+    shared = False
 
     def __init__(self, database: Database, clock: Callable[[], float]) -> None:
         self._clock = clock
@@ -64,10 +69,25 @@ class SQLStore(VolunteerCalls):
         self._active: tuple[float, float, list[str], frozenset[str]] | None = None  # (read at, within, ids, as a set)
         self._slots_cache: dict[int, dict[int, str]] = {}  # round -> who delivered each slot's result, as read
         self._generation = 0  # (``generation``: every change below but a peer's touch moves it on)
+        self._views_read_at = clock()  # (a shared store: when what it keeps was last forgotten, the store's clock)
         self.open()
 
     def generation(self) -> int:
+        self._expire()
         return self._generation
+
+    def _expire(self) -> None:
+        """A shared store forgets what it keeps once it is ``SHARED_VIEW_SECONDS`` old (others change it too)."""
+        if not self.shared or 0 <= self._clock() - self._views_read_at < SHARED_VIEW_SECONDS:
+            return
+        with self._cache_lock:
+            self._lease_cache.clear()
+            self._copies_cache.clear()
+            self._slots_cache.clear()
+            self._active = None
+            self._arrivals.forget()
+            self._generation += 1
+            self._views_read_at = self._clock()
 
     # -- opening and closing ------------------------------------------------------------------------
     @property
@@ -120,6 +140,7 @@ class SQLStore(VolunteerCalls):
     # at most ``LAST_SEEN_RESOLUTION`` (the precision of last_seen itself), and forgotten when a peer joins, leaves,
     # comes back, is banned or unbanned, or the leases change (but a grant to a peer already active).
     def active_peers(self, within_seconds: float) -> list[str]:
+        self._expire()
         now = self._clock()
         with self._cache_lock:
             kept = self._active
@@ -157,6 +178,7 @@ class SQLStore(VolunteerCalls):
     # a thousand times (a round's hand-out took seconds). The store is the leases' only writer while the relay
     # serves, so it keeps the rows it read: a grant updates them, any other change to the table forgets them.
     def leases(self, round_index: int, copy: int = 0) -> dict[int, Lease]:
+        self._expire()
         return self._kept(self._lease_cache, (round_index, copy), lambda: self._leases.leases(round_index, copy))
 
     def _kept(self, cache: dict[Any, dict[Any, Any]], key: Any, read: Callable[[], dict[Any, Any]]) -> dict[Any, Any]:
@@ -169,13 +191,17 @@ class SQLStore(VolunteerCalls):
                 cached = cache[key] = read()
             return dict(cached)
 
+    def lease(self, round_index: int, slot: int, copy: int = 0) -> Lease | None:
+        return self._leases.lease(round_index, slot, copy)
+
     def grant(self, round_index: int, slot: int, unit_index: int, peer_id: str, seconds: float,
-              copy: int = 0) -> Lease | None:
+              copy: int = 0, *, version: int = 0) -> Lease | None:
         with self._cache_lock:
-            lease = self._leases.grant(round_index, slot, unit_index, peer_id, seconds, copy)
+            lease = self._leases.grant(round_index, slot, unit_index, peer_id, seconds, copy, version=version)
             self._generation += 1
-            if lease is None:  # (another relay over this store leased it: what is kept of the round is read again)
+            if lease is None:  # (another relay over this store leased it, or took its result: read again)
                 self._lease_cache.pop((round_index, copy), None)
+                self._arrivals.forget()
                 self._forget_active()
                 return None
             self._forget_active(unless=peer_id)
@@ -238,6 +264,7 @@ class SQLStore(VolunteerCalls):
         return set(self._result_peers(round_index))
 
     def _result_peers(self, round_index: int) -> dict[int, str]:
+        self._expire()
         with self._cache_lock:
             cached = self._slots_cache.get(round_index)
             if cached is None:
@@ -295,6 +322,7 @@ class SQLStore(VolunteerCalls):
             self._copies.set_copy_outcome(round_index, slot, peer_id, outcome)
 
     def copies(self, round_index: int) -> dict[tuple[int, str], str]:
+        self._expire()
         return self._kept(self._copies_cache, round_index, lambda: self._copies.copies(round_index))
 
     def copy_message(self, round_index: int, slot: int, peer_id: str) -> bytes | None:
@@ -311,12 +339,14 @@ class SQLStore(VolunteerCalls):
                                           sha256=sha256)
 
     def arrived_entries(self) -> frozenset[int]:
+        self._expire()
         return self._arrivals.arrived_entries()
 
     def buffered(self, limit: int | None = None) -> list[BufferedArrival]:
         return self._arrivals.buffered(limit)
 
     def buffered_count(self) -> int:
+        self._expire()
         return self._arrivals.buffered_count()
 
     def mark_merged(self, seqs: list[int], merge: int) -> None:

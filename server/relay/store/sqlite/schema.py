@@ -16,7 +16,8 @@ CREATE TABLE IF NOT EXISTS volunteers (
 );
 CREATE TABLE IF NOT EXISTS leases (
     round INTEGER NOT NULL, slot INTEGER NOT NULL, unit_index INTEGER NOT NULL, peer_id TEXT NOT NULL,
-    issued REAL NOT NULL, deadline REAL NOT NULL, copy INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (round, slot, copy)
+    issued REAL NOT NULL, deadline REAL NOT NULL, copy INTEGER NOT NULL DEFAULT 0, version INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (round, slot, copy)
 );
 CREATE TABLE IF NOT EXISTS results (
     round INTEGER NOT NULL, slot INTEGER NOT NULL, unit_index INTEGER NOT NULL, peer_id TEXT NOT NULL,
@@ -62,6 +63,7 @@ ADDED_COLUMNS = {
                 "verification": "TEXT NOT NULL DEFAULT ''"},
     "copies": {"sha256": "TEXT NOT NULL DEFAULT ''"},
     "arrivals": {"sha256": "TEXT NOT NULL DEFAULT ''"},
+    "leases": {"version": "INTEGER NOT NULL DEFAULT 0"},
 }
 
 

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
-from server.relay.store import Store
+from server.relay.store import AlreadyArrived, Store
 
 
 def arrive(store: Store, entry: int, peer_id: str = "p-a", version: int = 0) -> int:
@@ -34,11 +34,17 @@ def test_arrivals_wait_in_order_until_merged(store: Store) -> None:
     assert store.arrived_entries() == {2, 4, 7}
 
 
-def test_an_entry_arrives_once(store: Store) -> None:
+def test_an_entry_arrives_once(store: Store, second_look: Callable[[], Store]) -> None:
+    """Another relay on the same database (a second store object, which read the entries before) is refused the
+    entry too: the database decides, and neither store's buffer changes."""
+    other = second_look()
+    assert other.arrived_entries() == set() and other.buffered_count() == 0  # (read, and kept, before the arrival)
     arrive(store, 3)
-    with pytest.raises(Exception):  # noqa: B017 (each database raises its own integrity error)
-        arrive(store, 3, "p-b")
-    assert store.buffered_count() == 1
+    for relay in (store, other):
+        with pytest.raises(AlreadyArrived, match="entry 3 already has a result"):
+            arrive(relay, 3, "p-b")
+        assert 3 in relay.arrived_entries()
+    assert store.buffered_count() == 1 and [row[1] for row in other.buffered()] == [3]
 
 
 def test_merges_the_checkpoint_lacks_go_back_to_the_buffer(store: Store) -> None:

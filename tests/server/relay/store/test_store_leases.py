@@ -9,6 +9,7 @@ from pathlib import Path
 from virtual_clock import Clock
 
 from server.relay.store import Lease, Store, StoredResult
+from server.relay.store.sql.store import SHARED_VIEW_SECONDS
 
 
 def result(round_index: int, slot: int, peer_id: str, message: bytes = b"update") -> StoredResult:
@@ -157,3 +158,42 @@ def test_the_leases_read_are_what_the_file_holds_after_every_kind_of_change(stor
     other.close()
     store.open()
     same()
+
+
+def test_a_lease_of_the_stream_keeps_its_version_and_is_never_granted_after_its_result(
+        store: Store, second_look: Callable[[], Store], clock: Clock) -> None:
+    """The asynchronous stream's leases (round -1) say which weights version the unit went out with, for whichever
+    relay the result reaches; an entry whose result arrived is not leased again, by this relay or another one that
+    read the leases before (its lease ran out meanwhile)."""
+    other = second_look()
+    assert other.leases(-1) == {} and other.arrived_entries() == set()  # (read, and kept, before what follows)
+    granted = store.grant(-1, 4, 9, "p-a", 10.0, version=3)
+    assert granted is not None and granted.version == 3
+    assert other.lease(-1, 4) == granted and other.lease(-1, 5) is None  # (read afresh, never from what is kept)
+    store.add_arrival(entry=4, unit_index=9, peer_id="p-a", version=3, num_examples=1, metrics={}, message=b"m",
+                      update=b"")
+    clock.advance(11.0)
+    assert other.grant(-1, 4, 9, "p-b", 10.0, version=5) is None
+    assert store.grant(-1, 4, 9, "p-a", 10.0, version=5) is None  # (its own peer either)
+    assert store.lease(-1, 4) == granted
+    again = other.grant(-1, 5, 10, "p-b", 10.0, version=5)
+    assert again is not None and store.lease(-1, 5) == again and store.leases(-1)[5].version == 5
+    assert store.grant(0, 4, 9, "p-c", 10.0) is not None  # (a round's slot 4 is another lease: rounds ignore arrivals)
+
+
+def test_a_shared_store_reads_again_what_another_relay_changed(store: Store, second_look: Callable[[], Store],
+                                                              clock: Clock) -> None:
+    """A store that other relays write (``shared``: PostgreSQL's; a SQLite store object told so here) keeps what it
+    read for ``SHARED_VIEW_SECONDS`` of its clock at most: then the other relay's leases, results and arrivals show,
+    and its generation moves on."""
+    other = second_look()
+    other.shared = True  # type: ignore[misc]  # (a SQLite store is shared by no one unless told)
+    assert other.leases(0) == {} and other.result_slots(0) == set() and other.buffered_count() == 0
+    generation = other.generation()
+    lease = store.grant(0, 1, 1, "p-a", 30.0)
+    store.add_result(StoredResult(0, 1, 1, "p-a", 8, {}, b"result"))
+    store.add_arrival(entry=0, unit_index=0, peer_id="p-a", version=0, num_examples=1, metrics={}, message=b"m",
+                      update=b"")
+    clock.advance(SHARED_VIEW_SECONDS)
+    assert other.leases(0) == {1: lease} and other.result_slots(0) == {1}
+    assert other.buffered_count() == 1 and other.arrived_entries() == {0} and other.generation() > generation

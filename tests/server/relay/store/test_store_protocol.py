@@ -29,8 +29,10 @@ PARTS = dict(zip(CONCEPTS[1:], (SQLPeers, SQLLeases, SQLResults, SQLCopies, SQLA
 
 
 def members(protocol: type) -> dict[str, object]:
-    """The names a protocol declares itself (not through the protocols it extends), with what it declares."""
-    return {name: value for name, value in vars(protocol).items() if not name.startswith("_")}
+    """The names a protocol declares itself (not through the protocols it extends), with what it declares (an
+    attribute: its annotation)."""
+    declared = {name: value for name, value in vars(protocol).items() if not name.startswith("_")}
+    return declared | dict(vars(protocol).get("__annotations__", {}))
 
 
 def declared_signature(member: object) -> inspect.Signature:
@@ -51,6 +53,9 @@ def test_each_store_has_every_member_with_its_signature(concept: type, implement
     for name, declared in members(concept).items():
         implemented = inspect.getattr_static(implementation, name, None)
         assert implemented is not None, f"{implementation.__name__} lacks {name}"
+        if isinstance(declared, str):  # (an attribute: a value of the annotated type)
+            assert isinstance(implemented, eval(declared)), name  # noqa: S307 (the protocol's own annotation)
+            continue
         assert isinstance(implemented, property) == isinstance(declared, property), name
         assert declared_signature(implemented) == declared_signature(declared), name
 
