@@ -170,23 +170,41 @@ HOLD_CHECK_SECONDS = 1.0  # how often the serving relay makes sure it still hold
 
 
 def hold_the_session(args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    """With a database server's store: the session's hold, taken (waiting while another relay serves the session,
-    not listening meanwhile: a proxy in front sends everything to the one that serves); None with a SQLite file.
-    A relay told --fresh does not wait: it would wipe the session it takes over."""
+    """With a database server's store: the session's hold and whether this relay is a replica. An asynchronous
+    session's second relay serves beside the one holding it, at once, as a replica (``server.relay.sharing``: it
+    takes the hold when that relay dies); a synchronous session's waits for the hold, not listening meanwhile (a
+    proxy in front sends everything to the one that serves). (None, False) with a SQLite file. A relay told --fresh
+    does not wait: it would wipe the session it takes over."""
     from server.relay.store.location import hold_server_session
 
     hold = hold_server_session(store_location(args))
     if hold is None or hold.take():
-        return hold
+        return hold, False
     if args.fresh:
         hold.close()
         raise ValueError("another relay serves this session; --fresh would drop its tables: stop it first")
+    if served_together(session_folder(args)):
+        print("another relay holds this session (its store's hold is taken): this one serves it beside that one "
+              "as a replica (hands out units, takes results; that relay merges) and takes the merges over when it "
+              "stops", flush=True)
+        return hold, True
     print("another relay serves this session (its store's hold is taken): this one waits, not listening, and takes "
-          "the session over from its checkpoint when that relay stops", flush=True)
+          "the session over from its checkpoint when that relay stops (only an asynchronous session is served by "
+          "several relays at once)", flush=True)
     while not hold.take():
         time.sleep(HOLD_POLL_SECONDS)
     print("the session's hold is free: taking the session over", flush=True)
-    return hold
+    return hold, False
+
+
+def served_together(session_dir: Path) -> bool:
+    """Whether the session in ``session_dir`` may be served by several relays at once (an asynchronous one)."""
+    from server.session import checkpoint_files as checkpoint
+
+    try:
+        return checkpoint.read_session_config(session_dir)["config"].get("mode") == "async"
+    except (checkpoint.CheckpointError, KeyError, ValueError, OSError):
+        return False
 
 
 def keep_watch(hold) -> None:  # type: ignore[no-untyped-def]
@@ -204,7 +222,7 @@ def keep_watch(hold) -> None:  # type: ignore[no-untyped-def]
     threading.Thread(target=watch, daemon=True, name="session-hold").start()
 
 
-def open_session(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+def open_session(args: argparse.Namespace, *, replica: bool = False):  # type: ignore[no-untyped-def]
     """The relay of the session in --session-dir (resumed, else new): the settings read (flags over the
     --config file over the declared defaults), checked, and made consistent by ``server.session.rules.resolve``
     before anything is written."""
@@ -237,9 +255,9 @@ def open_session(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     else:
         package = build_package(args.task, parse_sets(args.sets), session_dir / "package",
                                 seed=config_values.get("seed", 0))
-    round_log = targets.log() if targets is not None else None  # (Relay.close closes it, as the app stops)
+    round_log = targets.log() if targets is not None and not replica else None  # (Relay.close closes it)
     try:
-        session = Session.restore(session_dir, package, round_log=round_log) if resuming else None
+        session = Session.restore(session_dir, package, round_log=round_log, read_only=replica) if resuming else None
         relay_values.setdefault("verify_rtol", package.task.replay_rtol or DEFAULT_VERIFY_RTOL)
         admin_token = relay_values.get("admin_token") or secrets.token_urlsafe(18)
         if not relay_values.get("admin_token"):
@@ -258,7 +276,8 @@ def open_session(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         else:
             session = Session.create(package, resolved.config, directory=session_dir, round_log=round_log)
             print(f"new session in {session_dir}: {session.num_rounds} rounds of {session.config.participants} units")
-        return Relay(session=session, package=package, store=open_store(location), options=resolved.options)
+        return Relay(session=session, package=package, store=open_store(location), options=resolved.options,
+                     replica=replica)
     except BaseException:
         if round_log is not None:
             round_log.close()
@@ -282,21 +301,21 @@ def run(args: argparse.Namespace, paths: RelayPaths | None = None) -> int:
     if unusable is not None:
         print(f"peertrain serve: {unusable}", file=sys.stderr)
         return 2
-    hold = None
+    hold, replica = None, False
     if not args.no_session:
         from server.relay.store.location import StoreUnavailable
 
         try:
-            hold = hold_the_session(args)
+            hold, replica = hold_the_session(args)
         except (StoreUnavailable, ValueError) as error:
             print(f"peertrain serve: {error}", file=sys.stderr)
             return 2
         except KeyboardInterrupt:
             return 0
-        if hold is not None:
+        if hold is not None and not replica:
             keep_watch(hold)
     try:
-        return serve_session(args, paths, limits)
+        return serve_session(args, paths, limits, hold=hold if replica else None)
     finally:
         if hold is not None:
             hold.close()  # (on every way out: a relay waiting to take over takes the session now)
@@ -310,8 +329,10 @@ def terminated(signum: int, frame: object) -> None:
     raise SystemExit(128 + signal.SIGTERM)
 
 
-def serve_session(args: argparse.Namespace, paths: RelayPaths, limits: ServerLimits) -> int:
-    """Listen, open the session (unless --no-session) and serve it until stopped; 2 when it cannot."""
+def serve_session(args: argparse.Namespace, paths: RelayPaths, limits: ServerLimits, *,
+                  hold=None) -> int:  # type: ignore[no-untyped-def]
+    """Listen, open the session (unless --no-session) and serve it until stopped; 2 when it cannot. ``hold``: the
+    session's hold another relay has: this one serves as its replica, and takes the hold when it can."""
     try:
         sock = bind(args.host, args.port)
     except OSError as error:
@@ -324,7 +345,9 @@ def serve_session(args: argparse.Namespace, paths: RelayPaths, limits: ServerLim
         from server.relay.store.location import StoreUnavailable
 
         try:
-            relay = open_session(args)
+            relay = open_session(args, replica=hold is not None)
+            if hold is not None:  # (the relay asks for the hold now and then, and watches it once taken)
+                relay.sharing.take_hold, relay.sharing.on_held = hold.take, lambda: keep_watch(hold)
             if relay.package.manifest.get("wheel"):  # (a task from a file: its own wheels, its task's among them)
                 paths = dataclasses.replace(paths, wheels=session_wheels(session_folder(args)))
             if relay.package.manifest.get("task_source") and not relay.session.done:

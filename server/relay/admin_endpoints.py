@@ -24,6 +24,7 @@ from server.session.config import session_request_schema
 UNBAN_BODY_LIMIT = 4096  # bytes: an unban body holds a peer id
 SESSION_BODY_LIMIT = 65536  # bytes: a session request is a small JSON object of settings
 ADMIN_ACTIONS = ("pause", "pause-after-round", "resume", "stop")
+REPLICA = (409, "replica")  # a change only the relay holding the session makes (``server.relay.sharing``)
 
 
 @operation(Operation(
@@ -32,10 +33,11 @@ ADMIN_ACTIONS = ("pause", "pause-after-round", "resume", "stop")
     "it has merged: one round at a time.",
     params=[Param(name="action", where="path", schema={"type": "string", "enum": list(ADMIN_ACTIONS)})],
     answers=[Answer(description="the relay's state after the action")],
-    refusals=[*ADMIN_REFUSALS, *NOT_FOUND, (404, "unknown_action")]))
+    refusals=[*ADMIN_REFUSALS, *NOT_FOUND, (404, "unknown_action"), REPLICA]))
 async def admin_action(request: Request) -> Response:
     require_admin(request)
     relay = relay_of(request)
+    relay.sharing.refuse_on_replica("pause, resume or stop the session")
     relay.admin.admin_action(request.path_params["action"])
     return JSONResponse({"ok": True, "paused": relay.paused, "pause_from": relay.admin.pause_from,
                          "stopped": relay.session.stopped})
@@ -53,10 +55,11 @@ async def admin_peers(request: Request) -> Response:
     summary="lift a peer's ban", auth="admin",
     body=Body(schema={"type": "object", "properties": {"peer_id": {"type": "string"}}}),
     answers=[Answer(description="unbanned")],
-    refusals=[*ADMIN_REFUSALS, *JSON_REFUSALS, (404, "not_banned")]))
+    refusals=[*ADMIN_REFUSALS, *JSON_REFUSALS, (404, "not_banned"), REPLICA]))
 async def admin_unban(request: Request) -> Response:
     """Lift a ban: ``{"peer_id": ...}``."""
     require_admin(request)
+    relay_of(request).sharing.refuse_on_replica("lift a ban (and undo what it undid)")
     payload = await read_json_object(request, UNBAN_BODY_LIMIT, "unban")
     peer_id = str(payload.get("peer_id", ""))
     if not relay_of(request).bans.unban(peer_id):
@@ -73,11 +76,12 @@ SESSION_SETTINGS: dict[str, dict[str, object]] = session_request_schema()
     body=Body(schema={"type": "object", "properties": SESSION_SETTINGS, "additionalProperties": False},
               description=f"a JSON object of settings, at most {SESSION_BODY_LIMIT} bytes"),
     answers=[Answer(description="the old session's archive folder and the new session")],
-    refusals=[*ADMIN_REFUSALS, *JSON_REFUSALS, (409, "session_running"), (422, "bad_session"),
+    refusals=[*ADMIN_REFUSALS, *JSON_REFUSALS, (409, "session_running"), (422, "bad_session"), REPLICA,
               (409, "no_session_folder")]))
 async def create_session(request: Request) -> Response:
     require_admin(request)
     relay = relay_of(request)
+    relay.sharing.refuse_on_replica("start a new session")
     body = await read_json_object(request, SESSION_BODY_LIMIT, "session")
     archived = await relay.admin.replace_session(body)
     return JSONResponse({"ok": True, "archived": str(archived), "session": relay.session.describe()})

@@ -7,6 +7,7 @@ a deadline and under a size limit, so a trickled upload cannot hold a request ta
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -169,11 +170,16 @@ def create_app(paths: RelayPaths | None = None, relay: Relay | None = None,
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        watch = None
         if relay is not None:
             relay.open()
+            if relay.sharing.watching:  # (other relays may serve the session too: server.relay.sharing)
+                watch = asyncio.get_running_loop().create_task(relay.sharing.watch())
         try:
             yield
         finally:
+            if watch is not None:
+                watch.cancel()
             if relay is not None:
                 relay.close()
 

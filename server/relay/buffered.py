@@ -38,7 +38,7 @@ from server.relay.context import Part, RelayContext
 from server.relay.jobs import Jobs
 from server.relay.people import Participants
 from server.relay.refusal import Refusal
-from server.relay.store import StoredResult
+from server.relay.store import AlreadyArrived, StoredResult
 from server.relay.store.records import sha256_hex
 from server.session.buffered import effective_weights, entry_assignment, stored_update, update_of, validates
 from server.session.streamed import add_all
@@ -70,7 +70,6 @@ class AsyncBuffer(Part):
     def __init__(self, context: RelayContext, book: RoundBook, jobs: Jobs, people: Participants) -> None:
         self.context, self.book, self.jobs, self.people = context, book, jobs, people
         self.versions: dict[int, np.ndarray] = jobs.kept  # (jobs name them and serve their weights by digest)
-        self.granted: dict[int, int] = {}  # schedule entry -> the version it was handed out with
         self.holding: dict[str, int] = {}  # peer -> the entry it was handed last (its lease is checked on each ask)
         self.digests: dict[int, tuple[np.ndarray, str]] = {}  # version -> (its weights, their sha256)
         self.norms: list[float] = []
@@ -84,10 +83,21 @@ class AsyncBuffer(Part):
         return None
 
     def start(self) -> None:
-        """On start: results marked for merges the checkpoint lacks go back to the buffer; keep the weights."""
-        returned = self.store.unmerge_from(self.session.round)
-        if returned:
-            self.store.count("arrivals_returned_to_buffer_on_start", returned)
+        """On start: results marked for merges the checkpoint lacks go back to the buffer; keep the weights. (A
+        replica leaves the marks alone: the relay holding the session may be merging them.)"""
+        if not self.context.replica:
+            returned = self.store.unmerge_from(self.session.round)
+            if returned:
+                self.store.count("arrivals_returned_to_buffer_on_start", returned)
+        self.keep_version()
+        self.open_sum()
+
+    def follow(self, older: dict[int, np.ndarray]) -> None:
+        """The session moved on to a newer checkpoint another relay merged (a replica follows): keep its weights,
+        and ``older``'s, the versions merged meanwhile that results may still start from."""
+        for version, weights in older.items():
+            self.versions[version] = weights
+            self.digests[version] = weights, weights_sha256(weights)
         self.keep_version()
         self.open_sum()
 
@@ -117,9 +127,11 @@ class AsyncBuffer(Part):
         leases, done = self.store.leases(ASYNC_ROUND), self.store.arrived_entries()
         entry = self.holding.get(peer_id)  # the unit this peer is training
         held = None if entry is None else leases.get(entry)
+        if entry is not None and self.store.shared:  # (another relay may have taken its result, or leased it anew)
+            held = None if self.store.has_arrived(entry) else self.store.lease(ASYNC_ROUND, entry)
         if entry is not None and held is not None and held.peer_id == peer_id and held.deadline >= now and \
-                entry in self.granted and entry not in done:
-            return job(entry_assignment(schedule, session.plan.seed, entry, self.granted[entry]), held.deadline)
+                entry not in done and held.version in self.versions:
+            return job(entry_assignment(schedule, session.plan.seed, entry, held.version), held.deadline)
         self.holding.pop(peer_id, None)
         behind = self.behind()
         if behind is not None:
@@ -136,13 +148,14 @@ class AsyncBuffer(Part):
                 continue  # (another connected peer may take it; when none may, the stream has moved on: try again)
             if lease is not None:
                 self.store.count("leases_expired")
+            version = session.round  # (read once: a merge in its worker thread may move it on meanwhile)
             granted = self.store.grant(ASYNC_ROUND, entry, schedule[entry][1], peer_id,
-                                       self.context.options.lease_seconds)
-            if granted is None:  # (another relay over the store leased it a moment ago)
+                                       self.context.options.lease_seconds, version=version)
+            if granted is None:  # (another relay over the store leased it, or took its result, a moment ago)
                 continue
-            self.granted[entry], self.holding[peer_id] = session.round, entry
+            self.holding[peer_id] = entry
             self.context.notices.changed()
-            return job(entry_assignment(schedule, session.plan.seed, entry, session.round), granted.deadline)
+            return job(entry_assignment(schedule, session.plan.seed, entry, version), granted.deadline)
         return Wait(self.context.options.retry_seconds, "every unit is out; waiting for results")
 
     def behind(self) -> str | None:
@@ -200,8 +213,10 @@ class AsyncBuffer(Part):
             return None
 
     def open_sum(self) -> None:
-        """Open the next merge's sum on the weights of now, for results to join as they arrive (``OpenSum``)."""
-        stream = self.session.open_stream()  # (None: an aggregator that needs every result at once)
+        """Open the next merge's sum on the weights of now, for results to join as they arrive (``OpenSum``; none
+        on a replica, which does not merge)."""
+        stream = None if self.context.replica else self.session.open_stream()  # (None also: an aggregator that
+        # needs every result at once)
         with self.open_lock:
             self.open = None if stream is None else OpenSum(stream, self.session.round, self.session.weights)
 
@@ -238,7 +253,9 @@ class AsyncBuffer(Part):
         if entry in self.store.arrived_entries():
             raise Refusal(409, "duplicate", f"unit entry {entry} already has a result")
         lease = self.store.leases(ASYNC_ROUND).get(entry)
-        if lease is None or lease.peer_id != peer_id or self.granted.get(entry) != version:
+        if lease is None or lease.peer_id != peer_id or lease.version != version:  # (granted a moment ago by
+            lease = self.store.lease(ASYNC_ROUND, entry)  # another relay, maybe to this peer again: read it afresh)
+        if lease is None or lease.peer_id != peer_id or lease.version != version:
             raise Refusal(403, "not_leased", f"unit entry {entry} from version {version} is not leased to this peer")
         if lease.deadline < now:
             raise Refusal(409, "late", f"the lease on unit entry {entry} expired {now - lease.deadline:.1f} s ago")
@@ -271,10 +288,13 @@ class AsyncBuffer(Part):
             raise
         self.norms = (self.norms + [norm])[-NORMS_KEPT:]
         self.people.note_unit(peer_id, now - lease.issued, str(header.meta.get("engine", "")))
-        seq = self.store.add_arrival(entry=entry, unit_index=assignment.unit_index, peer_id=peer_id, version=version,
-                                     num_examples=count, metrics=dict(header.metrics), message=body,
-                                     update=b"" if wire.is_update(body) else update.tobytes(),  # (stored_update)
-                                     sha256=early.digest if early is not None else None)
+        try:
+            seq = self.store.add_arrival(entry=entry, unit_index=assignment.unit_index, peer_id=peer_id,
+                                         version=version, num_examples=count, metrics=dict(header.metrics),
+                                         message=body, update=b"" if wire.is_update(body) else update.tobytes(),
+                                         sha256=early.digest if early is not None else None)  # (stored_update)
+        except AlreadyArrived as error:  # (its result reached another relay over the store a moment ago)
+            raise Refusal(409, "duplicate", str(error)) from None
         self.add_on_arrival(seq, count, early.contribution if early is not None and early.base is base else None)
         return StoredResult(version, entry, assignment.unit_index, peer_id, count, dict(header.metrics), b"")
 
@@ -285,8 +305,8 @@ class AsyncBuffer(Part):
                    for copy in (0, 1) for lease in self.store.leases(ASYNC_ROUND, copy).values())
 
     def ready(self) -> bool:
-        """K results wait, or the last ones of the session do."""
-        if self.session.done:
+        """K results wait, or the last ones of the session do (never on a replica: the holding relay merges)."""
+        if self.session.done or self.context.replica:
             return False
         waiting = self.store.buffered_count()  # (on every poll: a count, not the updates)
         everything_back = len(self.store.arrived_entries()) >= len(self.session.plan.schedule)

@@ -114,6 +114,7 @@ class RelayContext:
     options: RelayOptions
     notices: Notices = field(default_factory=Notices)
     merging: bool = False  # a merge runs: no hand-out in sync mode, and a result of a slot without one is refused
+    replica: bool = False  # another relay holds the session and merges; this one hands out and takes results
 
     @property
     def async_mode(self) -> bool:

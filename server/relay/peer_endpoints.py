@@ -146,6 +146,7 @@ async def result(request: Request) -> Response:
             round_index, slot = int(request.query_params["round"]), int(request.query_params["slot"])
         except (KeyError, ValueError) as error:
             raise Refusal(400, "bad_query", "POST /api/result needs integer round= and slot=") from error
+        await relay.sharing.catch_up(round_index)  # (a replica: a result from weights the holder merged since)
         await relay.submit(peer_id, round_index, slot, body)
     return JSONResponse({"accepted": True, "round": round_index, "slot": slot})
 

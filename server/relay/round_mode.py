@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
+import numpy as np
+
 from runtime.protocol import WorkAnswer
 from server.relay.checks import EarlyRead
 from server.relay.store import StoredResult
@@ -76,4 +78,9 @@ class RoundMode(Protocol):
     def weights_of_version(self, version: int) -> bytes | None:
         """The wire message of weights ``version`` other than the current ones, where the mode keeps them (a job
         names the weights it was handed); None when they are not kept."""
+        ...
+
+    def follow(self, between: dict[int, np.ndarray]) -> None:
+        """A replica took on a newer checkpoint (``server.relay.sharing``): keep its weights, and ``between``'s, the
+        versions merged since the last one that results may have started from."""
         ...

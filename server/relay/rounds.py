@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from runtime.aggregate.streaming import STREAMED
 from runtime.planner import RoundOutOfRange
 from runtime.protocol import Wait, WorkAnswer
@@ -295,3 +297,7 @@ class SyncRounds:
     def weights_of_version(self, version: int) -> bytes | None:
         """Only the current round's weights are served in sync mode (``Relay.weights_of``)."""
         return None
+
+    def follow(self, between: dict[int, np.ndarray]) -> None:
+        """Nothing: a synchronous session is served by one relay at a time (its replays, copies and backups are
+        decided in one process), so no replica follows one."""

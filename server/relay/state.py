@@ -13,6 +13,7 @@
     mode          the round mode, a RoundMode (round_mode.py): SyncRounds (rounds.py) or AsyncBuffer (buffered.py)
     disk          pruning, disk use, a full disk (storage.py)
     admin         pause, resume, stop, a new session (admin.py)
+    sharing       relays serving one session together: a replica follows the holder's checkpoints (sharing.py)
     merges        when a merge runs, the undos and replays before it, the samples after it (merge_schedule.py)
     report        the status the page and the CLI see, its events, what the session waits for (status.py)
 
@@ -62,6 +63,7 @@ from server.relay.refusal import Refusal
 from server.relay.replay_checks import ReplayChecks
 from server.relay.round_mode import RoundMode
 from server.relay.rounds import SyncRounds
+from server.relay.sharing import SharedServing
 from server.relay.status import Samples, StatusReport
 from server.relay.storage import StorageGuard, is_storage_error
 from server.relay.store import Store, StoredResult
@@ -83,12 +85,14 @@ class Relay:
     package: Package
     store: Store
     options: RelayOptions
+    replica: bool = False  # another relay holds the session and merges (``server.relay.sharing``)
     context: RelayContext = field(init=False)
     departed: dict[str, float] = field(default_factory=dict)  # peers that left, and when (until they ask again)
     uploads: Uploads = field(default_factory=Uploads, init=False, repr=False)  # (``uploading``, ``submit``)
 
     def __post_init__(self) -> None:
-        self.context = context = RelayContext(self.session, self.package, self.store, self.options)
+        self.context = context = RelayContext(self.session, self.package, self.store, self.options,
+                                              replica=self.replica)
         self.notices: Notices = context.notices
         self.admission = Admission(context)
         self.jobs = Jobs(context)
@@ -112,11 +116,13 @@ class Relay:
         self.report = StatusReport(context, mode=self.current_mode, people=self.people, replays=self.verification,
                                    disk=self.disk, admin=self.admin, samples=self.samples)
         self.mode: RoundMode = self._make_mode()
-        released = self.store.release_live_leases()
+        self.sharing = SharedServing(context, mode=self.current_mode, merges=self.merges)
+        released = 0 if self.replica else self.store.release_live_leases()  # (a replica's peers hold theirs)
         if released:
             self.store.count("leases_released_on_start", released)
         self.undo.retain()
-        self.merges.undo_inline()  # (an undo a restart interrupted, or asked for just before it, ends before hand-out)
+        if not self.replica:  # (an undo a restart interrupted, or asked for just before it, ends before hand-out)
+            self.merges.undo_inline()
         if not self.session.done and not self.async_mode:
             self.copies.settle_after_restart()
         self.disk.measure()

@@ -66,6 +66,7 @@ class StatusReport(Part):
             "paused": self.admin.is_paused(),
             "pause_from": self.admin.pause_from,  # (pause-after-round: the round no work of is handed out)
             "merging": self.context.merging,
+            "replica": self.context.replica,  # (this relay serves beside the one holding the session: sharing.py)
             "peers": {"connected": len(active), "joined": store.peer_count(), "needed": options.min_peers,
                       "addresses": store.addresses(options.peer_timeout),
                       "per_address": options.max_peers_per_address},  # (0: no cap; a page's workers fit in it)

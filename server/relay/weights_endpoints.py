@@ -52,6 +52,7 @@ async def weights(request: Request) -> Response:
         version = int(asked)
     except ValueError as error:
         raise Refusal(400, "bad_query", "round= must be an integer") from error
+    await relay.sharing.catch_up(version)  # (a replica: weights the holder merged since)
     message = relay.weights_of(version)
     if message is None:
         raise Refusal(409, "stale_round", f"weights of round {version} are not kept (current: {relay.session.round})")
@@ -71,6 +72,8 @@ async def weights_named(request: Request) -> Response:
     relay = relay_of(request)
     digest = digest_param(request, "digest")
     message = relay.jobs.named(digest)
+    if message is None and await relay.sharing.catch_up():  # (a replica: weights the holder merged since)
+        message = relay.jobs.named(digest)
     if message is None:
         raise Refusal(404, "unknown_weights", f"weights {digest[:16]} are not served now; ask POST /api/work for the "
                       "current ones")
@@ -92,7 +95,8 @@ async def weights_named(request: Request) -> Response:
 async def weights_chain(request: Request) -> Response:
     relay = relay_of(request)
     digest, held = digest_param(request, "digest"), digest_param(request, "held")
-    if relay.jobs.version_named(digest) is None:
+    if relay.jobs.version_named(digest) is None and not (await relay.sharing.catch_up() and
+                                                         relay.jobs.version_named(digest) is not None):
         raise Refusal(404, "unknown_weights", f"weights {digest[:16]} are not served now; ask POST /api/work for the "
                       "current ones")
     message = relay.jobs.chain(digest, held)

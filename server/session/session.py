@@ -121,10 +121,11 @@ class Session:
 
     @classmethod
     def restore(cls, directory: Path, package: SessionPackage | None = None, *,
-                round_log: RoundLog | None = None) -> Session:
+                round_log: RoundLog | None = None, read_only: bool = False) -> Session:
         """The session stored in ``directory`` as of its latest checkpoint (``checkpoint_files.read_latest``).
 
-        ``package`` defaults to the folder named in ``session.json``; its fingerprint must match."""
+        ``package`` defaults to the folder named in ``session.json``; its fingerprint must match. ``read_only``: a
+        relay serving beside the one that writes the folder (``server.relay.sharing``) leaves its files alone."""
         directory = Path(directory)
         stored = checkpoint.read_session_config(directory)
         if package is None:
@@ -137,15 +138,17 @@ class Session:
             raise checkpoint.CheckpointError(
                 f"{directory} was trained on package {stored['fingerprint']}, not {package.fingerprint}")
         session = cls(package, SessionConfig.from_json(stored["config"]), directory=directory, round_log=round_log)
-        state = session._load_point(checkpoint.read_latest(directory), checkpoint.read_best(directory).weights)
+        state = session.load_point(checkpoint.read_latest(directory), checkpoint.read_best(directory).weights)
         session.history = checkpoint.read_history(directory, int(state["history_length"]))
-        with contextlib.suppress(OSError):  # (a full disk: the next checkpoint writes the history whole, see _save)
-            checkpoint.rewrite_history(directory, session.history)  # drop lines written after the checkpoint
-        session.round_log.begin(session, new=False)
+        if not read_only:
+            with contextlib.suppress(OSError):  # (a full disk: the next checkpoint writes the history whole: _save)
+                checkpoint.rewrite_history(directory, session.history)  # drop lines written after the checkpoint
+            session.round_log.begin(session, new=False)
         return session
 
-    def _load_point(self, point: checkpoint.Checkpoint, best_weights: np.ndarray) -> dict[str, Any]:
-        """The state as of ``point`` (``restore``, ``rewind``); returns the point's JSON state."""
+    def load_point(self, point: checkpoint.Checkpoint, best_weights: np.ndarray) -> dict[str, Any]:
+        """The state as of ``point`` (``restore``, ``rewind``, ``server.session.following``); returns the point's JSON
+        state."""
         state = point.state
         self.roll_back()  # (reset first: a checkpoint without momentum leaves none)
         self.weights, self.best_weights = (np.array(w, dtype=np.float32) for w in (point.weights, best_weights))
@@ -171,7 +174,7 @@ class Session:
         history, self.history = self.history, self.history[:int(point.state["history_length"])]
         checkpoint.rewind_files(self.directory, checkpoint.Checkpoint(best, self.spec, point.merge_state, point.state),
                                 history=history, kept=self.history, fingerprint=self.package.fingerprint)
-        self._load_point(point, best)
+        self.load_point(point, best)
         self.downloads.log.clear()  # (no chain may start from weights no longer served: peers fetch them whole)
 
     # -- the plan -------------------------------------------------------------------------------

@@ -230,6 +230,10 @@ class ArrivalStore(Protocol):
     def arrived_entries(self) -> frozenset[int]:
         """The entries of every arrival, merged or not."""
 
+    def has_arrived(self, entry: int) -> bool:
+        """Whether ``entry`` has its result, read now from the database (another relay may have taken it a moment
+        ago: ``arrived_entries`` is what the store keeps)."""
+
     def buffered(self, limit: int | None = None) -> list[BufferedArrival]:
         """The arrivals not merged yet, in arrival order (the first ``limit`` of them: a merge reads only what it
         merges, while a crowd's buffer may hold many more), messages included."""

@@ -70,6 +70,9 @@ class SQLArrivals(TablePart):
                 kept.view = frozenset(kept.arrived)
             return kept.view
 
+    def has_arrived(self, entry: int) -> bool:
+        return bool(self.connection.run("SELECT 1 FROM arrivals WHERE entry = ?", (entry,)))
+
     def buffered(self, limit: int | None = None) -> list[BufferedArrival]:
         rows = self.connection.run("SELECT seq, entry, unit_index, version, num_examples, metrics, update_vector, "
                                    "message FROM arrivals WHERE merge IS NULL ORDER BY seq"

@@ -8,9 +8,7 @@ call to the part that owns it. The contract of every method is on the protocol (
 
 from __future__ import annotations
 
-import contextlib
-import threading
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -34,20 +32,13 @@ from server.relay.store.sql.peers import SQLPeers
 from server.relay.store.sql.replay_jobs import SQLReplayJobs
 from server.relay.store.sql.results import SQLResults
 from server.relay.store.sql.undos import SQLUndos
+from server.relay.store.sql.views import CACHE_ROUNDS, KeptViews
 from server.relay.store.sql.volunteers import SQLVolunteers, VolunteerCalls
 
-CACHE_ROUNDS = 8  # rounds (of leases: (round, copy)) whose rows are kept; past that all are forgotten
-SHARED_VIEW_SECONDS = 0.25  # a ``shared`` store reads what it keeps again after this long (others write too)
 
-
-class SQLStore(VolunteerCalls):
-    """The relay's store on ``database`` (opened here), safe to share between threads. What it reads of the leases,
-    copies, results and arrivals it keeps until it changes them itself: one relay process is the only writer while
-    it serves. A ``shared`` store (PostgreSQL's: relays that serve one session together write it too) keeps them at
-    most ``SHARED_VIEW_SECONDS``; what must be exact is decided by the database in one statement (a grant, an
-    arrival) or read afresh (``lease``), never from what is kept."""
-
-    shared = False
+class SQLStore(KeptViews, VolunteerCalls):
+    """The relay's store on ``database`` (opened here), safe to share between threads; what it keeps of the rows it
+    read, and when it forgets them: ``server.relay.store.sql.views``."""
 
     def __init__(self, database: Database, clock: Callable[[], float]) -> None:
         self._clock = clock
@@ -63,31 +54,8 @@ class SQLStore(VolunteerCalls):
         self._replays = SQLReplayJobs(self.connection, clock)
         self._volunteers = SQLVolunteers(self.connection, clock)
         self._identities = {}
-        self._lease_cache: dict[tuple[int, int], dict[int, Lease]] = {}  # (round, copy) -> the rows, as read
-        self._cache_lock = threading.RLock()
-        self._copies_cache: dict[int, dict[tuple[int, str], str]] = {}  # round -> its copies' outcomes, as read
-        self._active: tuple[float, float, list[str], frozenset[str]] | None = None  # (read at, within, ids, as a set)
-        self._slots_cache: dict[int, dict[int, str]] = {}  # round -> who delivered each slot's result, as read
-        self._generation = 0  # (``generation``: every change below but a peer's touch moves it on)
-        self._views_read_at = clock()  # (a shared store: when what it keeps was last forgotten, the store's clock)
+        KeptViews.__init__(self, clock, forget=self._arrivals.forget)
         self.open()
-
-    def generation(self) -> int:
-        self._expire()
-        return self._generation
-
-    def _expire(self) -> None:
-        """A shared store forgets what it keeps once it is ``SHARED_VIEW_SECONDS`` old (others change it too)."""
-        if not self.shared or 0 <= self._clock() - self._views_read_at < SHARED_VIEW_SECONDS:
-            return
-        with self._cache_lock:
-            self._lease_cache.clear()
-            self._copies_cache.clear()
-            self._slots_cache.clear()
-            self._active = None
-            self._arrivals.forget()
-            self._generation += 1
-            self._views_read_at = self._clock()
 
     # -- opening and closing ------------------------------------------------------------------------
     @property
@@ -151,13 +119,6 @@ class SQLStore(VolunteerCalls):
             self._active = (now, within_seconds, ids, frozenset(ids))
             return list(ids)
 
-    def _forget_active(self, *, unless: str | None = None) -> None:
-        """Forget the active peers kept (``unless``: not when that peer is among them)."""
-        with self._cache_lock:
-            if unless is None or self._active is None or unless not in self._active[3]:
-                self._active = None
-                self._generation += 1  # (who is active changed; a touch of an active peer changes nothing)
-
     def live_peers_at(self, address: str, within_seconds: float) -> int:
         return self._peers.live_peers_at(address, within_seconds)
 
@@ -174,22 +135,10 @@ class SQLStore(VolunteerCalls):
         return self._peers.peers_listing()
 
     # -- leases -------------------------------------------------------------------------------------
-    # Every request for work reads the open round's leases; at a thousand peers a round that is a thousand rows read
-    # a thousand times (a round's hand-out took seconds). The store is the leases' only writer while the relay
-    # serves, so it keeps the rows it read: a grant updates them, any other change to the table forgets them.
+    # Kept as read (``views``): a grant updates them, any other change to the table forgets them.
     def leases(self, round_index: int, copy: int = 0) -> dict[int, Lease]:
         self._expire()
         return self._kept(self._lease_cache, (round_index, copy), lambda: self._leases.leases(round_index, copy))
-
-    def _kept(self, cache: dict[Any, dict[Any, Any]], key: Any, read: Callable[[], dict[Any, Any]]) -> dict[Any, Any]:
-        """A copy of ``cache[key]``, read first where it is not kept (past ``CACHE_ROUNDS`` keys, all are forgotten)."""
-        with self._cache_lock:
-            cached = cache.get(key)
-            if cached is None:
-                if len(cache) >= CACHE_ROUNDS:
-                    cache.clear()
-                cached = cache[key] = read()
-            return dict(cached)
 
     def lease(self, round_index: int, slot: int, copy: int = 0) -> Lease | None:
         return self._leases.lease(round_index, slot, copy)
@@ -198,41 +147,8 @@ class SQLStore(VolunteerCalls):
               copy: int = 0, *, version: int = 0) -> Lease | None:
         with self._cache_lock:
             lease = self._leases.grant(round_index, slot, unit_index, peer_id, seconds, copy, version=version)
-            self._generation += 1
-            if lease is None:  # (another relay over this store leased it, or took its result: read again)
-                self._lease_cache.pop((round_index, copy), None)
-                self._arrivals.forget()
-                self._forget_active()
-                return None
-            self._forget_active(unless=peer_id)
-            cached = self._lease_cache.get((round_index, copy))
-            if cached is not None:
-                cached[slot] = lease
+            self._granted(lease, round_index, copy, peer_id)
             return lease
-
-    @contextlib.contextmanager
-    def _changing(self, *caches: dict[Any, Any], active: bool = False) -> Iterator[None]:
-        """Around a change to what ``caches`` keep (and, with ``active``, who is active): they are forgotten once it
-        is done, and the generation moves on."""
-        with self._cache_lock:
-            try:
-                yield
-            finally:
-                for cache in caches:
-                    cache.clear()
-                if active:
-                    self._active = None
-                self._generation += 1
-
-    def _changing_leases(self) -> contextlib.AbstractContextManager[None]:
-        """Around any change to the leases table but a grant (the copies and results kept go too)."""
-        return self._changing(self._lease_cache, self._copies_cache, self._slots_cache, active=True)
-
-    def _changing_results(self) -> contextlib.AbstractContextManager[None]:
-        return self._changing(self._slots_cache)
-
-    def _changing_copies(self) -> contextlib.AbstractContextManager[None]:
-        return self._changing(self._copies_cache)
 
     def release(self, round_index: int, slot: int, peer_id: str | None = None) -> None:
         with self._changing_leases():
@@ -341,6 +257,9 @@ class SQLStore(VolunteerCalls):
     def arrived_entries(self) -> frozenset[int]:
         self._expire()
         return self._arrivals.arrived_entries()
+
+    def has_arrived(self, entry: int) -> bool:
+        return self._arrivals.has_arrived(entry)
 
     def buffered(self, limit: int | None = None) -> list[BufferedArrival]:
         return self._arrivals.buffered(limit)

@@ -40,6 +40,7 @@ def test_an_entry_arrives_once(store: Store, second_look: Callable[[], Store]) -
     other = second_look()
     assert other.arrived_entries() == set() and other.buffered_count() == 0  # (read, and kept, before the arrival)
     arrive(store, 3)
+    assert other.has_arrived(3) and not other.has_arrived(4)  # (read now, not from what it keeps)
     for relay in (store, other):
         with pytest.raises(AlreadyArrived, match="entry 3 already has a result"):
             arrive(relay, 3, "p-b")

@@ -9,7 +9,7 @@ from pathlib import Path
 from virtual_clock import Clock
 
 from server.relay.store import Lease, Store, StoredResult
-from server.relay.store.sql.store import SHARED_VIEW_SECONDS
+from server.relay.store.sql.views import SHARED_VIEW_SECONDS
 
 
 def result(round_index: int, slot: int, peer_id: str, message: bytes = b"update") -> StoredResult:

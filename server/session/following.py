@@ -1,0 +1,56 @@
+"""Following a session that another relay checkpoints: a relay serving beside the one that holds the session
+(``server.relay.sharing``) takes on each checkpoint that relay writes to the shared session folder, writing nothing
+itself. ``checkpoint_ahead`` reads one (in a worker thread); ``follow`` takes it on (on the event loop)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from server.session import checkpoint_files as checkpoint
+
+if TYPE_CHECKING:
+    from server.session.session import Session
+
+
+@dataclass(frozen=True)
+class Ahead:
+    """A checkpoint past the session's state: its point, the best weights and the history as of it, and the weights
+    of the versions merged in between that are still on disk (results may have started from them)."""
+
+    point: checkpoint.Checkpoint
+    best: np.ndarray
+    history: list[dict[str, Any]]
+    between: dict[int, np.ndarray]
+
+
+def checkpoint_ahead(session: Session) -> Ahead | None:
+    """The latest checkpoint in ``session``'s folder where it is past the session's state (a merge, a stop); None
+    where it is not, or is being written or pruned right now (the next look finds it). Only reads."""
+    directory = session.directory
+    assert directory is not None
+    try:
+        folder = checkpoint.latest_folder(directory)
+        state = json.loads((folder / checkpoint.STATE_FILE).read_text())
+        if (int(state["round"]), state["stopped"]) == (session.round, session.stopped):
+            return None
+        point = checkpoint.read_point(folder)
+        best = checkpoint.read_best(directory).weights
+        history = checkpoint.read_history(directory, int(point.state["history_length"]))
+        between = {}
+        for rounds_done in range(session.round + 1, int(point.state["round"])):
+            older = checkpoint.round_folder(directory, rounds_done)
+            if older.is_dir():
+                between[rounds_done] = np.array(checkpoint.read_point(older).weights, dtype=np.float32)
+    except (OSError, ValueError, KeyError, checkpoint.CheckpointError):
+        return None
+    return Ahead(point, best, history, between)
+
+
+def follow(session: Session, ahead: Ahead) -> None:
+    """``session`` takes on the state of ``ahead``, writing nothing."""
+    session.load_point(ahead.point, ahead.best)
+    session.history = ahead.history
