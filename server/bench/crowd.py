@@ -28,7 +28,10 @@ Settings, each on a fresh relay: synchronous rounds at each k of ``--ks`` (``--r
 first), the crowd's size max(k, --peers) except for the anchor k = 5 (5 honest peers, no copies); and, unless
 ``--async-k 0``, buffered asynchronous merging of every ``--async-k`` results with ``--peers`` peers for
 ``--async-seconds`` (or until ``--async-merges`` merges are in, if sooner; async mode has no copies, so its liars
-are only held to the checks of size and to centered clipping).
+are only held to the checks of size and to centered clipping). ``--relays N`` serves the async setting with N relay
+processes over one ``--store postgresql://...`` (the first holds the session and merges, the others serve beside it:
+``server.relay.sharing``); the crowd's loopback addresses go to them in turn, as a proxy keeping each client on one
+relay would, and the figures add up their CPU (their peak RSS: the largest).
 
 Per setting: the relay's time after a round's last result (its upload answered) until k peers hold the next
 round's assignments, less the validation the history records, and its share of a browser unit (the anchor: one
@@ -56,6 +59,7 @@ import json
 import math
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from dataclasses import asdict
@@ -135,6 +139,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--work-dir", type=Path, help="packages and sessions (default: a temporary folder)")
     parser.add_argument("--store", metavar="URL", help="the relay's --store for every setting (postgresql://...: "
                         "each setting drops its tables first, as serve --fresh); default: SQLite in the session")
+    parser.add_argument("--relays", type=int, default=1, help="relay processes serving the asynchronous setting "
+                        "together (a replica each past the first; needs --store postgresql://...): the crowd's "
+                        "clients are spread over them, one relay per loopback address")
     parser.add_argument("--out", type=Path, default=Path("runs/bench/crowd.json"), help="figures as JSON")
     parser.add_argument("--skip-training", action="store_true", help="do not time the native anchor (one unit)")
     parser.add_argument("--skip-browser", action="store_true", help="do not time the browser anchor (one unit)")
@@ -171,7 +178,7 @@ class Updates:
 
 def serve_command(package: Path, session_dir: Path, k: int, passes: int, codec: str, mode: str,
                   peers: int, redundancy: float = 0.0, verify_trust: int = 0, store: str | None = None,
-                  validate_every: int = 1) -> ServeCommand:
+                  validate_every: int = 1, fresh: bool = True) -> ServeCommand:
     # --limit-concurrency: each peer holds a connection (a browser page about two: its event stream too); the
     # default (1,000) answers 503 past that, so a crowd's host raises it, as here
     options = RelayOptions(admin_token=ADMIN, lease_seconds=3600.0, peer_timeout=3600.0, backup_after=None,
@@ -180,7 +187,7 @@ def serve_command(package: Path, session_dir: Path, k: int, passes: int, codec: 
                            verify_trust=verify_trust)
     limits = ServerLimits(limit_concurrency=max(DEFAULT_LIMIT_CONCURRENCY, 3 * peers + 100))
     config = SessionConfig(participants=k, passes=passes, codec=codec, mode=mode, validate_every=validate_every)
-    return ServeCommand(package=package, session_dir=session_dir, store=store, fresh=True, config=config,
+    return ServeCommand(package=package, session_dir=session_dir, store=store, fresh=fresh, config=config,
                         options=options, limits=limits)
 
 
@@ -256,15 +263,17 @@ async def until(relay: AsyncRelayClient, done: Any, timeout: float) -> dict[str,
         await asyncio.sleep(0.05)
 
 
-async def drive(url: str, package: Package, peers: int, figures: Figures, args: argparse.Namespace,
+async def drive(urls: list[str], package: Package, peers: int, figures: Figures, args: argparse.Namespace,
                 rounds: int | None, seconds: float | None) -> dict[str, Any]:
-    """Run the crowd until ``rounds`` rounds are merged (sync) or for ``seconds`` (async); the final status."""
+    """Run the crowd until ``rounds`` rounds are merged (sync) or for ``seconds`` (async); the final status. The
+    clients of the loopback addresses go to ``urls`` in turn (the first relay holds the session and is watched)."""
     updates = Updates(package, args.perturbation)
     addresses = max(1, min(args.addresses, peers, 253))
     per_client = -(-peers // addresses) + 2
     limits, tls = pooled(per_client), httpx.create_ssl_context()  # (one TLS context: each costs 50 ms of CPU to make)
-    clients = [httpx.AsyncClient(base_url=url, timeout=120, limits=limits, transport=httpx.AsyncHTTPTransport(
-        verify=tls, local_address=f"127.0.0.{2 + a}", limits=limits)) for a in range(addresses)]
+    clients = [httpx.AsyncClient(base_url=urls[a % len(urls)], timeout=120, limits=limits,
+                                 transport=httpx.AsyncHTTPTransport(verify=tls, local_address=f"127.0.0.{2 + a}",
+                                                                    limits=limits)) for a in range(addresses)]
     timeline, stop = Timeline(), asyncio.Event()
     started = time.process_time()  # (the crowd's own CPU from here: its clients made)
     tasks: list[asyncio.Task[None]] = []
@@ -330,16 +339,20 @@ def one_setting(package: Package, work: Path, args: argparse.Namespace, figures:
     shutil.rmtree(session, ignore_errors=True)
     units = package.data.num_units
     passes = max(1, -(-(rounds + 4) * figures.k // units)) if rounds is not None else 50
-    with RelayProcess(serve_command(package.path, session, figures.k, passes, args.codec, mode, figures.peers,
-                                    args.redundancy if figures.k != ANCHOR_K else 0.0, args.verify_trust, args.store,
-                                    args.async_validate_every if mode == "async" else 1),
-                      log=work / f"serve-{figures.setting}.log", start_timeout_s=RELAY_START_SECONDS) as relay:
-        print(f"{figures.setting}: relay at {relay.page_url}, {units} units, {passes} passes, {figures.peers} peers",
-              flush=True)
-        idle = relay.cpu_seconds()  # (its start: imports, the session opened)
-        run_async(lambda: drive(relay.page_url.rstrip("/"), package, figures.peers, figures, args, rounds, seconds))
-        figures.peak_rss_mb = relay.peak_rss_mb()
-        figures.relay_cpu_seconds = relay.cpu_seconds() - idle
+    count = args.relays if mode == "async" else 1  # (the first holds the session; the others serve beside it)
+    with contextlib.ExitStack() as running:
+        relays = [running.enter_context(RelayProcess(
+            serve_command(package.path, session, figures.k, passes, args.codec, mode, figures.peers,
+                          args.redundancy if figures.k != ANCHOR_K else 0.0, args.verify_trust, args.store,
+                          args.async_validate_every if mode == "async" else 1, fresh=n == 0),
+            log=work / f"serve-{figures.setting}-{n}.log", start_timeout_s=RELAY_START_SECONDS)) for n in range(count)]
+        urls = [relay.page_url.rstrip("/") for relay in relays]
+        print(f"{figures.setting}: relay{'s' if count > 1 else ''} at {', '.join(urls)}, {units} units, {passes} "
+              f"passes, {figures.peers} peers", flush=True)
+        idle = sum(relay.cpu_seconds() for relay in relays)  # (their start: imports, the session opened)
+        run_async(lambda: drive(urls, package, figures.peers, figures, args, rounds, seconds))
+        figures.peak_rss_mb = max(relay.peak_rss_mb() for relay in relays)
+        figures.relay_cpu_seconds = sum(relay.cpu_seconds() for relay in relays) - idle
     figures.relay_own = relay_own_seconds(args.store or session / "relay.sqlite3", figures.timed)
     shutil.rmtree(session, ignore_errors=True)
     first = statistics.fmean(figures.first_after_last) if figures.first_after_last else math.nan
@@ -359,6 +372,10 @@ def one_setting(package: Package, work: Path, args: argparse.Namespace, figures:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.relays < 1 or (args.relays > 1 and not str(args.store or "").startswith(("postgresql://", "postgres://"))):
+        print("peertrain bench crowd: --relays N needs N >= 1, and past 1 a --store postgresql://... that they share",
+              file=sys.stderr)
+        return 2
     ks = [int(k) for k in str(args.ks).split(",") if k.strip()]
     work = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="peertrain-bench-crowd-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -379,7 +396,9 @@ def run(args: argparse.Namespace) -> int:
             one_setting(package, work, args, figures, mode="sync", rounds=args.rounds, seconds=None)
             results.append(figures)
         if args.async_k > 0:
-            figures = Figures(setting=f"async K={args.async_k}", k=args.async_k, peers=args.peers, units=chunks)
+            together = f", {args.relays} relays" if args.relays > 1 else ""
+            figures = Figures(setting=f"async K={args.async_k}{together}", k=args.async_k, peers=args.peers,
+                              units=chunks)
             one_setting(package, work, args, figures, mode="async", rounds=None, seconds=args.async_seconds)
             results.append(figures)
     finally:
