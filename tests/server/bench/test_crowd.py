@@ -109,3 +109,25 @@ def test_a_small_crowd_on_a_real_relay_loses_nothing_and_reports_every_setting(t
     assert crowd["liars_banned"] == crowd["liars_accepted"] and crowd["copies_accepted"] > 0, crowd
     assert "banned" not in results["async K=4"]["refusals"]  # (async: no copies, so no quorum bans anyone)
     assert "| sync k=8 | 12 | 8 |" in done.stdout
+
+
+def test_two_relays_need_a_shared_store() -> None:
+    command = [sys.executable, "-m", "server.cli", "bench", "crowd", "--relays", "2", "--skip-browser"]
+    done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "--store postgresql://" in done.stderr, done.stderr
+
+
+@pytest.mark.slow
+def test_a_small_crowd_on_two_relays_over_postgresql(tmp_path: Path, postgresql_url: str) -> None:
+    """The async setting served by two relay processes (the second a replica): the crowd's results reach both, the
+    first merges them, nothing is refused but what any crowd meets."""
+    out = tmp_path / "crowd.json"
+    command = [sys.executable, "-m", "server.cli", "bench", "crowd", "--peers", "12", "--ks", "5", "--async-k", "4",
+               "--async-merges", "3", "--async-seconds", "300", "--rounds", "1", "--addresses", "4", "--skip-browser",
+               "--skip-training", "--liars", "0", "--relays", "2", "--store", postgresql_url, "--out", str(out)]
+    done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    figures = {r["setting"]: r for r in json.loads(out.read_text())["results"]}["async K=4, 2 relays"]
+    assert not figures["errors"] and figures["rounds"] >= 3 and figures["honest_banned"] == 0, figures
+    assert set(figures["refusals"]) <= {"duplicate", "not_leased"}, figures["refusals"]
+    assert figures["relay_cpu_seconds"] > 0 and "relays at http://" in done.stdout
