@@ -26,8 +26,10 @@ from server.relay.app import RelayPaths, create_app
 from server.relay.client import RelayClient, result_call
 from server.relay.options import RelayOptions
 from server.relay.state import Relay
-from server.relay.store import StoredResult, open_store
+from server.relay.store import Store, StoredResult, open_store
 from server.relay.volunteer_key import VolunteerKey
+from server.session.buffered import Arrival
+from server.session.buffered import replay as buffered_replay
 from server.session.package import Package, build_package
 from server.session.session import Session, SessionConfig
 
@@ -224,3 +226,21 @@ def reference_run(package: Package, config: SessionConfig) -> np.ndarray:
                                                                                         session.work_unit(a))))
                                 for a in session.assignments()])
     return session.weights
+
+
+def recorded_arrivals(store: Store | str | Path) -> list[Arrival]:
+    """The asynchronous buffer's arrivals as the store recorded them (each message decoded); a location is opened
+    and closed again."""
+    opened = open_store(store) if isinstance(store, str | Path) else store
+    try:
+        return [Arrival(seq, entry, unit, version, merge, examples, metrics, wire.decode(message)[1])
+                for seq, entry, unit, version, merge, examples, metrics, message in opened.arrivals()]
+    finally:
+        if opened is not store:
+            opened.close()
+
+
+def replayed_arrivals(package: Package, config: SessionConfig, arrivals: list[Arrival]) -> np.ndarray:
+    """The weights a fresh in-process session reaches fed the recorded arrivals (``server.session.buffered``)."""
+    return buffered_replay(Session.create(package, config), arrivals, exponent=config.staleness_exponent,
+                           validate_every=config.validate_every).weights

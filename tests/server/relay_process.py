@@ -43,6 +43,32 @@ def relayd_options(**changes: Any) -> RelayOptions:
     return RelayOptions(**{"admin_token": ADMIN, "lease_seconds": 5, "backup_after": None, **changes})
 
 
+def wait_for(what: str, predicate: Callable[[], Any], deadline: float) -> None:
+    """Until ``predicate()`` holds, looking every 50 ms; fails saying ``what`` once ``deadline`` (monotonic) passes."""
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def shared_relay(tmp_path: Path, name: str, *, port: int, session_dir: Path, store: str, config: SessionConfig,
+                 options: RelayOptions, start_timeout_s: float) -> RelayProcess:
+    """One of several ``serve`` processes over one PostgreSQL store and session folder (the majority example, its
+    log ``serve-NAME.log``): the tests of a relay taking a session over, or serving it beside another."""
+    return RelayProcess(ServeCommand(task="majority_task:MajorityTask", task_settings=SMALL_SETTINGS,
+                                     session_dir=session_dir, store=store, config=config, options=options, port=port),
+                        log=tmp_path / f"serve-{name}.log", examples=True, start_timeout_s=start_timeout_s)
+
+
+def wind_down(gate: UploadGate, peers: list[NativePeer], first: RelayProcess, second: RelayProcess) -> None:
+    """A two-relay test's way out, whatever happened: uploads let through, every peer told to stop, the first relay
+    killed (it may be already), the second stopped."""
+    gate.open()
+    for peer in peers:
+        peer.stop_event.set()
+    first.kill()
+    second.stop()
+
+
 class Relayd(RelayProcess):
     """``peertrain serve`` in a subprocess (``server.harness.RelayProcess``) on a fixed port, so that restarts keep
     the peers' URL and it is known before the first start."""

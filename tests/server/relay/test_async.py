@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-from relay_fixtures import HttpPeer, make_relay, serving, session_status, work_until_done
+from relay_fixtures import HttpPeer, make_relay, recorded_arrivals, serving, session_status, work_until_done
 from relay_process import (
     ADMIN,
     RELAYD_CONFIG,
@@ -32,9 +32,9 @@ from runtime import wire
 from runtime.protocol import Job, Wait
 from server.bench.attack_peers import as_upload, result_weights
 from server.relay.app import RelayPaths
-from server.relay.store import Store, open_store
+from server.relay.store import open_store
 from server.session import checkpoint_files as checkpoint
-from server.session.buffered import Arrival, effective_weights, replay, staleness_weight, update_from
+from server.session.buffered import effective_weights, replay, staleness_weight, update_from
 from server.session.export import exported_weights
 from server.session.package import Package
 from server.session.session import Session, SessionConfig
@@ -57,11 +57,6 @@ def test_staleness_weights_by_hand() -> None:
                                   [4.0, -2.0])
     with pytest.raises(ValueError):
         staleness_weight(-1, 0.5)
-
-
-def recorded(store: Store) -> list[Arrival]:
-    return [Arrival(seq, entry, unit, version, merge, examples, metrics, wire.decode(message)[1])
-            for seq, entry, unit, version, merge, examples, metrics, message in store.arrivals()]
 
 
 def test_merges_weigh_staleness_as_specified(package: Package, tmp_path: Path) -> None:
@@ -102,7 +97,7 @@ def test_merges_weigh_staleness_as_specified(package: Package, tmp_path: Path) -
         work_until_done(client, [a, b, c])
         assert session_status(client)["done"]
     relay.open()
-    arrivals = recorded(relay.store)
+    arrivals = recorded_arrivals(relay.store)
     assert sorted(x.entry for x in arrivals) == list(range(len(relay.session.plan.schedule)))  # each unit once
     fresh = Session.create(package, relay.session.config)
     replayed = replay(fresh, arrivals, exponent=0.5, validate_every=1)
@@ -135,7 +130,7 @@ def test_results_join_the_next_merges_sum_as_they_arrive_and_a_far_one_is_clippe
         work_until_done(client, [a, b, c])
     relay.open()
     fresh = Session.create(package, relay.session.config)
-    replayed = replay(fresh, recorded(relay.store), exponent=relay.session.config.staleness_exponent,
+    replayed = replay(fresh, recorded_arrivals(relay.store), exponent=relay.session.config.staleness_exponent,
                       validate_every=relay.session.config.validate_every)
     np.testing.assert_array_equal(replayed.weights, relay.session.weights)
     with sqlite3.connect(relay.store.location) as db:  # (each digest computed as the result was read)
@@ -269,7 +264,7 @@ def test_sigkill_mid_async_resumes_with_nothing_lost_and_replays_exactly(tmp_pat
     config = SessionConfig.from_json(checkpoint.read_session_config(session_dir)["config"])
     store = open_store(session_dir / "relay.sqlite3")
     try:
-        arrivals = recorded(store)
+        arrivals = recorded_arrivals(store)
     finally:
         store.close()
     assert sorted(a.entry for a in arrivals) == list(range(len(package_schedule(package, config))))  # none lost

@@ -15,13 +15,12 @@ import httpx
 import numpy as np
 import pytest
 from nginx_proxy import free_port, nginx_in_front
-from relay_fixtures import EXAMPLE, SMALL_SETTINGS, reference_run, replay
-from relay_process import ADMIN, UploadGate, relayd_options
+from relay_fixtures import EXAMPLE, reference_run, replay
+from relay_process import ADMIN, UploadGate, relayd_options, shared_relay, wait_for, wind_down
 
 from runtime import wire
 from server.harness.native_peer import Job, NativePeer, PeerHooks, RetryPolicy
 from server.harness.relay_process import RelayProcess
-from server.harness.serve_command import ServeCommand
 from server.relay.store import open_store
 from server.session import checkpoint_files as checkpoint
 from server.session.config import SessionConfig
@@ -37,12 +36,6 @@ def flipped(job: Job, honest: bytes) -> bytes:
     return wire.encode((-4 * vector).astype("float32"), header)
 
 
-def wait_for(what: str, predicate, deadline: float):  # type: ignore[no-untyped-def]
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
 @pytest.mark.timeout(900)
 def test_the_second_relay_takes_the_session_over_when_the_first_is_killed_mid_round(
         tmp_path: Path, postgresql_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -53,10 +46,8 @@ def test_the_second_relay_takes_the_session_over_when_the_first_is_killed_mid_ro
     ports = free_port(), free_port()
 
     def relay(port: int, name: str) -> RelayProcess:
-        return RelayProcess(ServeCommand(task="majority_task:MajorityTask", task_settings=SMALL_SETTINGS,
-                                         session_dir=session_dir, store=postgresql_url, config=CONFIG,
-                                         options=options, port=port),
-                            log=tmp_path / f"serve-{name}.log", examples=True, start_timeout_s=SESSION_SECONDS)
+        return shared_relay(tmp_path, name, port=port, session_dir=session_dir, store=postgresql_url, config=CONFIG,
+                            options=options, start_timeout_s=SESSION_SECONDS)
 
     first, second = relay(ports[0], "first"), relay(ports[1], "second")
     took_over: list[float] = []
@@ -106,11 +97,7 @@ def test_the_second_relay_takes_the_session_over_when_the_first_is_killed_mid_ro
             listing = watcher.get("/api/admin/peers", headers={"Authorization": f"Bearer {ADMIN}"}).json()["peers"]
             watcher.close()
     finally:
-        gate.open()
-        for peer in peers:
-            peer.stop_event.set()
-        first.kill()
-        second.stop()
+        wind_down(gate, peers, first, second)
     assert "taking the session over" in second.logs and "resuming session" in second.logs
     assert final["done"] and len(final["history"]) == 4, final.get("waiting")
     assert final["counters"].get("leases_released_on_start", 0) >= 1  # (the held unit's lease, handed out again)

@@ -15,16 +15,12 @@ import httpx
 import numpy as np
 import pytest
 from nginx_proxy import free_port, nginx_in_front
-from relay_fixtures import EXAMPLE, SMALL_SETTINGS
-from relay_process import UploadGate, relayd_options
+from relay_fixtures import EXAMPLE, recorded_arrivals, replayed_arrivals
+from relay_process import UploadGate, relayd_options, shared_relay, wait_for, wind_down
 
-from runtime import wire
 from server.harness.native_peer import NativePeer, PeerHooks, RetryPolicy
 from server.harness.relay_process import RelayProcess
-from server.harness.serve_command import ServeCommand
-from server.relay.store import open_store
 from server.session import checkpoint_files as checkpoint
-from server.session.buffered import Arrival, replay
 from server.session.config import SessionConfig
 from server.session.package import Package
 from server.session.session import Session
@@ -33,12 +29,6 @@ pytestmark = [pytest.mark.slow]
 SESSION_SECONDS = 300  # (a bound on the whole session: peers give up past it)
 CONFIG = SessionConfig(participants=2, passes=4, mode="async")  # (the majority example's 4 units: 16, 8 merges)
 BEFORE_KILL = 6  # results accepted before uploads wait at the gate and the holder is killed
-
-
-def wait_for(what: str, predicate: Any, deadline: float) -> None:
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 @pytest.mark.timeout(900)
@@ -51,10 +41,8 @@ def test_two_relays_serve_an_async_session_at_once_and_the_replica_finishes_it_w
     ports = free_port(), free_port()
 
     def relay(port: int, name: str) -> RelayProcess:
-        return RelayProcess(ServeCommand(task="majority_task:MajorityTask", task_settings=SMALL_SETTINGS,
-                                         session_dir=session_dir, store=postgresql_url, config=CONFIG,
-                                         options=options, port=port),
-                            log=tmp_path / f"serve-{name}.log", examples=True, start_timeout_s=SESSION_SECONDS)
+        return shared_relay(tmp_path, name, port=port, session_dir=session_dir, store=postgresql_url, config=CONFIG,
+                            options=options, start_timeout_s=SESSION_SECONDS)
 
     first, second = relay(ports[0], "first"), relay(ports[1], "second")
     gate = UploadGate(limit=BEFORE_KILL)
@@ -90,24 +78,14 @@ def test_two_relays_serve_an_async_session_at_once_and_the_replica_finishes_it_w
             final = replica_status()
             direct.close()
     finally:
-        gate.open()
-        for peer in peers:
-            peer.stop_event.set()
-        first.kill()
-        second.stop()
+        wind_down(gate, peers, first, second)
     assert "this relay holds the session now" in second.logs, second.logs[-3000:]
     assert [peer.ended for peer in peers] == ["done"] * len(peers), [(p.ended, p.error) for p in peers]
     assert taken_by_replica_alone >= 1  # (the replica took results while the holder merged them)
     assert final["done"] and final["counters"]["takeovers"] == 1, final["counters"]
-    store = open_store(postgresql_url)
-    try:
-        arrivals = [Arrival(seq, entry, unit, version, merge, examples, metrics, wire.decode(message)[1])
-                    for seq, entry, unit, version, merge, examples, metrics, message in store.arrivals()]
-    finally:
-        store.close()
+    arrivals = recorded_arrivals(postgresql_url)
     assert sorted(x.entry for x in arrivals) == list(range(16))  # every unit arrived once: none lost, none twice
     package = Package.load(session_dir / "package")
     config = Session.restore(session_dir, package, read_only=True).config
-    replayed = replay(Session.create(package, config), arrivals, exponent=config.staleness_exponent,
-                      validate_every=config.validate_every)
-    assert np.array_equal(checkpoint.read_latest(session_dir).weights, replayed.weights)  # bit for bit
+    final_weights = checkpoint.read_latest(session_dir).weights
+    assert np.array_equal(final_weights, replayed_arrivals(package, config, arrivals))  # bit for bit

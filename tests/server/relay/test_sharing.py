@@ -12,12 +12,18 @@ from typing import Any
 
 import numpy as np
 import pytest
-from relay_fixtures import ADMIN_TOKEN, HttpPeer, make_relay, serving, session_status
+from relay_fixtures import (
+    ADMIN_TOKEN,
+    HttpPeer,
+    make_relay,
+    recorded_arrivals,
+    replayed_arrivals,
+    serving,
+    session_status,
+)
 
-from runtime import wire
 from server.relay.state import Relay
 from server.relay.store import open_store
-from server.session.buffered import Arrival, replay
 from server.session.package import Package
 from server.session.session import Session
 
@@ -110,14 +116,7 @@ def test_two_relays_serve_one_async_session_and_the_replica_takes_it_over_when_t
     assert replica.session.done and replica.session.round > merged_by_holder
     assert counters["takeovers"] == 1 and counters.get("refused.not_leased", 0) == 0
     assert counters["arrivals_returned_to_buffer_on_takeover"] == len(waiting) >= 1
-    store = open_store(postgresql_url)
-    try:
-        arrivals = [Arrival(seq, entry, unit, version, merge, examples, metrics, wire.decode(message)[1])
-                    for seq, entry, unit, version, merge, examples, metrics, message in store.arrivals()]
-    finally:
-        store.close()
+    arrivals = recorded_arrivals(postgresql_url)
     assert sorted(x.entry for x in arrivals) == list(range(len(replica.session.plan.schedule)))  # each unit once
-    config = replica.session.config
-    replayed = replay(Session.create(package, config), arrivals, exponent=config.staleness_exponent,
-                      validate_every=config.validate_every)
-    np.testing.assert_array_equal(replayed.weights, replica.session.weights)  # the recorded arrivals, bit for bit
+    replayed = replayed_arrivals(package, replica.session.config, arrivals)
+    np.testing.assert_array_equal(replayed, replica.session.weights)  # the recorded arrivals, bit for bit
