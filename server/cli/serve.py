@@ -65,7 +65,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--store", metavar="URL", help="where the relay keeps peers, leases, results, bans and "
                         "counters: postgresql://USER:PASSWORD@HOST:PORT/DATABASE (psycopg 3; one database per "
                         "session) or sqlite:///PATH (default: relay.sqlite3 in --session-dir); checkpoints and "
-                        "history stay in --session-dir")
+                        "history stay in --session-dir. A second serve over the same PostgreSQL and --session-dir "
+                        "serves an async session beside the first (a replica, which takes its merges over when it "
+                        "stops) and waits to take a synchronous one over")
     add_metrics_options(parser, "--session-dir")
     add_config_option(parser, "serve")
     session = parser.add_argument_group("the session (server.session.config.SessionConfig; a --config file's keys)")
