@@ -257,7 +257,8 @@ def open_session(args: argparse.Namespace, *, replica: bool = False):  # type: i
     else:
         package = build_package(args.task, parse_sets(args.sets), session_dir / "package",
                                 seed=config_values.get("seed", 0))
-    round_log = targets.log() if targets is not None and not replica else None  # (Relay.close closes it)
+    round_log = targets.log() if targets is not None else None  # (Relay.close closes it; a replica's begins when it
+    #                                                               takes the session over: server.relay.sharing)
     try:
         session = Session.restore(session_dir, package, round_log=round_log, read_only=replica) if resuming else None
         relay_values.setdefault("verify_rtol", package.task.replay_rtol or DEFAULT_VERIFY_RTOL)

@@ -101,6 +101,7 @@ class SharedServing(Part):
         it lacks back in the buffer, it merges from now on."""
         await self.follow()
         self.context.replica = False
+        self.session.round_log.begin(self.session, new=False)  # (its metrics sinks write from here on)
         returned = self.store.unmerge_from(self.session.round)
         if returned:
             self.store.count("arrivals_returned_to_buffer_on_takeover", returned)

@@ -36,10 +36,26 @@ def package_settings() -> dict[str, Any]:
     return {"examples": 1536, "chunks": 6}
 
 
-def replica_of(relay: Relay, url: str) -> Relay:
+class RoundsLogged:
+    """A session's metrics log (``RoundLog``) that notes what it was told."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int]] = []
+
+    def begin(self, session: Any, *, new: bool) -> None:
+        self.calls.append(("begin new" if new else "begin", session.round))
+
+    def follow(self, session: Any) -> None:
+        self.calls.append(("follow", session.round))
+
+    def close(self) -> None:
+        self.calls.append(("close", -1))
+
+
+def replica_of(relay: Relay, url: str, log: RoundsLogged) -> Relay:
     """A second relay over the same store and session folder, as ``serve`` starts one while another holds it."""
     assert relay.session.directory is not None
-    session = Session.restore(relay.session.directory, relay.package, read_only=True)
+    session = Session.restore(relay.session.directory, relay.package, round_log=log, read_only=True)
     return Relay(session=session, package=relay.package, store=open_store(url), options=relay.options, replica=True)
 
 
@@ -77,7 +93,8 @@ def test_two_relays_serve_one_async_session_and_the_replica_takes_it_over_when_t
         package: Package, tmp_path: Path, postgresql_url: str) -> None:
     holder = make_relay(package, tmp_path / "s", k=2, passes=2, config={"mode": "async"}, store=postgresql_url,
                         ban_addresses=False)
-    replica = replica_of(holder, postgresql_url)
+    log = RoundsLogged()
+    replica = replica_of(holder, postgresql_url, log)
     assert holder.store.shared and replica.store.shared
     with contextlib.ExitStack() as holding, serving(replica) as b:
         a = holding.enter_context(serving(holder))
@@ -86,6 +103,7 @@ def test_two_relays_serve_one_async_session_and_the_replica_takes_it_over_when_t
             turn(peers, [a, b], index)
             if holder.session.round >= 2:
                 break
+        wait_for("the holder to merge what is ready", lambda: not holder.merging and not holder.round_ready())
         wait_for("the replica to follow the holder's checkpoints",
                  lambda: replica.session.round == holder.session.round)
         assert replica.sharing.followed >= 1 and not replica.merges.lock.locked()
@@ -95,7 +113,6 @@ def test_two_relays_serve_one_async_session_and_the_replica_takes_it_over_when_t
         assert paused.status_code == 409 and paused.json()["error"] == "replica", paused.text
         assert not replica.paused and not holder.paused
         merged_by_holder = holder.session.round
-        wait_for("the holder to merge what is ready", lambda: not holder.merging and not holder.round_ready())
         holding.close()  # the holder stops (its lifespan closes it): the replica serves alone, then holds
         if not replica.store.buffered():  # (one result the replica takes and does not merge: it never merges)
             assert turn(peers[:1], [b], 0) == 1
@@ -104,6 +121,7 @@ def test_two_relays_serve_one_async_session_and_the_replica_takes_it_over_when_t
         assert replica.store.buffered_count() == 0 and not replica.round_ready()
         replica.sharing.take_hold = lambda: True  # (``serve`` hands it the hold's take: its holder is gone)
         wait_for("the replica to take the session over", lambda: not replica.context.replica)
+        assert log.calls[0] == ("begin", holder.session.round)  # (its metrics sinks write from the takeover on)
         for peer in peers:
             peer.client = b
         for index in range(TURNS):
@@ -114,6 +132,9 @@ def test_two_relays_serve_one_async_session_and_the_replica_takes_it_over_when_t
             raise AssertionError(f"the session did not finish: {session_status(b)}")
         counters = session_status(b)["counters"]
     assert replica.session.done and replica.session.round > merged_by_holder
+    taken_at = log.calls[0][1]  # (one follow a merge of the replica's from there, and the close: the last merge's
+    calls = [call for call, _ in log.calls[1:]]  # follow may come after it, the session done as its checkpoint goes)
+    assert sorted(calls) == ["close"] + ["follow"] * (replica.session.round - taken_at), calls
     assert counters["takeovers"] == 1 and counters.get("refused.not_leased", 0) == 0
     assert counters["arrivals_returned_to_buffer_on_takeover"] == len(waiting) >= 1
     arrivals = recorded_arrivals(postgresql_url)
