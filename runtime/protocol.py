@@ -250,6 +250,7 @@ class RefusalCode(StrEnum):
     FINGERPRINT_MISMATCH = "fingerprint_mismatch"
     WRONG_BASE = "wrong_base"
     SESSION_RUNNING = "session_running"
+    REPLICA = "replica"  # a host's change asked of a relay serving beside the one that holds the session
     NO_SESSION_FOLDER = "no_session_folder"
     NO_VOLUNTEER = "no_volunteer"
     # 413
