@@ -95,6 +95,7 @@ from server.harness.relay_process import RelayProcess
 from server.harness.serve_command import ServeCommand
 from server.relay.client import AsyncRelayClient, RelayRefusal, status_call
 from server.relay.options import DEFAULT_LIMIT_CONCURRENCY, RelayOptions, ServerLimits
+from server.relay.store.location import is_server
 from server.session.config import SessionConfig
 from server.session.package import Package, build_package
 
@@ -372,7 +373,7 @@ def one_setting(package: Package, work: Path, args: argparse.Namespace, figures:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.relays < 1 or (args.relays > 1 and not str(args.store or "").startswith(("postgresql://", "postgres://"))):
+    if args.relays < 1 or (args.relays > 1 and not is_server(args.store or "")):
         print("peertrain bench crowd: --relays N needs N >= 1, and past 1 a --store postgresql://... that they share",
               file=sys.stderr)
         return 2

@@ -39,11 +39,10 @@ from server.relay.jobs import Jobs
 from server.relay.people import Participants
 from server.relay.refusal import Refusal
 from server.relay.store import AlreadyArrived, StoredResult
-from server.relay.store.records import sha256_hex
+from server.relay.store.records import ASYNC_ROUND, sha256_hex
 from server.session.buffered import effective_weights, entry_assignment, stored_update, update_of, validates
 from server.session.streamed import add_all
 
-ASYNC_ROUND = -1  # the leases table's round for the asynchronous stream of units
 BACKLOG_MERGES = 2  # hand-out waits while this many merges' results (2 K) wait in the buffer
 NORMS_KEPT = 50  # accepted update norms the relative outlier check compares with
 

@@ -8,9 +8,10 @@ with the weights version it went out with), an arrival (one per unit), the buffe
 from. What a relay keeps of the rows it read (``SQLStore``'s views) lasts ``SHARED_VIEW_SECONDS`` on a shared
 store. So a peer may ask one relay for work and send its result to another: that relay reads the lease afresh.
 
-Each relay looks every ``WATCH_SECONDS``: the holder whether the buffer is ready (results that reached the others
-add to it without waking it), a replica whether the holder wrote a newer checkpoint, which it takes on (the new
-weights, and the versions merged in between, that results started from them are read against). A replica that
+Each relay looks every ``WATCH_SECONDS``: the holder of an asynchronous session whether the buffer is ready
+(results that reached the others add to it without waking it), a replica whether the holder wrote a newer
+checkpoint, which it takes on (the new weights, and the versions merged in between, that results started from
+them are read against). A replica that
 takes the hold (its holder died: its database connection went, and the lock with it) takes the session over as a
 restarted relay would: the newest checkpoint, the arrivals a merge marked that no checkpoint holds back in the
 buffer, then merges from then on. Only asynchronous sessions are served together: a synchronous round's replays,
@@ -66,8 +67,8 @@ class SharedServing(Part):
                     asked = loop.time()
                     if await asyncio.to_thread(self.take_hold):
                         await self.take_over()
-            elif not self.context.merging and self.mode().ready():
-                self.merges.soon()
+            elif self.context.async_mode and not self.context.merging and self.mode().ready():
+                self.merges.soon()  # (a synchronous round's results all reach this relay: each asks for its merge)
 
     async def follow(self) -> bool:
         """Take on the holder's newest checkpoint, if it wrote one since; whether it did."""

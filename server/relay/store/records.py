@@ -18,6 +18,9 @@ def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+ASYNC_ROUND = -1  # the leases table's round for the asynchronous stream of units (the slot: the schedule entry)
+
+
 class AlreadyArrived(Exception):
     """An entry of the asynchronous stream has its result already (another relay over the store took it)."""
 
@@ -31,7 +34,7 @@ class Lease:
     issued: float
     deadline: float
     copy: int = 0  # 0: the unit's own lease; 1: a second copy (redundancy, a backup)
-    version: int = 0  # the weights version the unit was handed out with (async mode; a round's lease: its round)
+    version: int = 0  # the weights version the unit was handed out with (async mode; 0 for a round's lease)
 
 
 @dataclass(frozen=True)

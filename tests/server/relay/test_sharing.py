@@ -21,6 +21,7 @@ from relay_fixtures import (
     serving,
     session_status,
 )
+from relay_process import wait_for
 
 from server.relay.state import Relay
 from server.relay.store import open_store
@@ -28,6 +29,7 @@ from server.session.package import Package
 from server.session.session import Session
 
 TURNS = 60  # a bound on the peers' turns (the session needs 6 rounds of three uploads)
+WAIT_SECONDS = 30.0  # the bound on each wait for what a relay does in the background
 
 
 @pytest.fixture(scope="module")
@@ -57,13 +59,6 @@ def replica_of(relay: Relay, url: str, log: RoundsLogged) -> Relay:
     assert relay.session.directory is not None
     session = Session.restore(relay.session.directory, relay.package, round_log=log, read_only=True)
     return Relay(session=session, package=relay.package, store=open_store(url), options=relay.options, replica=True)
-
-
-def wait_for(what: str, predicate: Any, seconds: float = 30.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
 
 
 def turn(peers: list[HttpPeer], relays: list[Any], turn_index: int) -> int:
@@ -103,9 +98,10 @@ def test_two_relays_serve_one_async_session_and_the_replica_takes_it_over_when_t
             turn(peers, [a, b], index)
             if holder.session.round >= 2:
                 break
-        wait_for("the holder to merge what is ready", lambda: not holder.merging and not holder.round_ready())
+        wait_for("the holder to merge what is ready", lambda: not holder.merging and not holder.round_ready(),
+                 time.monotonic() + WAIT_SECONDS)
         wait_for("the replica to follow the holder's checkpoints",
-                 lambda: replica.session.round == holder.session.round)
+                 lambda: replica.session.round == holder.session.round, time.monotonic() + WAIT_SECONDS)
         assert replica.sharing.followed >= 1 and not replica.merges.lock.locked()
         np.testing.assert_array_equal(replica.session.weights, holder.session.weights)
         assert len(replica.session.history) == holder.session.round
@@ -120,7 +116,8 @@ def test_two_relays_serve_one_async_session_and_the_replica_takes_it_over_when_t
         replica.store.mark_merged(waiting, holder.session.round)  # (as a merge killed before its checkpoint)
         assert replica.store.buffered_count() == 0 and not replica.round_ready()
         replica.sharing.take_hold = lambda: True  # (``serve`` hands it the hold's take: its holder is gone)
-        wait_for("the replica to take the session over", lambda: not replica.context.replica)
+        wait_for("the replica to take the session over", lambda: not replica.context.replica,
+                 time.monotonic() + WAIT_SECONDS)
         assert log.calls[0] == ("begin", holder.session.round)  # (its metrics sinks write from the takeover on)
         for peer in peers:
             peer.client = b

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from server.relay.store.records import Lease
+from server.relay.store.records import ASYNC_ROUND, Lease
 from server.relay.store.sql.database import TablePart
 
 COLUMNS = "round, slot, unit_index, peer_id, issued, deadline, copy, version"  # (``Lease``'s fields, in order)
-ASYNC_ROUND = -1  # the asynchronous stream's leases (``server.relay.buffered``): the slot is the schedule entry
 # A live lease of ``peer_id``: the two arguments are the peer and now.
 LIVE = "peer_id = ? AND deadline >= ?"
 # A lease whose unit has no result yet, or on a second copy (a copy's result is never the slot's).
