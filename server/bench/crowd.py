@@ -101,6 +101,7 @@ from server.session.package import Package, build_package
 
 ADMIN = "crowd-bench-admin"
 HOLD_SECONDS = 15.0
+STATUS_SECONDS = 60.0  # the bench asks a busy relay for its status again for this long before the setting stops
 BASES = 8  # distinct precomputed updates; a unit's index picks one
 ENGINE = "crowd-bench"  # the engine the crowd's results name: one engine, so two copies of a unit must be identical
 RELAY_SHARE_GOALS = {100: 0.05, 1000: 0.10}  # the relay's time after the last result, as a share of a browser unit
@@ -254,8 +255,9 @@ async def until(relay: AsyncRelayClient, done: Any, timeout: float) -> dict[str,
     while True:
         try:
             status = dict(await relay.call(status_call()))
-        except RelayRefusal as refusal:  # (503: the crowd holds the relay's --limit-concurrency; ask again)
-            if refusal.status != 503 or time.monotonic() > deadline:
+        except (RelayRefusal, httpx.TransportError) as error:  # (503: the crowd holds the relay's
+            #   --limit-concurrency; a dropped connection: a relay too busy to answer within its keep-alive. Again.)
+            if isinstance(error, RelayRefusal) and error.status != 503 or time.monotonic() > deadline:
                 raise
             await asyncio.sleep(0.5)
             continue
@@ -304,13 +306,13 @@ async def drive(urls: list[str], package: Package, peers: int, figures: Figures,
             deadline, shown = time.monotonic() + seconds, time.monotonic()
             while time.monotonic() < deadline:
                 await asyncio.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
-                merges = (await observer.call(status_call()))["round"]
+                merges = (await until(observer, lambda _: True, STATUS_SECONDS))["round"]
                 if time.monotonic() - shown >= 10 or 0 < args.async_merges <= merges:
                     print(f"  {figures.setting}: {len(timeline.results)} results, {merges} merges", flush=True)
                     shown = time.monotonic()
                 if 0 < args.async_merges <= merges:
                     break
-            at_stop = await observer.call(status_call())  # (what the relay had merged of what it took by then)
+            at_stop = await until(observer, lambda _: True, STATUS_SECONDS)  # (what it had merged of what it took)
             figures.merged_per_second = at_stop["round"] * figures.k / max(
                 time.perf_counter() - min((sent for _, _, sent, _ in timeline.results), default=time.perf_counter()),
                 1e-9)
@@ -332,6 +334,17 @@ async def drive(urls: list[str], package: Package, peers: int, figures: Figures,
             await client.aclose()
     summarize(figures, timeline, status, rounds)
     return status
+
+
+def measured(setting: Any, package: Package, work: Path, args: argparse.Namespace, figures: Figures,
+             **how: Any) -> None:
+    """One setting; one that stopped (a relay that dropped the bench's connections, say) is reported with the
+    figures it has and the reason, and the next setting runs."""
+    try:
+        setting(package, work, args, figures, **how)
+    except (httpx.HTTPError, RelayRefusal, OSError, TimeoutError) as error:
+        figures.errors.append(f"the setting stopped: {type(error).__name__}: {error}")
+        print(f"{figures.setting}: stopped: {type(error).__name__}: {error}", flush=True)
 
 
 def one_setting(package: Package, work: Path, args: argparse.Namespace, figures: Figures, *, mode: str,
@@ -394,13 +407,14 @@ def run(args: argparse.Namespace) -> int:
         for k in [ANCHOR_K, *[k for k in ks if k != ANCHOR_K]]:
             peers = k if k == ANCHOR_K else max(k, args.peers)
             figures = Figures(setting=f"sync k={k}", k=k, peers=peers, units=chunks)
-            one_setting(package, work, args, figures, mode="sync", rounds=args.rounds, seconds=None)
+            measured(one_setting, package, work, args, figures, mode="sync", rounds=args.rounds, seconds=None)
             results.append(figures)
         if args.async_k > 0:
             together = f", {args.relays} relays" if args.relays > 1 else ""
             figures = Figures(setting=f"async K={args.async_k}{together}", k=args.async_k, peers=args.peers,
                               units=chunks)
-            one_setting(package, work, args, figures, mode="async", rounds=None, seconds=args.async_seconds)
+            measured(one_setting, package, work, args, figures, mode="async", rounds=None,
+                     seconds=args.async_seconds)
             results.append(figures)
     finally:
         if not args.work_dir:
@@ -408,6 +422,8 @@ def run(args: argparse.Namespace) -> int:
     print()
     print(table(results, anchor))
     for f in results:
+        for error in f.errors:
+            print(f"{f.setting}: {error}")
         goal = RELAY_SHARE_GOALS.get(f.k) if f.setting.startswith("sync") else None
         if goal is not None and anchor and not math.isnan(f.relay_seconds):
             share = f.relay_seconds / anchor

@@ -38,12 +38,15 @@ from server.relay.context import Part, RelayContext
 from server.relay.jobs import Jobs
 from server.relay.people import Participants
 from server.relay.refusal import Refusal
+from server.relay.round_mode import SPARE_TURNS
 from server.relay.store import AlreadyArrived, StoredResult
 from server.relay.store.records import ASYNC_ROUND, sha256_hex
+from server.relay.stream_order import StreamOrder
 from server.session.buffered import effective_weights, entry_assignment, stored_update, update_of, validates
 from server.session.streamed import add_all
 
 BACKLOG_MERGES = 2  # hand-out waits while this many merges' results (2 K) wait in the buffer
+GRANT_TRIES = 16  # grants another relay beat this one to, at most, before an ask is told to ask again
 NORMS_KEPT = 50  # accepted update norms the relative outlier check compares with
 
 
@@ -73,13 +76,18 @@ class AsyncBuffer(Part):
         self.digests: dict[int, tuple[np.ndarray, str]] = {}  # version -> (its weights, their sha256)
         self.norms: list[float] = []
         self.next = 0
+        self.order = StreamOrder()  # (which entry goes out next: found without reading every lease on each ask)
         self.open: OpenSum | None = None  # (``open_sum``: the next merge's sum; None while a merge runs)
         self.open_lock = threading.Lock()  # (the adding thread adds to it, the merge thread takes it)
         self.adder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sum-adder")  # (off the event loop)
 
     def units_open(self) -> int | None:
-        """Every held request looks for work after a merge (the stream hands out at any time)."""
-        return None
+        """After a merge: as many held requests look for work as new units may go out before the buffer is
+        ``BACKLOG_MERGES`` merges behind again (``behind``), and ``SPARE_TURNS`` more (a held unit's lease that ran
+        out); the others hold on, or ask again when their hold ends. (Waking every one of 10,000 held requests after
+        each merge cost the relay seconds of searches answered "wait".)"""
+        room = BACKLOG_MERGES * self.session.plan.participants_per_round - self.store.buffered_count()
+        return max(room, 0) + SPARE_TURNS
 
     def start(self) -> None:
         """On start: results marked for merges the checkpoint lacks go back to the buffer; keep the weights. (A
@@ -120,41 +128,54 @@ class AsyncBuffer(Part):
 
     # -- handing out ---------------------------------------------------------------------------------
     def next_job(self, peer_id: str) -> WorkAnswer:
-        session, now = self.session, self.store.clock()
+        session, now, store = self.session, self.store.clock(), self.store
         job = self.jobs.job
         schedule = session.plan.schedule
-        leases, done = self.store.leases(ASYNC_ROUND), self.store.arrived_entries()
         entry = self.holding.get(peer_id)  # the unit this peer is training
-        held = None if entry is None else leases.get(entry)
-        if entry is not None and self.store.shared:  # (another relay may have taken its result, or leased it anew)
-            held = None if self.store.has_arrived(entry) else self.store.lease(ASYNC_ROUND, entry)
-        if entry is not None and held is not None and held.peer_id == peer_id and held.deadline >= now and \
-                entry not in done and held.version in self.versions:
-            return job(entry_assignment(schedule, session.plan.seed, entry, held.version), held.deadline)
+        if entry is not None:
+            if store.shared:  # (another relay may have taken its result, or leased it anew: read afresh)
+                held = None if store.has_arrived(entry) else store.lease(ASYNC_ROUND, entry)
+            else:
+                held = None if store.arrived(entry) else store.kept_lease(ASYNC_ROUND, entry)
+            if held is not None and held.peer_id == peer_id and held.deadline >= now and held.version in self.versions:
+                return job(entry_assignment(schedule, session.plan.seed, entry, held.version), held.deadline)
         self.holding.pop(peer_id, None)
         behind = self.behind()
         if behind is not None:
             return Wait(self.context.options.retry_seconds, behind)
-        while self.next < len(schedule) and self.next in done:
+        while self.next < len(schedule) and store.arrived(self.next):
             self.next += 1
-        connected = self.store.active_peers(self.context.options.peer_timeout)
-        for entry in range(self.next, len(schedule)):
-            lease = leases.get(entry)
-            if entry in done or (lease is not None and lease.deadline >= now):
-                continue
-            if self.book.refused(ASYNC_ROUND, entry, peer_id) and \
-                    not self.book.refused_by_all(ASYNC_ROUND, entry, connected):
-                continue  # (another connected peer may take it; when none may, the stream has moved on: try again)
-            if lease is not None:
-                self.store.count("leases_expired")
-            version = session.round  # (read once: a merge in its worker thread may move it on meanwhile)
-            granted = self.store.grant(ASYNC_ROUND, entry, schedule[entry][1], peer_id,
-                                       self.context.options.lease_seconds, version=version)
-            if granted is None:  # (another relay over the store leased it, or took its result, a moment ago)
-                continue
-            self.holding[peer_id] = entry
-            self.context.notices.changed()
-            return job(entry_assignment(schedule, session.plan.seed, entry, version), granted.deadline)
+        order, passed, tries = self.order, [], 0
+        order.look(store, self.next, now)
+        try:
+            for entry in order.candidates(len(schedule)):
+                lease = store.kept_lease(ASYNC_ROUND, entry)
+                if store.arrived(entry):
+                    continue  # (its result is in: it never goes out again)
+                if lease is not None and lease.deadline >= now:
+                    order.leased(entry, lease.deadline)  # (another relay leased it, or a lease was seen late)
+                    continue
+                if self.book.refused(ASYNC_ROUND, entry, peer_id) and not self.book.refused_by_all(
+                        ASYNC_ROUND, entry, store.active_peers(self.context.options.peer_timeout)):
+                    passed.append(entry)  # (another connected peer may take it; when none may, the stream has
+                    continue  # moved on: try again)
+                tries += 1
+                if lease is not None:
+                    store.count("leases_expired")
+                version = session.round  # (read once: a merge in its worker thread may move it on meanwhile)
+                granted = store.grant(ASYNC_ROUND, entry, schedule[entry][1], peer_id,
+                                      self.context.options.lease_seconds, version=version)
+                if granted is None:  # (another relay over the store leased it, or took its result, a moment ago)
+                    if tries >= GRANT_TRIES:
+                        return Wait(self.context.options.retry_seconds, "other relays took the units tried")
+                    continue
+                order.leased(entry, granted.deadline)
+                self.holding[peer_id] = entry
+                self.context.notices.changed()
+                return job(entry_assignment(schedule, session.plan.seed, entry, version), granted.deadline)
+        finally:
+            for entry in passed:
+                order.give_back(entry)
         return Wait(self.context.options.retry_seconds, "every unit is out; waiting for results")
 
     def behind(self) -> str | None:
@@ -249,9 +270,9 @@ class AsyncBuffer(Part):
             raise Refusal(409, "stale_round", "the session is over")
         if not 0 <= entry < len(schedule):
             raise Refusal(404, "unknown_slot", f"the session has no unit entry {entry}")
-        if entry in self.store.arrived_entries():
+        if self.store.arrived(entry):
             raise Refusal(409, "duplicate", f"unit entry {entry} already has a result")
-        lease = self.store.leases(ASYNC_ROUND).get(entry)
+        lease = self.store.kept_lease(ASYNC_ROUND, entry)
         if lease is None or lease.peer_id != peer_id or lease.version != version:  # (granted a moment ago by
             lease = self.store.lease(ASYNC_ROUND, entry)  # another relay, maybe to this peer again: read it afresh)
         if lease is None or lease.peer_id != peer_id or lease.version != version:
@@ -283,7 +304,7 @@ class AsyncBuffer(Part):
             self.store.release(ASYNC_ROUND, entry)
             self.book.refuse(ASYNC_ROUND, entry, peer_id)
             self.store.count("slots_freed_by_refusal")
-            self.context.notices.work_changed()
+            self.context.notices.work_changed(available=1)  # (its unit goes to the next held request)
             raise
         self.norms = (self.norms + [norm])[-NORMS_KEPT:]
         self.people.note_unit(peer_id, now - lease.issued, str(header.meta.get("engine", "")))
@@ -308,7 +329,7 @@ class AsyncBuffer(Part):
         if self.session.done or self.context.replica:
             return False
         waiting = self.store.buffered_count()  # (on every poll: a count, not the updates)
-        everything_back = len(self.store.arrived_entries()) >= len(self.session.plan.schedule)
+        everything_back = self.store.arrived_count() >= len(self.session.plan.schedule)
         return waiting >= self.session.plan.participants_per_round or (everything_back and waiting > 0)
 
     def merge_blocking(self) -> dict[str, Any]:
@@ -369,7 +390,7 @@ class AsyncBuffer(Part):
         now = self.store.clock()
         return {"slots": self.session.plan.participants_per_round, "done": self.store.buffered_count(),
                 "leased": sum(1 for lease in self.store.leases(ASYNC_ROUND).values() if lease.deadline >= now),
-                "copies": 0, "arrived": len(self.store.arrived_entries()), "units": len(self.session.plan.schedule)}
+                "copies": 0, "arrived": self.store.arrived_count(), "units": len(self.session.plan.schedule)}
 
     def weights_of_version(self, version: int) -> bytes | None:
         """The wire message of a kept version (a peer asks for the weights its job names)."""

@@ -19,6 +19,8 @@ from runtime.protocol import WorkAnswer
 from server.relay.checks import EarlyRead
 from server.relay.store import StoredResult
 
+SPARE_TURNS = 8  # held requests a merge wakes beyond the units it makes (``units_open``): a refused slot, a backup
+
 
 class RoundMode(Protocol):
     @property
@@ -56,8 +58,8 @@ class RoundMode(Protocol):
         ...
 
     def units_open(self) -> int | None:
-        """After a merge: how many held requests for work may find some (``Notices.work_changed``); None: all of them
-        look (async mode, a session that ended)."""
+        """After a merge: how many held requests for work may find some (``Notices.work_changed``), ``SPARE_TURNS``
+        included; None: all of them look (a session that ended)."""
         ...
 
     def merge_blocking(self) -> dict[str, Any]:

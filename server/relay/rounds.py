@@ -34,12 +34,11 @@ from server.relay.local_turns import LocalTurns
 from server.relay.pacing import RoundPacing
 from server.relay.people import Participants
 from server.relay.replay_checks import ReplayChecks
+from server.relay.round_mode import SPARE_TURNS
 from server.relay.round_results import RoundResults
 from server.relay.round_sums import RoundSums
 from server.relay.store import StoredResult
 from server.session.config import SessionError
-
-SPARE_TURNS = 8  # held requests a round's opening wakes beyond its units (``units_open``)
 
 
 class SyncRounds:

@@ -75,6 +75,14 @@ class StoreLifecycle(Protocol):
         change, but not at a peer's touch: what a relay derives from them at one generation holds until it moves or
         the clock passes a deadline (a thousand polls a second then read the store once per change)."""
 
+    def kept_lease(self, round_index: int, slot: int, copy: int = 0) -> Lease | None:
+        """One lease as ``leases`` has it (what the store keeps, without copying every lease of the round)."""
+
+    def lease_epoch(self) -> int:
+        """A number that moves on whenever the leases change other than by this store's own grants (a release, a round
+        reset, a shared store's re-read of what others wrote): what a relay derives from every lease holds, its own
+        grants added, until it moves or a deadline passes."""
+
 
 class PeerStore(Protocol):
     def add_peer(self, agent: str = "", address: str = "") -> tuple[str, str]:
@@ -229,6 +237,12 @@ class ArrivalStore(Protocol):
 
     def arrived_entries(self) -> frozenset[int]:
         """The entries of every arrival, merged or not."""
+
+    def arrived(self, entry: int) -> bool:
+        """Whether ``entry`` is among ``arrived_entries`` (without copying them: every request for work asks)."""
+
+    def arrived_count(self) -> int:
+        """How many entries ``arrived_entries`` holds."""
 
     def has_arrived(self, entry: int) -> bool:
         """Whether ``entry`` has its result, read now from the database (another relay may have taken it a moment

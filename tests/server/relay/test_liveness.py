@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 from relay_fixtures import ADMIN_TOKEN, reference_run
+from virtual_clock import Clock
 
 from runtime import wire
 from runtime.peer import Peer
@@ -25,16 +26,6 @@ from server.session.session import Session
 
 LEASE = 60.0
 TIMEOUT = 10.0
-
-
-class Clock:
-    """The relay's virtual "now" (``open_store(clock=...)``)."""
-
-    def __init__(self) -> None:
-        self.now = 1_000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def virtual_relay(package: Package, directory: Path, clock: Clock, *, k: int = 3, passes: int = 2,

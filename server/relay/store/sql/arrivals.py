@@ -64,11 +64,24 @@ class SQLArrivals(TablePart):
     def arrived_entries(self) -> frozenset[int]:
         kept = self.kept
         with kept.lock:
-            if kept.arrived is None:
-                kept.arrived = {int(r[0]) for r in self.connection.run("SELECT entry FROM arrivals")}
             if kept.view is None:
-                kept.view = frozenset(kept.arrived)
+                kept.view = frozenset(self._arrived())
             return kept.view
+
+    def arrived(self, entry: int) -> bool:
+        with self.kept.lock:
+            return entry in self._arrived()
+
+    def arrived_count(self) -> int:
+        with self.kept.lock:
+            return len(self._arrived())
+
+    def _arrived(self) -> set[int]:
+        """The entries kept (read first where they are not), under the lock."""
+        kept = self.kept
+        if kept.arrived is None:
+            kept.arrived = {int(r[0]) for r in self.connection.run("SELECT entry FROM arrivals")}
+        return kept.arrived
 
     def has_arrived(self, entry: int) -> bool:
         return bool(self.connection.run("SELECT 1 FROM arrivals WHERE entry = ?", (entry,)))

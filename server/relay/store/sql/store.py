@@ -140,6 +140,12 @@ class SQLStore(KeptViews, VolunteerCalls):
         self._expire()
         return self._kept(self._lease_cache, (round_index, copy), lambda: self._leases.leases(round_index, copy))
 
+    def kept_lease(self, round_index: int, slot: int, copy: int = 0) -> Lease | None:
+        self._expire()
+        with self._cache_lock:
+            return self._kept_itself(self._lease_cache, (round_index, copy),
+                                     lambda: self._leases.leases(round_index, copy)).get(slot)
+
     def lease(self, round_index: int, slot: int, copy: int = 0) -> Lease | None:
         return self._leases.lease(round_index, slot, copy)
 
@@ -260,6 +266,14 @@ class SQLStore(KeptViews, VolunteerCalls):
 
     def has_arrived(self, entry: int) -> bool:
         return self._arrivals.has_arrived(entry)
+
+    def arrived(self, entry: int) -> bool:
+        self._expire()
+        return self._arrivals.arrived(entry)
+
+    def arrived_count(self) -> int:
+        self._expire()
+        return self._arrivals.arrived_count()
 
     def buffered(self, limit: int | None = None) -> list[BufferedArrival]:
         return self._arrivals.buffered(limit)

@@ -35,10 +35,15 @@ class KeptViews:
         self._slots_cache: dict[int, dict[int, str]] = {}  # round -> who delivered each slot's result, as read
         self._generation = 0  # (``generation``: every change but a peer's touch moves it on)
         self._views_read_at = clock()  # (a shared store: when what it keeps was last forgotten, the store's clock)
+        self._lease_epoch = 0  # (``lease_epoch``: every change to the leases but this store's own grants)
 
     def generation(self) -> int:
         self._expire()
         return self._generation
+
+    def lease_epoch(self) -> int:
+        self._expire()
+        return self._lease_epoch
 
     def _expire(self) -> None:
         """A shared store forgets what it keeps once it is ``SHARED_VIEW_SECONDS`` old (others change it too)."""
@@ -51,6 +56,7 @@ class KeptViews:
             self._active = None
             self._forget_more()
             self._generation += 1
+            self._lease_epoch += 1
             self._views_read_at = self._clock()
 
     def _forget_active(self, *, unless: str | None = None) -> None:
@@ -63,12 +69,18 @@ class KeptViews:
     def _kept(self, cache: dict[Any, dict[Any, Any]], key: Any, read: Callable[[], dict[Any, Any]]) -> dict[Any, Any]:
         """A copy of ``cache[key]``, read first where it is not kept (past ``CACHE_ROUNDS`` keys, all are forgotten)."""
         with self._cache_lock:
+            return dict(self._kept_itself(cache, key, read))
+
+    def _kept_itself(self, cache: dict[Any, dict[Any, Any]], key: Any,
+                     read: Callable[[], dict[Any, Any]]) -> dict[Any, Any]:
+        """``cache[key]`` itself, read first where it is not kept: for a lookup under the lock, never handed out."""
+        with self._cache_lock:
             cached = cache.get(key)
             if cached is None:
                 if len(cache) >= CACHE_ROUNDS:
                     cache.clear()
                 cached = cache[key] = read()
-            return dict(cached)
+            return cached
 
     def _granted(self, lease: Lease | None, round_index: int, copy: int, peer_id: str) -> None:
         """After a grant (under the lock): the leases kept take it; a refused one (another relay leased the unit, or
@@ -85,9 +97,9 @@ class KeptViews:
             cached[lease.slot] = lease
 
     @contextlib.contextmanager
-    def _changing(self, *caches: dict[Any, Any], active: bool = False) -> Iterator[None]:
-        """Around a change to what ``caches`` keep (and, with ``active``, who is active): they are forgotten once it
-        is done, and the generation moves on."""
+    def _changing(self, *caches: dict[Any, Any], active: bool = False, leases: bool = False) -> Iterator[None]:
+        """Around a change to what ``caches`` keep (and, with ``active``, who is active; with ``leases``, the leases):
+        they are forgotten once it is done, and the generation (and the lease epoch) moves on."""
         with self._cache_lock:
             try:
                 yield
@@ -97,10 +109,13 @@ class KeptViews:
                 if active:
                     self._active = None
                 self._generation += 1
+                if leases:
+                    self._lease_epoch += 1
 
     def _changing_leases(self) -> contextlib.AbstractContextManager[None]:
         """Around any change to the leases table but a grant (the copies and results kept go too)."""
-        return self._changing(self._lease_cache, self._copies_cache, self._slots_cache, active=True)
+        return self._changing(self._lease_cache, self._copies_cache, self._slots_cache, active=True,
+                             leases=True)
 
     def _changing_results(self) -> contextlib.AbstractContextManager[None]:
         return self._changing(self._slots_cache)

@@ -21,6 +21,7 @@ def test_arrivals_wait_in_order_until_merged(store: Store) -> None:
     seqs = [arrive(store, entry, peer_id, version=1) for entry in (4, 2, 7)]
     assert seqs == sorted(seqs) and len(set(seqs)) == 3
     assert store.arrived_entries() == {2, 4, 7} and store.buffered_count() == 3
+    assert store.arrived_count() == 3 and store.arrived(4) and not store.arrived(3)
     assert store.buffered() == [(seqs[0], 4, 14, 1, 256, {"loss": 4}, b"update 4", b"message 4"),
                                 (seqs[1], 2, 12, 1, 256, {"loss": 2}, b"update 2", b"message 2"),
                                 (seqs[2], 7, 17, 1, 256, {"loss": 7}, b"update 7", b"message 7")]
@@ -44,7 +45,7 @@ def test_an_entry_arrives_once(store: Store, second_look: Callable[[], Store]) -
     for relay in (store, other):
         with pytest.raises(AlreadyArrived, match="entry 3 already has a result"):
             arrive(relay, 3, "p-b")
-        assert 3 in relay.arrived_entries()
+        assert 3 in relay.arrived_entries() and relay.arrived(3) and relay.arrived_count() == 1
     assert store.buffered_count() == 1 and [row[1] for row in other.buffered()] == [3]
 
 

@@ -197,3 +197,27 @@ def test_a_shared_store_reads_again_what_another_relay_changed(store: Store, sec
     clock.advance(SHARED_VIEW_SECONDS)
     assert other.leases(0) == {1: lease} and other.result_slots(0) == {1}
     assert other.buffered_count() == 1 and other.arrived_entries() == {0} and other.generation() > generation
+
+
+def test_the_lease_epoch_moves_on_every_change_to_the_leases_but_the_stores_own_grants(
+        store: Store, second_look: Callable[[], Store], clock: Clock) -> None:
+    """What the async stream derives from every lease (server.relay.stream_order) holds, its own grants added, until
+    the epoch moves: a release, a peer's leases going, a reset, a shared store's re-read of what others wrote. A lease
+    as kept is the one ``leases`` lists."""
+    epoch = store.lease_epoch()
+    first = store.grant(-1, 0, 0, "p-a", 10.0)
+    second = store.grant(-1, 1, 1, "p-b", 10.0)
+    assert store.lease_epoch() == epoch  # (its own grants: the caller adds them itself)
+    assert store.kept_lease(-1, 0) == first and store.kept_lease(-1, 1) == second and store.kept_lease(-1, 2) is None
+    store.release(-1, 0)
+    assert store.lease_epoch() > epoch and store.kept_lease(-1, 0) is None and store.leases(-1) == {1: second}
+    epoch = store.lease_epoch()
+    assert store.release_leases_of("p-b") == 1 and store.lease_epoch() > epoch and store.kept_lease(-1, 1) is None
+    other = second_look()
+    other.shared = True  # type: ignore[misc]  # (a SQLite store is shared by no one unless told)
+    assert other.kept_lease(-1, 3) is None  # (read, and kept)
+    epoch = other.lease_epoch()
+    third = store.grant(-1, 3, 3, "p-c", 10.0)
+    assert other.kept_lease(-1, 3) is None and other.lease_epoch() == epoch  # (kept: not read again yet)
+    clock.advance(SHARED_VIEW_SECONDS)
+    assert other.lease_epoch() > epoch and other.kept_lease(-1, 3) == third

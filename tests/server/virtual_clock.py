@@ -1,4 +1,4 @@
-"""A virtual "now" for the store tests (a store reads every timestamp from the clock it was opened with)."""
+"""A virtual "now" for the store and relay tests (a store reads every timestamp from the clock it was opened with)."""
 
 from __future__ import annotations
 
