@@ -30,7 +30,9 @@ MAX_PLANNED_UNITS = 1_000_000
 
 class SessionAdmin:
     """``paused``: no work is handed out. ``pause_from``: the round from which it is paused (``pause-after-round``:
-    the round being trained is handed out to its end and merged; no later one starts). ``replacing``: the old
+    the round being trained is handed out to its end and merged; no later one starts). Both live in the store: every
+    relay serving the session keeps the host's pause, and so does a restart (a new session starts unpaused, on its
+    own store). ``replacing``: the old
     session's files are moving (the endpoints answer 503 meanwhile). ``start_session`` is the relay's: serve a new
     session with its own store. ``merge_lock`` is the relay's merge lock: a replacement waits for a merge in flight
     and no merge starts during one."""
@@ -41,16 +43,23 @@ class SessionAdmin:
         # The options the relay started with: every new session is resolved against them (a session in async mode
         # turns host replays off for itself, not for the sync session after it).
         self.asked_options = context.options
-        self.paused = False
-        self.pause_from: int | None = None
         self.replacing = False
+
+    @property
+    def paused(self) -> bool:
+        return self.context.store.pause()[0]
+
+    @property
+    def pause_from(self) -> int | None:
+        return self.context.store.pause()[1]
 
     def is_paused(self) -> bool:
         """Whether no work is handed out now: paused, or the round ``pause-after-round`` waited for has merged."""
-        return self.paused or (self.pause_from is not None and self.context.session.round >= self.pause_from)
+        paused, pause_from = self.context.store.pause()
+        return paused or (pause_from is not None and self.context.session.round >= pause_from)
 
     def clear_pause(self) -> None:
-        self.paused, self.pause_from = False, None
+        self.context.store.set_pause(False, None)
 
     async def replace_session(self, request: dict[str, Any]) -> Path:
         """A new session on the same package from a session request (``POST /api/admin/session``): the
@@ -106,9 +115,9 @@ class SessionAdmin:
         promise, since the next round is handed out the moment one merges), ``resume`` or ``stop`` (ends the
         session, recorded so a restart does not resume it)."""
         if action == "pause":
-            self.paused = True
+            self.context.store.set_pause(True, self.pause_from)
         elif action == "pause-after-round":  # (sent while paused: one round runs, then it pauses again)
-            self.paused, self.pause_from = False, self.context.session.round + 1
+            self.context.store.set_pause(False, self.context.session.round + 1)
         elif action == "resume":
             self.clear_pause()
         elif action == "stop":

@@ -154,9 +154,15 @@ class MergeSchedule(Part):
             return False
         finally:
             self._merged()
-        if not self.context.async_mode or session.history[-1]["metrics"]:  # (async: after validations)
-            self.samples_soon()
+        self.samples_if_validated()
         return True
+
+    def samples_if_validated(self) -> None:
+        """The page's samples of the weights merged last, where that merge was validated (async mode validates every
+        few merges: samples of weights without metrics would show the page a model its charts lack)."""
+        history = self.session.history
+        if history and (not self.context.async_mode or history[-1]["metrics"]):
+            self.samples_soon()
 
     def samples_soon(self) -> None:
         """The page's samples of the weights just merged, in the background and outside the merge's lock: a round

@@ -81,6 +81,7 @@ class SharedServing(Part):
         self.followed += 1
         self.context.notices.work_changed()
         self.context.notices.changed()
+        self.merges.samples_if_validated()  # (its page shows the text of the weights it follows, as the holder's)
         return True
 
     async def catch_up(self, version: int | None = None) -> bool:

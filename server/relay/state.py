@@ -155,7 +155,6 @@ class Relay:
         self.store = self.context.store = store
         if options is not None:
             self.options = self.context.options = options
-        self.admin.clear_pause()
         self.samples.clear()
         self.jobs.forget()
         self.book.clear()
@@ -394,7 +393,6 @@ class Relay:
         await self.merges.maybe_complete_round()
 
     def serve_restored(self, session: Session) -> None:
-        """The session as of its last checkpoint, after a merge failed on the disk (paused stays as it was)."""
-        paused = self.admin.paused, self.admin.pause_from
+        """The session as of its last checkpoint, after a merge failed on the disk (paused stays as it was: in the
+        store)."""
         self.start_session(session, self.store)
-        self.admin.paused, self.admin.pause_from = paused

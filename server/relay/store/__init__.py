@@ -15,8 +15,9 @@ shared connection, handing each call to its owner, so no class is scattered over
 
 from __future__ import annotations
 
+from server.relay.store.concepts import LAST_SEEN_RESOLUTION
 from server.relay.store.location import SCHEMES, StoreInUse, StoreUnavailable, UnsupportedStore, open_store
-from server.relay.store.protocol import LAST_SEEN_RESOLUTION, Store
+from server.relay.store.protocol import Store
 from server.relay.store.records import AlreadyArrived, Lease, StoredResult
 
 __all__ = ["LAST_SEEN_RESOLUTION", "SCHEMES", "AlreadyArrived", "Lease", "Store", "StoreInUse", "StoreUnavailable",

@@ -18,12 +18,14 @@ import httpx
 import numpy as np
 import pytest
 from relay_fixtures import (
+    ADMIN_TOKEN,
     EXAMPLE,
     HttpPeer,
     build_small_package,
     make_relay,
     reference_run,
     serving,
+    session_status,
     wait_for_round,
 )
 from relay_process import ADMIN, PeerThread, Relayd, UploadGate, free_port, retrying, retrying_fails
@@ -58,6 +60,24 @@ def test_restart_after_the_last_result_but_before_the_merge_merges(tmp_path: Pat
         status = wait_for_round(client, 1, timeout=10)
         assert status["round"] == 1 and status["history"][-1]["participants"] == 2
         assert a.assignment()["round"] == 1
+
+
+def test_the_hosts_pause_outlives_a_restart(tmp_path: Path) -> None:
+    """The host paused; the relay restarts on the same store and checkpoints: still paused (it hands out nothing and
+    says so) until the host resumes."""
+    package = build_small_package(tmp_path / "package")
+    session_dir = tmp_path / "session"
+    relay = make_relay(package, session_dir, k=2, passes=1)
+    admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    with serving(relay) as client:
+        assert client.post("/api/admin/pause", headers=admin).json()["paused"] is True
+    restarted = Relay(session=Session.restore(session_dir, package), package=package,
+                      store=open_store(session_dir / "relay.sqlite3"), options=relay.options)
+    with serving(restarted) as client:
+        peer = HttpPeer(client)
+        assert peer.work()["reason"] == "paused" and session_status(client)["paused"] is True
+        assert client.post("/api/admin/resume", headers=admin).json()["paused"] is False
+        assert peer.assignment()["round"] == 0
 
 
 # ---------------------------------------------------------------- SIGKILL and restart of `peertrain serve`

@@ -4,7 +4,7 @@ types (timestamps as double precision, messages as bytea, the asynchronous buffe
 from __future__ import annotations
 
 TABLES = ("peers", "leases", "results", "counters", "copies", "arrivals", "bans", "undos", "blobs", "replay_jobs",
-          "volunteers")
+          "volunteers", "pause")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS peers (
@@ -57,4 +57,5 @@ CREATE TABLE IF NOT EXISTS replay_jobs (
     error TEXT, seconds DOUBLE PRECISION, ran_on TEXT
 );
 CREATE INDEX IF NOT EXISTS replay_jobs_open ON replay_jobs (finished, id);
+CREATE TABLE IF NOT EXISTS pause (id INTEGER PRIMARY KEY, paused INTEGER NOT NULL, pause_from BIGINT);
 """

@@ -24,7 +24,7 @@ class KeptArrivals:
 
 @dataclass(frozen=True)
 class SQLArrivals(TablePart):
-    """``server.relay.store.protocol.ArrivalStore`` on the ``arrivals`` table.
+    """``server.relay.store.concepts.ArrivalStore`` on the ``arrivals`` table.
 
     The asynchronous stream asks which entries arrived and how many wait on every request for work and every poll (a
     thousand peers: thousands of reads a second, each a scan of the arrivals). One relay is the table's only writer

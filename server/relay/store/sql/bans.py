@@ -6,7 +6,7 @@ from server.relay.store.sql.database import TablePart
 
 
 class SQLBans(TablePart):
-    """``server.relay.store.protocol.BanStore`` on the ``bans`` table."""
+    """``server.relay.store.concepts.BanStore`` on the ``bans`` table."""
 
     def ban(self, peer_id: str, reason: str) -> str:
         with self.connection.locked() as db:

@@ -7,7 +7,7 @@ from server.relay.store.sql.database import TablePart
 
 
 class SQLCopies(TablePart):
-    """``server.relay.store.protocol.CopyStore`` on the ``copies`` table."""
+    """``server.relay.store.concepts.CopyStore`` on the ``copies`` table."""
 
     def add_copy(self, round_index: int, slot: int, peer_id: str, message: bytes, outcome: str, *,
                  count_unit: bool = True) -> None:

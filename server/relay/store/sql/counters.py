@@ -6,7 +6,7 @@ from server.relay.store.sql.database import TablePart
 
 
 class SQLCounters(TablePart):
-    """``server.relay.store.protocol.CounterStore`` on the ``counters`` table."""
+    """``server.relay.store.concepts.CounterStore`` on the ``counters`` table."""
 
     def count(self, name: str, by: int = 1) -> None:
         self.connection.run("INSERT INTO counters VALUES (?, ?) ON CONFLICT (name) DO UPDATE SET "

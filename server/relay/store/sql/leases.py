@@ -13,7 +13,7 @@ UNDELIVERED = "(copy > 0 OR NOT EXISTS (SELECT 1 FROM results r WHERE r.round = 
 
 
 class SQLLeases(TablePart):
-    """``server.relay.store.protocol.LeaseStore`` on the ``leases`` table."""
+    """``server.relay.store.concepts.LeaseStore`` on the ``leases`` table."""
 
     def leases(self, round_index: int, copy: int = 0) -> dict[int, Lease]:
         rows = self.connection.run(f"SELECT {COLUMNS} FROM leases WHERE round = ? AND copy = ?", (round_index, copy))

@@ -6,13 +6,13 @@ import hmac
 import secrets
 from typing import Any
 
-from server.relay.store.protocol import LAST_SEEN_RESOLUTION
+from server.relay.store.concepts import LAST_SEEN_RESOLUTION
 from server.relay.store.records import hash_token
 from server.relay.store.sql.database import TablePart
 
 
 class SQLPeers(TablePart):
-    """``server.relay.store.protocol.PeerStore`` on the ``peers`` table (and ``leases``, ``bans`` for who counts
+    """``server.relay.store.concepts.PeerStore`` on the ``peers`` table (and ``leases``, ``bans`` for who counts
     as active)."""
 
     def add_peer(self, agent: str = "", address: str = "") -> tuple[str, str]:

@@ -23,7 +23,7 @@ def ids_in(ids: Collection[int]) -> tuple[str, tuple[int, ...]]:
 
 
 class SQLReplayJobs(TablePart):
-    """``server.relay.store.protocol.ReplayJobStore`` on the ``replay_jobs`` and ``blobs`` tables."""
+    """``server.relay.store.concepts.ReplayJobStore`` on the ``replay_jobs`` and ``blobs`` tables."""
 
     def add_replay_job(self, *, job: str, task: bytes, weights: bytes, unit: bytes, engine: str) -> int:
         task_digest, weights_digest = sha256_hex(task), sha256_hex(weights)

@@ -23,7 +23,7 @@ def stored_result(row: tuple) -> StoredResult:
 
 
 class SQLResults(TablePart):
-    """``server.relay.store.protocol.ResultStore`` on the ``results`` table (``prune_before`` empties the
+    """``server.relay.store.concepts.ResultStore`` on the ``results`` table (``prune_before`` empties the
     ``copies``' messages too)."""
 
     def add_result(self, result: StoredResult, *, count_unit: bool = True) -> None:

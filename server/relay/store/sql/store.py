@@ -12,7 +12,7 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
-from server.relay.store.protocol import LAST_SEEN_RESOLUTION
+from server.relay.store.concepts import LAST_SEEN_RESOLUTION
 from server.relay.store.records import (
     BufferedArrival,
     FinishedReplay,
@@ -28,6 +28,7 @@ from server.relay.store.sql.copies import SQLCopies
 from server.relay.store.sql.counters import SQLCounters
 from server.relay.store.sql.database import Database
 from server.relay.store.sql.leases import SQLLeases
+from server.relay.store.sql.pause import SQLPause
 from server.relay.store.sql.peers import SQLPeers
 from server.relay.store.sql.replay_jobs import SQLReplayJobs
 from server.relay.store.sql.results import SQLResults
@@ -53,6 +54,7 @@ class SQLStore(KeptViews, VolunteerCalls):
         self._counters = SQLCounters(self.connection, clock)
         self._replays = SQLReplayJobs(self.connection, clock)
         self._volunteers = SQLVolunteers(self.connection, clock)
+        self._pauses = SQLPause(self.connection, clock)
         self._identities = {}
         KeptViews.__init__(self, clock, forget=self._arrivals.forget)
         self.open()
@@ -77,6 +79,7 @@ class SQLStore(KeptViews, VolunteerCalls):
     def open(self) -> None:
         with self._changing_leases():  # (the file may have changed while it was closed)
             self._arrivals.forget()
+            self._pause = None
             self.connection.open()
 
     def close(self) -> None:
@@ -352,6 +355,20 @@ class SQLStore(KeptViews, VolunteerCalls):
 
     def replay_jobs_waiting(self) -> int:
         return self._replays.replay_jobs_waiting()
+
+    # -- the host's pause: read on every request for work, so kept as read (a shared store's for a moment) --------
+    def set_pause(self, paused: bool, pause_from: int | None) -> None:
+        with self._cache_lock:
+            self._pauses.set_pause(paused, pause_from)
+            self._pause = paused, pause_from
+            self._generation += 1
+
+    def pause(self) -> tuple[bool, int | None]:
+        self._expire()
+        with self._cache_lock:
+            if self._pause is None:
+                self._pause = self._pauses.pause()
+            return self._pause
 
     # -- counters -----------------------------------------------------------------------------------
     def count(self, name: str, by: int = 1) -> None:

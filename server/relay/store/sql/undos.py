@@ -14,7 +14,7 @@ UNDONE = "verification LIKE 'undone%'"
 
 
 class SQLUndos(TablePart):
-    """``server.relay.store.protocol.UndoStore`` on the ``undos`` and ``results`` tables."""
+    """``server.relay.store.concepts.UndoStore`` on the ``undos`` and ``results`` tables."""
 
     def request_undo(self, peer_id: str) -> None:
         self.connection.run("INSERT INTO undos VALUES (?, 'pending', '{}', ?) ON CONFLICT (peer_id) DO UPDATE SET "

@@ -36,6 +36,7 @@ class KeptViews:
         self._generation = 0  # (``generation``: every change but a peer's touch moves it on)
         self._views_read_at = clock()  # (a shared store: when what it keeps was last forgotten, the store's clock)
         self._lease_epoch = 0  # (``lease_epoch``: every change to the leases but this store's own grants)
+        self._pause: tuple[bool, int | None] | None = None  # (the host's pause, as read: every ask reads it)
 
     def generation(self) -> int:
         self._expire()
@@ -54,6 +55,7 @@ class KeptViews:
             self._copies_cache.clear()
             self._slots_cache.clear()
             self._active = None
+            self._pause = None
             self._forget_more()
             self._generation += 1
             self._lease_epoch += 1

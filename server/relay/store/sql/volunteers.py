@@ -20,7 +20,7 @@ ARRIVAL_ROWS = ("SELECT a.merge, a.unit_index, a.peer_id, p.volunteer, a.num_exa
 
 
 class SQLVolunteers(TablePart):
-    """``server.relay.store.protocol.VolunteerStore`` on the ``volunteers`` table and ``peers.volunteer``."""
+    """``server.relay.store.concepts.VolunteerStore`` on the ``volunteers`` table and ``peers.volunteer``."""
 
     def attach_volunteer(self, peer_id: str, volunteer_id: str, public_key: str, *, name: str | None = None,
                          team: str | None = None) -> None:

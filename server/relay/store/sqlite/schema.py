@@ -54,6 +54,7 @@ CREATE TABLE IF NOT EXISTS replay_jobs (
     attempts INTEGER NOT NULL DEFAULT 0, finished REAL, message BLOB, error TEXT, seconds REAL, ran_on TEXT
 );
 CREATE INDEX IF NOT EXISTS replay_jobs_open ON replay_jobs (finished, id);
+CREATE TABLE IF NOT EXISTS pause (id INTEGER PRIMARY KEY, paused INTEGER NOT NULL, pause_from INTEGER);
 """
 
 # Columns added since the first files (table -> column -> definition): added to an older file on open.

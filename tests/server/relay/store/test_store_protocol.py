@@ -11,12 +11,14 @@ import pytest
 
 from server.relay.store import SCHEMES, Store, StoreUnavailable, UnsupportedStore, open_store
 from server.relay.store.postgresql import PostgreSQLStore
-from server.relay.store.protocol import CONCEPTS, CounterStore, StoreLifecycle
+from server.relay.store.concepts import CounterStore
+from server.relay.store.protocol import CONCEPTS, StoreLifecycle
 from server.relay.store.sql.arrivals import SQLArrivals
 from server.relay.store.sql.bans import SQLBans
 from server.relay.store.sql.copies import SQLCopies
 from server.relay.store.sql.counters import SQLCounters
 from server.relay.store.sql.leases import SQLLeases
+from server.relay.store.sql.pause import SQLPause
 from server.relay.store.sql.peers import SQLPeers
 from server.relay.store.sql.replay_jobs import SQLReplayJobs
 from server.relay.store.sql.results import SQLResults
@@ -25,7 +27,7 @@ from server.relay.store.sql.volunteers import SQLVolunteers
 from server.relay.store.sqlite import SQLiteStore
 
 PARTS = dict(zip(CONCEPTS[1:], (SQLPeers, SQLLeases, SQLResults, SQLCopies, SQLArrivals, SQLBans, SQLUndos,
-                                SQLReplayJobs, SQLVolunteers, SQLCounters), strict=True))
+                                SQLReplayJobs, SQLVolunteers, SQLPause, SQLCounters), strict=True))
 
 
 def members(protocol: type) -> dict[str, object]:
