@@ -49,7 +49,7 @@ def from_folder(directory: Path, which: str) -> tuple[np.ndarray, dict[str, str]
     from server.session.privacy import of_weights
 
     stored = checkpoint.read_session_config(directory)
-    point = checkpoint.read_latest(directory) if which == "latest" else checkpoint.read_best(directory)
+    point = checkpoint.read_latest(directory) if which == "latest" else checkpoint.read_best(directory, repair=False)
     if point.spec is None:
         raise ExportError(f"{directory}: the checkpoint has no weight spec; it cannot be written with names")
     package = Package.load(Path(stored["package"])) if stored.get("package") else None

@@ -233,6 +233,7 @@ def open_session(args: argparse.Namespace, *, replica: bool = False):  # type: i
     from server.relay.store import open_store
     from server.relay.store.location import StoreInUse, erase_server_store, server_holds_a_session
     from server.session.config import SessionConfig
+    from server.session.following import open_beside
     from server.session.package import Package, build_package
     from server.session.rules import resolve
     from server.session.session import Session
@@ -260,7 +261,8 @@ def open_session(args: argparse.Namespace, *, replica: bool = False):  # type: i
     round_log = targets.log() if targets is not None else None  # (Relay.close closes it; a replica's begins when it
     #                                                               takes the session over: server.relay.sharing)
     try:
-        session = Session.restore(session_dir, package, round_log=round_log, read_only=replica) if resuming else None
+        session = None if not resuming else open_beside(session_dir, package, round_log) if replica else \
+            Session.restore(session_dir, package, round_log=round_log)
         relay_values.setdefault("verify_rtol", package.task.replay_rtol or DEFAULT_VERIFY_RTOL)
         admin_token = relay_values.get("admin_token") or secrets.token_urlsafe(18)
         if not relay_values.get("admin_token"):

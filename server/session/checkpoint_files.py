@@ -232,10 +232,16 @@ def read_latest(directory: Path) -> Checkpoint:
     return read_point(latest_folder(directory))
 
 
-def read_best(directory: Path) -> Checkpoint:
+def read_best(directory: Path, *, repair: bool = True) -> Checkpoint:
+    """The best checkpoint. Between the two renames of ``write_best`` only the previous best is on disk: it is the one
+    the latest checkpoint knows (latest moves last), so it is read, and with ``repair`` moved back into place (a
+    writer killed there). A reader beside a live writer (a relay following the one that holds the session, an export)
+    never repairs: the writer's second rename would find the folder taken."""
     folder, previous = Path(directory) / BEST_DIR, Path(directory) / (BEST_DIR + ".old")
-    if not folder.is_dir() and previous.is_dir():  # killed between the two renames of save_round: the previous
-        os.replace(previous, folder)               # best is the one the latest checkpoint knows (latest moves last)
+    if not folder.is_dir() and previous.is_dir():
+        if not repair:
+            return read_point(previous)
+        os.replace(previous, folder)
     if not folder.is_dir():
         raise CheckpointError(f"{directory} has no best checkpoint ({BEST_DIR}/ is missing)")
     return read_point(folder)

@@ -5,7 +5,9 @@ itself. ``checkpoint_ahead`` reads one (in a worker thread); ``follow`` takes it
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -13,7 +15,13 @@ import numpy as np
 from server.session import checkpoint_files as checkpoint
 
 if TYPE_CHECKING:
-    from server.session.session import Session
+    from server.session.metrics.round_log import RoundLog
+    from server.session.session import Session, SessionPackage
+
+OPEN_TRIES = 50  # a relay starting beside the holder reads the session folder again this often (0.1 s apart) while
+#                  the holder writes a checkpoint into it (a read mid-write fails: the next one finds it whole)
+OPEN_PAUSE_SECONDS = 0.1
+READ_ERRORS = (OSError, ValueError, KeyError, checkpoint.CheckpointError)  # (what a read mid-write may raise)
 
 
 @dataclass(frozen=True)
@@ -38,16 +46,32 @@ def checkpoint_ahead(session: Session) -> Ahead | None:
         if (int(state["round"]), state["stopped"]) == (session.round, session.stopped):
             return None
         point = checkpoint.read_point(folder)
-        best = checkpoint.read_best(directory).weights
+        best = checkpoint.read_best(directory, repair=False).weights
         history = checkpoint.read_history(directory, int(point.state["history_length"]))
         between = {}
         for rounds_done in range(session.round + 1, int(point.state["round"])):
             older = checkpoint.round_folder(directory, rounds_done)
             if older.is_dir():
                 between[rounds_done] = np.array(checkpoint.read_point(older).weights, dtype=np.float32)
-    except (OSError, ValueError, KeyError, checkpoint.CheckpointError):
+    except READ_ERRORS:
         return None
     return Ahead(point, best, history, between)
+
+
+def open_beside(directory: Path, package: SessionPackage, round_log: RoundLog | None = None) -> Session:
+    """The session in ``directory`` as of the newest checkpoint the relay holding it wrote, opened without writing
+    (``Session.restore(read_only=True)``), read again while that relay is writing one (up to ``OPEN_TRIES`` times):
+    the last error is raised."""
+    from server.session.session import Session
+
+    for attempt in range(OPEN_TRIES):
+        try:
+            return Session.restore(directory, package, round_log=round_log, read_only=True)
+        except READ_ERRORS:
+            if attempt == OPEN_TRIES - 1:
+                raise
+            time.sleep(OPEN_PAUSE_SECONDS)
+    raise AssertionError("unreachable")
 
 
 def follow(session: Session, ahead: Ahead) -> None:

@@ -138,7 +138,8 @@ class Session:
             raise checkpoint.CheckpointError(
                 f"{directory} was trained on package {stored['fingerprint']}, not {package.fingerprint}")
         session = cls(package, SessionConfig.from_json(stored["config"]), directory=directory, round_log=round_log)
-        state = session.load_point(checkpoint.read_latest(directory), checkpoint.read_best(directory).weights)
+        state = session.load_point(checkpoint.read_latest(directory),
+                                   checkpoint.read_best(directory, repair=not read_only).weights)
         session.history = checkpoint.read_history(directory, int(state["history_length"]))
         if not read_only:
             with contextlib.suppress(OSError):  # (a full disk: the next checkpoint writes the history whole: _save)
