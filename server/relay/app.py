@@ -49,6 +49,7 @@ SECURITY_HEADERS = (
 PYODIDE_SUFFIXES = frozenset({".js", ".mjs", ".wasm", ".zip", ".json", ".whl", ".map"})
 PAGE_SUFFIXES = frozenset({".js", ".css", ".svg", ".png", ".html"})
 # Front-end libraries from npm, served under fixed names: /vendor/<name> -> web/node_modules/<path>.
+CLOSE_MERGE_SECONDS = 30.0  # the shutdown waits this long for a merge in flight to write its checkpoint
 GZIP_MIN_BYTES = 1024  # smaller answers fit one packet either way
 GZIP_LEVEL = 6  # zlib's default: within a few percent of 9's size at a fraction of its CPU
 GZIP_EXCLUDED = ("application/octet-stream", "text/event-stream", "application/wasm")
@@ -181,6 +182,9 @@ def create_app(paths: RelayPaths | None = None, relay: Relay | None = None,
             if watch is not None:
                 watch.cancel()
             if relay is not None:
+                if not await relay.merges.hold_for_close(CLOSE_MERGE_SECONDS):
+                    print(f"a merge still ran {CLOSE_MERGE_SECONDS:g} s into the shutdown: closing without it (the "
+                          "next start merges again from the last checkpoint)", flush=True)
                 relay.close()
 
     body_limits = Middleware(BodyLimits, timeout=limits.body_timeout,

@@ -122,6 +122,17 @@ class MergeSchedule(Part):
             finally:
                 self.undo.end()
 
+    async def hold_for_close(self, seconds: float) -> bool:
+        """Before the relay closes (the app's shutdown): take the merge's lock, waiting up to ``seconds`` for a merge
+        in flight to write its checkpoint, and keep it, so that no merge starts on a closing store. (A merge's worker
+        thread outlives the event loop's tasks: closed under it, it wrote to a closed store and metrics log.) Whether
+        it was taken."""
+        try:
+            await asyncio.wait_for(self.lock.acquire(), timeout=seconds)
+        except TimeoutError:
+            return False
+        return True
+
     async def maybe_complete_round(self) -> None:
         """Merge if the round (async: the buffer) is ready, under the merge's lock. Each result asks for this; a
         merge that leaves the buffer ready again (async: results came faster than merges) asks once more."""

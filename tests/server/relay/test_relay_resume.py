@@ -11,8 +11,11 @@ PYTHONPATH) rather than as ``examples/majority_task.py``: for a task file, ``ser
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
 
 import httpx
 import numpy as np
@@ -29,8 +32,9 @@ from relay_fixtures import (
     wait_for_round,
 )
 from relay_process import ADMIN, PeerThread, Relayd, UploadGate, free_port, retrying, retrying_fails
+from starlette.testclient import TestClient
 
-from server.relay.app import RelayPaths
+from server.relay.app import RelayPaths, create_app
 from server.relay.state import Relay
 from server.relay.store import open_store
 from server.session import checkpoint_files as checkpoint
@@ -78,6 +82,47 @@ def test_the_hosts_pause_outlives_a_restart(tmp_path: Path) -> None:
         assert peer.work()["reason"] == "paused" and session_status(client)["paused"] is True
         assert client.post("/api/admin/resume", headers=admin).json()["paused"] is False
         assert peer.assignment()["round"] == 0
+
+
+def test_the_shutdown_waits_for_the_merge_in_flight_to_write_its_checkpoint(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """The app shuts down while a merge runs in its worker thread: the relay closes its store and metrics log only
+    once that merge has written its checkpoint (before, the thread went on against a closed store and log)."""
+    package = build_small_package(tmp_path / "package")
+    relay = make_relay(package, tmp_path / "session", k=2, passes=1)
+    told: list[str] = []
+    relay.session.round_log = cast(Any, SimpleNamespace(begin=lambda *_, **__: told.append("begin"),
+                                                        follow=lambda _: told.append("follow"),
+                                                        close=lambda: told.append("close")))
+    started, release, holding = threading.Event(), threading.Event(), threading.Event()
+    merge = relay.mode.merge_blocking
+
+    def held_merge() -> dict[str, Any]:
+        started.set()
+        release.wait(timeout=120)  # (bounded: the test releases it)
+        return merge()
+    monkeypatch.setattr(relay.mode, "merge_blocking", held_merge)
+    hold_for_close = relay.merges.hold_for_close
+
+    async def noted_hold(seconds: float) -> bool:
+        holding.set()
+        return await hold_for_close(seconds)
+    monkeypatch.setattr(relay.merges, "hold_for_close", noted_hold)
+    client = TestClient(create_app(RelayPaths(), relay))
+    client.__enter__()
+    peers = [HttpPeer(client), HttpPeer(client)]
+    for peer, job in [(peer, peer.assignment()) for peer in peers]:
+        assert peer.train_and_upload(job).status_code == 200
+    assert started.wait(timeout=60)  # the merge runs in its thread
+    closing = threading.Thread(target=client.__exit__, args=(None, None, None))
+    closing.start()
+    assert holding.wait(timeout=60)  # the shutdown has begun, and waits
+    assert not relay.store.closed and "close" not in told
+    release.set()
+    closing.join(timeout=120)
+    assert not closing.is_alive() and relay.store.closed
+    assert told == ["follow", "close"]  # (the merged round reached the log before it closed; nothing after)
+    assert Session.restore(tmp_path / "session", package).round == 1
 
 
 # ---------------------------------------------------------------- SIGKILL and restart of `peertrain serve`
