@@ -86,6 +86,8 @@ class AsyncBuffer(Part):
         ``BACKLOG_MERGES`` merges behind again (``behind``), and ``SPARE_TURNS`` more (a held unit's lease that ran
         out); the others hold on, or ask again when their hold ends. (Waking every one of 10,000 held requests after
         each merge cost the relay seconds of searches answered "wait".)"""
+        if self.session.done:
+            return None  # (every held request learns that the session is over)
         room = BACKLOG_MERGES * self.session.plan.participants_per_round - self.store.buffered_count()
         return max(room, 0) + SPARE_TURNS
 

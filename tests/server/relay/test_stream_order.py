@@ -65,7 +65,7 @@ def test_the_stream_hands_out_in_schedule_order_what_has_no_result_and_no_live_l
 def test_a_merge_wakes_as_many_held_requests_as_units_may_go_out(package: Package, tmp_path: Path) -> None:
     """After a merge the stream lets as many held requests look for work as new units may go out before two merges'
     results wait (K = 2: four), and ``SPARE_TURNS`` more; the rest hold on (10,000 held requests woken by each merge
-    cost the relay seconds of answers "wait")."""
+    cost the relay seconds of answers "wait"); once the session is over, every one of them (to learn it)."""
     relay = stream_relay(package, tmp_path / "s", Clock())
     assert relay.mode.units_open() == 4 + SPARE_TURNS
     for entry in range(3):
@@ -76,4 +76,6 @@ def test_a_merge_wakes_as_many_held_requests_as_units_may_go_out(package: Packag
         relay.store.add_arrival(entry=entry, unit_index=entry, peer_id="p", version=0, num_examples=1, metrics={},
                                 message=b"", update=b"")
     assert relay.mode.units_open() == SPARE_TURNS
+    relay.session.stop("stopped by the test")
+    assert relay.mode.units_open() is None  # (every held request wakes to learn that the session is over)
     relay.close()
