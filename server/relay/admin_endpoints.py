@@ -30,7 +30,8 @@ REPLICA = (409, "replica")  # a change only the relay holding the session makes 
 @operation(Operation(
     summary="pause or resume handing out work, or stop the session", auth="admin",
     description="`pause-after-round` hands out the current round to its end (also when paused) and pauses once "
-    "it has merged: one round at a time.",
+    "it has merged: one round at a time. A pause is kept in the relay's store: every relay serving the session "
+    "holds it, and a restarted relay stays paused until `resume`.",
     params=[Param(name="action", where="path", schema={"type": "string", "enum": list(ADMIN_ACTIONS)})],
     answers=[Answer(description="the relay's state after the action")],
     refusals=[*ADMIN_REFUSALS, *NOT_FOUND, (404, "unknown_action"), REPLICA]))
