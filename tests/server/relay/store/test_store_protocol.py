@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from server.relay.store import SCHEMES, Store, StoreUnavailable, UnsupportedStore, open_store
-from server.relay.store.postgresql import PostgreSQLStore
 from server.relay.store.concepts import CounterStore
+from server.relay.store.postgresql import PostgreSQLStore
 from server.relay.store.protocol import CONCEPTS, StoreLifecycle
 from server.relay.store.sql.arrivals import SQLArrivals
 from server.relay.store.sql.bans import SQLBans
