@@ -10,6 +10,7 @@ from typing import Any, Protocol
 from server.relay.store.records import (
     BufferedArrival,
     FinishedReplay,
+    ForwardedResult,
     Lease,
     MergedArrival,
     PendingUndo,
@@ -325,6 +326,28 @@ class PauseStore(Protocol):
     def pause(self) -> tuple[bool, int | None]:
         """What ``set_pause`` set last ((False, None) when never), as the store keeps it (a shared store's: at most a
         moment old, like the leases it keeps)."""
+
+
+class ForwardStore(Protocol):
+    """Results of a synchronous session that a replica took, handed to the relay holding the session (which alone
+    decides a round: its sums, copies and replays live in one process), and that relay's verdict on each, which the
+    replica answers its peer with (``server.relay.sharing``)."""
+
+    def forward_result(self, round_index: int, slot: int, peer_id: str, message: bytes) -> int:
+        """Hand a result over; its number (later results have larger ones)."""
+
+    def forwarded(self, limit: int) -> list[ForwardedResult]:
+        """Up to ``limit`` results handed over and not judged yet, oldest first."""
+
+    def settle_forwarded(self, forward_id: int, verdict: dict[str, Any]) -> None:
+        """The holder's verdict on a result handed over (what its peer is answered)."""
+
+    def take_verdict(self, forward_id: int) -> dict[str, Any] | None:
+        """The verdict on a result handed over, once there (the row goes with it); None while it is not judged."""
+
+    def withdraw_forwarded(self, forward_id: int) -> bool:
+        """Take back a result not judged yet (its replica stopped waiting): whether it was still waiting (False: it
+        was judged meanwhile, and ``take_verdict`` has the verdict)."""
 
 
 class CounterStore(Protocol):

@@ -29,6 +29,7 @@ from server.relay.store.concepts import (
     BanStore,
     CopyStore,
     CounterStore,
+    ForwardStore,
     LeaseStore,
     PauseStore,
     PeerStore,
@@ -87,7 +88,7 @@ class StoreLifecycle(Protocol):
 
 
 class Store(StoreLifecycle, PeerStore, LeaseStore, ResultStore, CopyStore, ArrivalStore, BanStore, UndoStore,
-            ReplayJobStore, VolunteerStore, PauseStore, CounterStore, Protocol):
+            ReplayJobStore, VolunteerStore, PauseStore, ForwardStore, CounterStore, Protocol):
     """The relay's session state: peers, leases, every accepted result and copy, the asynchronous buffer, bans,
     undos, the host's pause and counters (the contract is in this module's docstring). Open one with
     ``server.relay.store.open_store``."""
@@ -95,4 +96,5 @@ class Store(StoreLifecycle, PeerStore, LeaseStore, ResultStore, CopyStore, Arriv
 
 # Each concept's protocol, for a test that checks an implementation concept by concept.
 CONCEPTS: tuple[type, ...] = (StoreLifecycle, PeerStore, LeaseStore, ResultStore, CopyStore, ArrivalStore, BanStore,
-                              UndoStore, ReplayJobStore, VolunteerStore, PauseStore, CounterStore)
+                              UndoStore, ReplayJobStore, VolunteerStore, PauseStore, ForwardStore,
+                              CounterStore)

@@ -50,6 +50,18 @@ class StoredResult:
     engine_class: str = ""  # the engine and its numpy build (``runtime.peer.engine_class``; header meta, likewise)
 
 
+@dataclass(frozen=True)
+class ForwardedResult:
+    """A result of a synchronous round that a replica took and handed, through the store, to the relay holding the
+    session, which alone judges and keeps it (``server.relay.sharing``); ``id`` orders them as they came."""
+
+    id: int
+    round: int
+    slot: int
+    peer_id: str
+    message: bytes
+
+
 # Asynchronous mode: a result waiting in the buffer, (seq, entry, unit, version, examples, metrics, update vector,
 # message); the update vector is empty where the message carries the update (``server.session.buffered``).
 type BufferedArrival = tuple[int, int, int, int, int, dict[str, Any], bytes, bytes]

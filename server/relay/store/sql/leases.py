@@ -28,9 +28,11 @@ class SQLLeases(TablePart):
               copy: int = 0, *, version: int = 0) -> Lease | None:
         # One statement, so the database decides: a lease another peer holds and has not let run out stays (two
         # relays over one store asking at once: one of them gets no row back), and an entry of the asynchronous
-        # stream that has its result is not leased again (another relay took it a moment ago).
+        # stream, or a round's slot, that has its result is not leased again (another relay took it a moment ago; a
+        # slot's second copy is leased beside its result).
         now = self.clock()
-        arrived = " AND NOT EXISTS (SELECT 1 FROM arrivals a WHERE a.entry = ?)" if round_index == ASYNC_ROUND else ""
+        arrived = " AND NOT EXISTS (SELECT 1 FROM arrivals a WHERE a.entry = ?)" if round_index == ASYNC_ROUND else \
+            " AND NOT EXISTS (SELECT 1 FROM results r WHERE r.round = ? AND r.slot = ?)" if copy == 0 else ""
         taken = self.connection.run(
             "INSERT INTO leases (round, slot, unit_index, peer_id, issued, deadline, copy, version) "
             f"SELECT ?, ?, ?, ?, ?, ?, ?, ? WHERE 1 = 1{arrived} ON CONFLICT (round, slot, copy) "
@@ -38,7 +40,7 @@ class SQLLeases(TablePart):
             "deadline = excluded.deadline, version = excluded.version "
             "WHERE leases.deadline < excluded.issued OR leases.peer_id = excluded.peer_id RETURNING slot",
             (round_index, slot, unit_index, peer_id, now, now + seconds, copy, version,
-             *((slot,) if arrived else ())))
+             *((slot,) if round_index == ASYNC_ROUND else (round_index, slot) if arrived else ())))
         return Lease(round_index, slot, unit_index, peer_id, now, now + seconds, copy, version) if taken else None
 
     def release(self, round_index: int, slot: int, peer_id: str | None = None) -> None:

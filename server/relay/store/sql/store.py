@@ -27,6 +27,7 @@ from server.relay.store.sql.bans import SQLBans
 from server.relay.store.sql.copies import SQLCopies
 from server.relay.store.sql.counters import SQLCounters
 from server.relay.store.sql.database import Database
+from server.relay.store.sql.forwarded import ForwardCalls, SQLForwarded
 from server.relay.store.sql.leases import SQLLeases
 from server.relay.store.sql.pause import SQLPause
 from server.relay.store.sql.peers import SQLPeers
@@ -37,7 +38,7 @@ from server.relay.store.sql.views import CACHE_ROUNDS, KeptViews
 from server.relay.store.sql.volunteers import SQLVolunteers, VolunteerCalls
 
 
-class SQLStore(KeptViews, VolunteerCalls):
+class SQLStore(KeptViews, VolunteerCalls, ForwardCalls):
     """The relay's store on ``database`` (opened here), safe to share between threads; what it keeps of the rows it
     read, and when it forgets them: ``server.relay.store.sql.views``."""
 
@@ -55,6 +56,7 @@ class SQLStore(KeptViews, VolunteerCalls):
         self._replays = SQLReplayJobs(self.connection, clock)
         self._volunteers = SQLVolunteers(self.connection, clock)
         self._pauses = SQLPause(self.connection, clock)
+        self._forwarded = SQLForwarded(self.connection, clock)
         self._identities = {}
         KeptViews.__init__(self, clock, forget=self._arrivals.forget)
         self.open()
@@ -232,6 +234,7 @@ class SQLStore(KeptViews, VolunteerCalls):
         return self._results.audit()
 
     def prune_before(self, round_index: int) -> int:
+        self._forwarded.prune_forwarded_before(round_index)  # (verdicts a stopped replica never read)
         return self._results.prune_before(round_index)
 
     # -- second copies ------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from server.relay.store.sql.arrivals import SQLArrivals
 from server.relay.store.sql.bans import SQLBans
 from server.relay.store.sql.copies import SQLCopies
 from server.relay.store.sql.counters import SQLCounters
+from server.relay.store.sql.forwarded import SQLForwarded
 from server.relay.store.sql.leases import SQLLeases
 from server.relay.store.sql.pause import SQLPause
 from server.relay.store.sql.peers import SQLPeers
@@ -27,7 +28,7 @@ from server.relay.store.sql.volunteers import SQLVolunteers
 from server.relay.store.sqlite import SQLiteStore
 
 PARTS = dict(zip(CONCEPTS[1:], (SQLPeers, SQLLeases, SQLResults, SQLCopies, SQLArrivals, SQLBans, SQLUndos,
-                                SQLReplayJobs, SQLVolunteers, SQLPause, SQLCounters), strict=True))
+                                SQLReplayJobs, SQLVolunteers, SQLPause, SQLForwarded, SQLCounters), strict=True))
 
 
 def members(protocol: type) -> dict[str, object]:

@@ -52,8 +52,8 @@ def test_a_replaced_message_keeps_the_uploads_audit(store: Store) -> None:
 
 def test_removing_results(store: Store) -> None:
     for slot, peer_id in enumerate(["p-a", "p-b", "p-a", "p-c"]):
-        store.add_result(result(0, slot, peer_id))
         store.grant(0, slot, 10 + slot, peer_id, 60.0)
+        store.add_result(result(0, slot, peer_id))
     store.add_result(result(1, 0, "p-a"))
     store.remove_result(0, 3)
     store.remove_result(0, 9)  # (none: no error)
