@@ -66,8 +66,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "counters: postgresql://USER:PASSWORD@HOST:PORT/DATABASE (psycopg 3; one database per "
                         "session) or sqlite:///PATH (default: relay.sqlite3 in --session-dir); checkpoints and "
                         "history stay in --session-dir. A second serve over the same PostgreSQL and --session-dir "
-                        "serves an async session beside the first (a replica, which takes its merges over when it "
-                        "stops) and waits to take a synchronous one over")
+                        "serves the session beside the first (a replica: hands out units and takes results, which "
+                        "the first judges and merges) and takes the session over when the first stops")
     add_metrics_options(parser, "--session-dir")
     add_config_option(parser, "serve")
     session = parser.add_argument_group("the session (server.session.config.SessionConfig; a --config file's keys)")
@@ -167,16 +167,14 @@ def store_location(args: argparse.Namespace) -> str:
     return str(args.store or session_folder(args) / "relay.sqlite3")
 
 
-HOLD_POLL_SECONDS = 0.5  # how often a relay waiting to take a session over asks whether it may
 HOLD_CHECK_SECONDS = 1.0  # how often the serving relay makes sure it still holds its session
 
 
 def hold_the_session(args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    """With a database server's store: the session's hold and whether this relay is a replica. An asynchronous
-    session's second relay serves beside the one holding it, at once, as a replica (``server.relay.sharing``: it
-    takes the hold when that relay dies); a synchronous session's waits for the hold, not listening meanwhile (a
-    proxy in front sends everything to the one that serves). (None, False) with a SQLite file. A relay told --fresh
-    does not wait: it would wipe the session it takes over."""
+    """With a database server's store: the session's hold and whether this relay is a replica. A second relay
+    serves beside the one holding the session, at once, as a replica (``server.relay.sharing``), and takes the hold
+    when that relay dies. (None, False) with a SQLite file. A relay told --fresh does not start beside another: it
+    would wipe the session that one serves."""
     from server.relay.store.location import hold_server_session
 
     hold = hold_server_session(store_location(args))
@@ -185,28 +183,10 @@ def hold_the_session(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     if args.fresh:
         hold.close()
         raise ValueError("another relay serves this session; --fresh would drop its tables: stop it first")
-    if served_together(session_folder(args)):
-        print("another relay holds this session (its store's hold is taken): this one serves it beside that one "
-              "as a replica (hands out units, takes results; that relay merges) and takes the merges over when it "
-              "stops", flush=True)
-        return hold, True
-    print("another relay serves this session (its store's hold is taken): this one waits, not listening, and takes "
-          "the session over from its checkpoint when that relay stops (only an asynchronous session is served by "
-          "several relays at once)", flush=True)
-    while not hold.take():
-        time.sleep(HOLD_POLL_SECONDS)
-    print("the session's hold is free: taking the session over", flush=True)
-    return hold, False
-
-
-def served_together(session_dir: Path) -> bool:
-    """Whether the session in ``session_dir`` may be served by several relays at once (an asynchronous one)."""
-    from server.session import checkpoint_files as checkpoint
-
-    try:
-        return checkpoint.read_session_config(session_dir)["config"].get("mode") == "async"
-    except (checkpoint.CheckpointError, KeyError, ValueError, OSError):
-        return False
+    print("another relay holds this session (its store's hold is taken): this one serves it beside that one "
+          "as a replica (hands out units, takes results; that relay judges and merges them) and takes the session "
+          "over when it stops", flush=True)
+    return hold, True
 
 
 def keep_watch(hold) -> None:  # type: ignore[no-untyped-def]

@@ -166,6 +166,9 @@ class RoundResults:
             raise Refusal(404, "unknown_slot", f"round {round_index} has no slot {slot}")
         leases = [lease for copy in (0, 1) if (lease := store.leases(round_index, copy).get(slot))
                   is not None and lease.peer_id == peer_id]
+        if not leases and store.shared:  # (granted a moment ago by a replica over the store: read afresh)
+            leases = [lease for copy in (0, 1) if (lease := store.lease(round_index, slot, copy))
+                      is not None and lease.peer_id == peer_id]
         author = store.result_peer(round_index, slot)
         has_result = author is not None
         if self.context.merging and not has_result and self.bans.undo.running is not None:

@@ -64,9 +64,10 @@ class SyncRounds:
         session, store, options = self.context.session, self.context.store, self.context.options
         results, leases = store.result_slots(session.round), store.leases(session.round)
         now = store.clock()
+        replica = self.context.replica  # (its holder alone hands out second copies and backups: ``sharing.py``)
         mine = [(s, lease) for s, lease in store.leases(session.round, 1).items()
                 if lease.peer_id == peer_id and lease.deadline >= now]
-        if mine:  # this peer trains a second copy
+        if mine and not replica:  # this peer trains a second copy
             copy = self.copies.next_copy(peer_id)
             if copy is not None:
                 return copy
@@ -77,6 +78,9 @@ class SyncRounds:
         assignments = session.assignments()
         held = [slot for slot, lease in leases.items()
                 if lease.peer_id == peer_id and lease.deadline >= now and slot not in results]
+        if held and store.shared:  # (another relay over the store may have released it a moment ago: read afresh)
+            held = [slot for slot in held if (fresh := store.lease(session.round, slot)) is not None
+                    and fresh.peer_id == peer_id and fresh.deadline >= now]
         if held:  # (the peer asks again for the unit it holds)
             slot = min(held)
             return self.jobs.job(next(a for a in assignments if a.slot == slot), leases[slot].deadline)
@@ -100,10 +104,11 @@ class SyncRounds:
             self.started = True
             if not started:
                 self.on_round_opened()
-            self.replays.prepare(peer_id, assignment.slot)
+            if not replica:  # (the holder replays: a replica's peers' results are judged there)
+                self.replays.prepare(peer_id, assignment.slot)
             self.context.notices.changed()
             return self.jobs.job(assignment, lease.deadline)
-        copy = self.copies.next_copy(peer_id)
+        copy = None if replica else self.copies.next_copy(peer_id)
         if copy is not None:
             self.context.notices.changed()
             return copy
@@ -221,7 +226,9 @@ class SyncRounds:
 
     def ready(self) -> bool:
         """Whether the round may merge now: every unit is back (and checked), or its deadline passed with enough
-        results."""
+        results. Never on a replica: the holder merges."""
+        if self.context.replica:
+            return False
         self.copies.drop_unchecked(merging=False)  # (a unit only its engine class can check, none of it here: out)
         if self.full():
             return True
@@ -298,5 +305,5 @@ class SyncRounds:
         return None
 
     def follow(self, between: dict[int, np.ndarray]) -> None:
-        """Nothing: a synchronous session is served by one relay at a time (its replays, copies and backups are
-        decided in one process), so no replica follows one."""
+        """Nothing to keep: a replica of a synchronous session hands out the round of the checkpoint it follows and
+        only that round's weights (``sharing.py``); its holder decides the round."""

@@ -14,32 +14,45 @@ checkpoint, which it takes on (the new weights, and the versions merged in betwe
 them are read against). A replica that
 takes the hold (its holder died: its database connection went, and the lock with it) takes the session over as a
 restarted relay would: the newest checkpoint, the arrivals a merge marked that no checkpoint holds back in the
-buffer, then merges from then on. Only asynchronous sessions are served together: a synchronous round's replays,
-copies and backups are decided in one process (``serve`` waits for the hold instead)."""
+buffer, then merges from then on.
+
+A synchronous round's sums, copies, replays and refusals live in the holder's process, so a replica of a synchronous
+session decides none of them: it hands out the round's units (each lease granted in the database) and takes their
+results, and hands each result to the holder through the store (``ForwardStore``); the holder judges it exactly as
+if its peer had sent it there (``FORWARD_POLL_SECONDS`` later at most) and the replica answers its peer with the
+holder's verdict. Second copies and backups are handed out by the holder alone."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from server.relay.context import Part, RelayContext
 from server.relay.merge_schedule import MergeSchedule
 from server.relay.refusal import Refusal
 from server.relay.round_mode import RoundMode
+from server.relay.store import StoredResult
 from server.session.following import checkpoint_ahead, follow
 
 WATCH_SECONDS = 0.2  # how often a relay looks at what the others did (a newer checkpoint; a buffer they filled)
 HOLD_SECONDS = 0.5  # how often a replica asks for the session's hold (its holder may have died)
 CATCH_UP_SECONDS = 5.0  # the longest a replica waits for the checkpoint of weights a peer names (being written)
 CATCH_UP_POLL_SECONDS = 0.02
+FORWARD_POLL_SECONDS = 0.02  # how often the holder looks for results handed over, and a replica for the verdict
+FORWARD_SECONDS = 60.0  # the longest a replica waits for the holder's verdict on a result (then: 503)
+FORWARD_BATCH = 32  # results handed over the holder reads at one look
+
+type Submit = Callable[[str, int, int, bytes], Awaitable[StoredResult]]
 
 
 class SharedServing(Part):
     """``mode``: the relay's round mode now; ``merges``: its merge schedule. ``take_hold`` (set by ``serve``): asks
     for the session's hold without waiting (True: this relay holds it now), and ``on_held`` runs once it does."""
 
-    def __init__(self, context: RelayContext, *, mode: Callable[[], RoundMode], merges: MergeSchedule) -> None:
+    def __init__(self, context: RelayContext, *, mode: Callable[[], RoundMode], merges: MergeSchedule,
+                 submit: Submit, on_take_over: Callable[[], None]) -> None:
         self.context, self.mode, self.merges = context, mode, merges
+        self.submit, self.on_take_over = submit, on_take_over  # (the relay's own result path; restart's steps)
         self.take_hold: Callable[[], bool] | None = None
         self.on_held: Callable[[], None] = lambda: None
         self.followed = 0  # checkpoints taken on from the holder
@@ -56,7 +69,11 @@ class SharedServing(Part):
                           f"can {what}: send it there (or stop that relay: this one takes the session over)")
 
     async def watch(self) -> None:
-        """Runs for the relay's life (the app's lifespan) on a shared store."""
+        """Runs for the relay's life (the app's lifespan) on a shared store: looks at what the others did, and judges
+        the results replicas handed over while this relay holds a synchronous session."""
+        await asyncio.gather(self.look(), self.judge())
+
+    async def look(self) -> None:
         asked = 0.0
         loop = asyncio.get_running_loop()
         while True:
@@ -67,8 +84,8 @@ class SharedServing(Part):
                     asked = loop.time()
                     if await asyncio.to_thread(self.take_hold):
                         await self.take_over()
-            elif self.context.async_mode and not self.context.merging and self.mode().ready():
-                self.merges.soon()  # (a synchronous round's results all reach this relay: each asks for its merge)
+            elif not self.context.merging and self.mode().ready():
+                self.merges.soon()  # (a buffer the others filled; a round a replica opened, past its deadline)
 
     async def follow(self) -> bool:
         """Take on the holder's newest checkpoint, if it wrote one since; whether it did."""
@@ -109,8 +126,69 @@ class SharedServing(Part):
             self.store.count("arrivals_returned_to_buffer_on_takeover", returned)
         self.store.count("takeovers")
         self.mode().follow({})  # (its merge's sum opens on the weights of now)
+        if not self.context.async_mode and not self.session.done:
+            self.on_take_over()  # (what a restarted relay settles of the open round before it serves: its copies)
         print(f"this relay holds the session now (after round {self.session.round}): it merges from here on",
               flush=True)
         self.on_held()
         self.merges.soon()
         self.context.notices.changed()
+
+    # -- a synchronous session's results, taken by a replica and judged by the holder ---------------------------------
+    @property
+    def forwards(self) -> bool:
+        """Whether this relay hands the results it takes to the holder (a replica of a synchronous session)."""
+        return self.context.replica and not self.context.async_mode
+
+    async def forward(self, peer_id: str, round_index: int, slot: int, body: bytes) -> StoredResult:
+        """On a replica of a synchronous session: hand a result to the holder through the store and answer as it
+        judged it (its refusal raised as the holder refused it: counted there). A holder that judges nothing for
+        ``FORWARD_SECONDS`` (it died, and no relay holds the session yet) has the result taken back: ``503
+        holder_unavailable``, try again."""
+        store = self.store
+        forward_id = store.forward_result(round_index, slot, peer_id, body)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + FORWARD_SECONDS
+        while (verdict := store.take_verdict(forward_id)) is None:
+            if loop.time() >= deadline and store.withdraw_forwarded(forward_id):
+                raise Refusal(503, "holder_unavailable", f"the relay holding the session judged no result for "
+                              f"{FORWARD_SECONDS:.0f} s; send it again in a moment (another relay takes the session "
+                              "over when its holder stopped)", headers={"Retry-After": "5"})
+            await asyncio.sleep(FORWARD_POLL_SECONDS)
+        if "error" in verdict:
+            refusal = Refusal(int(verdict["status"]), str(verdict["error"]), str(verdict["message"]),
+                              headers=verdict.get("headers"))
+            refusal.counted = True
+            raise refusal
+        self.context.notices.changed()
+        return StoredResult(round_index, slot, int(verdict["unit_index"]), peer_id, int(verdict["num_examples"]),
+                            {}, b"")
+
+    async def judge(self) -> None:
+        """While this relay holds a synchronous session: judge the results replicas handed over, in the order they
+        came, as if their peers had sent them here."""
+        while True:
+            await asyncio.sleep(FORWARD_POLL_SECONDS)
+            if not self.context.replica and not self.context.async_mode:
+                await self.judge_forwarded()
+
+    async def judge_forwarded(self) -> int:
+        """Judge what replicas handed over (up to ``FORWARD_BATCH``); how many."""
+        handed = self.store.forwarded(FORWARD_BATCH)
+        for result in handed:
+            verdict: dict[str, object]
+            try:
+                banned = self.store.ban_reason(result.peer_id)  # (banned since its replica let the upload in)
+                if banned is not None:
+                    raise Refusal(403, "banned", f"this peer is banned from the session: {banned}")
+                stored = await self.submit(result.peer_id, result.round, result.slot, result.message)
+                verdict = {"unit_index": stored.unit_index, "num_examples": stored.num_examples}
+            except Refusal as refusal:
+                verdict = {"status": refusal.status, "headers": refusal.headers, **refusal.to_json()}
+            except Exception as error:  # (the holder could not judge it: the replica's peer sends it again)
+                print(f"peertrain serve: a result handed over by a replica could not be judged: {error!r}",
+                      flush=True)
+                verdict = {"status": 503, "error": "holder_unavailable", "headers": {"Retry-After": "5"},
+                           "message": f"the relay holding the session could not judge the result: {error}"}
+            self.store.settle_forwarded(result.id, verdict)
+        return len(handed)

@@ -116,14 +116,15 @@ class Relay:
         self.report = StatusReport(context, mode=self.current_mode, people=self.people, replays=self.verification,
                                    disk=self.disk, admin=self.admin, samples=self.samples)
         self.mode: RoundMode = self._make_mode()
-        self.sharing = SharedServing(context, mode=self.current_mode, merges=self.merges)
+        self.sharing = SharedServing(context, mode=self.current_mode, merges=self.merges, submit=self.submit,
+                                     on_take_over=self.copies.settle_after_restart)
         released = 0 if self.replica else self.store.release_live_leases()  # (a replica's peers hold theirs)
         if released:
             self.store.count("leases_released_on_start", released)
         self.undo.retain()
         if not self.replica:  # (an undo a restart interrupted, or asked for just before it, ends before hand-out)
             self.merges.undo_inline()
-        if not self.session.done and not self.async_mode:
+        if not self.session.done and not self.async_mode and not self.replica:  # (a replica decides no round)
             self.copies.settle_after_restart()
         self.disk.measure()
 
@@ -330,7 +331,9 @@ class Relay:
 
     async def submit(self, peer_id: str, round_index: int, slot: int, body: bytes) -> StoredResult:
         """``submit_result`` with the result read in a worker thread first (``RoundMode.reader``; see
-        ``server.relay.uploads``)."""
+        ``server.relay.uploads``). A replica of a synchronous session hands it to the holder (``sharing.py``)."""
+        if self.sharing.forwards:
+            return await self.sharing.forward(peer_id, round_index, slot, body)
         return await self.uploads.read(self.mode.reader(peer_id, round_index, slot, body),
                                        lambda early: self.submit_result(peer_id, round_index, slot, body, early))
 
@@ -388,11 +391,9 @@ class Relay:
         return self.merges.merge_ready()
 
     async def maybe_complete_round(self) -> None:
-        """Merge the round if it is ready, on the event loop (the merge in a worker thread), after the undos and
-        replays it waits for."""
+        """Merge the round if it is ready (on the loop; the merge in a thread), after its undos and replays."""
         await self.merges.maybe_complete_round()
 
     def serve_restored(self, session: Session) -> None:
-        """The session as of its last checkpoint, after a merge failed on the disk (paused stays as it was: in the
-        store)."""
+        """The session as of its last checkpoint, after a merge failed on the disk (the pause is in the store)."""
         self.start_session(session, self.store)

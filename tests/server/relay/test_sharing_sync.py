@@ -1,0 +1,107 @@
+"""Two relays serving one synchronous session together over one PostgreSQL store and one session folder
+(``server.relay.sharing``): a replica hands out the round's units and hands the results it takes to the holder, which
+judges each as if it had come there (its refusals reach the replica's peer with their codes) and merges; the replica
+follows the holder's checkpoints, hands out no second copy, and takes the session over when the holder stops. The
+weights are the recorded results' replay, bit for bit."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from relay_fixtures import HttpPeer, make_relay, replay, serving, session_status
+from relay_process import wait_for
+
+from server.relay.openapi import wire_refusals
+from server.relay.state import Relay
+from server.relay.store import open_store
+from server.session.package import Package
+from server.session.session import Session
+
+TURNS = 60  # a bound on the peers' turns (the session needs 6 rounds of two results)
+WAIT_SECONDS = 30.0  # the bound on each wait for what a relay does in the background
+
+
+@pytest.fixture(scope="module")
+def package_settings() -> dict[str, Any]:
+    """6 chunks of 256 rows (the ``package`` fixture of conftest.py builds it once for this module)."""
+    return {"examples": 1536, "chunks": 6}
+
+
+def replica_of(relay: Relay, url: str) -> Relay:
+    """A second relay over the same store and session folder, as ``serve`` starts one while another holds it."""
+    assert relay.session.directory is not None
+    session = Session.restore(relay.session.directory, relay.package, read_only=True)
+    return Relay(session=session, package=relay.package, store=open_store(url), options=relay.options, replica=True)
+
+
+def turn(peers: list[HttpPeer], ask: Any, send: Any) -> int:
+    """Each peer asks ``ask`` for work and sends its result to ``send``; how many results were accepted."""
+    accepted = 0
+    for peer in peers:
+        peer.client = ask
+        job = peer.work()
+        if "slot" not in job:
+            continue
+        body = peer.train(job)
+        peer.client = send
+        answer = peer.upload(job["round"], job["slot"], body)
+        assert answer.status_code == 200, (answer.text, job)
+        accepted += 1
+    return accepted
+
+
+@pytest.mark.timeout(300)
+def test_a_replica_of_a_sync_session_hands_out_units_and_the_holder_judges_what_it_takes(
+        package: Package, tmp_path: Path, postgresql_url: str) -> None:
+    holder = make_relay(package, tmp_path / "s", k=2, passes=2, store=postgresql_url, ban_addresses=False,
+                        verify_fraction=0.0, verify_every=0)
+    replica = replica_of(holder, postgresql_url)
+    assert holder.store.shared and not holder.context.replica and replica.context.replica
+    with contextlib.ExitStack() as holding, serving(replica) as b:
+        a = holding.enter_context(serving(holder))
+        peers = [HttpPeer(b), HttpPeer(a)]  # (joined at either relay: the store knows them both)
+        first = peers[0].assignment()  # (the replica leases round 1's first unit in the database)
+        assert first["round"] == 0 and holder.store.lease(0, first["slot"]) is not None
+        junk = peers[0].upload(first["round"], first["slot"], b"not a weights message")  # (judged by the holder)
+        assert (junk.status_code, junk.json()["error"]) in wire_refusals(), junk.text
+        assert session_status(a)["counters"][f"refused.{junk.json()['error']}"] == 1  # (counted there, once)
+        assert "refused.not_leased" not in session_status(a)["counters"]  # (the replica's lease, read afresh)
+        second = peers[0].assignment()  # (its refused slot went back: it is handed a unit again)
+        accepted = peers[0].upload(second["round"], second["slot"], peers[0].train(second))
+        assert accepted.status_code == 200 and accepted.json() == {"accepted": True, "round": 0,
+                                                                   "slot": second["slot"]}, accepted.text
+        again = peers[0].upload(second["round"], second["slot"], peers[0].train(second))
+        assert again.status_code == 409 and again.json()["error"] == "duplicate", again.text
+        assert holder.store.result_peer(0, second["slot"]) == peers[0].peer_id  # (kept by the holder)
+        for index in range(TURNS):  # (asking one relay, sending to the other, in turn)
+            turn(peers, *((a, b) if index % 2 else (b, a)))
+            if holder.session.round >= 3:
+                break
+        wait_for("the replica to follow the holder's checkpoints",
+                 lambda: replica.session.round == holder.session.round, time.monotonic() + WAIT_SECONDS)
+        np.testing.assert_array_equal(replica.session.weights, holder.session.weights)
+        assert replica.store.forwarded(10) == []  # (every result handed over was judged and its verdict read)
+        holding.close()  # the holder stops: the replica serves alone, then holds the session
+        replica.sharing.take_hold = lambda: True  # (``serve`` hands it the hold's take: its holder is gone)
+        wait_for("the replica to take the session over", lambda: not replica.context.replica,
+                 time.monotonic() + WAIT_SECONDS)
+        for _ in range(TURNS):
+            if session_status(b)["done"]:
+                break
+            turn(peers, b, b)
+        else:
+            raise AssertionError(f"the session did not finish: {session_status(b)}")
+        final = session_status(b)
+    assert final["counters"]["takeovers"] == 1 and final["counters"].get("refused.not_leased", 0) == 0
+    stored = open_store(postgresql_url)
+    try:
+        results = stored.all_results()
+    finally:
+        stored.close()
+    assert sorted((r.round, r.slot) for r in results) == [(r, s) for r in range(6) for s in range(2)]  # none lost
+    np.testing.assert_array_equal(replay(package, replica.session.config, results).weights, replica.session.weights)
