@@ -272,6 +272,7 @@ class RefusalCode(StrEnum):
     # 503: the relay cannot serve now (Retry-After)
     DISK_FULL = "disk_full"
     REPLACING = "replacing"
+    HOLDER_UNAVAILABLE = "holder_unavailable"  # a replica whose holder judged no result handed over (send it again)
     HTTP_ERROR = "http_error"
 
 

@@ -124,7 +124,9 @@ RESULT_REFUSALS = (*PEER_REFUSALS, *BODY_REFUSALS, (400, "bad_query"),
                    (409, "duplicate"), (403, "not_leased"), (409, "late"), (409, "too_stale"),
                    # the message itself (server.relay.checks)
                    *openapi.wire_refusals(), (422, "num_examples"), (422, "num_examples_claim"),
-                   (422, "update_norm"), (422, "update_outlier"), (422, "local_dp"), (422, "engine_not_replayable"))
+                   (422, "update_norm"), (422, "update_outlier"), (422, "local_dp"), (422, "engine_not_replayable"),
+                   # a replica of a synchronous session whose holder judged nothing (server.relay.sharing)
+                   (503, "holder_unavailable"))
 
 
 @operation(Operation(

@@ -147,6 +147,7 @@ class SharedServing(Part):
         holder_unavailable``, try again."""
         store = self.store
         forward_id = store.forward_result(round_index, slot, peer_id, body)
+        store.count("results_forwarded")
         loop = asyncio.get_running_loop()
         deadline = loop.time() + FORWARD_SECONDS
         while (verdict := store.take_verdict(forward_id)) is None:
