@@ -78,9 +78,10 @@ class SyncRounds:
         assignments = session.assignments()
         held = [slot for slot, lease in leases.items()
                 if lease.peer_id == peer_id and lease.deadline >= now and slot not in results]
-        if held and store.shared:  # (another relay over the store may have released it a moment ago: read afresh)
-            held = [slot for slot in held if (fresh := store.lease(session.round, slot)) is not None
-                    and fresh.peer_id == peer_id and fresh.deadline >= now]
+        if held and store.shared:  # (another relay over the store may have released it, or kept its result, a
+            held = [slot for slot in held if (fresh := store.lease(session.round, slot)) is not None  # moment ago)
+                    and fresh.peer_id == peer_id and fresh.deadline >= now
+                    and not store.has_result(session.round, slot)]
         if held:  # (the peer asks again for the unit it holds)
             slot = min(held)
             return self.jobs.job(next(a for a in assignments if a.slot == slot), leases[slot].deadline)

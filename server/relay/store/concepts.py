@@ -105,6 +105,10 @@ class ResultStore(Protocol):
     def result_peer(self, round_index: int, slot: int) -> str | None:
         """Who delivered the slot's result (None: no result)."""
 
+    def has_result(self, round_index: int, slot: int) -> bool:
+        """Whether the slot has its result, read now from the database (another relay may have kept it a moment ago:
+        ``result_slots`` is what the store keeps)."""
+
     def results(self, round_index: int) -> dict[int, StoredResult]:
         """The round's results by slot, messages included (an emptied message is ``b""``)."""
 

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 from server.relay.store.records import ForwardedResult
@@ -46,6 +48,7 @@ class ForwardCalls:
     """``SQLStore``'s calls on results handed over, handed to its ``SQLForwarded`` part."""
 
     _forwarded: SQLForwarded
+    _changing_leases: Callable[[], AbstractContextManager[None]]  # (``KeptViews``'s)
 
     def forward_result(self, round_index: int, slot: int, peer_id: str, message: bytes) -> int:
         return self._forwarded.forward_result(round_index, slot, peer_id, message)
@@ -57,7 +60,11 @@ class ForwardCalls:
         self._forwarded.settle_forwarded(forward_id, verdict)
 
     def take_verdict(self, forward_id: int) -> dict[str, Any] | None:
-        return self._forwarded.take_verdict(forward_id)
+        verdict = self._forwarded.take_verdict(forward_id)
+        if verdict is not None:  # (the holder kept the result, or freed its lease: what is kept is read afresh)
+            with self._changing_leases():
+                pass
+        return verdict
 
     def withdraw_forwarded(self, forward_id: int) -> bool:
         return self._forwarded.withdraw_forwarded(forward_id)

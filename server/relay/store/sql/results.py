@@ -46,6 +46,9 @@ class SQLResults(TablePart):
         return {int(row[0]): str(row[1]) for row in self.connection.run(
             "SELECT slot, peer_id FROM results WHERE round = ?", (round_index,))}
 
+    def has_result(self, round_index: int, slot: int) -> bool:
+        return bool(self.connection.run("SELECT 1 FROM results WHERE round = ? AND slot = ?", (round_index, slot)))
+
     def results(self, round_index: int) -> dict[int, StoredResult]:
         rows = self.connection.run(f"SELECT {COLUMNS} FROM results WHERE round = ? ORDER BY slot", (round_index,))
         return {row[1]: stored_result(row) for row in rows}

@@ -203,6 +203,9 @@ class SQLStore(KeptViews, VolunteerCalls, ForwardCalls):
     def result_peer(self, round_index: int, slot: int) -> str | None:
         return self._result_peers(round_index).get(slot)
 
+    def has_result(self, round_index: int, slot: int) -> bool:
+        return self._results.has_result(round_index, slot)
+
     def results(self, round_index: int) -> dict[int, StoredResult]:
         return self._results.results(round_index)
 

@@ -54,3 +54,11 @@ def test_a_slot_with_its_result_is_not_leased_again_but_its_copy_is(store: Store
     assert store.grant(0, 0, 5, "p2", 10.0) is None
     assert store.grant(0, 0, 5, "p2", 10.0, copy=1) is not None
     assert store.grant(0, 1, 6, "p2", 10.0) is not None
+
+
+def test_whether_a_slot_has_its_result_is_read_from_the_database(store: Store,
+                                                                  second_look: Callable[[], Store]) -> None:
+    other = second_look()
+    assert other.result_slots(0) == set() and not other.has_result(0, 0)
+    store.add_result(StoredResult(0, 0, 5, "p1", 64, {}, b"m"))
+    assert other.has_result(0, 0) and not other.has_result(0, 1) and not other.has_result(1, 0)
