@@ -141,9 +141,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--work-dir", type=Path, help="packages and sessions (default: a temporary folder)")
     parser.add_argument("--store", metavar="URL", help="the relay's --store for every setting (postgresql://...: "
                         "each setting drops its tables first, as serve --fresh); default: SQLite in the session")
-    parser.add_argument("--relays", type=int, default=1, help="relay processes serving the asynchronous setting "
-                        "together (a replica each past the first; needs --store postgresql://...): the crowd's "
-                        "clients are spread over them, one relay per loopback address")
+    parser.add_argument("--relays", type=int, default=1, help="relay processes serving each setting but the k = 5 "
+                        "anchor together (a replica each past the first; needs --store postgresql://...): the "
+                        "crowd's clients are spread over them, one relay per loopback address")
     parser.add_argument("--out", type=Path, default=Path("runs/bench/crowd.json"), help="figures as JSON")
     parser.add_argument("--skip-training", action="store_true", help="do not time the native anchor (one unit)")
     parser.add_argument("--skip-browser", action="store_true", help="do not time the browser anchor (one unit)")
@@ -353,7 +353,8 @@ def one_setting(package: Package, work: Path, args: argparse.Namespace, figures:
     shutil.rmtree(session, ignore_errors=True)
     units = package.data.num_units
     passes = max(1, -(-(rounds + 4) * figures.k // units)) if rounds is not None else 50
-    count = args.relays if mode == "async" else 1  # (the first holds the session; the others serve beside it)
+    count = args.relays if figures.k != ANCHOR_K else 1  # (the first holds the session; the others serve beside
+    # it: a synchronous session's replicas hand their results to it; the anchor is one relay's)
     with contextlib.ExitStack() as running:
         relays = [running.enter_context(RelayProcess(
             serve_command(package.path, session, figures.k, passes, args.codec, mode, figures.peers,
@@ -406,7 +407,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"anchor: one bytetext unit trains natively in {anchor:.2f} s", flush=True)
         for k in [ANCHOR_K, *[k for k in ks if k != ANCHOR_K]]:
             peers = k if k == ANCHOR_K else max(k, args.peers)
-            figures = Figures(setting=f"sync k={k}", k=k, peers=peers, units=chunks)
+            together = f", {args.relays} relays" if args.relays > 1 and k != ANCHOR_K else ""
+            figures = Figures(setting=f"sync k={k}{together}", k=k, peers=peers, units=chunks)
             measured(one_setting, package, work, args, figures, mode="sync", rounds=args.rounds, seconds=None)
             results.append(figures)
         if args.async_k > 0:
