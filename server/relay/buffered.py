@@ -151,9 +151,9 @@ class AsyncBuffer(Part):
         order.look(store, self.next, now)
         try:
             for entry in order.candidates(len(schedule)):
-                lease = store.kept_lease(ASYNC_ROUND, entry)
                 if store.arrived(entry):
                     continue  # (its result is in: it never goes out again)
+                lease = store.kept_lease(ASYNC_ROUND, entry)
                 if lease is not None and lease.deadline >= now:
                     order.leased(entry, lease.deadline)  # (another relay leased it, or a lease was seen late)
                     continue

@@ -64,14 +64,12 @@ def open_beside(directory: Path, package: SessionPackage, round_log: RoundLog | 
     the last error is raised."""
     from server.session.session import Session
 
-    for attempt in range(OPEN_TRIES):
+    for _ in range(OPEN_TRIES - 1):
         try:
             return Session.restore(directory, package, round_log=round_log, read_only=True)
         except READ_ERRORS:
-            if attempt == OPEN_TRIES - 1:
-                raise
             time.sleep(OPEN_PAUSE_SECONDS)
-    raise AssertionError("unreachable")
+    return Session.restore(directory, package, round_log=round_log, read_only=True)  # (its error is raised)
 
 
 def follow(session: Session, ahead: Ahead) -> None:

@@ -142,14 +142,17 @@ class SQLStore(KeptViews, VolunteerCalls, ForwardCalls):
     # -- leases -------------------------------------------------------------------------------------
     # Kept as read (``views``): a grant updates them, any other change to the table forgets them.
     def leases(self, round_index: int, copy: int = 0) -> dict[int, Lease]:
-        self._expire()
-        return self._kept(self._lease_cache, (round_index, copy), lambda: self._leases.leases(round_index, copy))
+        with self._cache_lock:
+            return dict(self._lease_view(round_index, copy))
 
     def kept_lease(self, round_index: int, slot: int, copy: int = 0) -> Lease | None:
-        self._expire()
         with self._cache_lock:
-            return self._kept_itself(self._lease_cache, (round_index, copy),
-                                     lambda: self._leases.leases(round_index, copy)).get(slot)
+            return self._lease_view(round_index, copy).get(slot)
+
+    def _lease_view(self, round_index: int, copy: int) -> dict[int, Lease]:
+        """The round's leases as kept (never handed out: ``leases`` copies it), read first where they are not."""
+        self._expire()
+        return self._kept_itself(self._lease_cache, (round_index, copy), lambda: self._leases.leases(round_index, copy))
 
     def lease(self, round_index: int, slot: int, copy: int = 0) -> Lease | None:
         return self._leases.lease(round_index, slot, copy)
