@@ -75,7 +75,7 @@ def test_two_relays_serve_a_sync_session_and_the_replica_takes_it_over_when_the_
             attacker.start()  # alone first: its first result is replayed, fails, and bans it
             attacker.join(SESSION_SECONDS)
             assert attacker.ended == "banned" and status()["counters"]["peers_banned"] == 1
-            assert status()["counters"]["results_forwarded"] == 1  # (the attacker's, handed over by the replica)
+            assert status()["counters"]["results_forwarded"] >= 1  # (the attacker's, handed over by the replica)
             hooks = PeerHooks(send_result=lambda job, send: gate.upload(send))
             alone = NativePeer(replica_url, timeout_s=SESSION_SECONDS, retry=retry, hooks=hooks)  # (the replica's)
             honest = [alone] + [NativePeer(url, verify=trusted, timeout_s=SESSION_SECONDS, retry=retry, hooks=hooks)
@@ -101,7 +101,7 @@ def test_two_relays_serve_a_sync_session_and_the_replica_takes_it_over_when_the_
     assert "this relay holds the session now" in second.logs, second.logs[-3000:]
     assert final["done"] and len(final["history"]) == 4, final.get("waiting")
     assert final["counters"]["takeovers"] == 1, final["counters"]
-    assert final["counters"]["results_forwarded"] >= 2 and len(alone.log.accepted) >= 1  # (replica's peers')
+    assert len(alone.log.accepted) >= 1  # (the replica's own peer: handed over before the kill, or taken after)
     assert [peer.ended for peer in honest] == ["done"] * 20, [(p.ended, p.error) for p in honest]
     assert [p["peer_id"] for p in listing if p["banned"]] == [attacker.peer_id]
     stored = open_store(postgresql_url)
