@@ -13,7 +13,9 @@ and the async buffer share, owned in one place and changed only through these me
   rather than summed again over every kept result at each arrival;
 - the accepted updates' norms per round (the relative outlier check);
 - the peers refused on each slot, which are not handed that slot again (an honest peer takes it at once instead of
-  after the lease). The async stream uses round ``ASYNC_ROUND`` and the schedule entry as its slot.
+  after the lease). The async stream uses round ``ASYNC_ROUND`` and the schedule entry as its slot. Where relays
+  share the store (``shared``), the refusals live there instead, so that every relay serving the session honours
+  every other's (``server.relay.sharing``).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import numpy as np
 
 from runtime.aggregate.streaming import Contribution, Stream
 from server.relay.store import StoredResult
+from server.relay.store.concepts import RefusalStore
 
 Key = tuple[int, int]  # (round, slot)
 EARLY = 8  # a streamed round keeps the weights of its first results: those judged by direction against fewer others
@@ -35,9 +38,14 @@ def always() -> bool:
     return True
 
 
+def alone() -> RefusalStore | None:
+    return None
+
+
 @dataclass
 class RoundBook:
     judges_direction: Callable[[], bool] = always  # whether the sum of each round's updates is kept
+    shared: Callable[[], RefusalStore | None] = alone  # the store other relays read the refusals from, if any
     _decoded: dict[Key, tuple[StoredResult, np.ndarray | None]] = field(default_factory=dict)
     _norms: dict[int, list[float]] = field(default_factory=dict)
     _refused: dict[Key, set[str]] = field(default_factory=dict)
@@ -150,18 +158,32 @@ class RoundBook:
     # -- peers refused on a slot -----------------------------------------------------------------------
     def refuse(self, round_index: int, slot: int, *peers: str) -> None:
         """``peers`` are not handed ``slot`` of ``round_index`` again."""
-        self._refused.setdefault((round_index, slot), set()).update(peers)
+        store = self.shared()
+        if store is not None:
+            store.refuse_slot(round_index, slot, peers)
+        else:
+            self._refused.setdefault((round_index, slot), set()).update(peers)
+
+    def _refusals(self, round_index: int) -> dict[int, set[str]] | dict[int, frozenset[str]]:
+        """Slot -> the peers refused on it in ``round_index``."""
+        store = self.shared()
+        if store is not None:
+            return store.slot_refusals(round_index)
+        return {slot: peers for (r, slot), peers in self._refused.items() if r == round_index and peers}
 
     def refused(self, round_index: int, slot: int, peer_id: str) -> bool:
+        store = self.shared()
+        if store is not None:
+            return peer_id in store.slot_refusals(round_index).get(slot, ())
         return peer_id in self._refused.get((round_index, slot), ())
 
     def any_refused(self, round_index: int) -> bool:
         """Whether any peer was refused on any slot of ``round_index`` (without one, no slot is blocked)."""
-        return any(r == round_index and peers for (r, _), peers in self._refused.items())
+        return bool(self._refusals(round_index))
 
     def refused_slots(self, round_index: int) -> set[int]:
         """The slots of ``round_index`` on which some peer was refused (only those can be blocked)."""
-        return {slot for (r, slot), peers in self._refused.items() if r == round_index and peers}
+        return set(self._refusals(round_index))
 
     def refused_by_all(self, round_index: int, slot: int, peers: list[str]) -> bool:
         """Whether every one of ``peers`` (the connected ones) was refused for the slot: nobody here may take it."""
@@ -175,12 +197,18 @@ class RoundBook:
         self._stale = {r for r in self._stale if r < round_index}
         self._norms = {r: v for r, v in self._norms.items() if r < round_index}
         self._refused = {k: v for k, v in self._refused.items() if k[0] < round_index}
+        store = self.shared()
+        if store is not None:
+            store.forget_refusals(since=round_index)
 
     def forget_before(self, round_index: int) -> None:
         """After a merge: norms and refusals of merged rounds are of no more use. (The async stream's refusals,
         kept under round -1, go at every merge too: a refused peer may draw that entry again from new weights.)"""
         self._norms = {r: v for r, v in self._norms.items() if r >= round_index}
         self._refused = {k: v for k, v in self._refused.items() if k[0] >= round_index}
+        store = self.shared()
+        if store is not None:
+            store.forget_refusals(before=round_index)
         self._streams = {r: v for r, v in self._streams.items() if r >= round_index}
         self._sums = {r: v for r, v in self._sums.items() if r >= round_index}
         self._stale = {r for r in self._stale if r >= round_index}

@@ -101,7 +101,8 @@ class Relay:
         self.people = Participants(context, credit=self.credit)
         undo_rules = UndoRules(context)
         self.verification = ReplayChecks(context, self.jobs, undo_rules=undo_rules, on_verdict=self.apply_verdicts)
-        self.book = RoundBook(judges_direction=self.verification.judges_direction)
+        self.book = RoundBook(judges_direction=self.verification.judges_direction,
+                              shared=lambda: self.store if self.store.shared else None)
         self.copies = UnitCopies(context, self.book, self.jobs, self.verification)
         self.undo = BanUndo(context, rules=undo_rules, book=self.book, jobs=self.jobs, replays=self.verification,
                             schedule=self.merge_soon)

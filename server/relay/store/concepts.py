@@ -332,6 +332,22 @@ class PauseStore(Protocol):
         moment old, like the leases it keeps)."""
 
 
+class RefusalStore(Protocol):
+    """The peers refused on each slot (a result refused for what it held), not handed that slot again this round while
+    another connected peer may take it (``server.relay.book``). Kept here only where relays share the store, so that a
+    replica honours the holder's refusals and the holder a replica's; one relay keeps them in its own memory."""
+
+    def refuse_slot(self, round_index: int, slot: int, peers: Collection[str]) -> None:
+        """``peers`` were refused on ``slot`` of ``round_index`` (the async stream: ``ASYNC_ROUND`` and its entry)."""
+
+    def slot_refusals(self, round_index: int) -> dict[int, frozenset[str]]:
+        """Slot -> the peers refused on it, as the store keeps it (a shared store's: at most a moment old)."""
+
+    def forget_refusals(self, *, before: int | None = None, since: int | None = None) -> None:
+        """Forget the refusals of rounds before ``before`` (after a merge: the async stream's go too), or from
+        ``since`` on (a ban's undo starts those rounds again)."""
+
+
 class ForwardStore(Protocol):
     """Results of a synchronous session that a replica took, handed to the relay holding the session (which alone
     decides a round: its sums, copies and replays live in one process), and that relay's verdict on each, which the

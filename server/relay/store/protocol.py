@@ -33,6 +33,7 @@ from server.relay.store.concepts import (
     LeaseStore,
     PauseStore,
     PeerStore,
+    RefusalStore,
     ReplayJobStore,
     ResultStore,
     UndoStore,
@@ -88,7 +89,8 @@ class StoreLifecycle(Protocol):
 
 
 class Store(StoreLifecycle, PeerStore, LeaseStore, ResultStore, CopyStore, ArrivalStore, BanStore, UndoStore,
-            ReplayJobStore, VolunteerStore, PauseStore, ForwardStore, CounterStore, Protocol):
+            ReplayJobStore, VolunteerStore, PauseStore, RefusalStore, ForwardStore, CounterStore,
+            Protocol):
     """The relay's session state: peers, leases, every accepted result and copy, the asynchronous buffer, bans,
     undos, the host's pause and counters (the contract is in this module's docstring). Open one with
     ``server.relay.store.open_store``."""
@@ -96,5 +98,5 @@ class Store(StoreLifecycle, PeerStore, LeaseStore, ResultStore, CopyStore, Arriv
 
 # Each concept's protocol, for a test that checks an implementation concept by concept.
 CONCEPTS: tuple[type, ...] = (StoreLifecycle, PeerStore, LeaseStore, ResultStore, CopyStore, ArrivalStore, BanStore,
-                              UndoStore, ReplayJobStore, VolunteerStore, PauseStore, ForwardStore,
-                              CounterStore)
+                              UndoStore, ReplayJobStore, VolunteerStore, PauseStore, RefusalStore,
+                              ForwardStore, CounterStore)

@@ -2,7 +2,8 @@
 (``server.relay.sharing``): a replica hands out the round's units and hands the results it takes to the holder, which
 judges each as if it had come there (its refusals reach the replica's peer with their codes) and merges; the replica
 follows the holder's checkpoints, hands out no second copy, and takes the session over when the holder stops. The
-weights are the recorded results' replay, bit for bit."""
+weights are the recorded results' replay, bit for bit. A slot refused to a peer at one relay is not handed to it by
+the other while another peer may take it (the refusals live in the store)."""
 
 from __future__ import annotations
 
@@ -71,7 +72,9 @@ def test_a_replica_of_a_sync_session_hands_out_units_and_the_holder_judges_what_
         assert (junk.status_code, junk.json()["error"]) in wire_refusals(), junk.text
         assert session_status(a)["counters"][f"refused.{junk.json()['error']}"] == 1  # (counted there, once)
         assert "refused.not_leased" not in session_status(a)["counters"]  # (the replica's lease, read afresh)
-        second = peers[0].assignment()  # (its refused slot went back: it is handed a unit again)
+        second = peers[0].assignment()  # (another unit: the holder's refusal is in the store, the replica honours it)
+        assert second["round"] == 0 and second["slot"] != first["slot"]
+        assert holder.store.slot_refusals(0) == {first["slot"]: frozenset({peers[0].peer_id})}
         accepted = peers[0].upload(second["round"], second["slot"], peers[0].train(second))
         assert accepted.status_code == 200 and accepted.json() == {"accepted": True, "round": 0,
                                                                    "slot": second["slot"]}, accepted.text

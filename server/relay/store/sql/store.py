@@ -31,6 +31,7 @@ from server.relay.store.sql.forwarded import ForwardCalls, SQLForwarded
 from server.relay.store.sql.leases import SQLLeases
 from server.relay.store.sql.pause import SQLPause
 from server.relay.store.sql.peers import SQLPeers
+from server.relay.store.sql.refusals import RefusalCalls, SQLRefusals
 from server.relay.store.sql.replay_jobs import SQLReplayJobs
 from server.relay.store.sql.results import SQLResults
 from server.relay.store.sql.undos import SQLUndos
@@ -38,7 +39,7 @@ from server.relay.store.sql.views import CACHE_ROUNDS, KeptViews
 from server.relay.store.sql.volunteers import SQLVolunteers, VolunteerCalls
 
 
-class SQLStore(KeptViews, VolunteerCalls, ForwardCalls):
+class SQLStore(KeptViews, VolunteerCalls, RefusalCalls, ForwardCalls):
     """The relay's store on ``database`` (opened here), safe to share between threads; what it keeps of the rows it
     read, and when it forgets them: ``server.relay.store.sql.views``."""
 
@@ -57,6 +58,7 @@ class SQLStore(KeptViews, VolunteerCalls, ForwardCalls):
         self._volunteers = SQLVolunteers(self.connection, clock)
         self._pauses = SQLPause(self.connection, clock)
         self._forwarded = SQLForwarded(self.connection, clock)
+        self._refusals = SQLRefusals(self.connection, clock)
         self._identities = {}
         KeptViews.__init__(self, clock, forget=self._arrivals.forget)
         self.open()

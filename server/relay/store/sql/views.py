@@ -33,6 +33,7 @@ class KeptViews:
         self._copies_cache: dict[int, dict[tuple[int, str], str]] = {}  # round -> its copies' outcomes, as read
         self._active: tuple[float, float, list[str], frozenset[str]] | None = None  # (read at, within, ids, as a set)
         self._slots_cache: dict[int, dict[int, str]] = {}  # round -> who delivered each slot's result, as read
+        self._refusals_cache: dict[int, dict[int, frozenset[str]]] = {}  # round -> the peers refused on each slot
         self._generation = 0  # (``generation``: every change but a peer's touch moves it on)
         self._views_read_at = clock()  # (a shared store: when what it keeps was last forgotten, the store's clock)
         self._lease_epoch = 0  # (``lease_epoch``: every change to the leases but this store's own grants)
@@ -54,6 +55,7 @@ class KeptViews:
             self._lease_cache.clear()
             self._copies_cache.clear()
             self._slots_cache.clear()
+            self._refusals_cache.clear()
             self._active = None
             self._pause = None
             self._forget_more()

@@ -55,6 +55,9 @@ CREATE TABLE IF NOT EXISTS replay_jobs (
 );
 CREATE INDEX IF NOT EXISTS replay_jobs_open ON replay_jobs (finished, id);
 CREATE TABLE IF NOT EXISTS pause (id INTEGER PRIMARY KEY, paused INTEGER NOT NULL, pause_from INTEGER);
+CREATE TABLE IF NOT EXISTS refusals (
+    round INTEGER NOT NULL, slot INTEGER NOT NULL, peer_id TEXT NOT NULL, PRIMARY KEY (round, slot, peer_id)
+);
 CREATE TABLE IF NOT EXISTS forwarded (
     id INTEGER PRIMARY KEY AUTOINCREMENT, round INTEGER NOT NULL, slot INTEGER NOT NULL, peer_id TEXT NOT NULL,
     message BLOB NOT NULL, received REAL NOT NULL, verdict TEXT

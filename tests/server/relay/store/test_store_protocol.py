@@ -21,6 +21,7 @@ from server.relay.store.sql.forwarded import SQLForwarded
 from server.relay.store.sql.leases import SQLLeases
 from server.relay.store.sql.pause import SQLPause
 from server.relay.store.sql.peers import SQLPeers
+from server.relay.store.sql.refusals import SQLRefusals
 from server.relay.store.sql.replay_jobs import SQLReplayJobs
 from server.relay.store.sql.results import SQLResults
 from server.relay.store.sql.undos import SQLUndos
@@ -28,7 +29,8 @@ from server.relay.store.sql.volunteers import SQLVolunteers
 from server.relay.store.sqlite import SQLiteStore
 
 PARTS = dict(zip(CONCEPTS[1:], (SQLPeers, SQLLeases, SQLResults, SQLCopies, SQLArrivals, SQLBans, SQLUndos,
-                                SQLReplayJobs, SQLVolunteers, SQLPause, SQLForwarded, SQLCounters), strict=True))
+                                SQLReplayJobs, SQLVolunteers, SQLPause, SQLRefusals, SQLForwarded, SQLCounters),
+                                strict=True))
 
 
 def members(protocol: type) -> dict[str, object]:
