@@ -117,9 +117,9 @@ class KeptViews:
                     self._lease_epoch += 1
 
     def _changing_leases(self) -> contextlib.AbstractContextManager[None]:
-        """Around any change to the leases table but a grant (the copies and results kept go too)."""
-        return self._changing(self._lease_cache, self._copies_cache, self._slots_cache, active=True,
-                             leases=True)
+        """Around any change to the leases table but a grant (the copies, results and refusals kept go too)."""
+        return self._changing(self._lease_cache, self._copies_cache, self._slots_cache, self._refusals_cache,
+                              active=True, leases=True)
 
     def _changing_results(self) -> contextlib.AbstractContextManager[None]:
         return self._changing(self._slots_cache)
