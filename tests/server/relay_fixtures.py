@@ -132,6 +132,22 @@ class HttpPeer(RelayClient):
         return self.upload(job["round"], job["slot"], self.train(job))
 
 
+def ask_and_send(peer: HttpPeer, ask: httpx.Client, send: httpx.Client) -> tuple[dict[str, Any], bytes] | None:
+    """``peer`` asks ``ask`` for work, trains and sends its result to ``send`` (relays serving one session together),
+    which must accept it: (the job, the result sent), or None when it was not handed a unit. The peer speaks to
+    ``ask`` again afterwards."""
+    peer.client = ask
+    job = peer.work()
+    if "slot" not in job:
+        return None
+    body = peer.train(job)
+    peer.client = send
+    answer = peer.upload(job["round"], job["slot"], body)
+    assert answer.status_code == 200, (answer.text, job)
+    peer.client = ask
+    return job, body
+
+
 def session_status(client: httpx.Client) -> dict[str, Any]:
     return RelayClient(client).status()
 

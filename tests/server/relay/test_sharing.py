@@ -15,6 +15,7 @@ import pytest
 from relay_fixtures import (
     ADMIN_TOKEN,
     HttpPeer,
+    ask_and_send,
     make_relay,
     recorded_arrivals,
     replayed_arrivals,
@@ -67,17 +68,12 @@ def turn(peers: list[HttpPeer], relays: list[Any], turn_index: int) -> int:
     accepted = 0
     for index, peer in enumerate(peers):
         ask, send = relays[(turn_index + index) % len(relays)], relays[(turn_index + index + 1) % len(relays)]
-        peer.client = ask
-        job = peer.work()
-        if "slot" not in job:
+        sent = ask_and_send(peer, ask, send)
+        if sent is None:
             continue
-        body = peer.train(job)
-        peer.client = send
-        answer = peer.upload(job["round"], job["slot"], body)
-        assert answer.status_code == 200, (answer.text, job)
         accepted += 1
         if accepted == 1 and len(relays) > 1:  # (the same result again, at the relay that asked: refused)
-            peer.client = ask
+            job, body = sent
             again = peer.upload(job["round"], job["slot"], body)
             assert again.status_code == 409 and again.json()["error"] == "duplicate", (again.status_code, again.text)
     return accepted

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from relay_fixtures import HttpPeer, make_relay, replay, serving, session_status
+from relay_fixtures import HttpPeer, ask_and_send, make_relay, replay, serving, session_status
 from relay_process import wait_for
 
 from server.relay.openapi import wire_refusals
@@ -40,20 +40,10 @@ def replica_of(relay: Relay, url: str) -> Relay:
     return Relay(session=session, package=relay.package, store=open_store(url), options=relay.options, replica=True)
 
 
-def turn(peers: list[HttpPeer], ask: Any, send: Any) -> int:
-    """Each peer asks ``ask`` for work and sends its result to ``send``; how many results were accepted."""
-    accepted = 0
+def turn(peers: list[HttpPeer], ask: Any, send: Any) -> None:
+    """Each peer asks ``ask`` for work and sends its result to ``send``."""
     for peer in peers:
-        peer.client = ask
-        job = peer.work()
-        if "slot" not in job:
-            continue
-        body = peer.train(job)
-        peer.client = send
-        answer = peer.upload(job["round"], job["slot"], body)
-        assert answer.status_code == 200, (answer.text, job)
-        accepted += 1
-    return accepted
+        ask_and_send(peer, ask, send)
 
 
 @pytest.mark.timeout(300)
