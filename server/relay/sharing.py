@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from server.relay.context import Part, RelayContext
 from server.relay.merge_schedule import MergeSchedule
@@ -56,6 +57,8 @@ class SharedServing(Part):
         self.take_hold: Callable[[], bool] | None = None
         self.on_held: Callable[[], None] = lambda: None
         self.followed = 0  # checkpoints taken on from the holder
+        self._verdicts: dict[int, asyncio.Future[dict[str, Any]]] = {}  # results handed over -> their verdicts
+        self._collector: asyncio.Task[None] | None = None  # (one look for every verdict awaited: ``collect``)
 
     @property
     def watching(self) -> bool:
@@ -145,17 +148,22 @@ class SharedServing(Part):
         judged it (its refusal raised as the holder refused it: counted there). A holder that judges nothing for
         ``FORWARD_SECONDS`` (it died, and no relay holds the session yet) has the result taken back: ``503
         holder_unavailable``, try again."""
-        store = self.store
+        store, loop = self.store, asyncio.get_running_loop()
         forward_id = store.forward_result(round_index, slot, peer_id, body)
         store.count("results_forwarded")
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + FORWARD_SECONDS
-        while (verdict := store.take_verdict(forward_id)) is None:
-            if loop.time() >= deadline and store.withdraw_forwarded(forward_id):
+        waiter = self._verdicts[forward_id] = loop.create_future()
+        if self._collector is None or self._collector.done():
+            self._collector = loop.create_task(self.collect())
+        try:
+            verdict = await asyncio.wait_for(asyncio.shield(waiter), FORWARD_SECONDS)
+        except TimeoutError:  # (nothing awaited between here and the answer: the collector cannot take it meanwhile)
+            if not waiter.done() and store.withdraw_forwarded(forward_id):
                 raise Refusal(503, "holder_unavailable", f"the relay holding the session judged no result for "
                               f"{FORWARD_SECONDS:.0f} s; send it again in a moment (another relay takes the session "
-                              "over when its holder stopped)", headers={"Retry-After": "5"})
-            await asyncio.sleep(FORWARD_POLL_SECONDS)
+                              "over when its holder stopped)", headers={"Retry-After": "5"}) from None
+            verdict = waiter.result() if waiter.done() else store.take_verdicts([forward_id])[forward_id]
+        finally:
+            self._verdicts.pop(forward_id, None)
         if "error" in verdict:
             refusal = Refusal(int(verdict["status"]), str(verdict["error"]), str(verdict["message"]),
                               headers=verdict.get("headers"))
@@ -165,13 +173,39 @@ class SharedServing(Part):
         return StoredResult(round_index, slot, int(verdict["unit_index"]), peer_id, int(verdict["num_examples"]),
                             {}, b"")
 
+    async def collect(self) -> None:
+        """While results handed over wait for their verdicts: every ``FORWARD_POLL_SECONDS``, one read of the store
+        for all of them (not one per upload)."""
+        said = ""
+        while self._verdicts:
+            await asyncio.sleep(FORWARD_POLL_SECONDS)
+            waiting = [forward_id for forward_id, waiter in self._verdicts.items() if not waiter.done()]
+            try:
+                found = self.store.take_verdicts(waiting) if waiting else {}
+            except Exception as error:  # (the store away for a moment: the next look; the waits have their bound)
+                if repr(error) != said:
+                    print(f"peertrain serve: could not read the holder's verdicts: {error!r}", flush=True)
+                said = repr(error)
+                continue
+            for forward_id, verdict in found.items():
+                waiter = self._verdicts.get(forward_id)
+                if waiter is not None and not waiter.done():
+                    waiter.set_result(verdict)
+
     async def judge(self) -> None:
         """While this relay holds a synchronous session: judge the results replicas handed over, in the order they
         came, as if their peers had sent them here."""
+        said = ""
         while True:
             await asyncio.sleep(FORWARD_POLL_SECONDS)
-            if not self.context.replica and not self.context.async_mode:
+            if self.context.replica or self.context.async_mode:
+                continue
+            try:
                 await self.judge_forwarded()
+            except Exception as error:  # (the store away for a moment, a new session's opening: the next look)
+                if repr(error) != said:
+                    print(f"peertrain serve: could not read the results replicas handed over: {error!r}", flush=True)
+                said = repr(error)
 
     async def judge_forwarded(self) -> int:
         """Judge what replicas handed over (up to ``FORWARD_BATCH``); how many."""

@@ -362,12 +362,13 @@ class ForwardStore(Protocol):
     def settle_forwarded(self, forward_id: int, verdict: dict[str, Any]) -> None:
         """The holder's verdict on a result handed over (what its peer is answered)."""
 
-    def take_verdict(self, forward_id: int) -> dict[str, Any] | None:
-        """The verdict on a result handed over, once there (the row goes with it); None while it is not judged."""
+    def take_verdicts(self, forward_ids: Collection[int]) -> dict[int, dict[str, Any]]:
+        """The verdicts there are on these results handed over (their rows go with them); one not judged yet is not
+        in the answer."""
 
     def withdraw_forwarded(self, forward_id: int) -> bool:
         """Take back a result not judged yet (its replica stopped waiting): whether it was still waiting (False: it
-        was judged meanwhile, and ``take_verdict`` has the verdict)."""
+        was judged meanwhile, and ``take_verdicts`` has the verdict)."""
 
 
 class CounterStore(Protocol):

@@ -17,6 +17,7 @@ import pytest
 from relay_fixtures import HttpPeer, ask_and_send, make_relay, replay, serving, session_status
 from relay_process import wait_for
 
+from server.relay import sharing
 from server.relay.openapi import wire_refusals
 from server.relay.state import Relay
 from server.relay.store import open_store
@@ -98,3 +99,23 @@ def test_a_replica_of_a_sync_session_hands_out_units_and_the_holder_judges_what_
         stored.close()
     assert sorted((r.round, r.slot) for r in results) == [(r, s) for r in range(6) for s in range(2)]  # none lost
     np.testing.assert_array_equal(replay(package, replica.session.config, results).weights, replica.session.weights)
+
+
+def test_a_result_no_holder_judges_is_taken_back_and_refused_503(package: Package, tmp_path: Path,
+                                                                 postgresql_url: str,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The holder serves nothing (it stopped, and no relay holds the session yet): after ``FORWARD_SECONDS`` the
+    replica takes the result back and answers ``503 holder_unavailable`` with ``Retry-After``; nothing is left for
+    a holder to judge later."""
+    monkeypatch.setattr(sharing, "FORWARD_SECONDS", 0.5)
+    holder = make_relay(package, tmp_path / "s", k=2, passes=2, store=postgresql_url, ban_addresses=False)
+    replica = replica_of(holder, postgresql_url)
+    with serving(replica) as b:
+        peer = HttpPeer(b)
+        job = peer.assignment()
+        answer = peer.upload(job["round"], job["slot"], peer.train(job))
+        assert answer.status_code == 503 and answer.json()["error"] == "holder_unavailable", answer.text
+        assert answer.headers["Retry-After"] == "5"
+        assert replica.store.forwarded(10) == [] and replica.store.result_slots(0) == set()
+        assert session_status(b)["counters"]["refused.holder_unavailable"] == 1
+    holder.store.close()

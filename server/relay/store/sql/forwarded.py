@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from contextlib import AbstractContextManager
 from typing import Any
 
 from server.relay.store.records import ForwardedResult
 from server.relay.store.sql.database import TablePart
+
+MAX_IDS = 500  # results whose verdicts one statement asks for, at most (the rest: the next look)
 
 
 class SQLForwarded(TablePart):
@@ -31,10 +33,13 @@ class SQLForwarded(TablePart):
         self.connection.run("UPDATE forwarded SET verdict = ?, message = ? WHERE id = ?",
                             (json.dumps(verdict), b"", forward_id))
 
-    def take_verdict(self, forward_id: int) -> dict[str, Any] | None:
-        rows = self.connection.run("DELETE FROM forwarded WHERE id = ? AND verdict IS NOT NULL RETURNING verdict",
-                                   (forward_id,))
-        return None if not rows else dict(json.loads(rows[0][0]))
+    def take_verdicts(self, forward_ids: Collection[int]) -> dict[int, dict[str, Any]]:
+        ids = list(forward_ids)[:MAX_IDS]
+        if not ids:
+            return {}
+        rows = self.connection.run(f"DELETE FROM forwarded WHERE id IN ({', '.join('?' * len(ids))}) AND verdict IS "
+                                   "NOT NULL RETURNING id, verdict", ids)
+        return {int(row[0]): dict(json.loads(row[1])) for row in rows}
 
     def withdraw_forwarded(self, forward_id: int) -> bool:
         return self.connection.change("DELETE FROM forwarded WHERE id = ? AND verdict IS NULL", (forward_id,)) > 0
@@ -59,12 +64,12 @@ class ForwardCalls:
     def settle_forwarded(self, forward_id: int, verdict: dict[str, Any]) -> None:
         self._forwarded.settle_forwarded(forward_id, verdict)
 
-    def take_verdict(self, forward_id: int) -> dict[str, Any] | None:
-        verdict = self._forwarded.take_verdict(forward_id)
-        if verdict is not None:  # (the holder kept the result, or freed its lease: what is kept is read afresh)
+    def take_verdicts(self, forward_ids: Collection[int]) -> dict[int, dict[str, Any]]:
+        verdicts = self._forwarded.take_verdicts(forward_ids)
+        if verdicts:  # (the holder kept the results, or freed their leases: what is kept is read afresh)
             with self._changing_leases():
                 pass
-        return verdict
+        return verdicts
 
     def withdraw_forwarded(self, forward_id: int) -> bool:
         return self._forwarded.withdraw_forwarded(forward_id)

@@ -1,6 +1,6 @@
 """A store's results handed over by a replica of a synchronous session (``ForwardStore``): waiting in the order they
-came until judged, the verdict read once (the row goes with it), a withdrawal only of what is not judged, and the
-rows of past rounds pruned; another relay on the same database sees the same rows."""
+came until judged, the verdicts of many read at once and each once (its row goes with it), a withdrawal only of what
+is not judged, and the rows of past rounds pruned; another relay on the same database sees the same rows."""
 
 from __future__ import annotations
 
@@ -19,11 +19,11 @@ def test_results_handed_over_wait_in_order_until_judged_and_the_verdict_is_read_
     assert [(r.id, r.round, r.slot, r.peer_id, r.message) for r in waiting] == \
         [(first, 0, 1, "p1", b"one"), (second, 0, 0, "p2", b"two")]
     assert [r.id for r in holder.forwarded(1)] == [first]
-    assert store.take_verdict(first) is None  # (not judged yet: nothing to read, the row stays)
+    assert store.take_verdicts([first, second]) == {}  # (not judged yet: nothing to read, the rows stay)
     holder.settle_forwarded(first, {"accepted": True, "num_examples": 64})
     assert [r.id for r in holder.forwarded(10)] == [second]  # (judged: no longer waiting)
-    assert store.take_verdict(first) == {"accepted": True, "num_examples": 64}
-    assert store.take_verdict(first) is None  # (read once)
+    assert store.take_verdicts([first, second]) == {first: {"accepted": True, "num_examples": 64}}
+    assert store.take_verdicts([first]) == {}  # (read once)
     assert not store.withdraw_forwarded(first)
 
 
@@ -32,9 +32,9 @@ def test_a_withdrawal_takes_back_only_a_result_not_judged_yet(store: Store) -> N
     judged = store.forward_result(2, 1, "p2", b"y")
     store.settle_forwarded(judged, {"status": 409, "error": "duplicate", "message": "m"})
     assert store.withdraw_forwarded(waiting) and store.forwarded(10) == []
-    assert store.take_verdict(waiting) is None
+    assert store.take_verdicts([waiting]) == {}
     assert not store.withdraw_forwarded(judged)  # (judged meanwhile: its verdict is there to read)
-    assert store.take_verdict(judged) == {"status": 409, "error": "duplicate", "message": "m"}
+    assert store.take_verdicts([judged, waiting]) == {judged: {"status": 409, "error": "duplicate", "message": "m"}}
 
 
 def test_pruning_a_round_drops_what_a_stopped_replica_never_read(store: Store) -> None:
@@ -42,7 +42,7 @@ def test_pruning_a_round_drops_what_a_stopped_replica_never_read(store: Store) -
     store.settle_forwarded(old, {"accepted": True})
     new = store.forward_result(1, 0, "p1", b"y")
     store.prune_before(1)
-    assert store.take_verdict(old) is None
+    assert store.take_verdicts([old]) == {}
     assert [r.id for r in store.forwarded(10)] == [new]
 
 
