@@ -1,7 +1,6 @@
 """Second copies of a unit (``UnitCopies``, a part of the relay). Two kinds: redundancy (``serve --redundancy F``),
 which checks results, and backups (``serve --backup-after F``, ``server.relay.backups``), which race stragglers. A
-backup's result, when it comes second, is compared like a redundancy copy (a free check) and never merged; a round
-never waits for a backup.
+backup's result, when it comes second, is compared like a redundancy copy (a free check), never merged nor waited for.
 
 Redundancy: a seeded share ``F`` of each round's slots, and every result of a peer no copy has confirmed yet, is
 trained twice, by two different peers (ids and, with ``--ban-addresses``, client addresses). The result that passes
@@ -15,7 +14,7 @@ and the unit goes to another peer, as BOINC's validators do: the first two resul
 and every other peer on the unit is banned as by a failed replay; a result that agrees with none joins the others and
 the unit goes to one more peer (up to ``QUORUM_LIMIT`` results). A round merges once each chosen slot has its
 comparison, unless no eligible peer is connected (the copy is then waived, and counted). After a restart an
-undecided dispute is trained again.
+undecided dispute is trained again. A replica hands out the copies its holder wants (``server.relay.sharing``).
 """
 
 from __future__ import annotations
@@ -133,7 +132,7 @@ class UnitCopies(Part):
             held = leases[slot]
             if held.deadline >= now and (slot, peer_id) not in copies:
                 return self._copy_job(by_slot_index[slot], held.deadline)
-        for slot in self._needing(round_index):
+        for slot in self.needing(round_index):
             lease = leases.get(slot)
             if (lease is None or lease.deadline < now) and \
                     self._eligible(peer_id, round_index, slot, self._trainers(round_index, slot)):
@@ -143,19 +142,19 @@ class UnitCopies(Part):
                 if granted is not None:  # (None: another relay over the store leased it a moment ago)
                     self.store.count("copies_handed_out")
                     return self._copy_job(assignment, granted.deadline)
-        backup = self.backups.next_backup(peer_id, leases, now)
+        backup = None if self.context.replica else self.backups.next_backup(peer_id, leases, now)
         return None if backup is None else self._copy_job(*backup)
 
     def _copy_job(self, assignment: Assignment, deadline: float) -> Job:
-        """A copy's job: a backup says so (the page shows it); a redundancy check is the slot's job as any peer gets
-        it, so that its peer cannot know its result is compared (and answer honestly only then)."""
-        job = self.jobs.job(assignment, deadline)
-        return job if self.redundant(assignment.round, assignment.slot) else replace(job, copy="backup")
+        """A copy's job: a backup says so (the page shows it); a redundancy check (a replica's are) is the slot's job
+        as any peer gets it, so that its peer cannot know its result is compared (and answer honestly only then)."""
+        redundant = self.context.replica or self.redundant(assignment.round, assignment.slot)
+        return self.jobs.job(assignment, deadline) if redundant else replace(self.jobs.job(assignment, deadline),
+                                                                             copy="backup")
 
     def copies_outstanding(self) -> bool:
-        """Whether a chosen slot still waits for its second copy: one is out, or an eligible peer is here to
-        take it. With nobody eligible connected the copy is waived (``waive_copies`` counts it at the merge).
-        Every poll asks it: kept until the store changes, at most ``KEEP_WAITING_SECONDS`` (for leases that expire)."""
+        """Whether a chosen slot still waits for its second copy: one is out, or an eligible peer is here to take it
+        (else it is waived: ``waive_copies``). Kept until the store changes, at most ``KEEP_WAITING_SECONDS``."""
         return bool(self._waiting.get((self.session.round, self.store.generation()), self.store.clock(),
                                       lambda: self._waiting_copies(count_waived=False)))
 
@@ -163,19 +162,21 @@ class UnitCopies(Part):
         """At the merge: count the chosen slots whose copy nobody eligible could train."""
         self._waiting_copies(count_waived=True)
 
-    def _needing(self, round_index: int) -> list[int]:
+    def needing(self, round_index: int) -> list[int]:
         """The round's slots that need a copy (``_needs_copy``) in slot order, kept while the store does not change
         (which slots are chosen changes only with a result, a copy or a dispute: each a change of the store)."""
-        def needing() -> list[int]:
+        if self.context.replica:  # (those its holder wants)
+            return sorted(self.store.wanted_copies(round_index))
+
+        def open_chosen() -> list[int]:
             chosen = [a.slot for a in self.session.assignments() if self.redundant(round_index, a.slot)]
             outcomes = self.view(round_index).outcomes if chosen else {}
             return [slot for slot in chosen if self._needs_copy(round_index, slot, outcomes)]
-        return list(self._needing_kept.get((round_index, self.store.generation()), 0.0, needing))
+        return list(self._needing_kept.get((round_index, self.store.generation()), 0.0, open_chosen))
 
     def _waiting_copies(self, *, count_waived: bool) -> list[int]:
         round_index, now = self.session.round, self.store.clock()
-        needing = self._needing(round_index)
-        if not needing:  # (no slot of the round takes a copy: nothing to read; every poll of a full round asks this)
+        if not (needing := self.needing(round_index)):  # (nothing to read: every poll of a full round asks this)
             return []
         view = self.view(round_index)
         active = self.store.active_peers(self.options.peer_timeout)

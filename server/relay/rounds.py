@@ -64,10 +64,10 @@ class SyncRounds:
         session, store, options = self.context.session, self.context.store, self.context.options
         results, leases = store.result_slots(session.round), store.leases(session.round)
         now = store.clock()
-        replica = self.context.replica  # (its holder alone hands out second copies and backups: ``sharing.py``)
+        replica = self.context.replica  # (it hands out the copies its holder wants, no backup: ``sharing.py``)
         mine = [(s, lease) for s, lease in store.leases(session.round, 1).items()
                 if lease.peer_id == peer_id and lease.deadline >= now]
-        if mine and not replica:  # this peer trains a second copy
+        if mine:  # this peer trains a second copy
             copy = self.copies.next_copy(peer_id)
             if copy is not None:
                 return copy
@@ -109,7 +109,7 @@ class SyncRounds:
                 self.replays.prepare(peer_id, assignment.slot)
             self.context.notices.changed()
             return self.jobs.job(assignment, lease.deadline)
-        copy = None if replica else self.copies.next_copy(peer_id)
+        copy = self.copies.next_copy(peer_id)
         if copy is not None:
             self.context.notices.changed()
             return copy

@@ -20,7 +20,8 @@ A synchronous round's sums, copies, replays and refusals live in the holder's pr
 session decides none of them: it hands out the round's units (each lease granted in the database) and takes their
 results, and hands each result to the holder through the store (``ForwardStore``); the holder judges it exactly as
 if its peer had sent it there (``FORWARD_POLL_SECONDS`` later at most) and the replica answers its peer with the
-holder's verdict. Second copies and backups are handed out by the holder alone."""
+holder's verdict. The holder keeps in the store which slots want a second copy (its ``CopyChoice`` decides), and a
+replica hands those copies out too; backups only the holder hands out (a unit's time in flight is its measure)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from server.relay.context import Part, RelayContext
+from server.relay.copies import UnitCopies
 from server.relay.merge_schedule import MergeSchedule
 from server.relay.refusal import Refusal
 from server.relay.round_mode import RoundMode
@@ -51,9 +53,11 @@ class SharedServing(Part):
     for the session's hold without waiting (True: this relay holds it now), and ``on_held`` runs once it does."""
 
     def __init__(self, context: RelayContext, *, mode: Callable[[], RoundMode], merges: MergeSchedule,
-                 submit: Submit, on_take_over: Callable[[], None]) -> None:
+                 submit: Submit, copies: UnitCopies) -> None:
         self.context, self.mode, self.merges = context, mode, merges
-        self.submit, self.on_take_over = submit, on_take_over  # (the relay's own result path; restart's steps)
+        self.submit, self.copies = submit, copies  # (the relay's own result path; a round's second copies)
+        self.published: tuple[object, int, frozenset[int]] | None = None  # (the copies wanted, as last kept: the
+        # store they were kept in, the round, the slots)
         self.take_hold: Callable[[], bool] | None = None
         self.on_held: Callable[[], None] = lambda: None
         self.followed = 0  # checkpoints taken on from the holder
@@ -130,7 +134,7 @@ class SharedServing(Part):
         self.store.count("takeovers")
         self.mode().follow({})  # (its merge's sum opens on the weights of now)
         if not self.context.async_mode and not self.session.done:
-            self.on_take_over()  # (what a restarted relay settles of the open round before it serves: its copies)
+            self.copies.settle_after_restart()  # (what a restarted relay settles of the open round before it serves)
         print(f"this relay holds the session now (after round {self.session.round}): it merges from here on",
               flush=True)
         self.on_held()
@@ -202,10 +206,23 @@ class SharedServing(Part):
                 continue
             try:
                 await self.judge_forwarded()
+                self.publish_copies()
             except Exception as error:  # (the store away for a moment, a new session's opening: the next look)
                 if repr(error) != said:
                     print(f"peertrain serve: could not read the results replicas handed over: {error!r}", flush=True)
                 said = repr(error)
+
+    def publish_copies(self) -> None:
+        """Keep in the store which slots of the round want a second copy, where it changed, for replicas to hand out
+        (not those only a peer of an engine class may train: which peer is of which class is this relay's)."""
+        if self.session.done:
+            return
+        round_index = self.session.round
+        slots = frozenset(slot for slot in self.copies.needing(round_index)
+                          if (round_index, slot) not in self.copies.classes.slots)
+        if (self.store, round_index, slots) != self.published:
+            self.store.want_copies(round_index, slots)
+            self.published = self.store, round_index, slots
 
     async def judge_forwarded(self) -> int:
         """Judge what replicas handed over (up to ``FORWARD_BATCH``); how many."""
@@ -217,6 +234,7 @@ class SharedServing(Part):
                 if banned is not None:
                     raise Refusal(403, "banned", f"this peer is banned from the session: {banned}")
                 stored = await self.submit(result.peer_id, result.round, result.slot, result.message)
+                self.publish_copies()  # (before the replica hears: the copies this result wants, or no longer does)
                 verdict = {"unit_index": stored.unit_index, "num_examples": stored.num_examples}
             except Refusal as refusal:
                 verdict = {"status": refusal.status, "headers": refusal.headers, **refusal.to_json()}

@@ -118,7 +118,7 @@ class Relay:
                                    disk=self.disk, admin=self.admin, samples=self.samples)
         self.mode: RoundMode = self._make_mode()
         self.sharing = SharedServing(context, mode=self.current_mode, merges=self.merges, submit=self.submit,
-                                     on_take_over=self.copies.settle_after_restart)
+                                     copies=self.copies)
         released = 0 if self.replica else self.store.release_live_leases()  # (a replica's peers hold theirs)
         if released:
             self.store.count("leases_released_on_start", released)

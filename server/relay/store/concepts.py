@@ -348,6 +348,17 @@ class RefusalStore(Protocol):
         ``since`` on (a ban's undo starts those rounds again)."""
 
 
+class WantedCopyStore(Protocol):
+    """The slots of the open round that want a second copy, as the relay holding a synchronous session chose them
+    (``server.relay.copy_choice``: its memory), kept where its replicas read them to hand the copies out too."""
+
+    def want_copies(self, round_index: int, slots: Collection[int]) -> None:
+        """The slots of ``round_index`` that want a copy now (those of other rounds are forgotten)."""
+
+    def wanted_copies(self, round_index: int) -> frozenset[int]:
+        """What ``want_copies`` said last of ``round_index``, read now from the database."""
+
+
 class ForwardStore(Protocol):
     """Results of a synchronous session that a replica took, handed to the relay holding the session (which alone
     decides a round: its sums, copies and replays live in one process), and that relay's verdict on each, which the

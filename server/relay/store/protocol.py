@@ -38,6 +38,7 @@ from server.relay.store.concepts import (
     ResultStore,
     UndoStore,
     VolunteerStore,
+    WantedCopyStore,
 )
 from server.relay.store.records import Lease
 
@@ -89,8 +90,8 @@ class StoreLifecycle(Protocol):
 
 
 class Store(StoreLifecycle, PeerStore, LeaseStore, ResultStore, CopyStore, ArrivalStore, BanStore, UndoStore,
-            ReplayJobStore, VolunteerStore, PauseStore, RefusalStore, ForwardStore, CounterStore,
-            Protocol):
+            ReplayJobStore, VolunteerStore, PauseStore, RefusalStore, WantedCopyStore, ForwardStore,
+            CounterStore, Protocol):
     """The relay's session state: peers, leases, every accepted result and copy, the asynchronous buffer, bans,
     undos, the host's pause and counters (the contract is in this module's docstring). Open one with
     ``server.relay.store.open_store``."""
@@ -99,4 +100,4 @@ class Store(StoreLifecycle, PeerStore, LeaseStore, ResultStore, CopyStore, Arriv
 # Each concept's protocol, for a test that checks an implementation concept by concept.
 CONCEPTS: tuple[type, ...] = (StoreLifecycle, PeerStore, LeaseStore, ResultStore, CopyStore, ArrivalStore, BanStore,
                               UndoStore, ReplayJobStore, VolunteerStore, PauseStore, RefusalStore,
-                              ForwardStore, CounterStore)
+                              WantedCopyStore, ForwardStore, CounterStore)

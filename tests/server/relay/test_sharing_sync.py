@@ -119,3 +119,27 @@ def test_a_result_no_holder_judges_is_taken_back_and_refused_503(package: Packag
         assert replica.store.forwarded(10) == [] and replica.store.result_slots(0) == set()
         assert session_status(b)["counters"]["refused.holder_unavailable"] == 1
     holder.store.close()
+
+
+@pytest.mark.timeout(300)
+def test_a_replica_hands_out_the_copies_its_holder_wants(package: Package, tmp_path: Path,
+                                                        postgresql_url: str) -> None:
+    """Every slot copied (``--redundancy 1``), three peers that speak to the replica alone: the replica hands out
+    the second copies the holder chose (the holder keeps them in the store), the holder compares what the replica
+    hands over, and every round merges with its copies compared, none disputed."""
+    holder = make_relay(package, tmp_path / "s", k=2, passes=1, store=postgresql_url, ban_addresses=False,
+                        redundancy=1.0, verify=False)
+    replica = replica_of(holder, postgresql_url)
+    with serving(holder) as a, serving(replica) as b:
+        peers = [HttpPeer(b) for _ in range(3)]
+        for _ in range(TURNS):
+            if holder.session.done:
+                break
+            turn(peers, b, b)
+        else:
+            raise AssertionError(f"the session did not finish: {session_status(a)}")
+        counters = session_status(a)["counters"]
+    compared = [entry["redundancy"]["compared"] for entry in holder.session.history]
+    assert compared == [2] * holder.session.num_rounds, compared  # (both slots of every round, by copies)
+    assert counters["copies_handed_out"] == 2 * holder.session.num_rounds and "copies_disputed" not in counters
+    assert counters["results_forwarded"] == 4 * holder.session.num_rounds  # (every result and copy, by the replica)

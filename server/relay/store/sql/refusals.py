@@ -1,4 +1,5 @@
-"""The peers refused on each slot, where relays share the store (``server.relay.store.concepts.RefusalStore``)."""
+"""What relays sharing the store must agree on of the open round besides its rows: the peers refused on each slot
+(``server.relay.store.concepts.RefusalStore``) and the slots that want a second copy (``WantedCopyStore``)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,16 @@ class SQLRefusals(TablePart):
             refused.setdefault(int(slot), set()).add(str(peer_id))
         return {slot: frozenset(peers) for slot, peers in refused.items()}
 
+    def want_copies(self, round_index: int, slots: Collection[int]) -> None:
+        with self.connection.transaction() as db:
+            db.execute("DELETE FROM wanted_copies", ())
+            for slot in sorted(slots):
+                db.execute("INSERT INTO wanted_copies (round, slot) VALUES (?, ?)", (round_index, slot))
+
+    def wanted_copies(self, round_index: int) -> frozenset[int]:
+        return frozenset(int(row[0]) for row in self.connection.run("SELECT slot FROM wanted_copies WHERE round = ?",
+                                                                    (round_index,)))
+
     def forget_refusals(self, *, before: int | None = None, since: int | None = None) -> None:
         if before is not None:
             self.connection.run("DELETE FROM refusals WHERE round < ?", (before,))
@@ -33,9 +44,9 @@ class SQLRefusals(TablePart):
 
 
 class RefusalCalls:
-    """``SQLStore``'s refusal calls, handed to its ``SQLRefusals`` part, each round's rows kept as read (every request
-    for work asks whether its peer was refused a slot) and forgotten on any change, or a moment later on a shared
-    store (``KeptViews``)."""
+    """``SQLStore``'s refusal and wanted-copy calls, handed to its ``SQLRefusals`` part; each round's refusals kept as
+    read (every request for work asks) and forgotten on any change, or a moment later on a shared store
+    (``KeptViews``)."""
 
     _refusals: SQLRefusals
     _refusals_cache: dict[int, dict[int, frozenset[str]]]
@@ -54,3 +65,9 @@ class RefusalCalls:
     def forget_refusals(self, *, before: int | None = None, since: int | None = None) -> None:
         with self._changing(self._refusals_cache):
             self._refusals.forget_refusals(before=before, since=since)
+
+    def want_copies(self, round_index: int, slots: Collection[int]) -> None:
+        self._refusals.want_copies(round_index, slots)
+
+    def wanted_copies(self, round_index: int) -> frozenset[int]:  # (read afresh: a copy the holder no longer wants,
+        return self._refusals.wanted_copies(round_index)  # its result in, would be trained for nothing)

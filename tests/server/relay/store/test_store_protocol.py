@@ -29,7 +29,8 @@ from server.relay.store.sql.volunteers import SQLVolunteers
 from server.relay.store.sqlite import SQLiteStore
 
 PARTS = dict(zip(CONCEPTS[1:], (SQLPeers, SQLLeases, SQLResults, SQLCopies, SQLArrivals, SQLBans, SQLUndos,
-                                SQLReplayJobs, SQLVolunteers, SQLPause, SQLRefusals, SQLForwarded, SQLCounters),
+                                SQLReplayJobs, SQLVolunteers, SQLPause, SQLRefusals, SQLRefusals, SQLForwarded,
+                                SQLCounters),
                                 strict=True))
 
 

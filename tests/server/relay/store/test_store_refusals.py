@@ -37,3 +37,16 @@ def test_another_relay_sees_a_refusal_a_moment_later(store: Store, second_look: 
     assert other.slot_refusals(2) == {}
     clock.advance(SHARED_VIEW_SECONDS)
     assert other.slot_refusals(2) == {0: frozenset({"p1"})}
+
+
+def test_the_slots_that_want_a_copy_are_the_last_said_and_another_relay_sees_them_at_once(
+        store: Store, second_look: Callable[[], Store]) -> None:
+    other = second_look()
+    other.shared = True  # type: ignore[misc]
+    assert store.wanted_copies(0) == frozenset() and other.wanted_copies(0) == frozenset()
+    store.want_copies(0, [3, 1])
+    assert store.wanted_copies(0) == {1, 3}
+    store.want_copies(0, [1])  # (slot 3's copy came)
+    assert store.wanted_copies(0) == {1} and other.wanted_copies(0) == {1}  # (read afresh: not kept)
+    store.want_copies(1, [0])  # (a new round: the last round's are forgotten)
+    assert store.wanted_copies(0) == frozenset() and store.wanted_copies(1) == {0}
