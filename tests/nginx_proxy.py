@@ -63,14 +63,14 @@ def free_port() -> int:
 
 
 def rendered_site(*, port: int, relay_port: int, certificate: Certificate, cache: Path,
-                  standby_port: int | None = None) -> str:
+                  second_port: int | None = None) -> str:
     """``deploy/nginx.conf`` with this test's values; every example value must be found (the file is what runs).
-    ``standby_port``: the second relay's line, uncommented (a relay waiting to take the session over)."""
+    ``second_port``: the second relay's line, uncommented (a replica serving beside the first)."""
     site = SITE.read_text()
     replacements = [
         ("/var/cache/nginx/peertrain", str(cache)),
         ("server 127.0.0.1:8000;", f"server 127.0.0.1:{relay_port};"),
-        ("# server 127.0.0.1:8001;", f"server 127.0.0.1:{standby_port};" if standby_port else "# (no second relay)"),
+        ("# server 127.0.0.1:8001;", f"server 127.0.0.1:{second_port};" if second_port else "# (no second relay)"),
         ("/etc/letsencrypt/live/peertrain.example.org/fullchain.pem", str(certificate.cert)),
         ("/etc/letsencrypt/live/peertrain.example.org/privkey.pem", str(certificate.key)),
         ("listen 443 ssl http2;", f"listen 127.0.0.1:{port} ssl http2;"),
@@ -84,9 +84,9 @@ def rendered_site(*, port: int, relay_port: int, certificate: Certificate, cache
 
 
 @contextmanager
-def nginx_in_front(relay_port: int, folder: Path, *, standby_port: int | None = None
+def nginx_in_front(relay_port: int, folder: Path, *, second_port: int | None = None
                    ) -> Iterator[tuple[str, Certificate]]:
-    """nginx on a free port of 127.0.0.1, TLS with a throw-away CA, in front of the relay (and ``standby_port``'s);
+    """nginx on a free port of 127.0.0.1, TLS with a throw-away CA, in front of the relay (and ``second_port``'s);
     (https URL, certificate). Stopped (and waited for) on exit."""
     binary = nginx_binary()
     folder.mkdir(parents=True, exist_ok=True)
@@ -94,7 +94,7 @@ def nginx_in_front(relay_port: int, folder: Path, *, standby_port: int | None = 
     port = free_port()
     site = folder / "site.conf"
     site.write_text(rendered_site(port=port, relay_port=relay_port, certificate=issued, cache=folder / "cache",
-                                  standby_port=standby_port))
+                                  second_port=second_port))
     temp = {name: folder / name for name in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")}
     for path in temp.values():
         path.mkdir(exist_ok=True)

@@ -59,7 +59,7 @@ def test_two_relays_serve_a_sync_session_and_the_replica_takes_it_over_when_the_
         first.start()
         second.start()  # (listening at once: it serves beside the first)
         assert "serves it beside that one as a replica" in second.logs, second.logs[-2000:]
-        with nginx_in_front(ports[0], tmp_path / "nginx", standby_port=ports[1]) as (url, ca):
+        with nginx_in_front(ports[0], tmp_path / "nginx", second_port=ports[1]) as (url, ca):
             trusted = ssl.create_default_context(cafile=str(ca.authority))
             watcher = httpx.Client(base_url=url, verify=trusted, timeout=30)
             direct = httpx.Client(base_url=replica_url, timeout=30)

@@ -55,7 +55,7 @@ def test_two_relays_serve_an_async_session_at_once_and_the_replica_finishes_it_w
         first.start()
         second.start()  # (listening at once: it serves beside the first)
         assert "serves it beside that one as a replica" in second.logs, second.logs[-2000:]
-        with nginx_in_front(ports[0], tmp_path / "nginx", standby_port=ports[1]) as (url, ca):
+        with nginx_in_front(ports[0], tmp_path / "nginx", second_port=ports[1]) as (url, ca):
             trusted = ssl.create_default_context(cafile=str(ca.authority))
             direct = httpx.Client(base_url=replica_url, timeout=30)
 
