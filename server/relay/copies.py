@@ -148,9 +148,8 @@ class UnitCopies(Part):
     def _copy_job(self, assignment: Assignment, deadline: float) -> Job:
         """A copy's job: a backup says so (the page shows it); a redundancy check (a replica's are) is the slot's job
         as any peer gets it, so that its peer cannot know its result is compared (and answer honestly only then)."""
-        redundant = self.context.replica or self.redundant(assignment.round, assignment.slot)
-        return self.jobs.job(assignment, deadline) if redundant else replace(self.jobs.job(assignment, deadline),
-                                                                             copy="backup")
+        job, redundant = self.jobs.job(assignment, deadline), self.redundant(assignment.round, assignment.slot)
+        return job if redundant or self.context.replica else replace(job, copy="backup")
 
     def copies_outstanding(self) -> bool:
         """Whether a chosen slot still waits for its second copy: one is out, or an eligible peer is here to take it

@@ -64,7 +64,6 @@ class SyncRounds:
         session, store, options = self.context.session, self.context.store, self.context.options
         results, leases = store.result_slots(session.round), store.leases(session.round)
         now = store.clock()
-        replica = self.context.replica  # (it hands out the copies its holder wants, no backup: ``sharing.py``)
         mine = [(s, lease) for s, lease in store.leases(session.round, 1).items()
                 if lease.peer_id == peer_id and lease.deadline >= now]
         if mine:  # this peer trains a second copy
@@ -105,7 +104,7 @@ class SyncRounds:
             self.started = True
             if not started:
                 self.on_round_opened()
-            if not replica:  # (the holder replays: a replica's peers' results are judged there)
+            if not self.context.replica:  # (the holder replays: a replica's peers' results are judged there)
                 self.replays.prepare(peer_id, assignment.slot)
             self.context.notices.changed()
             return self.jobs.job(assignment, lease.deadline)

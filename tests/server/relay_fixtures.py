@@ -244,6 +244,15 @@ def reference_run(package: Package, config: SessionConfig) -> np.ndarray:
     return session.weights
 
 
+def recorded_results(location: str | Path) -> list[StoredResult]:
+    """Every result the store at ``location`` kept (a synchronous session's), read once; the store is closed again."""
+    opened = open_store(location)
+    try:
+        return opened.all_results()
+    finally:
+        opened.close()
+
+
 def recorded_arrivals(store: Store | str | Path) -> list[Arrival]:
     """The asynchronous buffer's arrivals as the store recorded them (each message decoded); a location is opened
     and closed again."""

@@ -31,16 +31,18 @@ class SQLLeases(TablePart):
         # stream, or a round's slot, that has its result is not leased again (another relay took it a moment ago; a
         # slot's second copy is leased beside its result).
         now = self.clock()
-        arrived = " AND NOT EXISTS (SELECT 1 FROM arrivals a WHERE a.entry = ?)" if round_index == ASYNC_ROUND else \
-            " AND NOT EXISTS (SELECT 1 FROM results r WHERE r.round = ? AND r.slot = ?)" if copy == 0 else ""
+        done: tuple[str, tuple[int, ...]] = ("", ())  # (what must not exist: the unit's result)
+        if round_index == ASYNC_ROUND:
+            done = " AND NOT EXISTS (SELECT 1 FROM arrivals a WHERE a.entry = ?)", (slot,)
+        elif copy == 0:
+            done = " AND NOT EXISTS (SELECT 1 FROM results r WHERE r.round = ? AND r.slot = ?)", (round_index, slot)
         taken = self.connection.run(
             "INSERT INTO leases (round, slot, unit_index, peer_id, issued, deadline, copy, version) "
-            f"SELECT ?, ?, ?, ?, ?, ?, ?, ? WHERE 1 = 1{arrived} ON CONFLICT (round, slot, copy) "
+            f"SELECT ?, ?, ?, ?, ?, ?, ?, ? WHERE 1 = 1{done[0]} ON CONFLICT (round, slot, copy) "
             "DO UPDATE SET unit_index = excluded.unit_index, peer_id = excluded.peer_id, issued = excluded.issued, "
             "deadline = excluded.deadline, version = excluded.version "
             "WHERE leases.deadline < excluded.issued OR leases.peer_id = excluded.peer_id RETURNING slot",
-            (round_index, slot, unit_index, peer_id, now, now + seconds, copy, version,
-             *((slot,) if round_index == ASYNC_ROUND else (round_index, slot) if arrived else ())))
+            (round_index, slot, unit_index, peer_id, now, now + seconds, copy, version, *done[1]))
         return Lease(round_index, slot, unit_index, peer_id, now, now + seconds, copy, version) if taken else None
 
     def release(self, round_index: int, slot: int, peer_id: str | None = None) -> None:
