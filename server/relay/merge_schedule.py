@@ -42,6 +42,7 @@ class MergeSchedule(Part):
         self._background: set[asyncio.Task[None]] = set()  # the loop keeps only weak references to its tasks
         self._samples_task: asyncio.Task[None] | None = None  # (``samples_soon``)
         self._samples_wanted = False
+        self._closing = asyncio.Event()  # set by ``hold_for_close``: a merge still waiting for replays gives up
 
     def watch_deadline(self) -> None:
         """After the round's first hand-out: try to merge when its deadline comes (results also try)."""
@@ -127,6 +128,7 @@ class MergeSchedule(Part):
         in flight to write its checkpoint, and keep it, so that no merge starts on a closing store. (A merge's worker
         thread outlives the event loop's tasks: closed under it, it wrote to a closed store and metrics log.) Whether
         it was taken."""
+        self._closing.set()
         try:
             await asyncio.wait_for(self.lock.acquire(), timeout=seconds)
         except TimeoutError:
@@ -148,7 +150,8 @@ class MergeSchedule(Part):
         if self.undo.pending() or not self.mode().ready():  # (an undo held back by a full disk comes first)
             return False
         waited = time.perf_counter()
-        await self.replays.wait(session.round, final=session.round + 1 >= session.num_rounds)
+        if not await self._replays_before_close(session.round, final=session.round + 1 >= session.num_rounds):
+            return False
         self.apply_verdicts()
         self.replays.wait_seconds = time.perf_counter() - waited
         await self.undo_bans()  # (a replay banned a peer whose earlier results were merged)
@@ -166,6 +169,22 @@ class MergeSchedule(Part):
         finally:
             self._merged()
         self.samples_if_validated()
+        return True
+
+    async def _replays_before_close(self, round_index: int, *, final: bool) -> bool:
+        """Wait for the replays the merge of ``round_index`` needs; False where the relay began to close first (a
+        merge waiting for verification workers that nobody started held the shutdown for ``CLOSE_MERGE_SECONDS``):
+        nothing is merged, and the next start waits for them again."""
+        if self._closing.is_set():
+            return False
+        replays = asyncio.ensure_future(self.replays.wait(round_index, final=final))
+        closing = asyncio.ensure_future(self._closing.wait())
+        await asyncio.wait((replays, closing), return_when=asyncio.FIRST_COMPLETED)
+        for waiter in (replays, closing):
+            waiter.cancel()
+        if not replays.done() or replays.cancelled():
+            return False
+        replays.result()  # (a replay's failure surfaces as it did before)
         return True
 
     def samples_if_validated(self) -> None:

@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from relay_fixtures import HttpPeer, flipped, make_relay, serving, session_status, wait_until, work_until_done
 
 from server.relay.remote_replays import StoreReplays
@@ -120,9 +121,11 @@ def test_a_worker_killed_mid_session_loses_no_check(package: Package, tmp_path: 
     assert by_first >= 1 and by_second >= 2, (by_first, by_second)
 
 
-def test_a_round_waiting_for_workers_says_so(package: Package, tmp_path: Path, postgresql_url: str) -> None:
+def test_a_round_waiting_for_workers_says_so(package: Package, tmp_path: Path, postgresql_url: str,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
     """No worker running: the round's results wait for their replays in the store, and the status says where the
-    host starts what they need (a host who forgot the workers saw only "the host is replaying")."""
+    host starts what they need (a host who forgot the workers saw only "the host is replaying"). The relay then
+    closes at once, its merge left to the next start (it held the shutdown for 30 s, waiting for the workers)."""
     relay = make_relay(package, tmp_path / "session", k=2, passes=1, store=postgresql_url, remote_replays=True,
                        verify_fraction=1.0, replay_wait="all")
     with serving(relay) as client:
@@ -133,3 +136,4 @@ def test_a_round_waiting_for_workers_says_so(package: Package, tmp_path: Path, p
     assert status["round"] == 0 and waiting == ("round 1: 2 results wait for their replays by verification workers "
                                                 "(2 queued in the store; each `peertrain verify-worker --store URL` "
                                                 "takes one at a time)"), waiting
+    assert "a merge still ran" not in capsys.readouterr().out
