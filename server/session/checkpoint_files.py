@@ -339,6 +339,7 @@ def session_state(session: Any) -> dict[str, Any]:
         "best_metric": session.best_metric,
         "best_round": session.best_round,
         "stopped": session.stopped,
+        "checkpoint_id": session.checkpoint_id,
         "history_length": len(session.history),
         "consumed": session.consumed,
         "carried": [list(c) for c in session.carried],

@@ -36,14 +36,17 @@ class Ahead:
 
 
 def checkpoint_ahead(session: Session) -> Ahead | None:
-    """The latest checkpoint in ``session``'s folder where it is past the session's state (a merge, a stop); None
+    """The latest checkpoint in ``session``'s folder where it is past the session's state (a merge, a stop, a ban's undo
+    that merged rounds again up to the same number); None
     where it is not, or is being written or pruned right now (the next look finds it). Only reads."""
     directory = session.directory
     assert directory is not None
     try:
         folder = checkpoint.latest_folder(directory)
         state = json.loads((folder / checkpoint.STATE_FILE).read_text())
-        if (int(state["round"]), state["stopped"]) == (session.round, session.stopped):
+        # (the round alone misses a ban's undo that merged rounds again up to the same number, other weights)
+        if (int(state["round"]), state["stopped"], state.get("checkpoint_id")) == \
+                (session.round, session.stopped, session.checkpoint_id):
             return None
         point = checkpoint.read_point(folder)
         best = checkpoint.read_best(directory, repair=False).weights

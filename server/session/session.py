@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import secrets
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -92,6 +93,7 @@ class Session:
         self.best_metric: float | None = None
         self.best_round: int | None = None  # None: the initial weights
         self.stopped: str | None = None  # why the session ended early
+        self.checkpoint_id: str | None = None  # the checkpoint last written or read (following.py)
         self._assignments: tuple[int, tuple[Assignment, ...]] | None = None  # the last round asked for
         # Round deadlines (the relay's --round-deadline): units a round merged without are carried into the
         # next one, so each unit is still trained once per pass. ``consumed``: entries of the plan's schedule
@@ -158,6 +160,7 @@ class Session:
         self.merge.load_state_dict(merge_state)
         self.aggregator.load_state_dict(aggregate_state)
         self.round, self.stopped, self.initial_metrics = int(state["round"]), state["stopped"], state["initial_metrics"]
+        self.checkpoint_id = state.get("checkpoint_id")  # (None in a checkpoint written before it had one)
         self.consumed = int(state.get("consumed", self.round * self.plan.participants_per_round))
         self.carried = [(int(p), int(u), int(r)) for p, u, r in state.get("carried", [])]
         self.best_metric, self.best_round = state["best_metric"], state["best_round"]
@@ -460,6 +463,7 @@ class Session:
             checkpoint.rewrite_history(self.directory, self.history)
 
     def _save(self, *, new_entries: list[dict[str, Any]], best_changed: bool) -> None:
+        self.checkpoint_id = secrets.token_hex(8)  # (a ban's undo merges a round again: same number, other weights)
         checkpoint.save_session(self, new_entries=new_entries, best_changed=best_changed)
         self.round_log.follow(self)
 

@@ -1,6 +1,6 @@
 """Reading a session folder that another relay writes (``server.session.following``): a relay starting beside the one
 holding the session reads the folder again while a checkpoint is being written, and no reader beside a live writer
-moves the writer's files."""
+moves the writer's files; a reader follows the writer's checkpoints, a ban's undo that merged a round again included."""
 
 from __future__ import annotations
 
@@ -65,3 +65,28 @@ def test_a_folder_that_stays_unreadable_is_an_error_after_the_tries(
     with pytest.raises(following.READ_ERRORS):
         following.open_beside(tmp_path / "s", package)
     assert len(pauses) == 2
+
+
+def merged_once(session: Session, *, drop: int) -> None:
+    """One round of ``session`` merged from its units trained honestly, less the first ``drop`` of them."""
+    results = [(a, session.task.train_unit(session.weights, session.work_unit(a))) for a in session.assignments()]
+    session.complete_round(results[drop:])
+
+
+def test_a_reader_follows_an_undo_that_merged_the_round_again(package: Package, tmp_path: Path) -> None:
+    """The holder merges round 0 from two results; a ban's undo rewinds it and merges round 0 again from one (the
+    banned peer's result left out): the same round number, other weights. The reader beside it takes them on (it
+    compared the round and the stop only, kept the undone weights and handed them out until the next merge)."""
+    holder = written(package, tmp_path / "s")
+    merged_once(holder, drop=0)
+    beside = following.open_beside(tmp_path / "s", package)
+    assert following.checkpoint_ahead(beside) is None  # (nothing new)
+    undone = beside.weights.copy()
+    holder.rewind(0)
+    merged_once(holder, drop=1)
+    assert holder.round == beside.round == 1 and not np.array_equal(holder.weights, undone)
+    ahead = following.checkpoint_ahead(beside)
+    assert ahead is not None
+    following.follow(beside, ahead)
+    np.testing.assert_array_equal(beside.weights, holder.weights)
+    assert following.checkpoint_ahead(beside) is None
