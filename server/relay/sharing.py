@@ -63,6 +63,7 @@ class SharedServing(Part):
         self.followed = 0  # checkpoints taken on from the holder
         self._verdicts: dict[int, asyncio.Future[dict[str, Any]]] = {}  # results handed over -> their verdicts
         self._collector: asyncio.Task[None] | None = None  # (one look for every verdict awaited: ``collect``)
+        self._wanted_seen: tuple[int, frozenset[int]] = (-1, frozenset())  # (a replica's: ``wake_for_copies``)
 
     @property
     def watching(self) -> bool:
@@ -87,6 +88,7 @@ class SharedServing(Part):
             await asyncio.sleep(WATCH_SECONDS)
             if self.context.replica:
                 await self.follow()
+                await self.wake_for_copies()
                 if self.take_hold is not None and loop.time() - asked >= HOLD_SECONDS:
                     asked = loop.time()
                     if await asyncio.to_thread(self.take_hold):
@@ -107,6 +109,19 @@ class SharedServing(Part):
         self.context.notices.changed()
         self.merges.samples_if_validated()  # (its page shows the text of the weights it follows, as the holder's)
         return True
+
+    async def wake_for_copies(self) -> None:
+        """On a replica whose peers hold their asks: wake them when the holder wants copies it did not at the last
+        look (each ask reads them afresh, but an ask held for work waited out its hold while a copy waited)."""
+        context = self.context
+        if context.async_mode or context.options.redundancy <= 0 or not context.notices.holding:
+            return
+        round_index = self.session.round
+        wanted = frozenset(await asyncio.to_thread(self.copies.needing, round_index))
+        seen_round, seen = self._wanted_seen
+        self._wanted_seen = round_index, wanted
+        if wanted - (seen if seen_round == round_index else frozenset()):
+            context.notices.work_changed()
 
     async def catch_up(self, version: int | None = None) -> bool:
         """On a replica asked about weights ``version`` past its own (a job the holder handed out as it merged; None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from relay_process import wait_for
 
 from server.relay import sharing
 from server.relay.openapi import wire_refusals
-from server.relay.state import Relay
+from server.relay.state import MAX_HOLD_SECONDS, Relay
 from server.relay.store import open_store
 from server.session.package import Package
 from server.session.session import Session
@@ -150,3 +151,29 @@ def test_a_replica_hands_out_the_copies_its_holder_wants(package: Package, tmp_p
     assert compared == [2] * holder.session.num_rounds, compared  # (both slots of every round, by copies)
     assert counters["copies_handed_out"] == 2 * holder.session.num_rounds and "copies_disputed" not in counters
     assert counters["results_forwarded"] == 4 * holder.session.num_rounds  # (every result and copy, by the replica)
+
+
+@pytest.mark.timeout(300)
+def test_an_ask_held_at_the_replica_wakes_for_a_copy_the_holder_wants(package: Package, tmp_path: Path,
+                                                                       postgresql_url: str) -> None:
+    """A small copy share (no slot of round 0 chosen by it), both units of round 0 leased at the replica, a third
+    peer's ask held there (``hold=``, the browser's way): when the first result, its peer's first, makes the holder
+    want a copy of it (no copy has confirmed that peer yet), the held ask wakes with that copy. (It waited out its
+    hold: the replica reads the copies afresh at each ask, but nothing woke an ask already held.)"""
+    holder = make_relay(package, tmp_path / "s", k=2, passes=1, store=postgresql_url, ban_addresses=False,
+                        redundancy=0.01, verify=False)
+    replica = replica_of(holder, postgresql_url)
+    with serving(holder), serving(replica) as b, ThreadPoolExecutor(1) as pool:
+        first, second, third = (HttpPeer(b) for _ in range(3))
+        job = first.assignment()
+        second.assignment()  # (round 0's other unit)
+        held = pool.submit(third.work, MAX_HOLD_SECONDS)
+        wait_for("the third peer's ask to be held", lambda: held.done() or replica.context.notices.holding == 1,
+                 time.monotonic() + WAIT_SECONDS)
+        assert not held.done(), held.result()
+        sent = time.monotonic()
+        assert first.upload(job["round"], job["slot"], first.train(job)).status_code == 200
+        copy = held.result(timeout=MAX_HOLD_SECONDS + WAIT_SECONDS)
+        waited = time.monotonic() - sent
+    assert (copy.get("round"), copy.get("slot")) == (0, job["slot"]), copy  # (the copy of the first result's unit)
+    assert waited < replica.max_hold_seconds / 2, f"the held ask answered {waited:.1f} s after the copy was wanted"
