@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import secrets
 import shutil
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -355,6 +356,7 @@ def save_session(session: Any, *, new_entries: list[dict[str, Any]], best_change
     """Write a session's checkpoint after a round (its new history entries; the best weights too when they
     changed), first rewriting a history a checkpoint that failed to finish left longer."""
     assert session.directory is not None
+    session.checkpoint_id = secrets.token_hex(8)  # (names this checkpoint: a ban's undo may merge a round again)
     state = session_state(session)
     server_state = join_server_state(session.merge.state_dict(), session.aggregator.state_dict(),
                                      session.downloads.state_dict())

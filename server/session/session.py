@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import secrets
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -150,8 +149,7 @@ class Session:
         return session
 
     def load_point(self, point: checkpoint.Checkpoint, best_weights: np.ndarray) -> dict[str, Any]:
-        """The state as of ``point`` (``restore``, ``rewind``, ``server.session.following``); returns the point's JSON
-        state."""
+        """The state as of ``point`` (``restore``, ``rewind``, ``server.session.following``); returns its JSON state."""
         state = point.state
         self.roll_back()  # (reset first: a checkpoint without momentum leaves none)
         self.weights, self.best_weights = (np.array(w, dtype=np.float32) for w in (point.weights, best_weights))
@@ -272,8 +270,7 @@ class Session:
         the (pass, unit, round first planned) to carry instead (a ban's undo merges a round again: server.relay.undo).
         ``streamed``: the round's results were summed as they arrived (``open_stream``, keyed by slot; their weights
         here are ``STREAMED``, checked when they came), with a way to read a slot's weights again: the merge gives the
-        bits it would give on the weights themselves.
-        """
+        bits it would give on the weights themselves."""
         if self.done:
             raise SessionError(f"the session is over ({self.stopped or f'all {self.num_rounds} rounds done'})")
         ordered = self._checked_results(results, weights=streamed is None)
@@ -463,7 +460,6 @@ class Session:
             checkpoint.rewrite_history(self.directory, self.history)
 
     def _save(self, *, new_entries: list[dict[str, Any]], best_changed: bool) -> None:
-        self.checkpoint_id = secrets.token_hex(8)  # (a ban's undo merges a round again: same number, other weights)
         checkpoint.save_session(self, new_entries=new_entries, best_changed=best_changed)
         self.round_log.follow(self)
 
