@@ -171,21 +171,33 @@ class RoundResults:
                       is not None and lease.peer_id == peer_id]
         author = store.result_peer(round_index, slot)
         has_result = author is not None
-        if self.context.merging and not has_result and self.bans.undo.running is not None:
-            raise Refusal(409, "round_redone", f"round {round_index + 1} is being merged again without a banned peer's "
-                          "results; this result was trained from weights that held them, and its unit is handed out "
-                          "again from the corrected weights")
         if self.context.merging and not has_result:
-            raise Refusal(409, "past_deadline", f"round {round_index + 1} passed its deadline and is merging without "
-                          f"slot {slot}; the unit is trained again in the next round")
+            raise self._while_merging(round_index, slot, copy=False)
         if has_result and (not leases or author == peer_id or (slot, peer_id) in store.copies(round_index)):
             raise Refusal(409, "duplicate", f"slot {slot} of round {round_index} already has a result")
         if not leases:
             raise Refusal(403, "not_leased", f"slot {slot} of round {round_index} is not leased to this peer")
+        if self.context.merging:
+            raise self._while_merging(round_index, slot, copy=True)
         deadline = max(lease.deadline for lease in leases)
         if deadline < store.clock():
             raise Refusal(409, "late", f"the lease on slot {slot} expired {store.clock() - deadline:.1f} s ago")
         return by_slot[slot], has_result
+
+    def _while_merging(self, round_index: int, slot: int, *, copy: bool) -> Refusal:
+        """The refusal of a result of the round a merge (or a ban's undo) is taking: its worker thread moves the
+        round's weights, number and plan meanwhile, so nothing of the round is judged then. (A second copy compared
+        while a merge ran was decoded, compared and replayed against the next round's weights: two honest copies
+        disagreed, both failed the replay and an honest peer was banned.)"""
+        if self.bans.undo.running is not None:
+            return Refusal(409, "round_redone", f"round {round_index + 1} is being merged again without a banned "
+                           "peer's results; this result was trained from weights that held them" + (
+                               "" if copy else ", and its unit is handed out again from the corrected weights"))
+        if copy:
+            return Refusal(409, "past_deadline", f"round {round_index + 1} is merging with slot {slot}'s first "
+                           "result; this second copy came too late to be compared with it")
+        return Refusal(409, "past_deadline", f"round {round_index + 1} passed its deadline and is merging without "
+                       f"slot {slot}; the unit is trained again in the next round")
 
     def _free_slot(self, peer_id: str, round_index: int, slot: int) -> None:
         """After a refused result: release the lease, never hand this slot to that peer again this round."""

@@ -4,6 +4,7 @@ lying backup is caught, and a round never waits for a backup."""
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -170,4 +171,55 @@ def test_when_both_copies_of_a_unit_lie_both_are_banned_and_an_honest_peer_train
         assert other.train_and_upload(other_job).status_code == 200
         assert relay.store.ban_reason(liar.peer_id) and relay.store.ban_reason(backup_liar.peer_id)
         work_until_done(client, [first, other])
+    np.testing.assert_array_equal(relay.session.weights, reference_run(package, relay.session.config))
+
+
+class PausedHistory(list[Any]):
+    """A session's history whose first append (a merge, in its worker thread, between taking the merged weights
+    and counting the round: ``Session._advance``) waits for the test."""
+
+    def __init__(self, entries: list[Any]) -> None:
+        super().__init__(entries)
+        self.entered, self.go = threading.Event(), threading.Event()
+
+    def append(self, entry: Any) -> None:
+        if not self.entered.is_set():
+            self.entered.set()
+            assert self.go.wait(30), "the test never let the merge go on"
+        super().append(entry)
+
+
+@pytest.mark.parametrize("codec", ["none", "int8"])
+def test_a_copy_that_comes_while_its_round_merges_is_refused_not_judged_against_the_next_round(
+        package: Package, tmp_path: Path, codec: str) -> None:
+    """The slow original of a unit whose backup won comes while the round's merge runs in its worker thread, which
+    holds the merged weights already and has not counted the round yet (the test holds it there). It is refused
+    (``409 past_deadline``), nothing of it is stored and nobody is banned. Before, it was judged as a copy of the
+    open round against whatever of the merge had happened: here accepted and compared (none), or refused as
+    ``wrong_base`` (int8: its update names its round's weights, not the merged ones); where its early read came before
+    the merged weights, decoded against them, found to disagree and replayed against them (the next round's unit),
+    which failed both honest peers (a classroom run of 42 browsers banned one so)."""
+    relay = make_relay(package, tmp_path / "s", k=3, passes=1, backup_after=0.0, ban_addresses=False,
+                       config={"codec": codec})
+    history = relay.session.history = PausedHistory(relay.session.history)
+    with serving(relay) as client:
+        fast, slow, other, idle = (HttpPeer(client) for _ in range(4))
+        jobs = {peer.peer_id: peer.assignment() for peer in (fast, slow, other)}
+        assert fast.train_and_upload(jobs[fast.peer_id]).status_code == 200
+        backup = idle.assignment()
+        assert (backup["slot"], backup["copy"]) == (jobs[slow.peer_id]["slot"], "backup")
+        assert idle.train_and_upload(backup).status_code == 200  # the backup wins the race
+        late = slow.train(jobs[slow.peer_id])
+        assert other.train_and_upload(jobs[other.peer_id]).status_code == 200  # the round is full: it merges
+        assert history.entered.wait(30), "the round never merged"
+        try:
+            answer = slow.upload(0, backup["slot"], late)
+        finally:
+            history.go.set()
+        assert (answer.status_code, answer.json().get("error")) == (409, "past_deadline"), answer.text
+        wait_until(client, lambda s: s["round"] >= 1 and not s["merging"])
+        assert relay.store.copies(0) == {} and relay.store.results(0)[backup["slot"]].peer_id == idle.peer_id
+        work_until_done(client, [fast, slow, other, idle])
+        counters = session_status(client)["counters"]
+    assert counters.get("peers_banned", 0) == 0 and counters.get("copies_disputed", 0) == 0, counters
     np.testing.assert_array_equal(relay.session.weights, reference_run(package, relay.session.config))
