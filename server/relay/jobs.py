@@ -23,7 +23,7 @@ class Jobs:
     def __init__(self, context: RelayContext) -> None:
         self.context = context
         # (round, weights, message, digest) of the current weights: kept while the session's round and weights array
-        # stay (a merge replaces the array before it moves the round on; async mode hands out jobs meanwhile)
+        # stay (``current``)
         self._current: tuple[int, np.ndarray, bytes, str] | None = None
         # Older versions a job may still name (async mode keeps the recent ones: ``AsyncBuffer.keep_version``).
         self.kept: dict[int, np.ndarray] = {}
@@ -47,12 +47,18 @@ class Jobs:
                    codec=codec.to_json() if codec.compresses else None)
 
     def current(self) -> tuple[int, bytes, str]:
-        """(round, weights message, digest) of the current weights, encoded once per round and weights."""
+        """(round, weights message, digest) of the current weights, encoded once per round and weights. Where the
+        current version is kept (async mode: ``AsyncBuffer.keep_version``), its kept copy: a merge in its worker
+        thread holds the merged weights a moment before it counts the version, and async mode hands out jobs (and
+        serves weights) meanwhile, so the session's weights then are the next version's, not this one's."""
         session = self.context.session
-        kept = self._current
-        if kept is None or kept[0] != session.round or kept[1] is not session.weights:
+        round_index = session.round
+        weights = self.kept.get(round_index)
+        if weights is None:
             weights = session.weights
-            kept = self._current = (session.round, weights, self.message(weights, session.round),
+        kept = self._current
+        if kept is None or kept[0] != round_index or kept[1] is not weights:
+            kept = self._current = (round_index, weights, self.message(weights, round_index),
                                     deltas.weights_sha256(weights))
         return kept[0], kept[2], kept[3]
 

@@ -9,6 +9,7 @@ with httpx's interface (Starlette's ``TestClient`` in-process, or ``httpx.Client
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -81,6 +82,21 @@ def serving(relay: Relay) -> Iterator[TestClient]:
 
 def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+class PausedHistory(list[Any]):
+    """A session's history whose first append (a merge, in its worker thread, between taking the merged weights
+    and counting the round: ``Session._advance``) waits for the test."""
+
+    def __init__(self, entries: list[Any]) -> None:
+        super().__init__(entries)
+        self.entered, self.go = threading.Event(), threading.Event()
+
+    def append(self, entry: Any) -> None:
+        if not self.entered.is_set():
+            self.entered.set()
+            assert self.go.wait(30), "the test never let the merge go on"
+        super().append(entry)
 
 
 class HttpPeer(RelayClient):

@@ -14,7 +14,15 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-from relay_fixtures import HttpPeer, make_relay, recorded_arrivals, serving, session_status, work_until_done
+from relay_fixtures import (
+    HttpPeer,
+    PausedHistory,
+    make_relay,
+    recorded_arrivals,
+    serving,
+    session_status,
+    work_until_done,
+)
 from relay_process import (
     ADMIN,
     RELAYD_CONFIG,
@@ -354,3 +362,32 @@ def test_an_update_message_is_kept_alone_and_merges_the_update_it_carries_across
     for body, update in zip(bodies, carried, strict=True):  # (the update each message stands for, from its base)
         np.testing.assert_allclose(wire.result_weights(body, w0.astype(np.float32), codec=codec)[1] - w0, update,
                                    atol=1e-6)
+
+
+def test_a_job_handed_out_while_a_merge_holds_the_new_weights_names_its_version_s_weights(package: Package,
+                                                                                        tmp_path: Path) -> None:
+    """Async mode hands out jobs while a merge runs in its worker thread, which holds the merged weights before it
+    counts the version (the test holds it there). A job handed out then is of the version still current and names
+    that version's weights, and its digest serves them. (Before, it named the merged weights' digest under the old
+    version: the peer trained from the next version's weights, and its result, read against the version it named,
+    was refused as ``wrong_base``, or with float32 results carried the merge's step once more as its own.)"""
+    relay = make_relay(package, tmp_path / "s", k=2, passes=1, config=ASYNC, ban_addresses=False)
+    history = relay.session.history = PausedHistory(relay.session.history)
+    with serving(relay) as client:
+        a, b, late = HttpPeer(client), HttpPeer(client), HttpPeer(client)
+        w0 = relay.session.weights.copy()
+        for peer in (a, b):
+            job = peer.assignment()
+            assert peer.train_and_upload(job).status_code == 200  # the second fills the buffer: it merges
+        assert history.entered.wait(30), "the buffer never merged"
+        try:
+            assert relay.session.round == 0 and not np.array_equal(relay.session.weights, w0)  # (held there)
+            job = late.assignment()
+            fetched = client.get(job["weights_url"], headers=late.headers)
+        finally:
+            history.go.set()
+        assert job["round"] == 0 and job["weights_digest"] == wire.weights_sha256(w0), job
+        assert fetched.status_code == 200
+        np.testing.assert_array_equal(wire.decode(fetched.content)[1], w0)
+        wait_until_version(client, 1)
+        assert late.train_and_upload(job).status_code == 200  # trained from version 0's weights, read against them

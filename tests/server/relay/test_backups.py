@@ -4,7 +4,6 @@ lying backup is caught, and a round never waits for a backup."""
 
 from __future__ import annotations
 
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,7 @@ import numpy as np
 import pytest
 from relay_fixtures import (
     HttpPeer,
+    PausedHistory,
     flipped,
     make_relay,
     reference_run,
@@ -172,21 +172,6 @@ def test_when_both_copies_of_a_unit_lie_both_are_banned_and_an_honest_peer_train
         assert relay.store.ban_reason(liar.peer_id) and relay.store.ban_reason(backup_liar.peer_id)
         work_until_done(client, [first, other])
     np.testing.assert_array_equal(relay.session.weights, reference_run(package, relay.session.config))
-
-
-class PausedHistory(list[Any]):
-    """A session's history whose first append (a merge, in its worker thread, between taking the merged weights
-    and counting the round: ``Session._advance``) waits for the test."""
-
-    def __init__(self, entries: list[Any]) -> None:
-        super().__init__(entries)
-        self.entered, self.go = threading.Event(), threading.Event()
-
-    def append(self, entry: Any) -> None:
-        if not self.entered.is_set():
-            self.entered.set()
-            assert self.go.wait(30), "the test never let the merge go on"
-        super().append(entry)
 
 
 @pytest.mark.parametrize("codec", ["none", "int8"])
