@@ -39,6 +39,7 @@ from server.cli.options import parse_sets
 from server.harness.relay_process import RelayProcess
 from server.harness.serve_command import ServeCommand
 from server.relay.client import RelayClient
+from server.relay.options import RelayOptions
 from server.session.config import SessionConfig
 
 # How late a 50 ms timer of the page's main thread fires (ms): 0 when on time.
@@ -173,7 +174,8 @@ def run(args: argparse.Namespace) -> int:
 def measure(folder: Path, args: argparse.Namespace) -> list[Phase]:
     serve = ServeCommand(task=args.task, task_settings=parse_sets(args.settings), fresh=True,
                          session_dir=folder / "session",
-                         config=SessionConfig(participants=3, mode="async", validate_every=1000, passes=1000))
+                         config=SessionConfig(participants=3, mode="async", validate_every=1000, passes=1000),
+                         options=RelayOptions(admin_token="", verify=False))  # (replays would share the cores measured)
     deadline = time.monotonic() + args.timeout
     with RelayProcess(serve, log=folder / "relay.log") as relay:
         client = relay.client()

@@ -24,6 +24,7 @@ from server.browser.peers import join_url
 from server.cli.options import parse_sets
 from server.harness.relay_process import RelayProcess
 from server.harness.serve_command import ServeCommand
+from server.relay.options import RelayOptions
 from server.session.config import SessionConfig
 
 PROBE = """() => ({
@@ -84,7 +85,8 @@ def measure(folder: Path, args: argparse.Namespace, workers: int) -> WorkersRun:
 
     serve = ServeCommand(task=args.task, task_settings=parse_sets(args.settings), fresh=True,
                          session_dir=folder / f"session-{workers}",
-                         config=SessionConfig(participants=3, mode="async", validate_every=1000, passes=100))
+                         config=SessionConfig(participants=3, mode="async", validate_every=1000, passes=100),
+                         options=RelayOptions(admin_token="", verify=False))  # (replays would share the cores measured)
     relay = RelayProcess(serve, log=folder / f"relay-{workers}.log")
     relay.start()
     try:

@@ -20,9 +20,11 @@ from server.relay.undo import BanUndo
 
 class Bans:
     def __init__(self, context: RelayContext, book: RoundBook, copies: UnitCopies, undo: BanUndo, *,
-                 on_unban: Callable[[str], None] = lambda peer_id: None) -> None:
+                 on_unban: Callable[[str], None] = lambda peer_id: None,
+                 on_ban: Callable[[str], None] = lambda peer_id: None) -> None:
         self.context, self.book, self.copies, self.undo = context, book, copies, undo
         self.on_unban = on_unban  # (the replays' record of the peer starts afresh: server.relay.coverage)
+        self.on_ban = on_ban  # (the round mode's part: async, its results still in the buffer go)
 
     def ban(self, peer_id: str, reason: str) -> None:
         """Ban the peer, and every other peer of its volunteer (each worker and tab of the same key: a ban follows
@@ -45,6 +47,7 @@ class Bans:
                 self.book.drop(round_index, slot, weights.get(slot))
                 store.count("results_dropped_by_ban")
                 self.copies.promote_settled_copy(round_index, slot)
+        self.on_ban(peer_id)
         self.undo.request(peer_id)
         self.context.notices.work_changed()
 

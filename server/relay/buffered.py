@@ -12,53 +12,44 @@ them). Leases use round -1 and the schedule entry as their slot.
 
 Crash safety: a merge marks its results in SQLite before its checkpoint is written; on start, results marked
 for a merge the checkpoint does not hold go back to the buffer, so a SIGKILL loses nothing and merges nothing
-twice. Host replays, redundancy and backups are synchronous-mode features; ``serve`` says so. Liveness: a unit
+twice. Host replays judge results against the version each started from (``server.relay.arrival_checks``);
+second copies and backups are synchronous-mode features (``serve`` says so). Liveness: a unit
 refused to one peer goes to another connected peer; when every connected peer was refused for it, it is handed
 out again (the weights have moved on meanwhile, or the refused peer tries once more).
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from runtime import wire
-from runtime.aggregate.streaming import STREAMED, Contribution, Stream, TermTooLarge
+from runtime.aggregate.streaming import STREAMED, Stream
 from runtime.protocol import Wait, WorkAnswer
 from runtime.tasks import UnitResult
 from runtime.wire import weights_sha256
+from server.relay.arrival_checks import ArrivalChecks
 from server.relay.book import RoundBook
 from server.relay.checks import EarlyRead, check_update_norm, read_early, read_result
 from server.relay.context import Part, RelayContext
 from server.relay.jobs import Jobs
+from server.relay.open_sum import ArrivalSums
 from server.relay.people import Participants
 from server.relay.refusal import Refusal
+from server.relay.replay_checks import ReplayChecks
 from server.relay.round_mode import SPARE_TURNS
 from server.relay.store import AlreadyArrived, StoredResult
 from server.relay.store.records import ASYNC_ROUND, sha256_hex
 from server.relay.stream_order import StreamOrder
+from server.relay.verify import Verdict
 from server.session.buffered import effective_weights, entry_assignment, stored_update, update_of, validates
 from server.session.streamed import add_all
 
 BACKLOG_MERGES = 2  # hand-out waits while this many merges' results (2 K) wait in the buffer
 GRANT_TRIES = 16  # grants another relay beat this one to, at most, before an ask is told to ask again
 NORMS_KEPT = 50  # accepted update norms the relative outlier check compares with
-
-
-@dataclass
-class OpenSum:
-    """The next merge's sum, taking results as they arrive: the merge number it is for, the weights it opened on
-    (the merge's current ones) and the arrivals (seq) in it."""
-
-    stream: Stream
-    merge: int
-    weights: np.ndarray
-    seqs: set[int] = field(default_factory=set)
 
 
 class AsyncBuffer(Part):
@@ -69,17 +60,18 @@ class AsyncBuffer(Part):
 
     hands_out_while_merging = True  # peers never wait for a round: a unit starts from the version it is handed
 
-    def __init__(self, context: RelayContext, book: RoundBook, jobs: Jobs, people: Participants) -> None:
-        self.context, self.book, self.jobs, self.people = context, book, jobs, people
+    def __init__(self, context: RelayContext, book: RoundBook, jobs: Jobs, people: Participants, replays: ReplayChecks,
+                 merge_soon: Callable[[], None]) -> None:
+        self.context, self.book, self.jobs, self.people, self.replays = context, book, jobs, people, replays
         self.versions: dict[int, np.ndarray] = jobs.kept  # (jobs name them and serve their weights by digest)
         self.holding: dict[str, int] = {}  # peer -> the entry it was handed last (its lease is checked on each ask)
         self.digests: dict[int, tuple[np.ndarray, str]] = {}  # version -> (its weights, their sha256)
         self.norms: list[float] = []
         self.next = 0
         self.order = StreamOrder()  # (which entry goes out next: found without reading every lease on each ask)
-        self.open: OpenSum | None = None  # (``open_sum``: the next merge's sum; None while a merge runs)
-        self.open_lock = threading.Lock()  # (the adding thread adds to it, the merge thread takes it)
-        self.adder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sum-adder")  # (off the event loop)
+        self.sums = ArrivalSums(context)  # (the next merge's sum, taking results as they arrive)
+        self.checks = ArrivalChecks(context, replays, lock=self.sums.lock, merge_soon=merge_soon,
+                                    dropped=self._go_out_again)
 
     def units_open(self) -> int | None:
         """After a merge: as many held requests look for work as new units may go out before the buffer is
@@ -99,7 +91,7 @@ class AsyncBuffer(Part):
             if returned:
                 self.store.count("arrivals_returned_to_buffer_on_start", returned)
         self.keep_version()
-        self.open_sum()
+        self.sums.open_sum()
 
     def follow(self, older: dict[int, np.ndarray]) -> None:
         """The session moved on to a newer checkpoint another relay merged (a replica follows): keep its weights,
@@ -108,7 +100,7 @@ class AsyncBuffer(Part):
             self.versions[version] = weights
             self.digests[version] = weights, weights_sha256(weights)
         self.keep_version()
-        self.open_sum()
+        self.sums.open_sum()
 
     def keep_version(self) -> None:
         """Remember the current weights (results started from them are judged against them) and forget
@@ -206,7 +198,7 @@ class AsyncBuffer(Part):
 
         named = self.digests.get(version)
         digest = named[1] if named is not None and named[0] is base else None  # (else it is computed from base)
-        opened = self.open
+        opened, sums = self.sums.open, self.sums
 
         def read() -> EarlyRead:  # (the norm measured once, of the update the merge takes)
             outcome = read_early(body, session=session, fingerprint=fingerprint, round_index=version, unit=unit,
@@ -216,53 +208,9 @@ class AsyncBuffer(Part):
             header, vector, count, _ = outcome
             update = update_of(body, vector, base, codec)
             return EarlyRead(base, (header, vector, count, float(np.linalg.norm(update.astype(np.float64)))),
-                             update=update, contribution=self.contribution(opened, update, version, count),
+                             update=update, contribution=sums.contribution(opened, update, version, count),
                              digest=sha256_hex(body))
         return read
-
-    def contribution(self, opened: OpenSum | None, update: np.ndarray, version: int,
-                     count: int) -> Contribution | None:
-        """A result's part of the next merge's sum, computed as it arrives (in a reader thread): None where that sum
-        is gone or full already (the merge then adds the result itself) or cannot take it (the merge says why)."""
-        if opened is None or self.open is not opened or version > opened.merge or \
-                self.store.buffered_count() >= self.session.plan.participants_per_round:
-            return None
-        effective = effective_weights(opened.stream.global_weights, update, opened.merge - version,
-                                      self.staleness_exponent)  # (the float64 copy of ``opened.weights``)
-        try:
-            return opened.stream.prepare(effective, count)
-        except (ValueError, TermTooLarge):
-            return None
-
-    def open_sum(self) -> None:
-        """Open the next merge's sum on the weights of now, for results to join as they arrive (``OpenSum``; none
-        on a replica, which does not merge)."""
-        stream = None if self.context.replica else self.session.open_stream()  # (None also: an aggregator that
-        # needs every result at once)
-        with self.open_lock:
-            self.open = None if stream is None else OpenSum(stream, self.session.round, self.session.weights)
-
-    def add_on_arrival(self, seq: int, count: int, contribution: Contribution | None) -> None:
-        """Add a stored arrival to the next merge's sum, in the adding thread (two integer additions of n values:
-        not on the event loop), where its part was computed for that sum and the sum still holds only the oldest
-        buffered arrivals (so the merge, which takes the oldest K, takes every result in it)."""
-        if contribution is not None:
-            self.adder.submit(self._add, seq, count, contribution)
-
-    def _add(self, seq: int, count: int, contribution: Contribution) -> None:
-        with self.open_lock:
-            opened = self.open
-            if opened is None or contribution.stream is not opened.stream or contribution.count != count or \
-                    self.store.buffered_count() > self.session.plan.participants_per_round:
-                return  # (the merge took the sum meanwhile, or the buffer holds more: the merge adds it)
-            opened.stream.add(seq, STREAMED, count, contribution)
-            opened.seqs.add(seq)
-
-    def summed(self) -> set[int]:
-        """The arrivals in the next merge's sum once the adds under way are done (tests look)."""
-        self.adder.submit(lambda: None).result()
-        with self.open_lock:
-            return set() if self.open is None else set(self.open.seqs)
 
     def accept(self, peer_id: str, version: int, entry: int, body: bytes,
                early: EarlyRead | None = None) -> StoredResult:
@@ -302,6 +250,9 @@ class AsyncBuffer(Part):
                 norm = float(np.linalg.norm(update.astype(np.float64)))
             check_update_norm(norm, self.norms, max_norm=options.max_update_norm,
                               outlier_factor=options.outlier_factor, min_results=options.outlier_min_results)
+            engine = str(header.meta.get("engine", ""))
+            if (unjudgeable := self.replays.refusal(engine)) is not None:  # (no copies in async mode to check it)
+                raise self.replays.refuse_engine(peer_id, unjudgeable, engine)
         except Refusal:
             self.store.release(ASYNC_ROUND, entry)
             self.book.refuse(ASYNC_ROUND, entry, peer_id)
@@ -309,7 +260,7 @@ class AsyncBuffer(Part):
             self.context.notices.work_changed(available=1)  # (its unit goes to the next held request)
             raise
         self.norms = (self.norms + [norm])[-NORMS_KEPT:]
-        self.people.note_unit(peer_id, now - lease.issued, str(header.meta.get("engine", "")))
+        self.people.note_unit(peer_id, now - lease.issued, engine)
         try:
             seq = self.store.add_arrival(entry=entry, unit_index=assignment.unit_index, peer_id=peer_id,
                                          version=version, num_examples=count, metrics=dict(header.metrics),
@@ -317,8 +268,24 @@ class AsyncBuffer(Part):
                                          sha256=early.digest if early is not None else None)  # (stored_update)
         except AlreadyArrived as error:  # (its result reached another relay over the store a moment ago)
             raise Refusal(409, "duplicate", str(error)) from None
-        self.add_on_arrival(seq, count, early.contribution if early is not None and early.base is base else None)
-        return StoredResult(version, entry, assignment.unit_index, peer_id, count, dict(header.metrics), b"")
+        stored = StoredResult(version, entry, assignment.unit_index, peer_id, count, dict(header.metrics), b"", engine)
+        early_part = None if early is None or early.base is not base else early.contribution
+        if not self.checks.arrived(stored, seq, assignment, vector, base,  # (held: merged once its replay passed)
+                                   join=lambda: self.sums.add_on_arrival(seq, count, early_part)):
+            self.sums.add_on_arrival(seq, count, early_part)
+        return stored
+
+    def settle(self, verdicts: list[Verdict]) -> None:
+        self.checks.settle(verdicts)
+
+    def banned(self, peer_id: str) -> None:
+        self.checks.banned(peer_id)
+
+    def _go_out_again(self, entries: list[int]) -> None:
+        """Entries whose result left the buffer (its peer was banned) go out again, first in schedule order."""
+        self.next = min(self.next, *entries)
+        for entry in entries:
+            self.order.give_back(entry)
 
     def holds_unit(self, peer_id: str, unit_index: int) -> bool:
         """Whether ``peer_id`` holds a live lease on ``unit_index`` in the stream."""
@@ -330,18 +297,20 @@ class AsyncBuffer(Part):
         """K results wait, or the last ones of the session do (never on a replica: the holding relay merges)."""
         if self.session.done or self.context.replica:
             return False
-        waiting = self.store.buffered_count()  # (on every poll: a count, not the updates)
+        waiting, k = self.store.buffered_count(), self.session.plan.participants_per_round  # (each poll: counts)
         everything_back = self.store.arrived_count() >= len(self.session.plan.schedule)
-        return waiting >= self.session.plan.participants_per_round or (everything_back and waiting > 0)
+        return (waiting >= k or (everything_back and waiting > 0)) and \
+            not self.checks.blocks(lambda: self.store.buffered_seqs(k))  # (one of them waits for its replay)
 
     def merge_blocking(self) -> dict[str, Any]:
         """Merge the oldest K buffered results into the next version (runs in a worker thread)."""
         session, k = self.session, self.session.plan.participants_per_round
         merge = session.round
-        with self.open_lock:  # (arrivals from now on wait for the next merge's sum)
-            opened, self.open = self.open, None
-        rows = self.store.buffered(k)
-        self.store.mark_merged([row[0] for row in rows], merge)  # before the checkpoint (module docstring)
+        with self.sums.lock:  # (arrivals from now on wait for the next merge's sum; a ban's removal for the marks)
+            opened, self.sums.open = self.sums.open, None
+            held = set(self.checks.held.values())  # (waiting for a replay: a ban may have moved one among the oldest)
+            rows = [row for row in self.store.buffered(k + len(held)) if row[0] not in held][:k]
+            self.store.mark_merged([row[0] for row in rows], merge)  # before the checkpoint (module docstring)
         validate = validates(merge, session.config.validate_every, session.num_rounds)
         extra = {"staleness": [merge - row[3] for row in rows], "started_from": [row[3] for row in rows],
                  "entries": [row[1] for row in rows], "staleness_exponent": self.staleness_exponent}
@@ -368,7 +337,7 @@ class AsyncBuffer(Part):
             entry = session.complete_buffer([(row[2], UnitResult(STREAMED, row[4], row[5])) for row in rows],
                                             validate=validate, extra=extra, streamed=(stream, effective))
         self.keep_version()
-        self.open_sum()
+        self.sums.open_sum()
         return entry
 
     def waiting(self) -> str | None:

@@ -164,10 +164,15 @@ NO_REPLAYS = ("results are not re-trained on the host in this session (host repl
               "result is wrong but not unusually large is neither caught nor banned")
 
 
+ASYNC_BANS = ("async mode merges a stream, not rounds: a banned peer's results merged before its ban stay merged "
+              "(a replayed result waits for its verdict before it is merged, and every peer's first is replayed)")
+
+
 def describe_defenses(options: RelayOptions, aggregate: str, aggregate_config: Mapping[str, Any],
-                      kind: str = "data", replays: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                      kind: str = "data", replays: Mapping[str, Any] | None = None, *,
+                      stream: bool = False) -> dict[str, Any]:
     """The page's list of what the session's settings (``RelayOptions``) defend against, and what not (a local
-    task's results, which no replay can check, say so)."""
+    task's results, which no replay can check, say so; ``stream``: async mode, whose bans undo nothing merged)."""
     settings = ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in aggregate_config.items())
     guards = [f"results are combined by {aggregate}" + (f" ({settings})" if settings else ""),
               "example counts come from the relay, never from a peer's claim",
@@ -185,8 +190,8 @@ def describe_defenses(options: RelayOptions, aggregate: str, aggregate_config: M
                "for bit" if (replays or {}).get("exact") else
                f" natively ({engine}), within a tolerance" if engine else "")
         guards.append("results are re-trained on the host and compared (every peer's first, "
-                      f"{options.verify_fraction:.0%} of the rest, and outliers){how}; a peer whose result differs is "
-                      "banned")
+                      f"{options.verify_fraction:.0%} of the rest" + ("" if stream else ", and outliers")
+                      + f"){how}; a peer whose result differs is banned")
     if options.verify and not local:
         trusting = options.verify_trust > options.verify_every > 0
         trust = (f"; each replay it passes in a row doubles that, up to {options.verify_trust}, and halves its share "
@@ -195,11 +200,13 @@ def describe_defenses(options: RelayOptions, aggregate: str, aggregate_config: M
                    f"secret){trust}"] if options.verify_every > 0 else []
         guards += [f"an update pointing away from its round's others (cosine below {options.verify_direction:g}) "
                    "or that does not move the model is always replayed"] if options.verify_direction is not None \
-            else []
+            and not stream else []
     if options.redundancy > 0 and not local:
         guards.append(f"{options.redundancy:.0%} of units are trained by two different peers and compared; the "
                       "one whose result is wrong is banned")
     not_covered = list(NOT_COVERED) + ([LOCAL_NOT_COVERED] if local else [])
     if not options.verify and not local:
         not_covered.append(NO_REPLAYS)
+    elif stream and not local:
+        not_covered.append(ASYNC_BANS)
     return {"guards": guards, "not_covered": not_covered}

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from runtime import wire
+from runtime.planner import Assignment
 from server.browser_assets import engines
 from server.relay.context import RelayContext
 from server.relay.direction import DIRECTION, direction_of
@@ -41,7 +42,7 @@ def call_soon(loop: asyncio.AbstractEventLoop, callback: Callable[[], None]) -> 
 
 
 class ReplayChecks:
-    """``queue`` is None where verification is off (``serve --no-verify``, a local task, async mode). ``undo_rules``:
+    """``queue`` is None where verification is off (``serve --no-verify``, a local task). ``undo_rules``:
     whether a ban can undo what its peer moved (then, with ``--replay-wait suspects``, a routine replay may be judged
     after its round's merge). ``on_verdict`` runs on the event loop after each replay ends (the relay applies the
     verdicts)."""
@@ -242,6 +243,21 @@ class ReplayChecks:
         prepared = self.queue.prepared_replay(round_index, slot)
         if prepared is None:
             prepared = self._start_replay(slot), True
+        self._judge(prepared, round_index, slot, results, reason, key, engines, deferred=deferred)
+
+    def replay_arrival(self, assignment: Assignment, weights: np.ndarray, results: dict[str, np.ndarray],
+                       reason: str, key: Any, engines: dict[str, str]) -> None:
+        """Async mode: replay ``assignment`` (a schedule entry as its "slot", the version it started from as its
+        "round") from that version's ``weights`` and judge ``results`` against it. The merges wait for it through
+        the buffer (``server.relay.arrival_checks``), not its round."""
+        assert self.queue is not None
+        replay = self._start(assignment, self.jobs.message(weights, assignment.round))
+        self._judge((replay, True), assignment.round, assignment.slot, results, reason, key, engines, deferred=True)
+
+    def _judge(self, prepared: tuple[Future[Replay], bool], round_index: int, slot: int,
+               results: dict[str, np.ndarray], reason: str, key: Any, engines: dict[str, str] | None, *,
+               deferred: bool) -> None:
+        assert self.queue is not None
         future = self.queue.verifier.judge(prepared[0], round_index=round_index, slot=slot, results=results,
                                            reason=reason, count_seconds=prepared[1], engines=engines)
         self.queue.queue(round_index, key, future, deferred=deferred)
@@ -253,12 +269,15 @@ class ReplayChecks:
         future.add_done_callback(lambda _: call_soon(loop, self.on_verdict))
 
     def _start_replay(self, slot: int) -> Future[Replay]:
+        assignment = {a.slot: a for a in self.context.session.assignments()}[slot]
+        return self._start(assignment, self.jobs.weights_message())
+
+    def _start(self, assignment: Assignment, weights_message: bytes) -> Future[Replay]:
         assert self.queue is not None
         session, store = self.context.session, self.context.store
-        assignment = {a.slot: a for a in session.assignments()}[slot]
         unit = self.context.package.chunk_bytes(assignment.unit_index) if session.task.kind == "data" else None
         return self.queue.verifier.replay(job=self.jobs.job(assignment, store.clock()),
-                                          weights_message=self.jobs.weights_message(), unit_message=unit)
+                                          weights_message=weights_message, unit_message=unit)
 
     def prepare(self, peer_id: str, slot: int) -> None:
         """At hand-out: start replaying a slot whose result will be checked, so the check costs only a
@@ -276,7 +295,7 @@ class ReplayChecks:
     async def wait(self, round_index: int, *, final: bool = False) -> None:
         """Until every replay queued for ``round_index`` that its merge waits for has its verdict (``final``: every
         pending replay: the session ends with this merge, and nothing is undone after it)."""
-        if self.queue is not None:
+        if self.queue is not None and (final or not self.context.async_mode):  # (async: ``ArrivalChecks.held``)
             await self.queue.wait(round_index, final=final)
 
     def pending(self, round_index: int) -> int:

@@ -18,6 +18,7 @@ import numpy as np
 from runtime.protocol import WorkAnswer
 from server.relay.checks import EarlyRead
 from server.relay.store import StoredResult
+from server.relay.verify import Verdict
 
 SPARE_TURNS = 8  # held requests a merge wakes beyond the units it makes (``units_open``): a refused slot, a backup
 
@@ -80,6 +81,16 @@ class RoundMode(Protocol):
     def weights_of_version(self, version: int) -> bytes | None:
         """The wire message of weights ``version`` other than the current ones, where the mode keeps them (a job
         names the weights it was handed); None when they are not kept."""
+        ...
+
+    def settle(self, verdicts: list[Verdict]) -> None:
+        """Replays' verdicts are in, applied by the relay (a failed one has banned its peer): what they judged goes on
+        (a dispute's copies; async: the results held for their replay may merge)."""
+        ...
+
+    def banned(self, peer_id: str) -> None:
+        """A peer was banned (``server.relay.bans``, which drops its results of a synchronous round): async, its results
+        still in the buffer go."""
         ...
 
     def follow(self, between: dict[int, np.ndarray]) -> None:

@@ -38,6 +38,7 @@ from server.relay.round_mode import SPARE_TURNS
 from server.relay.round_results import RoundResults
 from server.relay.round_sums import RoundSums
 from server.relay.store import StoredResult
+from server.relay.verify import DISPUTE, Verdict
 from server.session.config import SessionError
 
 
@@ -303,6 +304,13 @@ class SyncRounds:
     def weights_of_version(self, version: int) -> bytes | None:
         """Only the current round's weights are served in sync mode (``Relay.weights_of``)."""
         return None
+
+    def settle(self, verdicts: list[Verdict]) -> None:
+        """A dispute's replay settles the copies (``UnitCopies.settle_disputes``)."""
+        self.copies.settle_disputes([verdict for verdict in verdicts if verdict.reason == DISPUTE])
+
+    def banned(self, peer_id: str) -> None:
+        """Nothing more: ``Bans`` drops the peer's results of the open round and asks for the undo of merged ones."""
 
     def follow(self, between: dict[int, np.ndarray]) -> None:
         """Nothing to keep: a replica of a synchronous session hands out the round of the checkpoint it follows and

@@ -10,7 +10,7 @@
     bans          bans and their effect on the open round (bans.py)
     undo          a ban merges the banned peer's rounds again without its results (undo.py)
     pacing        round deadlines (pacing.py)
-    mode          the round mode, a RoundMode (round_mode.py): SyncRounds (rounds.py) or AsyncBuffer (buffered.py)
+    mode          a RoundMode (round_mode.py): SyncRounds (rounds.py) or AsyncBuffer (buffered.py, arrival_checks.py)
     disk          pruning, disk use, a full disk (storage.py)
     admin         pause, resume, stop, a new session (admin.py)
     sharing       relays serving one session together: a replica follows the holder's checkpoints (sharing.py)
@@ -70,7 +70,6 @@ from server.relay.store import Store, StoredResult
 from server.relay.undo import BanUndo
 from server.relay.undo_rules import UndoRules
 from server.relay.uploads import Uploads
-from server.relay.verify import DISPUTE
 from server.relay.volunteers import VolunteerProof, Volunteers
 from server.session.package import Package
 from server.session.session import Session
@@ -106,7 +105,8 @@ class Relay:
         self.copies = UnitCopies(context, self.book, self.jobs, self.verification)
         self.undo = BanUndo(context, rules=undo_rules, book=self.book, jobs=self.jobs, replays=self.verification,
                             schedule=self.merge_soon)
-        self.bans = Bans(context, self.book, self.copies, self.undo, on_unban=self._forget_record)
+        self.bans = Bans(context, self.book, self.copies, self.undo, on_unban=self._forget_record,
+                         on_ban=lambda peer_id: self.mode.banned(peer_id))
         self.pacing = RoundPacing(context)
         self.disk = StorageGuard(context, serve_restored=self.serve_restored, retry_merge=self.merge_soon)
         self.samples = Samples()
@@ -138,7 +138,7 @@ class Relay:
         """The round mode the session's settings name, started (a restarted async buffer takes back what a merge the
         checkpoint lacks had marked)."""
         if self.context.async_mode:
-            buffer = AsyncBuffer(self.context, self.book, self.jobs, self.people)
+            buffer = AsyncBuffer(self.context, self.book, self.jobs, self.people, self.verification, self.merge_soon)
             buffer.start()
             return buffer
         return SyncRounds(self.context, book=self.book, jobs=self.jobs, people=self.people,
@@ -375,7 +375,7 @@ class Relay:
                 self.verification.hold_back(verdicts[index:])
                 self.disk.note_problem(error)
                 return
-        self.copies.settle_disputes([v for v in verdicts if v.reason == DISPUTE])
+        self.mode.settle(verdicts)
 
     # -- merging --------------------------------------------------------------------------------------------------
     def round_ready(self) -> bool:

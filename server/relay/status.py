@@ -111,4 +111,4 @@ class StatusReport(Part):
         """What this session defends against and what it does not, in words for the page."""
         session = self.session
         return describe_defenses(self.options, session.aggregator.name, session.aggregator.to_config(),
-                                 session.task.kind, self.replays.describe())
+                                 session.task.kind, self.replays.describe(), stream=self.context.async_mode)

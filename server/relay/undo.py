@@ -29,7 +29,8 @@ them as ``not_redone``.
 
 Refused, and said so in the history: with differential privacy (the accountant has counted the rounds released, and
 merging them again would release the same users' data a second time; clipping and noise already bound what one peer
-moves); in async mode (merges of a stream, not rounds; host replays are off there, so no ban follows a verified result);
+moves); in async mode (merges of a stream, not rounds: a replayed result waits for its verdict before it is merged, and
+a ban drops its peer's results not merged yet: ``server.relay.arrival_checks``);
 a session without checkpoints on disk.
 
 Crash safety: the undo's state (pending, running, rewound, done) and its plan are in SQLite, and the files move in an

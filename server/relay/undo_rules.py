@@ -19,7 +19,8 @@ class UndoRules(Part):
         """Why this session's bans cannot be undone (None: they can)."""
         session = self.session
         if self.context.async_mode:
-            return "async mode merges a stream, not rounds (and replays no result), so a ban undoes nothing merged"
+            return ("async mode merges a stream, not rounds, so a ban undoes nothing merged (a replayed result is "
+                    "held out of the merges until its verdict, and a ban drops its peer's results not merged yet)")
         if session.privacy is not None:
             return ("differential privacy: the accountant has counted the rounds released, and merging them again "
                     "would release the same users' data a second time; clipping and noise bound one peer's effect")

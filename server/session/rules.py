@@ -2,8 +2,8 @@
 the admin API's new session), so a rule is written once and holds on each.
 
 ``resolve(config, options, package)`` checks the session's settings against the relay's options and the task;
-it raises a ``SessionError`` naming a conflict, and turns off what cannot apply (host replays for async mode, a
-local task, a task whose engines part ways), saying so in its notes. It changes nothing it is given.
+it raises a ``SessionError`` naming a conflict, and turns off what cannot apply (host replays for a local task, a
+task whose engines part ways), saying so in its notes. It changes nothing it is given.
 """
 
 from __future__ import annotations
@@ -55,9 +55,10 @@ def resolve[Options: RelaySide](config: SessionConfig, options: Options, package
             raise SessionError(f"{' and '.join(synchronous)} belong{'s' if len(synchronous) == 1 else ''} to "
                                "synchronous rounds; not with --mode async (settings redundancy, round_deadline, mode)")
         if verify:
-            notes.append("async mode: host replays, second copies and backups are synchronous-round features and are "
-                         "off; the result checks (counts, update norms) and the aggregator remain")
-            verify = False
+            notes.append("async mode: host replays judge results against the version each started from, and a merge "
+                         "waits for those of the results it takes; a failed one bans its peer and drops its results "
+                         "not merged yet (what was merged stays: a stream has no rounds to merge again); second "
+                         "copies and backups are synchronous-round features and are off")
     if task.kind == "local":
         if options.redundancy:
             raise SessionError(f"--redundancy compares two peers' results of one unit, but {task.name} "

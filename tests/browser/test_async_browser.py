@@ -1,6 +1,6 @@
 """Three Chromium pages in buffered asynchronous mode (``serve --mode async --buffer 2``): nobody waits for a
-round, every unit is trained once, merges record their staleness, and the recorded arrivals replay to the
-relay's weights bit for bit."""
+round, every unit is trained once, the host replays each page's first result (and more) on the browser's engine and
+bans nobody, merges record their staleness, and the recorded arrivals replay to the relay's weights bit for bit."""
 
 from __future__ import annotations
 
@@ -36,6 +36,9 @@ def test_three_pages_train_asynchronously(browser: Browser, tmp_path: Path) -> N
         stop(relay)
 
     assert final["mode"] == "async" and final["round"] == final["num_rounds"], final
+    counters = final["counters"]  # (host replays judge async results too: each page's first, at least)
+    assert counters["results_verified"] >= 3 and not counters.get("verification_failed"), counters
+    assert not counters.get("peers_banned"), counters
     assert "weights version" in shown, shown
     history = final["history"]
     assert all(len(entry["staleness"]) == entry["participants"] for entry in history)

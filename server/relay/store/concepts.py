@@ -197,6 +197,13 @@ class ArrivalStore(Protocol):
 
     def buffered_count(self) -> int: ...
 
+    def buffered_seqs(self, limit: int) -> list[int]:
+        """The arrival numbers of the first ``limit`` arrivals not merged yet (what the next merge takes)."""
+
+    def remove_arrivals_of(self, peer_id: str) -> list[int]:
+        """Take the arrivals of ``peer_id`` not merged yet out of the buffer (its peer was banned), with its leases in
+        the stream; returns their entries, which have no result any more."""
+
     def mark_merged(self, seqs: list[int], merge: int) -> None:
         """The arrivals ``seqs`` went into merge number ``merge``."""
 

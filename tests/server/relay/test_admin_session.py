@@ -74,9 +74,11 @@ def test_new_session_over_http(package: Package, tmp_path: Path, store: str, req
     assert restored.config.seed == 7 and restored.round == 1
 
 
-def test_an_async_session_from_the_admin_api_runs_without_replays_and_says_so(package: Package, tmp_path: Path) -> None:
-    """The admin API's new session goes through serve's rules: async turns host replays off on a relay that verifies
-    (and a later sync session gets them back), and the page's defences say what the session does."""
+def test_an_async_session_from_the_admin_api_keeps_replays_and_says_what_a_ban_undoes(package: Package,
+                                                                                     tmp_path: Path) -> None:
+    """The admin API's new session goes through serve's rules: async keeps host replays on a relay that verifies, and
+    the page's defences say what the session does (a ban undoes nothing merged: a stream has no rounds to merge
+    again), and a later sync session says what it does."""
     relay = make_relay(package, tmp_path / "session", k=2, passes=1, verify=True)
     with serving(relay) as client:
         def defenses() -> tuple[str, str]:
@@ -88,9 +90,10 @@ def test_an_async_session_from_the_admin_api_runs_without_replays_and_says_so(pa
         created = client.post("/api/admin/session", headers=ADMIN, content=json.dumps({"mode": "async",
                                                                                        "replace": True}))
         assert created.status_code == 200, created.json()
-        assert relay.session.config.mode == "async" and not relay.options.verify
+        assert relay.session.config.mode == "async" and relay.options.verify and relay.verification.active
         guards, missing = defenses()
-        assert "re-trained on the host" not in guards and "host replays are off" in missing
+        assert "re-trained on the host" in guards and "and outliers" not in guards and "pointing away" not in guards
+        assert "host replays are off" not in missing and "merged before its ban stay merged" in missing
         again = client.post("/api/admin/session", headers=ADMIN, content=json.dumps({"mode": "sync", "replace": True}))
         assert again.status_code == 200, again.json()
         assert relay.options.verify and "re-trained on the host" in defenses()[0]

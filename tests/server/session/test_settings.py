@@ -221,8 +221,8 @@ def test_resolve_refuses_conflicts_and_turns_off_what_cannot_apply(package: Pack
         with pytest.raises(ValueError, match="belongs to synchronous rounds; not with --mode async"):
             resolve(asynchronous, RelayOptions(admin_token="t", **conflict), package)  # type: ignore[arg-type]
     resolved = resolve(asynchronous, options, package)
-    assert resolved.options.verify is False and options.verify is True  # (what it was given is left as it was)
-    assert resolved.notes[0].startswith("async mode: host replays")
+    assert resolved.options.verify is True and resolved.options is options  # (host replays judge async results too)
+    assert resolved.notes[0].startswith("async mode: host replays judge results against the version")
     with pytest.raises(SettingError, match="redundancy must be a share between 0 and 1, got 2"):
         resolve(sync, RelayOptions(admin_token="t", redundancy=2.0), package)
 
@@ -243,7 +243,7 @@ def test_serve_applies_the_rules(package: Package, tmp_path: Path, capsys: pytes
         assert not (session_dir / "session.json").exists()
     relay = open_session(serve_args(package, tmp_path / "async", "--mode", "async", "--buffer", "2"))
     try:
-        assert relay.options.verify is False and relay.session.config.participants == 2
+        assert relay.options.verify is True and relay.session.config.participants == 2
         assert "async mode: host replays" in capsys.readouterr().out
     finally:
         relay.close()

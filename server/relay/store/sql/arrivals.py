@@ -8,7 +8,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from server.relay.store.records import AlreadyArrived, BufferedArrival, MergedArrival, sha256_hex
+from server.relay.store.records import ASYNC_ROUND, AlreadyArrived, BufferedArrival, MergedArrival, sha256_hex
 from server.relay.store.sql.database import TablePart
 
 
@@ -98,6 +98,23 @@ class SQLArrivals(TablePart):
             if kept.waiting is None:
                 kept.waiting = int(self.connection.run("SELECT COUNT(*) FROM arrivals WHERE merge IS NULL")[0][0])
             return kept.waiting
+
+    def buffered_seqs(self, limit: int) -> list[int]:
+        return [int(r[0]) for r in self.connection.run("SELECT seq FROM arrivals WHERE merge IS NULL ORDER BY seq "
+                                                        "LIMIT ?", (limit,))]
+
+    def remove_arrivals_of(self, peer_id: str) -> list[int]:
+        kept = self.kept
+        with kept.lock, self.connection.transaction() as db:
+            entries = [int(r[0]) for r in db.execute("SELECT entry FROM arrivals WHERE peer_id = ? AND merge IS NULL",
+                                                     (peer_id,)).fetchall()]
+            db.execute("DELETE FROM arrivals WHERE peer_id = ? AND merge IS NULL", (peer_id,))
+            db.execute("DELETE FROM leases WHERE round = ? AND peer_id = ?", (ASYNC_ROUND, peer_id))
+            if kept.arrived is not None:
+                kept.arrived.difference_update(entries)
+                kept.view = None
+            kept.waiting = None
+            return entries
 
     def mark_merged(self, seqs: list[int], merge: int) -> None:
         with self.kept.lock, self.connection.transaction() as db:

@@ -296,6 +296,13 @@ class SQLStore(KeptViews, VolunteerCalls, RefusalCalls, ForwardCalls):
         self._expire()
         return self._arrivals.buffered_count()
 
+    def buffered_seqs(self, limit: int) -> list[int]:
+        return self._arrivals.buffered_seqs(limit)
+
+    def remove_arrivals_of(self, peer_id: str) -> list[int]:
+        with self._changing_leases():  # (its leases in the stream go too)
+            return self._arrivals.remove_arrivals_of(peer_id)
+
     def mark_merged(self, seqs: list[int], merge: int) -> None:
         self._arrivals.mark_merged(seqs, merge)
 

@@ -8,6 +8,7 @@ from collections.abc import Callable
 import pytest
 
 from server.relay.store import AlreadyArrived, Store
+from server.relay.store.records import ASYNC_ROUND
 
 
 def arrive(store: Store, entry: int, peer_id: str = "p-a", version: int = 0) -> int:
@@ -89,3 +90,26 @@ def test_what_the_store_keeps_of_the_buffer_is_what_its_database_says(store: Sto
     arrive(second_look(), 2, peer_id)  # (another process's arrival while this store was closed)
     store.open()
     assert store.arrived_entries() == {1, 2, 5, 9} and store.buffered_count() == 4
+
+
+def test_a_banned_peers_arrivals_not_merged_leave_the_buffer_with_its_leases(store: Store,
+                                                                           second_look: Callable[[], Store]) -> None:
+    """Its merged arrivals stay; the entries taken out have no result (they go out again), and what the store keeps
+    of the buffer is what a fresh read gives."""
+    liar, _ = store.add_peer()
+    honest, _ = store.add_peer()
+    seqs = [arrive(store, entry, peer) for entry, peer in ((0, liar), (1, honest), (2, liar), (3, liar))]
+    store.mark_merged(seqs[:1], 0)
+    for entry in (4, 5):
+        assert store.grant(ASYNC_ROUND, entry, 10 + entry, liar if entry == 4 else honest, 60) is not None
+    assert store.buffered_seqs(2) == seqs[1:3] and store.buffered_seqs(10) == seqs[1:]
+    assert sorted(store.remove_arrivals_of(liar)) == [2, 3]
+    assert store.remove_arrivals_of(liar) == []
+    fresh = second_look()
+    for relay in (store, fresh):
+        assert relay.arrived_entries() == {0, 1} and not relay.arrived(2) and relay.buffered_count() == 1
+        assert [row[0] for row in relay.buffered()] == [seqs[1]] and relay.buffered_seqs(5) == [seqs[1]]
+        assert set(relay.leases(ASYNC_ROUND)) == {5}  # (the liar's lease on entry 4 went with it)
+    assert [row[0] for row in store.arrivals()] == seqs[:1]
+    arrive(store, 2, honest)  # (the entry arrives again, from another peer)
+    assert store.arrived(2) and store.buffered_count() == 2
