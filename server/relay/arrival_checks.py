@@ -29,14 +29,15 @@ from server.relay.verify import Verdict
 
 
 class ArrivalChecks(Part):
-    """Which arrivals wait for their replay (``held``: schedule entry -> arrival number), and what a verdict does to
-    them. ``dropped``: the buffer's entries that go out again (a banned peer's results taken out of it)."""
+    """Which arrivals wait for their replay (``held``: (schedule entry, peer) -> arrival number: an entry a ban sent
+    out again arrives again from another peer while the banned one's replay may still run), and what a verdict does
+    to them. ``dropped``: the buffer's entries that go out again (a banned peer's results taken out of it)."""
 
     def __init__(self, context: RelayContext, replays: ReplayChecks, *, lock: threading.Lock,
                  merge_soon: Callable[[], None], dropped: Callable[[list[int]], None]) -> None:
         self.context, self.replays, self.merge_soon, self.dropped = context, replays, merge_soon, dropped
-        self.held: dict[int, int] = {}
-        self.joining: dict[int, Callable[[], None]] = {}  # entry -> how its arrival joins the next merge's sum
+        self.held: dict[tuple[int, str], int] = {}
+        self.joining: dict[tuple[int, str], Callable[[], None]] = {}  # how each joins the next merge's sum
         self.lock = lock  # (the merge's thread reads ``held`` and takes the oldest arrivals under it)
 
     def arrived(self, stored: StoredResult, seq: int, assignment: Assignment, vector: np.ndarray,
@@ -50,10 +51,11 @@ class ArrivalChecks(Part):
         reason = queue.reason(stored.peer_id, stored.round, stored.slot)
         if reason is None:
             return False
+        key = (stored.slot, stored.peer_id)
         with self.lock:
-            self.held[stored.slot] = seq
-        self.joining[stored.slot] = join
-        self.replays.replay_arrival(assignment, base, {stored.peer_id: vector}, reason, ("arrival", stored.slot),
+            self.held[key] = seq
+        self.joining[key] = join
+        self.replays.replay_arrival(assignment, base, {stored.peer_id: vector}, reason, ("arrival", *key),
                                     {stored.peer_id: stored.engine})
         return True
 
@@ -66,9 +68,10 @@ class ArrivalChecks(Part):
         """The verdicts are in (``Relay.apply_verdicts`` has banned whoever failed, which dropped the peer's held
         results): the arrivals they judged may be merged."""
         with self.lock:
-            released = [verdict.slot for verdict in verdicts if self.held.pop(verdict.slot, None) is not None]
-        for entry in released:
-            self.joining.pop(entry)()
+            released = [key for key in ((verdict.slot, verdict.peer_id) for verdict in verdicts)
+                        if self.held.pop(key, None) is not None]
+        for key in released:
+            self.joining.pop(key)()
         if released:
             self.merge_soon()
 
@@ -77,8 +80,8 @@ class ArrivalChecks(Part):
         with self.lock:  # (not while a merge takes the oldest arrivals and marks them)
             entries = self.store.remove_arrivals_of(peer_id)
             for entry in entries:
-                self.held.pop(entry, None)
-                self.joining.pop(entry, None)
+                self.held.pop((entry, peer_id), None)
+                self.joining.pop((entry, peer_id), None)
         if entries:
             self.store.count("results_dropped_by_ban", len(entries))
             self.dropped(entries)

@@ -86,7 +86,7 @@ def test_a_merge_waits_for_the_replay_of_one_of_its_oldest_results(package: Pack
                 assert peer.train_and_upload(jobs[peer.peer_id]).status_code == 200
             status = session_status(client)
             held = dict(relay.mode.checks.held)  # type: ignore[attr-defined]
-            assert sorted(held) == sorted(job["slot"] for job in jobs.values()), held
+            assert sorted(held) == sorted((job["slot"], peer) for peer, job in jobs.items()), held
             assert not relay.round_ready() and relay.store.buffered_count() == 3
             assert status["round"] == 0 and status["counters"]["replays_queued"] == 3, status["counters"]
         finally:
@@ -97,6 +97,53 @@ def test_a_merge_waits_for_the_replay_of_one_of_its_oldest_results(package: Pack
         wait_until(client, lambda s: s["counters"]["results_verified"] == 3)
         assert not relay.mode.checks.held and relay.store.buffered_count() == 1  # type: ignore[attr-defined]
         assert status["counters"].get("peers_banned", 0) == 0
+
+
+def test_a_banned_peers_late_verdict_does_not_release_the_unit_another_peer_trained_again(package: Package,
+                                                                                          tmp_path: Path) -> None:
+    """Every result is replayed, one replay at a time, each as the test lets it go. The liar's first replay fails:
+    its results still in the buffer go and their units out again, to an honest peer, whose results wait for their own
+    replays. The liar's replay of one of those units, still running, fails after that: it bans nobody more and
+    releases nothing of the honest peer's, which waits for its own verdict."""
+    relay = make_relay(package, tmp_path / "s", k=2, passes=1, config=ASYNC, ban_addresses=False, verify_fraction=1.0,
+                       replay_workers=1)
+    assert relay.verification.queue is not None
+    replays = relay.verification.queue.verifier.replays
+    train, gates = replays._train, [threading.Event() for _ in range(8)]  # type: ignore[attr-defined]
+    calls: list[int] = []
+
+    def slow(*args: Any) -> Any:
+        calls.append(len(calls))
+        assert gates[calls[-1]].wait(30), f"the test never let replay {calls[-1]} go"
+        return train(*args)
+
+    replays._train = slow  # type: ignore[attr-defined]
+    with serving(relay) as client:
+        liar, honest = HttpPeer(client), HttpPeer(client)
+        lies = []
+        for _ in range(2):  # (replays 0 and 1: the liar's two results, both held)
+            job = liar.assignment()
+            assert liar.upload(0, job["slot"], flipped(liar, job, relay)).status_code == 200
+            lies.append(job["slot"])
+        held = relay.mode.checks.held  # type: ignore[attr-defined]
+        assert set(held) == {(entry, liar.peer_id) for entry in lies}
+        gates[0].set()  # the liar's first replay fails: banned, both its results out of the buffer
+        wait_until(client, lambda s: s["counters"].get("peers_banned", 0) == 1)
+        assert relay.store.buffered_count() == 0 and not held
+        trained = []
+        for _ in range(2):  # (replays 2 and 3, queued behind the liar's second)
+            job = honest.assignment()
+            assert honest.train_and_upload(job).status_code == 200
+            trained.append(job["slot"])
+        assert sorted(trained) == sorted(lies) and set(held) == {(entry, honest.peer_id) for entry in lies}
+        gates[1].set()  # the liar's second replay fails now
+        wait_until(client, lambda s: s["counters"].get("verification_failed", 0) == 2)
+        assert set(held) == {(entry, honest.peer_id) for entry in lies} and relay.session.round == 0
+        for gate in gates[2:]:
+            gate.set()
+        status = wait_until(client, lambda s: s["round"] >= 1 and not s["merging"])
+        assert sorted(status["history"][0]["entries"]) == sorted(lies) and not held
+        assert status["counters"]["peers_banned"] == 1 and not relay.store.ban_reason(honest.peer_id)
 
 
 def test_async_mode_keeps_host_replays_and_says_what_a_ban_undoes(package: Package, tmp_path: Path) -> None:
