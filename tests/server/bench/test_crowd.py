@@ -96,8 +96,10 @@ def test_a_small_crowd_on_a_real_relay_loses_nothing_and_reports_every_setting(t
         assert figures["peak_rss_mb"] > 0 and figures["honest_banned"] == 0, name
         assert figures["relay_cpu_seconds"] > 0 and figures["crowd_cpu_seconds"] > 0, name  # (both ends' CPU)
         # a ban's undo refuses the results of the round it starts again (round_redone, stale_round, not_leased)
-        assert set(figures["refusals"]) <= {"banned", "round_redone", "stale_round", "not_leased", "duplicate"}, \
-            figures["refusals"]  # (duplicate: a copy that came after its slot's third result settled a dispute)
+        assert set(figures["refusals"]) <= {"banned", "round_redone", "stale_round", "not_leased", "duplicate",
+                                            "past_deadline"}, \
+            figures["refusals"]  # (duplicate: a copy that came after its slot's third result settled a dispute;
+        # past_deadline: a copy that came while its round merged, which a loaded host makes likelier)
         assert figures["liars"] == (0 if name == "sync k=5" else 3), name
         assert math.isfinite(figures["result_p50_ms"]) and figures["result_p99_ms"] >= figures["result_p50_ms"]
     for name in ("sync k=5", "sync k=8"):

@@ -85,7 +85,8 @@ def finish(client: Any, honest: HttpPeer, trained_from: dict[Key, np.ndarray], *
         status = session_status(client)
         if status["done"] or (stop is not None and status["round"] >= stop and not status["merging"]):
             return
-        job = honest.work()
+        job = honest.work(hold=5)  # (held while a merge or an undo runs: 200 asks answered "wait" at once ran out
+        # under a loaded suite while the relay still merged)
         if "slot" in job:
             upload(honest, job, trained_from)
     raise AssertionError(f"the session did not finish: {session_status(client)}")
@@ -268,7 +269,7 @@ def test_a_result_trained_before_the_undo_is_refused_and_its_unit_handed_out_aga
         for _ in range(200):  # (finish, noting the units handed out)
             if session_status(client)["done"]:
                 break
-            job = honest.work()
+            job = honest.work(hold=5)
             if "slot" in job:
                 handed.append(job["unit_index"])
                 upload(honest, job, trained_from)

@@ -93,7 +93,7 @@ def test_each_attack_is_caught_by_a_replay_and_its_peer_banned(package: Package,
         # The banned peer's slot goes to the honest peer; the round completes without it. (The merge may end
         # between the status read and the work request: work of the next round is left alone.)
         while session_status(client)["round"] == 0:
-            taken = honest.work()
+            taken = honest.work(hold=5)
             if "slot" in taken and taken["round"] == 0:
                 assert honest.train_and_upload(taken).status_code == 200
         results = [r for r in relay.store.all_results() if r.round == 0]
@@ -149,7 +149,7 @@ def test_honest_peers_are_never_banned_when_every_result_is_replayed(package: Pa
         peers = [HttpPeer(client), HttpPeer(client)]
         while not session_status(client)["done"]:
             for peer in peers:
-                job = peer.work()
+                job = peer.work(hold=5)
                 if "slot" in job:
                     assert peer.train_and_upload(job).status_code == 200
         counters = session_status(client)["counters"]
