@@ -17,7 +17,8 @@ replays of the results that come after it go on).
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -25,26 +26,68 @@ from runtime.planner import Assignment
 from server.relay.context import Part, RelayContext
 from server.relay.replay_checks import ReplayChecks
 from server.relay.store import StoredResult
-from server.relay.verify import Verdict
+from server.relay.verify import DISPUTE, Verdict
+
+REPLAY, COPY = "replay", "copy"  # what a held arrival waits for
+
+
+@dataclass
+class Held:
+    """A held arrival: its arrival number, how it joins the next merge's sum, and what it waits for."""
+
+    seq: int
+    join: Callable[[], None]
+    waiting: set[str] = field(default_factory=set)
 
 
 class ArrivalChecks(Part):
-    """Which arrivals wait for their replay (``held``: (schedule entry, peer) -> arrival number: an entry a ban sent
-    out again arrives again from another peer while the banned one's replay may still run), and what a verdict does
-    to them. ``dropped``: the buffer's entries that go out again (a banned peer's results taken out of it)."""
+    """Which arrivals wait (``held``: keyed by schedule entry and peer, as an entry a ban sent out again arrives again
+    from another peer while the banned one's replay may still run), for what (its replay, its second copy:
+    ``server.relay.arrival_copies``), and what a verdict does to them. ``dropped``: the buffer's entries that go out
+    again (a banned peer's results taken out of it)."""
 
     def __init__(self, context: RelayContext, replays: ReplayChecks, *, lock: threading.Lock,
                  merge_soon: Callable[[], None], dropped: Callable[[list[int]], None]) -> None:
         self.context, self.replays, self.merge_soon, self.dropped = context, replays, merge_soon, dropped
-        self.held: dict[tuple[int, str], int] = {}
-        self.joining: dict[tuple[int, str], Callable[[], None]] = {}  # how each joins the next merge's sum
+        self.held: dict[tuple[int, str], Held] = {}
         self.lock = lock  # (the merge's thread reads ``held`` and takes the oldest arrivals under it)
+
+    def hold(self, key: tuple[int, str], seq: int, join: Callable[[], None], reason: str) -> None:
+        """Hold arrival ``seq`` (``key``: its entry and peer) out of the merges until ``release(key, reason)``
+        (``join``: how it joins the next merge's sum once nothing holds it)."""
+        with self.lock:
+            held = self.held.setdefault(key, Held(seq, join))
+            held.waiting.add(reason)
+
+    def release(self, keys: Iterable[tuple[int, str]], reason: str) -> None:
+        """What waited for ``reason`` has it: an arrival waiting for nothing more joins the next merge."""
+        with self.lock:
+            released = []
+            for key in keys:
+                held = self.held.get(key)
+                if held is not None and reason in held.waiting:
+                    held.waiting.discard(reason)
+                    if not held.waiting:
+                        released.append(self.held.pop(key))
+        for held in released:
+            held.join()
+        if released:
+            self.merge_soon()
+
+    def drop(self, key: tuple[int, str]) -> None:
+        """The arrival left the buffer (its copy disagreed): nothing holds it any more, and it never joins."""
+        with self.lock:
+            self.held.pop(key, None)
+
+    def waiting_for(self, key: tuple[int, str], reason: str) -> bool:
+        held = self.held.get(key)
+        return held is not None and reason in held.waiting
 
     def arrived(self, stored: StoredResult, seq: int, assignment: Assignment, vector: np.ndarray,
                 base: np.ndarray, join: Callable[[], None]) -> bool:
         """An accepted arrival (``seq``) of ``assignment`` read against ``base``, its version's weights: replayed
         where the rules say so, and then held out of the merges until its verdict (``join``: how it joins the next
-        merge's sum, once it passed). Whether it is held."""
+        merge's sum, once nothing holds it). Whether it is held."""
         queue = self.replays.queue
         if queue is None:
             return False
@@ -52,28 +95,24 @@ class ArrivalChecks(Part):
         if reason is None:
             return False
         key = (stored.slot, stored.peer_id)
-        with self.lock:
-            self.held[key] = seq
-        self.joining[key] = join
+        self.hold(key, seq, join, REPLAY)
         self.replays.replay_arrival(assignment, base, {stored.peer_id: vector}, reason, ("arrival", *key),
                                     {stored.peer_id: stored.engine})
         return True
 
-    def blocks(self, oldest: Callable[[], list[int]]) -> bool:
-        """Whether one of the arrivals the next merge would take (``oldest``: their arrival numbers, read only where
-        some arrival is held) waits for its replay."""
-        return bool(self.held) and not set(self.held.values()).isdisjoint(oldest())
+    def blocks(self, oldest: Callable[[], list[int]]) -> set[int]:
+        """The arrivals among those the next merge would take (``oldest``: their arrival numbers, read only where
+        some arrival is held) that wait for a replay or a copy."""
+        return self.held_seqs() & set(oldest()) if self.held else set()
+
+    def held_seqs(self) -> set[int]:
+        """The arrival numbers of the held arrivals."""
+        return {held.seq for held in self.held.values()}
 
     def settle(self, verdicts: list[Verdict]) -> None:
         """The verdicts are in (``Relay.apply_verdicts`` has banned whoever failed, which dropped the peer's held
-        results): the arrivals they judged may be merged."""
-        with self.lock:
-            released = [key for key in ((verdict.slot, verdict.peer_id) for verdict in verdicts)
-                        if self.held.pop(key, None) is not None]
-        for key in released:
-            self.joining.pop(key)()
-        if released:
-            self.merge_soon()
+        results): the arrivals they judged may be merged (a dispute's verdict settles a copy: ``ArrivalCopies``)."""
+        self.release([(verdict.slot, verdict.peer_id) for verdict in verdicts if verdict.reason != DISPUTE], REPLAY)
 
     def banned(self, peer_id: str) -> None:
         """Take a banned peer's results that are still in the buffer out of it; their units go out again."""
@@ -81,9 +120,8 @@ class ArrivalChecks(Part):
             entries = self.store.remove_arrivals_of(peer_id)
             for entry in entries:
                 self.held.pop((entry, peer_id), None)
-                self.joining.pop((entry, peer_id), None)
         if entries:
             self.store.count("results_dropped_by_ban", len(entries))
             self.dropped(entries)
             self.context.notices.work_changed(available=len(entries))
-        self.merge_soon()  # (the merge may have waited for one of them)
+            self.merge_soon()  # (the merge may have waited for one of them)

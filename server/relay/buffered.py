@@ -12,14 +12,15 @@ them). Leases use round -1 and the schedule entry as their slot.
 
 Crash safety: a merge marks its results in SQLite before its checkpoint is written; on start, results marked
 for a merge the checkpoint does not hold go back to the buffer, so a SIGKILL loses nothing and merges nothing
-twice. Host replays judge results against the version each started from (``server.relay.arrival_checks``);
-second copies and backups are synchronous-mode features (``serve`` says so). Liveness: a unit
-refused to one peer goes to another connected peer; when every connected peer was refused for it, it is handed
-out again (the weights have moved on meanwhile, or the refused peer tries once more).
+twice. Host replays and second copies judge results against the version each started from
+(``server.relay.arrival_checks``, ``server.relay.arrival_copies``); backups are a synchronous-mode feature. Liveness:
+a unit refused to one peer goes to another connected peer; when every connected peer was refused for it, it is
+handed out again (the weights have moved on meanwhile, or the refused peer tries once more).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -27,10 +28,12 @@ import numpy as np
 
 from runtime import wire
 from runtime.aggregate.streaming import STREAMED, Stream
+from runtime.planner import Assignment
 from runtime.protocol import Wait, WorkAnswer
 from runtime.tasks import UnitResult
-from runtime.wire import weights_sha256
+from runtime.wire import WireHeader, weights_sha256
 from server.relay.arrival_checks import ArrivalChecks
+from server.relay.arrival_copies import ArrivalCopies
 from server.relay.book import RoundBook
 from server.relay.checks import EarlyRead, check_update_norm, read_early, read_result
 from server.relay.context import Part, RelayContext
@@ -61,7 +64,7 @@ class AsyncBuffer(Part):
     hands_out_while_merging = True  # peers never wait for a round: a unit starts from the version it is handed
 
     def __init__(self, context: RelayContext, book: RoundBook, jobs: Jobs, people: Participants, replays: ReplayChecks,
-                 merge_soon: Callable[[], None]) -> None:
+                 merge_soon: Callable[[], None], ban: Callable[[str, str], None]) -> None:
         self.context, self.book, self.jobs, self.people, self.replays = context, book, jobs, people, replays
         self.versions: dict[int, np.ndarray] = jobs.kept  # (jobs name them and serve their weights by digest)
         self.holding: dict[str, int] = {}  # peer -> the entry it was handed last (its lease is checked on each ask)
@@ -72,6 +75,11 @@ class AsyncBuffer(Part):
         self.sums = ArrivalSums(context)  # (the next merge's sum, taking results as they arrive)
         self.checks = ArrivalChecks(context, replays, lock=self.sums.lock, merge_soon=merge_soon,
                                     dropped=self._go_out_again)
+        plan = context.session.plan
+        self.copies = ArrivalCopies(context, book, self.checks, replays, versions=self.versions, ban=ban,
+                                    job=lambda entry, version, deadline: jobs.job(
+                                        entry_assignment(plan.schedule, plan.seed, entry, version), deadline),
+                                    go_out_again=self._go_out_again)
 
     def units_open(self) -> int | None:
         """After a merge: as many held requests look for work as new units may go out before the buffer is
@@ -134,6 +142,9 @@ class AsyncBuffer(Part):
             if held is not None and held.peer_id == peer_id and held.deadline >= now and held.version in self.versions:
                 return job(entry_assignment(schedule, session.plan.seed, entry, held.version), held.deadline)
         self.holding.pop(peer_id, None)
+        copy = self.copies.next_copy(peer_id)  # (before new units, and while they wait: the merges wait for copies)
+        if copy is not None:
+            return copy
         behind = self.behind()
         if behind is not None:
             return Wait(self.context.options.retry_seconds, behind)
@@ -156,7 +167,8 @@ class AsyncBuffer(Part):
                 tries += 1
                 if lease is not None:
                     store.count("leases_expired")
-                version = session.round  # (read once: a merge in its worker thread may move it on meanwhile)
+                # (read once: a merge in its worker thread may move it on meanwhile; a disputed entry's is older)
+                version = self.copies.version_for(entry, session.round)
                 granted = store.grant(ASYNC_ROUND, entry, schedule[entry][1], peer_id,
                                       self.context.options.lease_seconds, version=version)
                 if granted is None:  # (another relay over the store leased it, or took its result, a moment ago)
@@ -220,8 +232,10 @@ class AsyncBuffer(Part):
             raise Refusal(409, "stale_round", "the session is over")
         if not 0 <= entry < len(schedule):
             raise Refusal(404, "unknown_slot", f"the session has no unit entry {entry}")
-        if self.store.arrived(entry):
-            raise Refusal(409, "duplicate", f"unit entry {entry} already has a result")
+        if self.store.arrived(entry):  # (a second copy of it, or a duplicate)
+            base, assignment = self.versions.get(version), entry_assignment(schedule, session.plan.seed, entry, version)
+            return self.copies.accept_copy(peer_id, version, entry, body,
+                                           lambda: self._read(body, base, assignment, early)[:4])
         lease = self.store.kept_lease(ASYNC_ROUND, entry)
         if lease is None or lease.peer_id != peer_id or lease.version != version:  # (granted a moment ago by
             lease = self.store.lease(ASYNC_ROUND, entry)  # another relay, maybe to this peer again: read it afresh)
@@ -237,21 +251,11 @@ class AsyncBuffer(Part):
                           f"behind the current {session.round} (at most {self.max_staleness})")
         assignment = entry_assignment(schedule, session.plan.seed, entry, version)
         try:
-            if early is not None and early.base is base:  # (read as it arrived; its refusal raised here)
-                header, vector, count, norm = early.answer()
-                update = early.update if early.update is not None else \
-                    update_of(body, vector, base, session.config.result_codec)
-            else:
-                header, vector, count, _ = read_result(body, session=session,
-                                                       fingerprint=self.context.package.fingerprint,
-                                                       round_index=version, unit=session.work_unit(assignment),
-                                                       base=base)
-                update = update_of(body, vector, base, session.config.result_codec)
-                norm = float(np.linalg.norm(update.astype(np.float64)))
+            header, vector, count, norm, update = self._read(body, base, assignment, early)
             check_update_norm(norm, self.norms, max_norm=options.max_update_norm,
                               outlier_factor=options.outlier_factor, min_results=options.outlier_min_results)
             engine = str(header.meta.get("engine", ""))
-            if (unjudgeable := self.replays.refusal(engine)) is not None:  # (no copies in async mode to check it)
+            if (unjudgeable := self.replays.refusal(engine)) is not None:  # (copies here are not by engine class)
                 raise self.replays.refuse_engine(peer_id, unjudgeable, engine)
         except Refusal:
             self.store.release(ASYNC_ROUND, entry)
@@ -261,6 +265,10 @@ class AsyncBuffer(Part):
             raise
         self.norms = (self.norms + [norm])[-NORMS_KEPT:]
         self.people.note_unit(peer_id, now - lease.issued, engine)
+        stored = StoredResult(version, entry, assignment.unit_index, peer_id, count, dict(header.metrics), b"", engine)
+        quorum = self.copies.quorum(peer_id, version, entry, body, header.meta, vector)  # (an entry in dispute)
+        if quorum == "copy":  # (it agrees with no result before it: kept with them, none merged)
+            return stored
         try:
             seq = self.store.add_arrival(entry=entry, unit_index=assignment.unit_index, peer_id=peer_id,
                                          version=version, num_examples=count, metrics=dict(header.metrics),
@@ -268,18 +276,39 @@ class AsyncBuffer(Part):
                                          sha256=early.digest if early is not None else None)  # (stored_update)
         except AlreadyArrived as error:  # (its result reached another relay over the store a moment ago)
             raise Refusal(409, "duplicate", str(error)) from None
-        stored = StoredResult(version, entry, assignment.unit_index, peer_id, count, dict(header.metrics), b"", engine)
         early_part = None if early is None or early.base is not base else early.contribution
-        if not self.checks.arrived(stored, seq, assignment, vector, base,  # (held: merged once its replay passed)
-                                   join=lambda: self.sums.add_on_arrival(seq, count, early_part)):
-            self.sums.add_on_arrival(seq, count, early_part)
+        join = functools.partial(self.sums.add_on_arrival, seq, count, early_part)
+        replayed = self.checks.arrived(stored, seq, assignment, vector, base, join)  # (held: merged once it passed)
+        copied = quorum != "settled" and self.copies.arrived(stored, seq, join)  # (held: merged once its copy agreed)
+        if not (replayed or copied):
+            join()
         return stored
+
+    def _read(self, body: bytes, base: np.ndarray | None, assignment: Assignment,
+              early: EarlyRead | None) -> tuple[WireHeader, np.ndarray, int, float, np.ndarray]:
+        """A result's header, weights, count, update norm and update, read against ``base`` (its version's weights;
+        None: gone) as it arrived (``early``) or now."""
+        session = self.session
+        if base is None:
+            raise Refusal(409, "too_stale", f"version {assignment.round} is no longer kept")
+        if early is not None and early.base is base:  # (read as it arrived; its refusal raised here)
+            header, vector, count, norm = early.answer()
+            update = early.update if early.update is not None else \
+                update_of(body, vector, base, session.config.result_codec)
+            return header, vector, count, norm, update
+        header, vector, count, _ = read_result(body, session=session, fingerprint=self.context.package.fingerprint,
+                                               round_index=assignment.round, unit=session.work_unit(assignment),
+                                               base=base)
+        update = update_of(body, vector, base, session.config.result_codec)
+        return header, vector, count, float(np.linalg.norm(update.astype(np.float64))), update
 
     def settle(self, verdicts: list[Verdict]) -> None:
         self.checks.settle(verdicts)
+        self.copies.settle(verdicts)
 
     def banned(self, peer_id: str) -> None:
         self.checks.banned(peer_id)
+        self.copies.banned(peer_id)
 
     def _go_out_again(self, entries: list[int]) -> None:
         """Entries whose result left the buffer (its peer was banned) go out again, first in schedule order."""
@@ -288,9 +317,8 @@ class AsyncBuffer(Part):
             self.order.give_back(entry)
 
     def holds_unit(self, peer_id: str, unit_index: int) -> bool:
-        """Whether ``peer_id`` holds a live lease on ``unit_index`` in the stream."""
-        now = self.store.clock()
-        return any(lease.peer_id == peer_id and lease.unit_index == unit_index and lease.deadline >= now
+        """Whether ``peer_id`` holds a live lease on ``unit_index`` in the stream (its unit's, or a copy's)."""
+        return any(lease.peer_id == peer_id and lease.unit_index == unit_index and lease.deadline >= self.store.clock()
                    for copy in (0, 1) for lease in self.store.leases(ASYNC_ROUND, copy).values())
 
     def ready(self) -> bool:
@@ -298,9 +326,12 @@ class AsyncBuffer(Part):
         if self.session.done or self.context.replica:
             return False
         waiting, k = self.store.buffered_count(), self.session.plan.participants_per_round  # (each poll: counts)
-        everything_back = self.store.arrived_count() >= len(self.session.plan.schedule)
-        return (waiting >= k or (everything_back and waiting > 0)) and \
-            not self.checks.blocks(lambda: self.store.buffered_seqs(k))  # (one of them waits for its replay)
+        if waiting < k and not (waiting > 0 and self.store.arrived_count() >= len(self.session.plan.schedule)):
+            return False  # (fewer than K wait, and the session's last results are not all back)
+        oldest = functools.partial(self.store.buffered_seqs, k)
+        if blocking := self.checks.blocks(oldest):  # (waiting for a replay or a copy)
+            self.copies.waive(blocking)  # (copies nobody may train)
+        return not self.checks.blocks(oldest)
 
     def merge_blocking(self) -> dict[str, Any]:
         """Merge the oldest K buffered results into the next version (runs in a worker thread)."""
@@ -308,7 +339,7 @@ class AsyncBuffer(Part):
         merge = session.round
         with self.sums.lock:  # (arrivals from now on wait for the next merge's sum; a ban's removal for the marks)
             opened, self.sums.open = self.sums.open, None
-            held = set(self.checks.held.values())  # (waiting for a replay: a ban may have moved one among the oldest)
+            held = self.checks.held_seqs()  # (waiting for a replay: a ban may have moved one among the oldest)
             rows = [row for row in self.store.buffered(k + len(held)) if row[0] not in held][:k]
             self.store.mark_merged([row[0] for row in rows], merge)  # before the checkpoint (module docstring)
         validate = validates(merge, session.config.validate_every, session.num_rounds)

@@ -28,6 +28,7 @@ from runtime.privacy import noise_bound
 from runtime.tasks import Task, WorkUnit
 from server.relay.options import RelayOptions
 from server.relay.refusal import Refusal
+from server.relay.verify import matches
 from server.session.session import Session
 
 
@@ -210,3 +211,18 @@ def describe_defenses(options: RelayOptions, aggregate: str, aggregate_config: M
     elif stream and not local:
         not_covered.append(ASYNC_BANS)
     return {"guards": guards, "not_covered": not_covered}
+
+
+def compare_results(task: Task, options: RelayOptions, result: tuple[str, np.ndarray], other: tuple[str, np.ndarray],
+                    base: np.ndarray) -> str:
+    """Two results of one unit from one set of weights (``base``), each (engine class, weights): bit for bit within
+    one engine class, within the replay tolerance across classes where the task's training is reproducible across
+    engines, else not comparable."""
+    if task.kind == "local":  # a backup of a local unit trained on another peer's own files
+        return "not_comparable"
+    if result[0] and result[0] == other[0]:
+        return "identical" if np.array_equal(result[1], other[1]) else "disputed"
+    if not task.replay_across_engines:
+        return "not_comparable"
+    ok, _ = matches(result[1], other[1], base, rtol=options.verify_rtol, atol=options.verify_atol)
+    return "agreed" if ok else "disputed"

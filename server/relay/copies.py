@@ -29,7 +29,15 @@ from runtime.planner import Assignment
 from runtime.protocol import Job
 from server.relay.backups import Backups
 from server.relay.book import RoundBook
-from server.relay.checks import Read, check_update_norm, decode_result, engines_of, read_result, relay_count
+from server.relay.checks import (
+    Read,
+    check_update_norm,
+    compare_results,
+    decode_result,
+    engines_of,
+    read_result,
+    relay_count,
+)
 from server.relay.context import Part, RelayContext
 from server.relay.copy_choice import CopyChoice
 from server.relay.engine_classes import SETTLED_IN_CLASS
@@ -38,7 +46,7 @@ from server.relay.refusal import Refusal
 from server.relay.replay_checks import ReplayChecks
 from server.relay.round_copies import Kept, RoundCopies
 from server.relay.store import StoredResult
-from server.relay.verify import DISPUTE, Verdict, matches
+from server.relay.verify import DISPUTE, Verdict
 
 LOG = logging.getLogger("peertrain.relay")
 KEEP_WAITING_SECONDS = 1.0  # how long ``copies_outstanding``'s answer is kept while the store does not change
@@ -247,18 +255,8 @@ class UnitCopies(Part):
 
     def _compare(self, engine_class: str, vector: np.ndarray, merged: StoredResult,
                  merged_vector: np.ndarray) -> str:
-        """A result of ``engine_class`` against the merged one: bit for bit within one engine class, within the
-        replay tolerance across classes where the task's training is reproducible across engines, else not
-        comparable."""
-        if self.session.task.kind == "local":  # a backup of a local unit trained on another peer's own files
-            return "not_comparable"
-        if engine_class and engine_class == merged.engine_class:
-            return "identical" if np.array_equal(vector, merged_vector) else "disputed"
-        if not self.session.task.replay_across_engines:
-            return "not_comparable"
-        ok, _ = matches(vector, merged_vector, self.session.weights, rtol=self.options.verify_rtol,
-                        atol=self.options.verify_atol)
-        return "agreed" if ok else "disputed"
+        return compare_results(self.session.task, self.options, (engine_class, vector),
+                               (merged.engine_class, merged_vector), self.session.weights)
 
     def _dispute(self, round_index: int, slot: int, results: dict[str, np.ndarray],
                  engines: dict[str, str] | None = None) -> None:

@@ -10,7 +10,7 @@
     bans          bans and their effect on the open round (bans.py)
     undo          a ban merges the banned peer's rounds again without its results (undo.py)
     pacing        round deadlines (pacing.py)
-    mode          a RoundMode (round_mode.py): SyncRounds (rounds.py) or AsyncBuffer (buffered.py, arrival_checks.py)
+    mode          a RoundMode (round_mode.py): SyncRounds (rounds.py) or AsyncBuffer (buffered.py, arrival_*.py)
     disk          pruning, disk use, a full disk (storage.py)
     admin         pause, resume, stop, a new session (admin.py)
     sharing       relays serving one session together: a replica follows the holder's checkpoints (sharing.py)
@@ -135,10 +135,10 @@ class Relay:
         self.copies.choice.forget_record(peer_id)
 
     def _make_mode(self) -> RoundMode:
-        """The round mode the session's settings name, started (a restarted async buffer takes back what a merge the
-        checkpoint lacks had marked)."""
+        """The session's round mode, started (a restarted async buffer takes back the arrivals its checkpoint lacks)."""
         if self.context.async_mode:
-            buffer = AsyncBuffer(self.context, self.book, self.jobs, self.people, self.verification, self.merge_soon)
+            buffer = AsyncBuffer(self.context, self.book, self.jobs, self.people, self.verification, self.merge_soon,
+                                 ban=self.bans.ban)
             buffer.start()
             return buffer
         return SyncRounds(self.context, book=self.book, jobs=self.jobs, people=self.people,

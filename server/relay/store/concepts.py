@@ -204,6 +204,9 @@ class ArrivalStore(Protocol):
         """Take the arrivals of ``peer_id`` not merged yet out of the buffer (its peer was banned), with its leases in
         the stream; returns their entries, which have no result any more."""
 
+    def unmerged_arrival(self, entry: int, *, take: bool = False) -> tuple[str, bytes] | None:
+        """``entry``'s arrival waiting in the buffer, as (peer, message) (None: none); ``take``: take it out too."""
+
     def mark_merged(self, seqs: list[int], merge: int) -> None:
         """The arrivals ``seqs`` went into merge number ``merge``."""
 

@@ -116,6 +116,20 @@ class SQLArrivals(TablePart):
             kept.waiting = None
             return entries
 
+    def unmerged_arrival(self, entry: int, *, take: bool = False) -> tuple[str, bytes] | None:
+        kept = self.kept
+        with kept.lock, self.connection.transaction() as db:
+            row = db.execute("SELECT peer_id, message FROM arrivals WHERE entry = ? AND merge IS NULL",
+                             (entry,)).fetchone()
+            if row is None or not take:
+                return None if row is None else (str(row[0]), bytes(row[1]))
+            db.execute("DELETE FROM arrivals WHERE entry = ? AND merge IS NULL", (entry,))
+            if kept.arrived is not None:
+                kept.arrived.discard(entry)
+                kept.view = None
+            kept.waiting = None
+            return str(row[0]), bytes(row[1])
+
     def mark_merged(self, seqs: list[int], merge: int) -> None:
         with self.kept.lock, self.connection.transaction() as db:
             self.kept.waiting = None

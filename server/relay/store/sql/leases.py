@@ -32,7 +32,7 @@ class SQLLeases(TablePart):
         # slot's second copy is leased beside its result).
         now = self.clock()
         done: tuple[str, tuple[int, ...]] = ("", ())  # (what must not exist: the unit's result)
-        if round_index == ASYNC_ROUND:
+        if round_index == ASYNC_ROUND and copy == 0:  # (an arrived entry's second copy is leased beside it)
             done = " AND NOT EXISTS (SELECT 1 FROM arrivals a WHERE a.entry = ?)", (slot,)
         elif copy == 0:
             done = " AND NOT EXISTS (SELECT 1 FROM results r WHERE r.round = ? AND r.slot = ?)", (round_index, slot)

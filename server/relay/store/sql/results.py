@@ -98,8 +98,9 @@ class SQLResults(TablePart):
         with self.connection.transaction() as db:
             emptied = db.execute("UPDATE results SET message = ? WHERE round < ? AND length(message) > 0",
                                  (b"", round_index)).rowcount
-            emptied += db.execute("UPDATE copies SET message = ? WHERE round < ? AND length(message) > 0",
-                                  (b"", round_index)).rowcount
+            emptied += db.execute(  # (async copies, round -1, wait for their quorum: server.relay.arrival_copies)
+                "UPDATE copies SET message = ? WHERE round < ? AND round >= 0 AND length(message) > 0",
+                (b"", round_index)).rowcount
         if emptied:
             self.connection.truncate_log()
         return emptied

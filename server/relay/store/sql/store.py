@@ -303,6 +303,9 @@ class SQLStore(KeptViews, VolunteerCalls, RefusalCalls, ForwardCalls):
         with self._changing_leases():  # (its leases in the stream go too)
             return self._arrivals.remove_arrivals_of(peer_id)
 
+    def unmerged_arrival(self, entry: int, *, take: bool = False) -> tuple[str, bytes] | None:
+        return self._arrivals.unmerged_arrival(entry, take=take)
+
     def mark_merged(self, seqs: list[int], merge: int) -> None:
         self._arrivals.mark_merged(seqs, merge)
 

@@ -113,3 +113,28 @@ def test_a_banned_peers_arrivals_not_merged_leave_the_buffer_with_its_leases(sto
     assert [row[0] for row in store.arrivals()] == seqs[:1]
     arrive(store, 2, honest)  # (the entry arrives again, from another peer)
     assert store.arrived(2) and store.buffered_count() == 2
+
+
+def test_an_arrival_read_or_taken_out_of_the_buffer_alone(store: Store, second_look: Callable[[], Store]) -> None:
+    """Async copies that disagree take one arrival out of the buffer (``take``): its entry has no result then, the
+    others stay; a merged arrival is neither read nor taken."""
+    peer, other = store.add_peer()[0], store.add_peer()[0]
+    seqs = [arrive(store, entry, who) for entry, who in ((0, peer), (1, peer), (2, other))]
+    store.mark_merged(seqs[:1], 0)
+    assert store.unmerged_arrival(1) == (peer, b"message 1") and store.unmerged_arrival(0) is None
+    assert store.buffered_count() == 2  # (a read takes nothing)
+    assert store.unmerged_arrival(1, take=True) == (peer, b"message 1")
+    assert store.unmerged_arrival(1, take=True) is None and store.unmerged_arrival(0, take=True) is None
+    for relay in (store, second_look()):
+        assert relay.arrived_entries() == {0, 2} and not relay.arrived(1) and relay.buffered_count() == 1
+        assert relay.buffered_seqs(5) == [seqs[2]]
+    arrive(store, 1, other)  # (the entry arrives again)
+    assert store.arrived(1) and store.buffered_count() == 2
+
+
+def test_an_arrived_entry_may_have_a_second_copy_leased_beside_it(store: Store) -> None:
+    store.add_arrival(entry=4, unit_index=9, peer_id="p-a", version=3, num_examples=1, metrics={}, message=b"m",
+                      update=b"")
+    assert store.grant(ASYNC_ROUND, 4, 9, "p-b", 10.0, version=3) is None  # (its unit's own lease: never again)
+    copy = store.grant(ASYNC_ROUND, 4, 9, "p-b", 10.0, copy=1, version=3)
+    assert copy is not None and store.lease(ASYNC_ROUND, 4, 1) == copy and store.lease(ASYNC_ROUND, 4) is None

@@ -100,10 +100,12 @@ def test_pruning_empties_older_rounds_messages_and_keeps_their_audit(store: Stor
     for round_index in range(3):
         store.add_result(result(round_index, 0, "p-a", b"message %d" % round_index))
         store.add_copy(round_index, 0, "p-b", b"copy %d" % round_index, "identical")
+    store.add_copy(-1, 7, "p-c", b"async copy", "unresolved")  # (async mode's copies wait for their quorum)
     audit = store.audit()
     assert store.pruned_rounds(0, 3) == set()
     assert store.prune_before(2) == 4  # two results, two copies
     assert store.prune_before(2) == 0  # (emptied already)
+    assert store.copy_message(-1, 7, "p-c") == b"async copy"
     assert [r.message for r in store.all_results()] == [b"", b"", b"message 2"]
     assert [store.copy_message(r, 0, "p-b") for r in range(3)] == [b"", b"", b"copy 2"]
     assert [row["message_kept"] for row in store.audit()] == [False, False, True]

@@ -1,0 +1,293 @@
+"""Second copies in async mode (``serve --mode async --redundancy F``): ``ArrivalCopies``, a part of the asynchronous
+buffer (``server.relay.buffered``).
+
+The results a copy checks are chosen as in rounds (``server.relay.copy_choice``: every result of a peer no copy has
+confirmed yet, a share ``F`` of the others, or adaptive replication's record), as each arrives. A chosen arrival is
+held out of the merges (``server.relay.arrival_checks``) until a second, different peer (another id and, with
+``--ban-addresses``, another address) has trained the same schedule entry from the same version, and the two are
+compared: identical from one engine class, or within the replay tolerance across engines where the task's training
+is reproducible across them (else not comparable: it merges). Copies go out before new units, also while new units
+wait for merges (the merges wait for the copies). Copies that disagree go to the host's replays where they can judge
+both engines (a failed one bans its peer: a ban drops its results still in the buffer). Elsewhere (no replays, or
+results no replay can judge) neither is merged: the entry goes out again from the same version to a third peer, and
+the first two results that agree settle it, the agreeing one merging; every other peer on the entry is banned (BOINC's
+quorum), up to ``QUORUM_LIMIT`` different results. A dispute whose version the buffer no longer keeps when the entry
+is handed out again ends without a ban (the entry starts afresh). A held arrival whose copy no connected peer may
+train, or whose version is no longer kept, merges unchecked (``copies_waived``).
+
+What a peer can tell: a copy's job names the version its first result started from, which may be older than the
+newest (a new unit starts from the newest), so a peer that tracks versions may guess that it trains a copy. That
+tells it nothing about its own results: whether one of those is copied is decided when it arrives, in secret, and
+every result of a peer is copied until a copy agreed with one. A replica hands out no copies of its own (the relay
+holding the session decides); the holds are this relay's memory: after a restart what was held merges (as for
+replays).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from runtime.protocol import Job
+from server.relay.arrival_checks import COPY, ArrivalChecks
+from server.relay.book import RoundBook
+from server.relay.checks import Read, check_update_norm, compare_results, decode_result, engines_of
+from server.relay.context import Part, RelayContext
+from server.relay.copies import QUORUM_LIMIT
+from server.relay.copy_choice import CopyChoice
+from server.relay.refusal import Refusal
+from server.relay.replay_checks import ReplayChecks
+from server.relay.store import StoredResult
+from server.relay.store.records import ASYNC_ROUND
+from server.relay.verify import DISPUTE, Verdict
+from server.session.buffered import entry_assignment
+
+LOG = logging.getLogger("peertrain.relay")
+AGREE = ("identical", "agreed")
+
+
+@dataclass
+class Waiting:
+    """An arrival held for its copy: its peer, the version it started from, its arrival number."""
+
+    peer_id: str
+    version: int
+    seq: int
+    judged: bool = False  # its copy disagreed and a host replay judges both
+
+
+@dataclass
+class Dispute:
+    """An entry whose results disagree, none merged: the version they started from and their peers (each message
+    kept as a copy of round -1 until a quorum settles it)."""
+
+    version: int
+    peers: list[str] = field(default_factory=list)
+
+
+class ArrivalCopies(Part):
+    """Which arrivals wait for a copy (``waiting``, by entry), handing the copies out, comparing them, and the
+    entries in dispute (``disputes``). ``job``: an entry's job from a version until a deadline; ``versions``: the
+    weights of the versions kept (the buffer's); ``ban``: the relay's ban; ``go_out_again``: entries the stream hands
+    out again."""
+
+    def __init__(self, context: RelayContext, book: RoundBook, checks: ArrivalChecks, replays: ReplayChecks, *,
+                 versions: dict[int, np.ndarray], job: Callable[[int, int, float], Job],
+                 ban: Callable[[str, str], None], go_out_again: Callable[[list[int]], None]) -> None:
+        self.context, self.book, self.checks, self.replays = context, book, checks, replays
+        self.versions, self.job, self.ban, self.go_out_again = versions, job, ban, go_out_again
+        self.choice = CopyChoice(context, replays.classes)
+        self.waiting: dict[int, Waiting] = {}
+        self.disputes: dict[int, Dispute] = {}
+
+    # -- an arrival ------------------------------------------------------------------------------------
+    def arrived(self, stored: StoredResult, seq: int, join: Callable[[], None]) -> bool:
+        """An accepted arrival: held for a copy where the choice says so (``join``: how it joins the next merge's
+        sum once nothing holds it). Whether it is held."""
+        entry = stored.slot
+        self.choice.note_result(ASYNC_ROUND, entry, stored.peer_id)
+        if self.context.replica or not self.choice.redundant(ASYNC_ROUND, entry):
+            return False
+        self.waiting[entry] = Waiting(stored.peer_id, stored.round, seq)
+        self.checks.hold((entry, stored.peer_id), seq, join, COPY)
+        self.context.notices.work_changed(available=1)  # (its copy, for a held request)
+        return True
+
+    def banned(self, peer_id: str) -> None:
+        """A banned peer's arrivals left the buffer (``ArrivalChecks.banned``): none of them waits for a copy."""
+        for entry in [entry for entry, waiting in self.waiting.items() if waiting.peer_id == peer_id]:
+            self.waiting.pop(entry)
+            self.store.release(ASYNC_ROUND, entry)  # (its copy's lease: that copy is not needed)
+
+    # -- handing copies out ----------------------------------------------------------------------------
+    def next_copy(self, peer_id: str) -> Job | None:
+        """A copy for ``peer_id``: the one it holds and has not delivered, else the oldest held arrival's that it
+        may train and nobody holds, or None."""
+        now = self.store.clock()
+        for entry, waiting in self.waiting.items():
+            if waiting.judged:
+                continue
+            lease = self.store.kept_lease(ASYNC_ROUND, entry, 1)
+            if lease is not None and lease.deadline >= now:
+                if lease.peer_id == peer_id and lease.version == waiting.version:
+                    return self.job(entry, waiting.version, lease.deadline)
+                continue
+            if waiting.version not in self.versions or not self._eligible(peer_id, entry, waiting.peer_id):
+                continue
+            unit_index = self.session.plan.schedule[entry][1]
+            granted = self.store.grant(ASYNC_ROUND, entry, unit_index, peer_id, self.options.lease_seconds, copy=1,
+                                       version=waiting.version)
+            if granted is not None:  # (None: another relay over the store leased it a moment ago)
+                self.store.count("copies_handed_out")
+                return self.job(entry, waiting.version, granted.deadline)
+        return None
+
+    def _eligible(self, peer_id: str, entry: int, original: str) -> bool:
+        """Whether ``peer_id`` may train the copy of ``entry``, whose first result came from ``original``."""
+        if peer_id == original or self.book.refused(ASYNC_ROUND, entry, peer_id) or self.store.ban_reason(peer_id):
+            return False
+        return not self.options.ban_addresses or self.store.peer_address(peer_id) != self.store.peer_address(original)
+
+    def waive(self, blocking: set[int]) -> None:
+        """Held arrivals the next merge would take (``blocking``: their arrival numbers) whose copy is not out and
+        that no connected peer may train (or whose version is gone) merge unchecked."""
+        now, active = self.store.clock(), None
+        for entry, waiting in list(self.waiting.items()):
+            if waiting.seq not in blocking or waiting.judged:
+                continue
+            lease = self.store.kept_lease(ASYNC_ROUND, entry, 1)
+            if lease is not None and lease.deadline >= now:
+                continue
+            if waiting.version in self.versions:
+                active = self.store.active_peers(self.options.peer_timeout) if active is None else active
+                if any(self._eligible(peer, entry, waiting.peer_id) for peer in active):
+                    continue
+            self.waiting.pop(entry)
+            self.store.count("copies_waived")
+            self.checks.release([(entry, waiting.peer_id)], COPY)
+
+    def version_for(self, entry: int, current: int) -> int:
+        """The version ``entry`` goes out from: its dispute's, while the buffer keeps it (a third result must start
+        where the two that disagree did), else ``current`` (the dispute ends unsettled, nobody banned)."""
+        dispute = self.disputes.get(entry)
+        if dispute is None:
+            return current
+        if dispute.version in self.versions:
+            return dispute.version
+        self.disputes.pop(entry)
+        for peer in dispute.peers:
+            self.store.set_copy_outcome(ASYNC_ROUND, entry, peer, "expired")
+        self.store.count("disputes_expired")
+        return current
+
+    # -- a second result -------------------------------------------------------------------------------
+    def accept_copy(self, peer_id: str, version: int, entry: int, body: bytes,
+                    read: Callable[[], Read]) -> StoredResult:
+        """A result of an entry that has its arrival: the copy leased to ``peer_id``, compared with the arrival.
+        ``read``: the copy's header, weights, count and norm against its version (raises a ``Refusal``)."""
+        lease = self.store.lease(ASYNC_ROUND, entry, 1)
+        if lease is None or lease.peer_id != peer_id or lease.version != version:
+            raise Refusal(409, "duplicate", f"unit entry {entry} already has a result")
+        waiting = self.waiting.get(entry)
+        if waiting is None or waiting.version != version or waiting.judged:
+            self.store.release(ASYNC_ROUND, entry, peer_id)
+            raise Refusal(409, "past_deadline", f"unit entry {entry}'s first result is merged or judged: its second "
+                          "copy is not needed any more")
+        now = self.store.clock()
+        try:
+            if version not in self.versions:
+                raise Refusal(409, "too_stale", f"version {version} is no longer kept")
+            if lease.deadline < now:
+                raise Refusal(409, "late", f"the lease on unit entry {entry} expired {now - lease.deadline:.1f} s ago")
+            header, vector, count, norm = read()
+            check_update_norm(norm, [], max_norm=self.options.max_update_norm, outlier_factor=0, min_results=1)
+        except Refusal:
+            self.store.release(ASYNC_ROUND, entry, peer_id)
+            self.book.refuse(ASYNC_ROUND, entry, peer_id)
+            raise
+        found = self.store.unmerged_arrival(entry)
+        assert found is not None and found[0] == waiting.peer_id, f"unit entry {entry} has no held arrival"
+        base = self.versions[version]
+        first_header, first = decode_result(found[1], session=self.session, round_index=version, base=base)
+        engine, engine_class = engines_of(header.meta)
+        first_engine, first_class = engines_of(first_header.meta)
+        outcome = compare_results(self.session.task, self.options, (engine_class, vector), (first_class, first), base)
+        self.store.count(f"copies_{outcome}")
+        self.store.release(ASYNC_ROUND, entry, peer_id)
+        stored = StoredResult(version, entry, self.session.plan.schedule[entry][1], peer_id, count,
+                              dict(header.metrics), b"", engine)
+        if outcome != "disputed":
+            self.store.add_copy(ASYNC_ROUND, entry, peer_id, body, outcome)
+            if outcome in AGREE:
+                self.choice.confirm(waiting.peer_id, peer_id)
+            self.waiting.pop(entry)
+            self.checks.release([(entry, waiting.peer_id)], COPY)
+            return stored
+        LOG.warning("copies of unit entry %d (version %d) disagree: first from %s (%s), copy from %s (%s)", entry,
+                    version, waiting.peer_id, first_class, peer_id, engine_class)
+        engines = {waiting.peer_id: first_engine, peer_id: engine}
+        if self.replays.active and all(self.replays.judges(named) for named in engines.values()):
+            self.store.add_copy(ASYNC_ROUND, entry, peer_id, body, "disputed")
+            waiting.judged = True
+            assignment = entry_assignment(self.session.plan.schedule, self.session.plan.seed, entry, version)
+            self.replays.replay_arrival(assignment, base, {waiting.peer_id: first, peer_id: vector}, DISPUTE,
+                                        ("arrival dispute", entry), engines)
+            return stored
+        self.store.count("disputes_unresolved")
+        self._undecided(entry, version, {waiting.peer_id: found[1], peer_id: body}, first_peer=waiting.peer_id)
+        return stored
+
+    def _undecided(self, entry: int, version: int, messages: dict[str, bytes], *, first_peer: str | None) -> None:
+        """Results of ``entry`` that disagree (``messages``, by peer): none merged, each kept as a copy; the entry
+        goes out again from ``version`` to a peer that has not trained it."""
+        if first_peer is not None:  # (the arrival held for its copy leaves the buffer)
+            self.store.unmerged_arrival(entry, take=True)
+            self.checks.drop((entry, first_peer))
+            self.waiting.pop(entry, None)
+        dispute = self.disputes.setdefault(entry, Dispute(version))
+        for peer, message in messages.items():
+            self.store.add_copy(ASYNC_ROUND, entry, peer, message, "unresolved", count_unit=peer != first_peer)
+            dispute.peers.append(peer)
+        self.book.refuse(ASYNC_ROUND, entry, *messages)
+        self.store.release(ASYNC_ROUND, entry)
+        if len(dispute.peers) >= QUORUM_LIMIT:
+            self.store.count("quorums_without_majority")
+            self.disputes.pop(entry)  # (it starts afresh)
+        self.go_out_again([entry])
+        self.context.notices.work_changed(available=1)
+
+    def quorum(self, peer_id: str, version: int, entry: int, body: bytes, meta: Mapping[str, Any],
+               vector: np.ndarray) -> str | None:
+        """A result of an entry in dispute (None: it is not, or this result started elsewhere): ``"copy"`` when it
+        agrees with none of the results before it (kept with them; the entry goes out once more), ``"settled"`` when
+        it agrees with one (every other peer on the entry is banned; this result goes into the buffer, checked)."""
+        dispute = self.disputes.get(entry)
+        if dispute is None or dispute.version != version:
+            return None
+        if peer_id in dispute.peers:
+            self.store.release(ASYNC_ROUND, entry, peer_id)
+            raise Refusal(409, "duplicate", f"this peer's result of unit entry {entry} is in already")
+        base, engine_class = self.versions[version], engines_of(meta)[1]
+        agreeing = []
+        for other in dispute.peers:
+            message = self.store.copy_message(ASYNC_ROUND, entry, other)
+            if not message:
+                continue
+            other_header, other_vector = decode_result(message, session=self.session, round_index=version, base=base)
+            if compare_results(self.session.task, self.options, (engine_class, vector),
+                               (engines_of(other_header.meta)[1], other_vector), base) in AGREE:
+                agreeing.append(other)
+        if not agreeing:
+            self.store.count("quorums_undecided")
+            self._undecided(entry, version, {peer_id: body}, first_peer=None)
+            return "copy"
+        liars = [peer for peer in dispute.peers if peer not in agreeing]
+        self.disputes.pop(entry)
+        for peer in agreeing:
+            self.store.set_copy_outcome(ASYNC_ROUND, entry, peer, "upheld")
+        for peer in liars:
+            self.store.set_copy_outcome(ASYNC_ROUND, entry, peer, "lied")
+        self.choice.confirm(*agreeing, peer_id)
+        self.store.count("disputes_settled_by_quorum")
+        for peer in liars:
+            self.ban(peer, f"its result of unit entry {entry} (version {version}) disagreed with those of "
+                     f"{', '.join([*agreeing, peer_id])}, which agree (a quorum of copies)")
+        return "settled"
+
+    def settle(self, verdicts: list[Verdict]) -> None:
+        """A dispute's replay judged both results (``Relay.apply_verdicts`` banned whoever failed, which dropped a
+        failed first result from the buffer): a first result still held merges."""
+        for verdict in verdicts:
+            if verdict.reason != DISPUTE:
+                continue
+            entry = verdict.slot  # (a copy's row; the first result's peer has none)
+            outcome = "upheld" if verdict.ok else "unjudged" if verdict.error else "lied"
+            self.store.set_copy_outcome(ASYNC_ROUND, entry, verdict.peer_id, outcome)
+            waiting = self.waiting.get(entry)
+            if waiting is not None and waiting.judged and verdict.peer_id == waiting.peer_id:
+                self.waiting.pop(entry)  # (passed, or the host could not replay it: no verdict on anyone)
+                self.checks.release([(entry, waiting.peer_id)], COPY)

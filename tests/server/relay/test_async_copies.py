@@ -1,0 +1,121 @@
+"""Second copies in async mode (``server.relay.arrival_copies``): a newcomer's result is held out of the merges until
+another peer has trained its schedule entry from the same version; copies that agree let it merge, copies that
+disagree are settled by a third peer (the quorum bans the one that differs, and nothing of it is merged), and a copy
+no other peer may train is waived. Host replays are off here: the copies alone check the results."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from relay_fixtures import HttpPeer, flipped, make_relay, recorded_arrivals, serving, session_status, wait_until
+
+from server.session.buffered import replay
+from server.session.package import Package
+from server.session.session import Session
+
+ASYNC = {"mode": "async", "aggregate": "mean"}
+COPIES = {"verify": False, "redundancy": 0.01, "ban_addresses": False}  # (a newcomer's every result is copied)
+
+
+@pytest.fixture(scope="module")
+def package_settings() -> dict[str, Any]:
+    """6 chunks of 256 rows (the ``package`` fixture of conftest.py builds it once for this module)."""
+    return {"examples": 1536, "chunks": 6}
+
+
+def finish(client: Any, peers: list[HttpPeer], turns: int = 80) -> dict[str, Any]:
+    """The peers train what is left, copies included, until the session is done (each ask held until work exists)."""
+    for _ in range(turns):
+        if session_status(client)["done"]:
+            break
+        for peer in peers:
+            job = peer.work(hold=5)
+            if "slot" in job:
+                assert peer.train_and_upload(job).status_code == 200, job
+    status = session_status(client)
+    assert status["done"], status
+    return status
+
+
+def assert_the_arrivals_replay_to_the_weights(relay: Any, package: Package) -> None:
+    relay.open()
+    arrivals = recorded_arrivals(relay.store)
+    assert sorted(x.entry for x in arrivals) == list(range(len(relay.session.plan.schedule)))  # each unit once
+    replayed = replay(Session.create(package, relay.session.config), arrivals, exponent=0.5, validate_every=1)
+    np.testing.assert_array_equal(replayed.weights, relay.session.weights)
+
+
+def test_a_copy_that_agrees_lets_a_newcomers_result_merge(package: Package, tmp_path: Path) -> None:
+    relay = make_relay(package, tmp_path / "s", k=2, passes=1, config=ASYNC, **COPIES)
+    with serving(relay) as client:
+        a, b = HttpPeer(client), HttpPeer(client)
+        first = a.assignment()
+        assert a.train_and_upload(first).status_code == 200
+        copies = relay.mode.copies  # type: ignore[attr-defined]
+        assert list(copies.waiting) == [first["slot"]] and relay.store.buffered_count() == 1
+        assert not relay.round_ready()
+        copy = b.assignment()  # the copy goes out before a new unit, as any job of that entry and version
+        assert (copy["slot"], copy["round"], copy["unit_index"]) == (first["slot"], first["round"],
+                                                                       first["unit_index"])
+        assert copy.get("copy") is None and copy["weights_digest"] == first["weights_digest"]
+        assert a.work().get("slot") != first["slot"]  # (never to the peer that trained it)
+        assert b.train_and_upload(copy).status_code == 200
+        status = session_status(client)
+        assert status["counters"]["copies_identical"] == 1 and not copies.waiting
+        assert {relay.store.identity(p) for p in (a.peer_id, b.peer_id)} <= copies.choice.confirmed
+        status = finish(client, [a, b])
+        assert status["counters"].get("peers_banned", 0) == 0
+    with sqlite3.connect(relay.store.location) as db:
+        outcomes = [row[0] for row in db.execute("SELECT outcome FROM copies WHERE round = -1")]
+    assert outcomes and set(outcomes) == {"identical"}, outcomes
+    assert_the_arrivals_replay_to_the_weights(relay, package)
+
+
+def test_a_liar_is_outvoted_by_a_third_peer_and_nothing_of_it_is_merged(package: Package, tmp_path: Path) -> None:
+    """The liar's first result is held for its copy; an honest copy disagrees and, with no host replays, neither
+    merges: the entry goes out again from the same version to a third peer, whose result agrees with the honest
+    copy. The liar is banned, its result never merged, and the honest results replay to the weights bit for bit."""
+    relay = make_relay(package, tmp_path / "s", k=2, passes=1, config=ASYNC, **COPIES)
+    with serving(relay) as client:
+        liar, a, c = HttpPeer(client), HttpPeer(client), HttpPeer(client)
+        job = liar.assignment()
+        entry, version = job["slot"], job["round"]
+        assert liar.upload(version, entry, flipped(liar, job, relay)).status_code == 200  # (it passes the size checks)
+        copy = a.assignment()
+        assert (copy["slot"], copy["round"]) == (entry, version)
+        assert a.train_and_upload(copy).status_code == 200
+        status = session_status(client)
+        assert status["counters"]["copies_disputed"] == 1 and status["counters"]["disputes_unresolved"] == 1
+        assert not relay.store.arrived(entry) and relay.store.buffered_count() == 0  # neither is merged
+        assert not relay.store.ban_reason(liar.peer_id)
+        again = c.assignment()  # the entry again, from the version both started from
+        assert (again["slot"], again["round"]) == (entry, version)
+        assert c.train_and_upload(again).status_code == 200
+        status = wait_until(client, lambda s: s["counters"].get("peers_banned", 0) == 1)
+        assert "a quorum of copies" in (relay.store.ban_reason(liar.peer_id) or "")
+        assert status["counters"]["disputes_settled_by_quorum"] == 1
+        assert relay.store.arrived(entry)
+        status = finish(client, [a, c])
+        assert not relay.store.ban_reason(a.peer_id) and not relay.store.ban_reason(c.peer_id)
+        assert status["counters"]["peers_banned"] == 1
+    with sqlite3.connect(relay.store.location) as db:
+        assert liar.peer_id not in {row[0] for row in db.execute("SELECT peer_id FROM arrivals")}
+        outcomes = dict(db.execute("SELECT peer_id, outcome FROM copies WHERE round = -1 AND slot = ?", (entry,)))
+    assert outcomes == {liar.peer_id: "lied", a.peer_id: "upheld"}, outcomes
+    assert_the_arrivals_replay_to_the_weights(relay, package)
+
+
+def test_a_copy_no_other_peer_may_train_is_waived(package: Package, tmp_path: Path) -> None:
+    """One peer alone: its results wait for copies nobody else may train, so the merge takes them unchecked."""
+    relay = make_relay(package, tmp_path / "s", k=2, passes=1, config=ASYNC, **COPIES)
+    with serving(relay) as client:
+        a = HttpPeer(client)
+        for _ in range(2):
+            assert a.train_and_upload(a.assignment()).status_code == 200
+        status = wait_until(client, lambda s: s["round"] >= 1 and not s["merging"])
+        assert status["counters"]["copies_waived"] == 2 and not relay.mode.copies.waiting  # type: ignore[attr-defined]
+        finish(client, [a])
