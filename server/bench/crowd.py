@@ -20,15 +20,16 @@ flip of the same norm), each liar's lie its own (scaled by 1 + n / 1000 for the 
 same bytes). ``--colluding``: every liar of a kind sends the same lie for a unit, as one cheating client run by many
 people would; then two liars given one unit agree, and a quorum of them can outvote an honest peer (the figure
 measures how often: no rule that compares results can tell two agreeing liars from two agreeing honest peers). No
-host replay can judge a made-up result, so the synchronous settings check by copies (``--redundancy``, the relay's:
-that share of units trained by a second peer and compared bit for bit; results that differ go to more peers until
-two agree, which settles it by quorum and bans the others). A banned liar stops.
+host replay can judge a made-up result, so every setting checks by copies (``--redundancy``, the relay's: that share
+of units, and every result of a peer no copy has confirmed yet, trained by a second peer and compared bit for bit;
+results that differ go to more peers until two agree, which settles it by quorum and bans the others; in async mode
+a copied result waits out of the merges for its copy, from the version it started from). A banned liar stops.
 
 Settings, each on a fresh relay: synchronous rounds at each k of ``--ks`` (``--rounds`` rounds timed after the
 first), the crowd's size max(k, --peers) except for the anchor k = 5 (5 honest peers, no copies); and, unless
 ``--async-k 0``, buffered asynchronous merging of every ``--async-k`` results with ``--peers`` peers for
-``--async-seconds`` (or until ``--async-merges`` merges are in, if sooner; async mode has no copies, so its liars
-are only held to the checks of size and to centered clipping). ``--relays N`` serves the async setting with N relay
+``--async-seconds`` (or until ``--async-merges`` merges are in, if sooner; a liar whose copy or quorum is not in
+by then is not banned yet). ``--relays N`` serves the async setting with N relay
 processes over one ``--store postgresql://...`` (the first holds the session and merges, the others serve beside it:
 ``server.relay.sharing``); the crowd's loopback addresses go to them in turn, as a proxy keeping each client on one
 relay would, and the figures add up their CPU (their peak RSS: the largest).
@@ -185,7 +186,7 @@ def serve_command(package: Path, session_dir: Path, k: int, passes: int, codec: 
     # default (1,000) answers 503 past that, so a crowd's host raises it, as here
     options = RelayOptions(admin_token=ADMIN, lease_seconds=3600.0, peer_timeout=3600.0, backup_after=None,
                            join_rate=0.0, max_peers_per_address=0, verify=False,
-                           redundancy=redundancy if mode == "sync" else 0.0,  # (async: no copies)
+                           redundancy=redundancy,
                            verify_trust=verify_trust)
     limits = ServerLimits(limit_concurrency=max(DEFAULT_LIMIT_CONCURRENCY, 3 * peers + 100))
     config = SessionConfig(participants=k, passes=passes, codec=codec, mode=mode, validate_every=validate_every)

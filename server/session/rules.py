@@ -49,16 +49,16 @@ def resolve[Options: RelaySide](config: SessionConfig, options: Options, package
     changes: dict[str, Any] = {}
     verify = options.verify
     if config.mode == "async":
-        synchronous = [name for name, on in (("--redundancy", options.redundancy),
-                                             ("--round-deadline", options.round_deadline is not None)) if on]
-        if synchronous:
-            raise SessionError(f"{' and '.join(synchronous)} belong{'s' if len(synchronous) == 1 else ''} to "
-                               "synchronous rounds; not with --mode async (settings redundancy, round_deadline, mode)")
-        if verify:
-            notes.append("async mode: host replays judge results against the version each started from, and a merge "
+        if options.round_deadline is not None:
+            raise SessionError("--round-deadline belongs to synchronous rounds; not with --mode async (settings "
+                               "round_deadline, mode)")
+        if verify or options.redundancy:
+            checks = " and ".join(name for name, on in (("host replays", verify),
+                                                         ("second copies", options.redundancy)) if on)
+            notes.append(f"async mode: {checks} judge results against the version each started from, and a merge "
                          "waits for those of the results it takes; a failed one bans its peer and drops its results "
-                         "not merged yet (what was merged stays: a stream has no rounds to merge again); second "
-                         "copies and backups are synchronous-round features and are off")
+                         "not merged yet (what was merged stays: a stream has no rounds to merge again); backups are "
+                         "a synchronous-round feature and are off")
     if task.kind == "local":
         if options.redundancy:
             raise SessionError(f"--redundancy compares two peers' results of one unit, but {task.name} "

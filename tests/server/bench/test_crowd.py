@@ -109,7 +109,8 @@ def test_a_small_crowd_on_a_real_relay_loses_nothing_and_reports_every_setting(t
     # disagreed, a third peer's result settled it
     crowd = results["sync k=8"]
     assert crowd["liars_banned"] == crowd["liars_accepted"] and crowd["copies_accepted"] > 0, crowd
-    assert "banned" not in results["async K=4"]["refusals"]  # (async: no copies, so no quorum bans anyone)
+    # async: the merges wait for the copies of every newcomer's result (no liar's result merges unchecked)
+    assert results["async K=4"]["copies_accepted"] > 0, results["async K=4"]
     assert "| sync k=8 | 12 | 8 |" in done.stdout
 
 

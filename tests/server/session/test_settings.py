@@ -217,12 +217,13 @@ def test_resolve_refuses_conflicts_and_turns_off_what_cannot_apply(package: Pack
     sync, asynchronous = SessionConfig(participants=2), SessionConfig(participants=2, mode="async")
     options = RelayOptions(admin_token="t")
     assert resolve(sync, options, package).options is options and resolve(sync, options, package).notes == ()
-    for conflict in ({"redundancy": 0.5}, {"round_deadline": 5.0}):
-        with pytest.raises(ValueError, match="belongs to synchronous rounds; not with --mode async"):
-            resolve(asynchronous, RelayOptions(admin_token="t", **conflict), package)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="--round-deadline belongs to synchronous rounds; not with --mode async"):
+        resolve(asynchronous, RelayOptions(admin_token="t", round_deadline=5.0), package)
     resolved = resolve(asynchronous, options, package)
     assert resolved.options.verify is True and resolved.options is options  # (host replays judge async results too)
     assert resolved.notes[0].startswith("async mode: host replays judge results against the version")
+    copies = resolve(asynchronous, RelayOptions(admin_token="t", redundancy=0.5, verify=False), package)
+    assert copies.options.redundancy == 0.5 and copies.notes[0].startswith("async mode: second copies judge results")
     with pytest.raises(SettingError, match="redundancy must be a share between 0 and 1, got 2"):
         resolve(sync, RelayOptions(admin_token="t", redundancy=2.0), package)
 
@@ -235,12 +236,11 @@ def serve_args(package: Package, session_dir: Path, *more: str) -> argparse.Name
 def test_serve_applies_the_rules(package: Package, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from server.cli.serve import open_session
 
-    for conflict in (["--redundancy", "0.5"], ["--round-deadline", "5"]):
-        session_dir = tmp_path / f"refused{conflict[0]}"
-        assert cli.main(["serve", "--port", "0", "--package", str(package.path), "--session-dir", str(session_dir),
-                         "--mode", "async", "-k", "2", *conflict]) == 2
-        assert "to synchronous rounds; not with --mode async" in capsys.readouterr().err
-        assert not (session_dir / "session.json").exists()
+    session_dir = tmp_path / "refused"
+    assert cli.main(["serve", "--port", "0", "--package", str(package.path), "--session-dir", str(session_dir),
+                     "--mode", "async", "-k", "2", "--round-deadline", "5"]) == 2
+    assert "--round-deadline belongs to synchronous rounds; not with --mode async" in capsys.readouterr().err
+    assert not (session_dir / "session.json").exists()
     relay = open_session(serve_args(package, tmp_path / "async", "--mode", "async", "--buffer", "2"))
     try:
         assert relay.options.verify is True and relay.session.config.participants == 2
@@ -276,10 +276,10 @@ def test_the_admin_api_checks_a_value_as_a_flag_and_a_file_do(package: Package, 
 
 
 def test_the_admin_api_applies_the_rules(package: Package, tmp_path: Path) -> None:
-    relay = make_relay(package, tmp_path / "session", k=2, passes=1, redundancy=0.5)
+    relay = make_relay(package, tmp_path / "session", k=2, passes=1, round_deadline=5.0)
     with serving(relay) as client:
         response = client.post("/api/admin/session", headers=ADMIN, content=json.dumps({"mode": "async",
                                                                                         "replace": True}))
         assert (response.status_code, response.json().get("error")) == (422, "bad_session"), response.json()
-        assert "--redundancy belongs to synchronous rounds; not with --mode async" in response.json()["message"]
+        assert "--round-deadline belongs to synchronous rounds; not with --mode async" in response.json()["message"]
         assert relay.session.config.mode == "sync" and not (tmp_path / "session" / "archive").exists()
