@@ -166,7 +166,8 @@ NO_REPLAYS = ("results are not re-trained on the host in this session (host repl
 
 
 ASYNC_BANS = ("async mode merges a stream, not rounds: a banned peer's results merged before its ban stay merged "
-              "(a replayed result waits for its verdict before it is merged, and every peer's first is replayed)")
+              "(a replayed or copied result waits for its verdict or its copy before it is merged, and every peer's "
+              "first is replayed or copied)")
 
 
 def describe_defenses(options: RelayOptions, aggregate: str, aggregate_config: Mapping[str, Any],
@@ -208,7 +209,7 @@ def describe_defenses(options: RelayOptions, aggregate: str, aggregate_config: M
     not_covered = list(NOT_COVERED) + ([LOCAL_NOT_COVERED] if local else [])
     if not options.verify and not local:
         not_covered.append(NO_REPLAYS)
-    elif stream and not local:
+    if stream and not local and (options.verify or options.redundancy > 0):
         not_covered.append(ASYNC_BANS)
     return {"guards": guards, "not_covered": not_covered}
 
