@@ -79,10 +79,6 @@ class ArrivalChecks(Part):
         with self.lock:
             self.held.pop(key, None)
 
-    def waiting_for(self, key: tuple[int, str], reason: str) -> bool:
-        held = self.held.get(key)
-        return held is not None and reason in held.waiting
-
     def arrived(self, stored: StoredResult, seq: int, assignment: Assignment, vector: np.ndarray,
                 base: np.ndarray, join: Callable[[], None]) -> bool:
         """An accepted arrival (``seq``) of ``assignment`` read against ``base``, its version's weights: replayed

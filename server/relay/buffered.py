@@ -186,10 +186,9 @@ class AsyncBuffer(Part):
 
     def behind(self) -> str | None:
         """Why new units wait for merges (None: they do not). A relay that takes results faster than it merges them
-        would fall further behind with every unit: the buffer and each result's staleness grow (past
-        ``--max-staleness`` a result is refused, its peer's work lost) while the merges, which share the cores with
-        taking results, slow down. So while ``BACKLOG_MERGES`` merges' results wait, a peer asking for a new unit
-        waits for a merge (a unit it holds is handed again; results of units out are taken)."""
+        would fall further behind with every unit: the buffer and each result's staleness grow (past --max-staleness
+        a result is refused, its work lost) while the merges, sharing the cores with taking results, slow down. So
+        while ``BACKLOG_MERGES`` merges' results wait, a peer asking for a new unit waits for a merge."""
         waiting, k = self.store.buffered_count(), self.session.plan.participants_per_round
         if waiting < BACKLOG_MERGES * k:
             return None
@@ -388,11 +387,12 @@ class AsyncBuffer(Part):
         return f"every unit is out: waiting for {out} result{'s' if out > 1 else ''}" if out else None
 
     def progress(self) -> dict[str, int]:
-        """The status's ``round_progress`` in async mode: results waiting in the buffer out of K."""
+        """The status's ``round_progress`` in async mode: results waiting in the buffer out of K (copies: leased)."""
         now = self.store.clock()
         return {"slots": self.session.plan.participants_per_round, "done": self.store.buffered_count(),
                 "leased": sum(1 for lease in self.store.leases(ASYNC_ROUND).values() if lease.deadline >= now),
-                "copies": 0, "arrived": self.store.arrived_count(), "units": len(self.session.plan.schedule)}
+                "copies": len(self.store.leases(ASYNC_ROUND, 1)), "arrived": self.store.arrived_count(),
+                "units": len(self.session.plan.schedule)}
 
     def weights_of_version(self, version: int) -> bytes | None:
         """The wire message of a kept version (a peer asks for the weights its job names)."""

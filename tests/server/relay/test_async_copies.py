@@ -119,3 +119,27 @@ def test_a_copy_no_other_peer_may_train_is_waived(package: Package, tmp_path: Pa
         status = wait_until(client, lambda s: s["round"] >= 1 and not s["merging"])
         assert status["counters"]["copies_waived"] == 2 and not relay.mode.copies.waiting  # type: ignore[attr-defined]
         finish(client, [a])
+
+
+def test_copies_that_disagree_go_to_the_hosts_replay_which_bans_the_liar(package: Package, tmp_path: Path) -> None:
+    """With host replays on, an honest newcomer's first result waits for its replay and for its copy; the copy is a
+    lie, and one replay judges both: the liar is banned, the honest result merges, nothing goes out again."""
+    relay = make_relay(package, tmp_path / "s", k=2, passes=1, config=ASYNC, redundancy=0.01, ban_addresses=False)
+    with serving(relay) as client:
+        a = HttpPeer(client)
+        first = a.assignment()
+        assert a.train_and_upload(first).status_code == 200
+        liar = HttpPeer(client)
+        copy = liar.assignment()
+        assert (copy["slot"], copy["round"]) == (first["slot"], first["round"])
+        assert liar.upload(copy["round"], copy["slot"], flipped(liar, copy, relay)).status_code == 200
+        status = wait_until(client, lambda s: s["counters"].get("peers_banned", 0) == 1)
+        assert "differs from the host's replay" in (relay.store.ban_reason(liar.peer_id) or "")
+        assert status["counters"]["copies_disputed"] == 1 and "disputes_unresolved" not in status["counters"]
+        wait_until(client, lambda s: not relay.mode.checks.held)  # type: ignore[attr-defined]
+        assert relay.store.arrived(first["slot"]) and relay.store.buffered_count() == 1  # (it waits for a merge)
+        status = finish(client, [a])
+        assert not relay.store.ban_reason(a.peer_id) and status["counters"]["peers_banned"] == 1
+    with sqlite3.connect(relay.store.location) as db:
+        assert dict(db.execute("SELECT peer_id, outcome FROM copies WHERE round = -1")) == {liar.peer_id: "lied"}
+    assert_the_arrivals_replay_to_the_weights(relay, package)
