@@ -107,11 +107,13 @@ class ArrivalCopies(Part):
     def next_copy(self, peer_id: str) -> Job | None:
         """A copy for ``peer_id``: the one it holds and has not delivered, else the oldest held arrival's that it
         may train and nobody holds, or None."""
-        now = self.store.clock()
+        if not self.waiting:
+            return None
+        now, leases = self.store.clock(), self.store.leases(ASYNC_ROUND, 1)  # (read once an ask: many may wait)
         for entry, waiting in self.waiting.items():
             if waiting.judged:
                 continue
-            lease = self.store.kept_lease(ASYNC_ROUND, entry, 1)
+            lease = leases.get(entry)
             if lease is not None and lease.deadline >= now:
                 if lease.peer_id == peer_id and lease.version == waiting.version:
                     return self.job(entry, waiting.version, lease.deadline)
@@ -135,11 +137,11 @@ class ArrivalCopies(Part):
     def waive(self, blocking: set[int]) -> None:
         """Held arrivals the next merge would take (``blocking``: their arrival numbers) whose copy is not out and
         that no connected peer may train (or whose version is gone) merge unchecked."""
-        now, active = self.store.clock(), None
+        now, active, leases = self.store.clock(), None, self.store.leases(ASYNC_ROUND, 1)
         for entry, waiting in list(self.waiting.items()):
             if waiting.seq not in blocking or waiting.judged:
                 continue
-            lease = self.store.kept_lease(ASYNC_ROUND, entry, 1)
+            lease = leases.get(entry)
             if lease is not None and lease.deadline >= now:
                 continue
             if waiting.version in self.versions:
