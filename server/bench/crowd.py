@@ -59,23 +59,21 @@ import contextlib
 import json
 import math
 import shutil
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
-import numpy as np
 
-from runtime import codecs, wire
-from runtime.codecs import Codec
-from runtime.protocol import Done, Job, Receipt, Wait
+from server.bench.crowd_clients import HOLD_SECONDS, CrowdSlice, Slice, Updates, lie_plan, merge_slice, slices
 from server.bench.crowd_figures import (
     ANCHOR_K,
-    LIES,
     Figures,
     Lie,
     Timeline,
@@ -89,11 +87,12 @@ from server.bench.crowd_figures import (
     summarize,
     table,
 )
-from server.bench.relay import RESEND, browser_training_seconds, training_seconds
+from server.bench.relay import browser_training_seconds, training_seconds
 from server.browser.launcher import RELAY_START_SECONDS
-from server.harness.peer import AsyncTransport, Refused, RelayPeer, Result, WeightsFrom, pooled, run_async
+from server.harness.peer import run_async
 from server.harness.relay_process import RelayProcess
 from server.harness.serve_command import ServeCommand
+from server.paths import REPO_ROOT
 from server.relay.client import AsyncRelayClient, RelayRefusal, status_call
 from server.relay.options import DEFAULT_LIMIT_CONCURRENCY, RelayOptions, ServerLimits
 from server.relay.store.location import is_server
@@ -101,10 +100,7 @@ from server.session.config import SessionConfig
 from server.session.package import Package, build_package
 
 ADMIN = "crowd-bench-admin"
-HOLD_SECONDS = 15.0
 STATUS_SECONDS = 60.0  # the bench asks a busy relay for its status again for this long before the setting stops
-BASES = 8  # distinct precomputed updates; a unit's index picks one
-ENGINE = "crowd-bench"  # the engine the crowd's results name: one engine, so two copies of a unit must be identical
 RELAY_SHARE_GOALS = {100: 0.05, 1000: 0.10}  # the relay's time after the last result, as a share of a browser unit
 
 
@@ -139,6 +135,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--perturbation", type=float, default=1e-3, help="std of the precomputed updates")
     parser.add_argument("--addresses", type=int, default=250, help="loopback addresses the crowd comes from "
                         "(127.0.0.2 on)")
+    parser.add_argument("--client-processes", type=int, default=1, metavar="P", help="spread the crowd over P "
+                        "processes of HTTP clients (the bench's own and P - 1 more, each with its share of the peers "
+                        "and of --addresses): one process cannot drive ten thousand peers on its own event loop")
     parser.add_argument("--work-dir", type=Path, help="packages and sessions (default: a temporary folder)")
     parser.add_argument("--store", metavar="URL", help="the relay's --store for every setting (postgresql://...: "
                         "each setting drops its tables first, as serve --fresh); default: SQLite in the session")
@@ -148,35 +147,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=Path("runs/bench/crowd.json"), help="figures as JSON")
     parser.add_argument("--skip-training", action="store_true", help="do not time the native anchor (one unit)")
     parser.add_argument("--skip-browser", action="store_true", help="do not time the browser anchor (one unit)")
-
-
-class Updates:
-    """The crowd's precomputed honest updates, each encoded once in the codec the jobs name."""
-
-    def __init__(self, package: Package, std: float) -> None:
-        rng = np.random.default_rng(0)
-        self.spec, self.fingerprint, self.initial = package.spec, package.fingerprint, package.initial_weights
-        self.steps = [(rng.standard_normal(package.spec.size) * std).astype(np.float32) for _ in range(BASES)]
-        self.steps += [-step for step in self.steps]  # (the flipped lies)
-        self.payloads: dict[tuple[str, int, int], tuple[Codec, bytes]] = {}  # (codec, update, liar): encoded
-
-    def message(self, job: Job, lie: Lie | None = None) -> bytes:
-        """The unit's honest update, or a lie that passes every check of its size: ``free_rider`` (another unit's
-        update, as if trained) or ``flip`` (the honest update negated), scaled by 1 + ``lie.own`` / 1000."""
-        header = wire.WireHeader(spec=self.spec, round=job.round, fingerprint=self.fingerprint, num_examples=1,
-                                 metrics={"train_loss": 1.0}, meta={"engine": ENGINE})
-        kind, own = (None, 0) if lie is None else (lie.kind, lie.own)
-        index = (job.unit_index + (1 if kind == "free_rider" else 0)) % BASES + (BASES if kind == "flip" else 0)
-        step = self.steps[index] if not own else (self.steps[index] * np.float32(1 + own / 1000))
-        if job.codec is None:  # (float32 weights: the initial ones moved; the relay checks their norm, no replay)
-            return wire.encode(self.initial + step, header)
-        key = json.dumps(job.codec, sort_keys=True)
-        if (key, index, own) not in self.payloads:
-            codec = codecs.from_json(job.codec)
-            self.payloads[key, index, own] = codec, codec.encode(step, 0)
-        codec, payload = self.payloads[key, index, own]
-        assert job.weights_digest is not None
-        return wire.encode_update(payload, header, codec, job.weights_digest[:16])  # (weights_digest)
 
 
 def serve_command(package: Path, session_dir: Path, k: int, passes: int, codec: str, mode: str,
@@ -192,62 +162,6 @@ def serve_command(package: Path, session_dir: Path, k: int, passes: int, codec: 
     config = SessionConfig(participants=k, passes=passes, codec=codec, mode=mode, validate_every=validate_every)
     return ServeCommand(package=package, session_dir=session_dir, store=store, fresh=fresh, config=config,
                         options=options, limits=limits)
-
-
-async def crowd_peer(peer: RelayPeer, transport: AsyncTransport, updates: Updates, timeline: Timeline,
-                     stop: asyncio.Event, lie: Lie | None = None, unit_seconds: float = 0.0) -> None:
-    """Join, then ask, upload (``lie``: every result a lie of that kind; ``unit_seconds`` after the job came) and ask
-    again until ``stop``, the session's end or a ban."""
-    joined = await transport.run(peer.sign_in())
-    if isinstance(joined, Refused):
-        timeline.errors.append(f"join refused: {joined.status} {joined.code}")
-        return
-    hold: float | None = HOLD_SECONDS
-    while not stop.is_set():
-        asked, timed = time.perf_counter(), hold is None
-        answer = await transport.run(peer.ask(hold))
-        if timed:
-            timeline.work_seconds.append(time.perf_counter() - asked)
-        hold = HOLD_SECONDS
-        if isinstance(answer, Refused):
-            timeline.refusals[answer.code] = timeline.refusals.get(answer.code, 0) + 1
-            if answer.code == "banned":
-                return
-            await asyncio.sleep(1.0)
-            continue
-        if isinstance(answer, Done):
-            return
-        if isinstance(answer, Wait):
-            if not timed:  # (the timed ask's wait is not slept: the next ask holds, as a page's every ask does)
-                await transport.run(peer.wait(answer))  # (as the relay says, capped: then ask again)
-            continue
-        job = answer
-        timeline.jobs.append((job.round, job.unit_index, time.perf_counter()))
-        body = updates.message(job, lie)
-        if unit_seconds > 0:  # (as if training: woken by the stop, which ends the pause and the loop)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), unit_seconds)
-            if stop.is_set():
-                return
-        sent = time.perf_counter()
-        receipt = await transport.run(peer.upload(job, Result(body, honest=False)))
-        if isinstance(receipt, Refused):
-            timeline.refusals[receipt.code] = timeline.refusals.get(receipt.code, 0) + 1
-        elif isinstance(receipt, Receipt):
-            timeline.results.append((job.round, job.unit_index, sent, time.perf_counter()))
-            timeline.accepted.append((peer.peer_id, job.round, job.slot))
-        hold = None  # (the next ask is answered at once: timed)
-
-
-def lie_plan(peers: int, share: float, *, colluding: bool = False) -> list[Lie | None]:
-    """Which peers lie, and how: every (1 / share)-th peer, the kinds in turn, each liar's lie its own unless
-    ``colluding``."""
-    liars = round(peers * share)
-    every = peers / liars if liars else 0
-    plan: list[Lie | None] = [None] * peers
-    for n in range(liars):
-        plan[int(n * every)] = Lie(LIES[n % len(LIES)], 0 if colluding else n + 1)
-    return plan
 
 
 async def until(relay: AsyncRelayClient, done: Any, timeout: float) -> dict[str, Any]:
@@ -268,28 +182,21 @@ async def until(relay: AsyncRelayClient, done: Any, timeout: float) -> dict[str,
 
 
 async def drive(urls: list[str], package: Package, peers: int, figures: Figures, args: argparse.Namespace,
-                rounds: int | None, seconds: float | None) -> dict[str, Any]:
+                rounds: int | None, seconds: float | None, work: Path) -> dict[str, Any]:
     """Run the crowd until ``rounds`` rounds are merged (sync) or for ``seconds`` (async); the final status. The
-    clients of the loopback addresses go to ``urls`` in turn (the first relay holds the session and is watched)."""
+    clients of the loopback addresses go to ``urls`` in turn (the first relay holds the session and is watched); with
+    ``--client-processes P`` the crowd's slices past the first run in processes of their own (``crowd_clients``)."""
     updates = Updates(package, args.perturbation)
-    addresses = max(1, min(args.addresses, peers, 253))
-    per_client = -(-peers // addresses) + 2
-    limits, tls = pooled(per_client), httpx.create_ssl_context()  # (one TLS context: each costs 50 ms of CPU to make)
-    clients = [httpx.AsyncClient(base_url=urls[a % len(urls)], timeout=120, limits=limits,
-                                 transport=httpx.AsyncHTTPTransport(verify=tls, local_address=f"127.0.0.{2 + a}",
-                                                                    limits=limits)) for a in range(addresses)]
+    lies = lie_plan(peers, args.liars if figures.k != ANCHOR_K else 0.0,  # (the anchor: honest)
+                    colluding=args.colluding)
+    parts = slices(peers, max(1, min(args.addresses, peers, 253)), lies, max(1, min(args.client_processes, peers)))
     timeline, stop = Timeline(), asyncio.Event()
     started = time.process_time()  # (the crowd's own CPU from here: its clients made)
-    tasks: list[asyncio.Task[None]] = []
+    children = [start_slice(urls, package, part, args, work / f"slice-{n}") for n, part in enumerate(parts[1:], 1)]
+    crowd = CrowdSlice(urls, updates, parts[0], timeline, stop, unit_seconds=args.unit_seconds)
+    status: dict[str, Any] = {}
     try:
-        observer = AsyncRelayClient(clients[0])
-        crowd = [RelayPeer(weights_from=WeightsFrom.CURRENT, wait_cap_s=HOLD_SECONDS, retry=RESEND)
-                 for _ in range(peers)]
-        lies = lie_plan(peers, args.liars if figures.k != ANCHOR_K else 0.0,  # (the anchor: honest)
-                        colluding=args.colluding)
-        tasks = [asyncio.create_task(crowd_peer(peer, AsyncTransport(clients[i % addresses], stop), updates,
-                                                timeline, stop, lies[i], args.unit_seconds))
-                 for i, peer in enumerate(crowd)]
+        observer = AsyncRelayClient(crowd.clients[0])
         if rounds is not None:
             last = 0
             while True:  # (a progress line a round; bounded: each round must merge within 10 minutes)
@@ -298,8 +205,8 @@ async def drive(urls: list[str], package: Package, peers: int, figures: Figures,
                     timeline.errors.append(f"round {last} did not merge within 600 s")
                     break
                 last = status["round"]
-                print(f"  {figures.setting}: {last} of {rounds + 2} rounds merged, {len(timeline.results)} results",
-                      flush=True)
+                print(f"  {figures.setting}: {last} of {rounds + 2} rounds merged, {len(timeline.results)} results"
+                      + (" (the bench's slice)" if children else ""), flush=True)
                 if last >= rounds + 2 or status["done"]:  # (round r is timed once round r + 1 is handed out)
                     break
         else:
@@ -307,34 +214,74 @@ async def drive(urls: list[str], package: Package, peers: int, figures: Figures,
             deadline, shown = time.monotonic() + seconds, time.monotonic()
             while time.monotonic() < deadline:
                 await asyncio.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
-                merges = (await until(observer, lambda _: True, STATUS_SECONDS))["round"]
-                if time.monotonic() - shown >= 10 or 0 < args.async_merges <= merges:
-                    print(f"  {figures.setting}: {len(timeline.results)} results, {merges} merges", flush=True)
+                at = await until(observer, lambda _: True, STATUS_SECONDS)
+                if time.monotonic() - shown >= 10 or 0 < args.async_merges <= at["round"]:
+                    print(f"  {figures.setting}: {at['counters'].get('results_accepted', 0)} results, {at['round']} "
+                          "merges", flush=True)
                     shown = time.monotonic()
-                if 0 < args.async_merges <= merges:
+                if 0 < args.async_merges <= at["round"]:
                     break
             at_stop = await until(observer, lambda _: True, STATUS_SECONDS)  # (what it had merged of what it took)
-            figures.merged_per_second = at_stop["round"] * figures.k / max(
-                time.perf_counter() - min((sent for _, _, sent, _ in timeline.results), default=time.perf_counter()),
-                1e-9)
+            first_sent = min((sent for _, _, sent, _ in timeline.results), default=time.perf_counter())
+            figures.merged_per_second = at_stop["round"] * figures.k / max(time.perf_counter() - first_sent, 1e-9)
             figures.backlog = int(at_stop["round_progress"]["done"])
-        stop.set()
-        await asyncio.wait(tasks, timeout=HOLD_SECONDS + 30)
+        for child in children:  # (each stops its peers and writes what they saw)
+            child.process.send_signal(signal.SIGTERM)
+        await crowd.finish()
+        by_peer = crowd.lies_by_peer()
+        crowd_cpu = time.process_time() - started
+        for child in children:
+            crowd_cpu += await asyncio.to_thread(child.report, timeline, by_peer)
+        figures.crowd_cpu_seconds = crowd_cpu
         status = await until(observer, lambda s: rounds is None or not s["merging"], 120)  # (async: a backlog of
         #                                                          results may take many merges more: not waited for)
-        figures.crowd_cpu_seconds = time.process_time() - started
-        listing = (await clients[0].get("/api/admin/peers", headers={"Authorization": f"Bearer {ADMIN}"})).json()
-        count_liars(figures, {peer.peer_id: lies[i] for i, peer in enumerate(crowd)}, listing["peers"], timeline,
-                    status)
+        listing = (await crowd.clients[0].get("/api/admin/peers", headers={"Authorization": f"Bearer {ADMIN}"})).json()
+        count_liars(figures, by_peer, listing["peers"], timeline, status)
     finally:
-        stop.set()
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        for client in clients:
-            await client.aclose()
+        for child in children:
+            child.stop()
+        await crowd.close()
     summarize(figures, timeline, status, rounds)
     return status
+
+
+@dataclass
+class Child:
+    """A slice of the crowd in a process of its own (``server.bench.crowd_clients``)."""
+
+    process: subprocess.Popen[bytes]
+    out: Path
+
+    def report(self, timeline: Timeline, lies: dict[str | None, Lie | None]) -> float:
+        """Wait for the slice to end (it was sent SIGTERM) and merge what it saw; its CPU seconds."""
+        try:
+            self.process.wait(timeout=HOLD_SECONDS + 90)
+        except subprocess.TimeoutExpired:
+            timeline.errors.append(f"a slice of the crowd did not stop (its log: {self.out.with_suffix('.log')})")
+            return 0.0
+        if self.process.returncode != 0 or not self.out.exists():
+            timeline.errors.append(f"a slice of the crowd failed ({self.process.returncode}; its log: "
+                                   f"{self.out.with_suffix('.log')})")
+            return 0.0
+        return merge_slice(timeline, lies, json.loads(self.out.read_text()))
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=30)
+
+
+def start_slice(urls: list[str], package: Package, part: Slice, args: argparse.Namespace, base: Path) -> Child:
+    base.parent.mkdir(parents=True, exist_ok=True)
+    spec, out = base.with_suffix(".slice.json"), base.with_suffix(".json")
+    spec.write_text(json.dumps(part.to_json()))
+    out.unlink(missing_ok=True)
+    command = [sys.executable, "-m", "server.bench.crowd_clients", "--urls", ",".join(urls), "--package",
+               str(package.path), "--slice", str(spec), "--perturbation", str(args.perturbation), "--unit-seconds",
+               str(args.unit_seconds), "--out", str(out)]
+    with base.with_suffix(".log").open("wb") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT)
+    return Child(process, out)
 
 
 def measured(setting: Any, package: Package, work: Path, args: argparse.Namespace, figures: Figures,
@@ -366,7 +313,7 @@ def one_setting(package: Package, work: Path, args: argparse.Namespace, figures:
         print(f"{figures.setting}: relay{'s' if count > 1 else ''} at {', '.join(urls)}, {units} units, {passes} "
               f"passes, {figures.peers} peers", flush=True)
         idle = sum(relay.cpu_seconds() for relay in relays)  # (their start: imports, the session opened)
-        run_async(lambda: drive(urls, package, figures.peers, figures, args, rounds, seconds))
+        run_async(lambda: drive(urls, package, figures.peers, figures, args, rounds, seconds, work))
         figures.peak_rss_mb = max(relay.peak_rss_mb() for relay in relays)
         figures.relay_cpu_seconds = sum(relay.cpu_seconds() for relay in relays) - idle
     figures.relay_own = relay_own_seconds(args.store or session / "relay.sqlite3", figures.timed)

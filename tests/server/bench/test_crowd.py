@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from relay_fixtures import REPO_ROOT
 
-from server.bench.crowd_figures import Figures, Timeline, relay_own_seconds, summarize
+from server.bench.crowd_clients import Slice, merge_slice, slices
+from server.bench.crowd_figures import Figures, Lie, Timeline, relay_own_seconds, summarize
 from server.relay.store import StoredResult, open_store
 
 
@@ -80,12 +81,33 @@ def test_the_relays_own_time_from_its_store_by_hand(tmp_path: Path, kind: str, r
     assert relay_own_seconds(tmp_path / "none.sqlite3", {1: 0.1}) == []
 
 
+def test_the_crowd_cut_into_slices_and_a_slices_report_merged_by_hand() -> None:
+    liar = Lie("flip", 1)
+    lies: list[Lie | None] = [liar, None, None, None, None, Lie("free_rider", 2), None, None, None, None]
+    parts = slices(10, 4, lies, 3)
+    assert [(part.first, len(part.lies), part.addresses) for part in parts] == [
+        (0, 3, range(2, 3)), (3, 4, range(3, 5)), (7, 3, range(5, 6))]  # (127.0.0.2 on, each slice its own)
+    assert sum((part.lies for part in parts), []) == lies
+    assert Slice.from_json(json.loads(json.dumps(parts[1].to_json()))) == parts[1]
+    assert [part.addresses for part in slices(3, 1, [None] * 3, 2)] == [range(2, 3)] * 2  # (one address each, shared)
+    timeline = Timeline(jobs=[(0, 1, 1.0)], refusals={"banned": 1})
+    by_peer: dict[str | None, Lie | None] = {"p-a": None}
+    report = {"timeline": {"jobs": [[0, 2, 1.5]], "results": [[0, 2, 2.0, 2.1]], "accepted": [["p-b", 0, 2]],
+                           "work_seconds": [0.01], "errors": [], "refusals": {"banned": 2, "duplicate": 1}},
+              "peers": [["p-b", ["flip", 1]]], "cpu_seconds": 1.5}
+    assert merge_slice(timeline, by_peer, report) == 1.5
+    assert timeline.jobs == [(0, 1, 1.0), (0, 2, 1.5)] and timeline.accepted == [("p-b", 0, 2)]
+    assert timeline.refusals == {"banned": 3, "duplicate": 1} and by_peer == {"p-a": None, "p-b": liar}
+
+
 @pytest.mark.slow
 def test_a_small_crowd_on_a_real_relay_loses_nothing_and_reports_every_setting(tmp_path: Path) -> None:
+    """The crowd in two processes (the bench's and a slice's: ``--client-processes 2``)."""
     out = tmp_path / "crowd.json"
     command = [sys.executable, "-m", "server.cli", "bench", "crowd", "--peers", "12", "--ks", "8", "--async-k", "4",
                "--async-merges", "2", "--async-seconds", "300", "--rounds", "2", "--addresses", "4", "--skip-browser",
-               "--skip-training", "--liars", "0.25", "--out", str(out)]  # (async: until 2 merges are in)
+               "--skip-training", "--liars", "0.25", "--client-processes", "2", "--out", str(out)]  # (async: until 2
+    #                                                                                                merges are in)
     done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     results = {r["setting"]: r for r in json.loads(out.read_text())["results"]}
