@@ -26,6 +26,7 @@ replays).
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,6 +49,7 @@ from server.session.buffered import entry_assignment
 
 LOG = logging.getLogger("peertrain.relay")
 AGREE = ("identical", "agreed")
+ACTIVE_KEPT_SECONDS = 1.0  # how long ``waive`` keeps who is connected
 
 
 @dataclass
@@ -83,6 +85,7 @@ class ArrivalCopies(Part):
         self.choice = CopyChoice(context, replays.classes)
         self.waiting: dict[int, Waiting] = {}
         self.disputes: dict[int, Dispute] = {}
+        self._active: tuple[float, list[str]] = (-math.inf, [])  # (when read, the connected peers)
 
     # -- an arrival ------------------------------------------------------------------------------------
     def arrived(self, stored: StoredResult, seq: int, join: Callable[[], None]) -> bool:
@@ -136,8 +139,9 @@ class ArrivalCopies(Part):
 
     def waive(self, blocking: set[int]) -> None:
         """Held arrivals the next merge would take (``blocking``: their arrival numbers) whose copy is not out and
-        that no connected peer may train (or whose version is gone) merge unchecked."""
-        now, active, leases = self.store.clock(), None, self.store.leases(ASYNC_ROUND, 1)
+        that no connected peer may train (or whose version is gone) merge unchecked. Who is connected is read once
+        a second at most (every poll of a crowd asks, and that is a read of every peer)."""
+        now, leases = self.store.clock(), self.store.leases(ASYNC_ROUND, 1)
         for entry, waiting in list(self.waiting.items()):
             if waiting.seq not in blocking or waiting.judged:
                 continue
@@ -145,8 +149,9 @@ class ArrivalCopies(Part):
             if lease is not None and lease.deadline >= now:
                 continue
             if waiting.version in self.versions:
-                active = self.store.active_peers(self.options.peer_timeout) if active is None else active
-                if any(self._eligible(peer, entry, waiting.peer_id) for peer in active):
+                if now - self._active[0] >= ACTIVE_KEPT_SECONDS:
+                    self._active = now, self.store.active_peers(self.options.peer_timeout)
+                if any(self._eligible(peer, entry, waiting.peer_id) for peer in self._active[1]):
                     continue
             self.waiting.pop(entry)
             self.store.count("copies_waived")

@@ -202,21 +202,30 @@ def wait_until(client: httpx.Client, predicate: Callable[[dict[str, Any]], bool]
         time.sleep(0.02)
 
 
+IDLE_HOLD_SECONDS = 5.0  # ``work_until_done``: an ask after a turn without work waits this long for work at most
+
+
 def work_until_done(client: httpx.Client, peers: list[HttpPeer], limit: int = 200, hold: float | None = None) -> None:
     """The peers take turns asking for work and uploading honest results until the session is done (at most
     ``limit`` turns each); ``hold``: each ask waits up to that many seconds for work (``POST /api/work?hold=S``: a
     round waiting for slow replays is then waited on, not asked ``limit`` times at once). Each turn starts one peer
     later than the last: a peer always asking last would find every round taken whenever the merge is slower than
-    the others' asks (it did, in a loaded run), and a test that expects every peer to train would fail."""
+    the others' asks (it did, in a loaded run), and a test that expects every peer to train would fail. After a turn
+    in which no peer got work (a merge or a replay runs), the next turn's first ask holds (``IDLE_HOLD_SECONDS``),
+    answered as work appears: on a loaded host 200 turns of asks answered "wait" at once ran out while one merge
+    ran."""
+    idle = False
     for turn in range(limit):
         if session_status(client)["done"]:
             return
-        first = turn % len(peers)
-        for peer in peers[first:] + peers[:first]:
-            job = peer.work(hold)
+        first, worked = turn % len(peers), False
+        for n, peer in enumerate(peers[first:] + peers[:first]):
+            job = peer.work(hold if hold is not None or not (idle and n == 0) else IDLE_HOLD_SECONDS)
             if "slot" in job:
+                worked = True
                 response = peer.train_and_upload(job)
                 assert response.status_code == 200, (response.json(), job, peer.peer_id)
+        idle = not worked
     raise AssertionError(f"the session did not finish: {session_status(client)}")
 
 
