@@ -33,10 +33,10 @@ REPLAY, COPY = "replay", "copy"  # what a held arrival waits for
 
 @dataclass
 class Held:
-    """A held arrival: its arrival number, how it joins the next merge's sum, and what it waits for."""
+    """A held arrival: its arrival number and what it waits for. (What it adds to a merge is not kept meanwhile, n
+    float64 values each, hundreds held in a crowd: the merge that takes it adds it.)"""
 
     seq: int
-    join: Callable[[], None]
     waiting: set[str] = field(default_factory=set)
 
 
@@ -52,25 +52,22 @@ class ArrivalChecks(Part):
         self.held: dict[tuple[int, str], Held] = {}
         self.lock = lock  # (the merge's thread reads ``held`` and takes the oldest arrivals under it)
 
-    def hold(self, key: tuple[int, str], seq: int, join: Callable[[], None], reason: str) -> None:
-        """Hold arrival ``seq`` (``key``: its entry and peer) out of the merges until ``release(key, reason)``
-        (``join``: how it joins the next merge's sum once nothing holds it)."""
+    def hold(self, key: tuple[int, str], seq: int, reason: str) -> None:
+        """Hold arrival ``seq`` (``key``: its entry and peer) out of the merges until ``release(key, reason)``."""
         with self.lock:
-            held = self.held.setdefault(key, Held(seq, join))
-            held.waiting.add(reason)
+            self.held.setdefault(key, Held(seq)).waiting.add(reason)
 
     def release(self, keys: Iterable[tuple[int, str]], reason: str) -> None:
         """What waited for ``reason`` has it: an arrival waiting for nothing more joins the next merge."""
+        released = False
         with self.lock:
-            released = []
             for key in keys:
                 held = self.held.get(key)
                 if held is not None and reason in held.waiting:
                     held.waiting.discard(reason)
                     if not held.waiting:
-                        released.append(self.held.pop(key))
-        for held in released:
-            held.join()
+                        del self.held[key]
+                        released = True
         if released:
             self.merge_soon()
 
@@ -80,10 +77,9 @@ class ArrivalChecks(Part):
             self.held.pop(key, None)
 
     def arrived(self, stored: StoredResult, seq: int, assignment: Assignment, vector: np.ndarray,
-                base: np.ndarray, join: Callable[[], None]) -> bool:
+                base: np.ndarray) -> bool:
         """An accepted arrival (``seq``) of ``assignment`` read against ``base``, its version's weights: replayed
-        where the rules say so, and then held out of the merges until its verdict (``join``: how it joins the next
-        merge's sum, once nothing holds it). Whether it is held."""
+        where the rules say so, and then held out of the merges until its verdict. Whether it is held."""
         queue = self.replays.queue
         if queue is None:
             return False
@@ -91,7 +87,7 @@ class ArrivalChecks(Part):
         if reason is None:
             return False
         key = (stored.slot, stored.peer_id)
-        self.hold(key, seq, join, REPLAY)
+        self.hold(key, seq, REPLAY)
         self.replays.replay_arrival(assignment, base, {stored.peer_id: vector}, reason, ("arrival", *key),
                                     {stored.peer_id: stored.engine})
         return True

@@ -88,15 +88,14 @@ class ArrivalCopies(Part):
         self._active: tuple[float, list[str]] = (-math.inf, [])  # (when read, the connected peers)
 
     # -- an arrival ------------------------------------------------------------------------------------
-    def arrived(self, stored: StoredResult, seq: int, join: Callable[[], None]) -> bool:
-        """An accepted arrival: held for a copy where the choice says so (``join``: how it joins the next merge's
-        sum once nothing holds it). Whether it is held."""
+    def arrived(self, stored: StoredResult, seq: int) -> bool:
+        """An accepted arrival: held for a copy where the choice says so. Whether it is held."""
         entry = stored.slot
         self.choice.note_result(ASYNC_ROUND, entry, stored.peer_id)
         if self.context.replica or not self.choice.redundant(ASYNC_ROUND, entry):
             return False
         self.waiting[entry] = Waiting(stored.peer_id, stored.round, seq)
-        self.checks.hold((entry, stored.peer_id), seq, join, COPY)
+        self.checks.hold((entry, stored.peer_id), seq, COPY)
         self.context.notices.work_changed(available=1)  # (its copy, for a held request)
         return True
 
@@ -109,7 +108,11 @@ class ArrivalCopies(Part):
     # -- handing copies out ----------------------------------------------------------------------------
     def next_copy(self, peer_id: str) -> Job | None:
         """A copy for ``peer_id``: the one it holds and has not delivered, else the oldest held arrival's that it
-        may train and nobody holds, or None."""
+        may train and nobody holds, else an entry in dispute it may train (from the dispute's version: these go out
+        before new units too, which may wait for merges), or None."""
+        return self._held_copy(peer_id) or self._disputed(peer_id) if self.waiting or self.disputes else None
+
+    def _held_copy(self, peer_id: str) -> Job | None:
         if not self.waiting:
             return None
         now, leases = self.store.clock(), self.store.leases(ASYNC_ROUND, 1)  # (read once an ask: many may wait)
@@ -130,6 +133,32 @@ class ArrivalCopies(Part):
                 self.store.count("copies_handed_out")
                 return self.job(entry, waiting.version, granted.deadline)
         return None
+
+    def _disputed(self, peer_id: str) -> Job | None:
+        now, expired = self.store.clock(), []
+        try:
+            for entry, dispute in self.disputes.items():
+                if dispute.version not in self.versions:
+                    expired.append(entry)
+                    continue
+                if self.store.arrived(entry):
+                    continue
+                lease = self.store.kept_lease(ASYNC_ROUND, entry)
+                if lease is not None and lease.deadline >= now:
+                    if lease.peer_id == peer_id and lease.version == dispute.version:
+                        return self.job(entry, dispute.version, lease.deadline)
+                    continue
+                if not all(self._eligible(peer_id, entry, peer) for peer in dispute.peers):
+                    continue
+                granted = self.store.grant(ASYNC_ROUND, entry, self.session.plan.schedule[entry][1], peer_id,
+                                           self.options.lease_seconds, version=dispute.version)
+                if granted is not None:
+                    self.store.count("disputes_handed_out")
+                    return self.job(entry, dispute.version, granted.deadline)
+            return None
+        finally:
+            for entry in expired:
+                self.version_for(entry, -1)  # (its version is gone: it ends unsettled)
 
     def _eligible(self, peer_id: str, entry: int, original: str) -> bool:
         """Whether ``peer_id`` may train the copy of ``entry``, whose first result came from ``original``."""

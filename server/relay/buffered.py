@@ -276,11 +276,10 @@ class AsyncBuffer(Part):
         except AlreadyArrived as error:  # (its result reached another relay over the store a moment ago)
             raise Refusal(409, "duplicate", str(error)) from None
         early_part = None if early is None or early.base is not base else early.contribution
-        join = functools.partial(self.sums.add_on_arrival, seq, count, early_part)
-        replayed = self.checks.arrived(stored, seq, assignment, vector, base, join)  # (held: merged once it passed)
-        copied = quorum != "settled" and self.copies.arrived(stored, seq, join)  # (held: merged once its copy agreed)
+        replayed = self.checks.arrived(stored, seq, assignment, vector, base)  # (held: merged once it passed, the
+        copied = quorum != "settled" and self.copies.arrived(stored, seq)  # merge adding it; or once its copy agreed)
         if not (replayed or copied):
-            join()
+            self.sums.add_on_arrival(seq, count, early_part)
         return stored
 
     def _read(self, body: bytes, base: np.ndarray | None, assignment: Assignment,

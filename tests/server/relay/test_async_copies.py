@@ -92,8 +92,9 @@ def test_a_liar_is_outvoted_by_a_third_peer_and_nothing_of_it_is_merged(package:
         assert status["counters"]["copies_disputed"] == 1 and status["counters"]["disputes_unresolved"] == 1
         assert not relay.store.arrived(entry) and relay.store.buffered_count() == 0  # neither is merged
         assert not relay.store.ban_reason(liar.peer_id)
-        again = c.assignment()  # the entry again, from the version both started from
-        assert (again["slot"], again["round"]) == (entry, version)
+        again = c.assignment()  # the entry again, from the version both started from, before new units (which
+        assert (again["slot"], again["round"]) == (entry, version)  # may wait for merges)
+        assert session_status(client)["counters"]["disputes_handed_out"] == 1
         assert c.train_and_upload(again).status_code == 200
         status = wait_until(client, lambda s: s["counters"].get("peers_banned", 0) == 1)
         assert "a quorum of copies" in (relay.store.ban_reason(liar.peer_id) or "")
