@@ -116,13 +116,14 @@ class ArrivalCopies(Part):
         if not self.waiting:
             return None
         now, leases = self.store.clock(), self.store.leases(ASYNC_ROUND, 1)  # (read once an ask: many may wait)
+        for entry, held in leases.items():  # (the copy it holds, asked again: never a second one beside it)
+            waiting = self.waiting.get(entry)
+            if held.peer_id == peer_id and held.deadline >= now and waiting is not None and not waiting.judged \
+                    and held.version == waiting.version:
+                return self.job(entry, waiting.version, held.deadline)
         for entry, waiting in self.waiting.items():
-            if waiting.judged:
-                continue
             lease = leases.get(entry)
-            if lease is not None and lease.deadline >= now:
-                if lease.peer_id == peer_id and lease.version == waiting.version:
-                    return self.job(entry, waiting.version, lease.deadline)
+            if waiting.judged or lease is not None and lease.deadline >= now:
                 continue
             if waiting.version not in self.versions or not self._eligible(peer_id, entry, waiting.peer_id):
                 continue
@@ -136,17 +137,18 @@ class ArrivalCopies(Part):
 
     def _disputed(self, peer_id: str) -> Job | None:
         now, expired = self.store.clock(), []
+        leases = {entry: self.store.kept_lease(ASYNC_ROUND, entry) for entry in self.disputes}
+        for entry, lease in leases.items():  # (the one it holds, asked again: never a second one beside it)
+            if lease is not None and lease.peer_id == peer_id and lease.deadline >= now and \
+                    lease.version == self.disputes[entry].version and not self.store.arrived(entry):
+                return self.job(entry, lease.version, lease.deadline)
         try:
             for entry, dispute in self.disputes.items():
                 if dispute.version not in self.versions:
                     expired.append(entry)
                     continue
-                if self.store.arrived(entry):
-                    continue
-                lease = self.store.kept_lease(ASYNC_ROUND, entry)
-                if lease is not None and lease.deadline >= now:
-                    if lease.peer_id == peer_id and lease.version == dispute.version:
-                        return self.job(entry, dispute.version, lease.deadline)
+                lease = leases[entry]
+                if self.store.arrived(entry) or lease is not None and lease.deadline >= now:
                     continue
                 if not all(self._eligible(peer_id, entry, peer) for peer in dispute.peers):
                     continue

@@ -52,22 +52,28 @@ def assert_the_arrivals_replay_to_the_weights(relay: Any, package: Package) -> N
 def test_a_copy_that_agrees_lets_a_newcomers_result_merge(package: Package, tmp_path: Path) -> None:
     relay = make_relay(package, tmp_path / "s", k=2, passes=1, config=ASYNC, **COPIES)
     with serving(relay) as client:
-        a, b = HttpPeer(client), HttpPeer(client)
-        first = a.assignment()
+        a, b, c = HttpPeer(client), HttpPeer(client), HttpPeer(client)
+        first, other = a.assignment(), c.assignment()
         assert a.train_and_upload(first).status_code == 200
         copies = relay.mode.copies  # type: ignore[attr-defined]
         assert list(copies.waiting) == [first["slot"]] and relay.store.buffered_count() == 1
-        assert not relay.round_ready()
-        copy = b.assignment()  # the copy goes out before a new unit, as any job of that entry and version
-        assert (copy["slot"], copy["round"], copy["unit_index"]) == (first["slot"], first["round"],
-                                                                       first["unit_index"])
-        assert copy.get("copy") is None and copy["weights_digest"] == first["weights_digest"]
-        assert a.work().get("slot") != first["slot"]  # (never to the peer that trained it)
+        assert c.train_and_upload(other).status_code == 200
+        assert list(copies.waiting) == [first["slot"], other["slot"]] and not relay.round_ready()
+        leaving = HttpPeer(client)
+        assert leaving.assignment()["slot"] == first["slot"]  # (the oldest's copy first)
+        assert b.assignment()["slot"] == other["slot"]
+        leaving.leave()  # (its copy of the oldest is free again)
+        assert b.assignment()["slot"] == other["slot"]  # (asked again: the copy it holds, not the freed one too)
+        assert a.assignment()["slot"] not in (first["slot"], other["slot"])  # (never a copy of its own unit: new)
+        copy = b.assignment()
+        assert (copy["slot"], copy["round"], copy["unit_index"]) == (other["slot"], other["round"],
+                                                                       other["unit_index"])
+        assert copy.get("copy") is None and copy["weights_digest"] == other["weights_digest"]  # (as any job of it)
         assert b.train_and_upload(copy).status_code == 200
         status = session_status(client)
-        assert status["counters"]["copies_identical"] == 1 and not copies.waiting
-        assert {relay.store.identity(p) for p in (a.peer_id, b.peer_id)} <= copies.choice.confirmed
-        status = finish(client, [a, b])
+        assert status["counters"]["copies_identical"] == 1 and list(copies.waiting) == [first["slot"]]
+        assert {relay.store.identity(p) for p in (c.peer_id, b.peer_id)} <= copies.choice.confirmed
+        status = finish(client, [a, b, c])
         assert status["counters"].get("peers_banned", 0) == 0
     with sqlite3.connect(relay.store.location) as db:
         outcomes = [row[0] for row in db.execute("SELECT outcome FROM copies WHERE round = -1")]
