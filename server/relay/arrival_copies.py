@@ -11,7 +11,8 @@ wait for merges (the merges wait for the copies). Copies that disagree go to the
 both engines (a failed one bans its peer: a ban drops its results still in the buffer). Elsewhere (no replays, or
 results no replay can judge) neither is merged: the entry goes out again from the same version to a third peer, and
 the first two results that agree settle it, the agreeing one merging; every other peer on the entry is banned (BOINC's
-quorum), up to ``QUORUM_LIMIT`` different results. A dispute whose version the buffer no longer keeps when the entry
+quorum; two newcomers that agree never outvote a peer a copy has confirmed: the entry goes out once more), up to
+``QUORUM_LIMIT`` results. A dispute whose version the buffer no longer keeps when the entry
 is handed out again ends without a ban (the entry starts afresh). A held arrival whose copy no connected peer may
 train, or whose version is no longer kept, merges unchecked (``copies_waived``).
 
@@ -299,11 +300,15 @@ class ArrivalCopies(Part):
             if compare_results(self.session.task, self.options, (engine_class, vector),
                                (engines_of(other_header.meta)[1], other_vector), base) in AGREE:
                 agreeing.append(other)
+        liars = [peer for peer in dispute.peers if peer not in agreeing]
+        confirmed, who = self.choice.confirmed, self.store.identity
+        if agreeing and {who(p) for p in liars} & confirmed and not {who(p) for p in (*agreeing, peer_id)} & confirmed:
+            self.store.count("quorums_against_a_record")  # (newcomers that agree outvote no confirmed peer)
+            agreeing = []
         if not agreeing:
             self.store.count("quorums_undecided")
             self._undecided(entry, version, {peer_id: body}, first_peer=None)
             return "copy"
-        liars = [peer for peer in dispute.peers if peer not in agreeing]
         self.disputes.pop(entry)
         for peer in agreeing:
             self.store.set_copy_outcome(ASYNC_ROUND, entry, peer, "upheld")

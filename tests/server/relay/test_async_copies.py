@@ -150,3 +150,36 @@ def test_copies_that_disagree_go_to_the_hosts_replay_which_bans_the_liar(package
     with sqlite3.connect(relay.store.location) as db:
         assert dict(db.execute("SELECT peer_id, outcome FROM copies WHERE round = -1")) == {liar.peer_id: "lied"}
     assert_the_arrivals_replay_to_the_weights(relay, package)
+
+
+def test_two_newcomers_that_agree_do_not_outvote_a_confirmed_peer(package: Package, tmp_path: Path) -> None:
+    """Every result is copied (share 1). Two honest peers confirm each other; then two colluding newcomers send the
+    same lie for one of them's next unit (a copy, then the third result): they agree, but newcomers never outvote a
+    confirmed peer, so the entry goes out once more, the honest peer's result agrees with the confirmed one, and the
+    two liars are banned."""
+    relay = make_relay(package, tmp_path / "s", k=2, passes=2, config=ASYNC, verify=False, redundancy=1.0,
+                       ban_addresses=False)
+    with serving(relay) as client:
+        a, b = HttpPeer(client), HttpPeer(client)
+        first = a.assignment()
+        assert a.train_and_upload(first).status_code == 200
+        assert b.train_and_upload(b.assignment()).status_code == 200  # (the copy of a's: they confirm each other)
+        copies = relay.mode.copies  # type: ignore[attr-defined]
+        assert {relay.store.identity(p) for p in (a.peer_id, b.peer_id)} <= copies.choice.confirmed
+        job = a.assignment()
+        assert a.train_and_upload(job).status_code == 200  # (held for its copy: every result is copied)
+        liar, accomplice = HttpPeer(client), HttpPeer(client)
+        for peer in (liar, accomplice):  # the copy, then the third result: the same lie twice
+            lie = peer.assignment()
+            assert (lie["slot"], lie["round"]) == (job["slot"], job["round"]), lie
+            assert peer.upload(lie["round"], lie["slot"], flipped(peer, lie, relay)).status_code == 200
+        status = session_status(client)
+        assert status["counters"]["quorums_against_a_record"] == 1 and not status["counters"].get("peers_banned")
+        again = b.assignment()  # the entry once more, to a peer that has not trained it
+        assert (again["slot"], again["round"]) == (job["slot"], job["round"])
+        assert b.train_and_upload(again).status_code == 200
+        status = wait_until(client, lambda s: s["counters"].get("peers_banned", 0) == 2)
+        assert relay.store.ban_reason(liar.peer_id) and relay.store.ban_reason(accomplice.peer_id)
+        assert not relay.store.ban_reason(a.peer_id) and not relay.store.ban_reason(b.peer_id)
+        finish(client, [a, b])
+    assert_the_arrivals_replay_to_the_weights(relay, package)
