@@ -43,7 +43,8 @@ second merged by the time the crowd stopped, with the results still waiting in t
 results faster than it merges them keeps up with neither for long: the merged rate is the sustained one); p50/p99 of
 work requests answered at once and of result requests; units lost (a unit handed out in a merged round that is
 in no merged round's units nor carried by one, a ban's undo included: must be 0; synchronous rounds only); liars
-banned of those with a result accepted, honest peers banned (must be 0), liars' results taken as a slot's result,
+banned of those with a result accepted, honest peers banned (must be 0), liars' results taken as a slot's result
+(async: accepted into the buffer, where a copied one merges only once its copy agrees),
 second copies as a share of the crowd's accepted results (volunteer compute spent on checking), and the relay
 process's CPU seconds per 100 accepted results (everything it does while the crowd runs, its own start left out:
 with copies instead of host replays, checking costs the host only a comparison), beside it the bench process's own
