@@ -78,12 +78,12 @@ class ArrivalCopies(Part):
     weights of the versions kept (the buffer's); ``ban``: the relay's ban; ``go_out_again``: entries the stream hands
     out again."""
 
-    def __init__(self, context: RelayContext, book: RoundBook, checks: ArrivalChecks, replays: ReplayChecks, *,
-                 versions: dict[int, np.ndarray], job: Callable[[int, int, float], Job],
+    def __init__(self, context: RelayContext, book: RoundBook, checks: ArrivalChecks, replays: ReplayChecks,
+                 choice: CopyChoice, *, versions: dict[int, np.ndarray], job: Callable[[int, int, float], Job],
                  ban: Callable[[str, str], None], go_out_again: Callable[[list[int]], None]) -> None:
         self.context, self.book, self.checks, self.replays = context, book, checks, replays
         self.versions, self.job, self.ban, self.go_out_again = versions, job, ban, go_out_again
-        self.choice = CopyChoice(context, replays.classes)
+        self.choice = choice  # (the relay's: rounds and the stream keep one record of confirmed peers)
         self.waiting: dict[int, Waiting] = {}
         self.disputes: dict[int, Dispute] = {}
         self._active: tuple[float, list[str]] = (-math.inf, [])  # (when read, the connected peers)

@@ -1,14 +1,13 @@
 """Buffered asynchronous mode (``serve --mode async --buffer K``): ``AsyncBuffer``, the relay's round mode then.
 
 Peers never wait for a round: each gets the next unit of the plan's schedule at once, with the newest weights
-version, and its result says the version it started from (the result's ``round``). A result is checked like
-a round's (lease, wire, example count, update norm against the weights it started from) and kept in SQLite
-(an update message as it came: the update it carries is what merges; a weights message with ``result - w_v``
-beside it); every K accepted results the relay merges the oldest K, each weighted by
-``(1 + s) ** -a`` for its staleness s (``server.session.buffered``), checkpoints the new version, and validates
-every ``--validate-every`` merges. A result more than ``--max-staleness`` versions old is refused
-(``409 too_stale``). The mode and its settings belong to the session (``SessionConfig``: a restart keeps
-them). Leases use round -1 and the schedule entry as their slot.
+version, and its result says the version it started from (the result's ``round``). A result is checked like a
+round's (lease, wire, example count, update norm against the weights it started from) and kept in SQLite (an update
+message as it came: the update it carries is what merges; a weights message with ``result - w_v`` beside it); every K
+accepted results the relay merges the oldest K, each weighted by ``(1 + s) ** -a`` for its staleness s
+(``server.session.buffered``), checkpoints the new version, and validates every ``--validate-every`` merges. A
+result more than ``--max-staleness`` versions old is refused (``409 too_stale``). The mode and its settings belong to
+the session (``SessionConfig``: a restart keeps them). Leases use round -1 and the schedule entry as their slot.
 
 Crash safety: a merge marks its results in SQLite before its checkpoint is written; on start, results marked
 for a merge the checkpoint does not hold go back to the buffer, so a SIGKILL loses nothing and merges nothing
@@ -37,6 +36,7 @@ from server.relay.arrival_copies import ArrivalCopies
 from server.relay.book import RoundBook
 from server.relay.checks import EarlyRead, check_update_norm, read_early, read_result
 from server.relay.context import Part, RelayContext
+from server.relay.copy_choice import CopyChoice
 from server.relay.jobs import Jobs
 from server.relay.open_sum import ArrivalSums
 from server.relay.people import Participants
@@ -64,7 +64,7 @@ class AsyncBuffer(Part):
     hands_out_while_merging = True  # peers never wait for a round: a unit starts from the version it is handed
 
     def __init__(self, context: RelayContext, book: RoundBook, jobs: Jobs, people: Participants, replays: ReplayChecks,
-                 merge_soon: Callable[[], None], ban: Callable[[str, str], None]) -> None:
+                 merge_soon: Callable[[], None], ban: Callable[[str, str], None], choice: CopyChoice) -> None:
         self.context, self.book, self.jobs, self.people, self.replays = context, book, jobs, people, replays
         self.versions: dict[int, np.ndarray] = jobs.kept  # (jobs name them and serve their weights by digest)
         self.holding: dict[str, int] = {}  # peer -> the entry it was handed last (its lease is checked on each ask)
@@ -76,7 +76,7 @@ class AsyncBuffer(Part):
         self.checks = ArrivalChecks(context, replays, lock=self.sums.lock, merge_soon=merge_soon,
                                     dropped=self._go_out_again)
         plan = context.session.plan
-        self.copies = ArrivalCopies(context, book, self.checks, replays, versions=self.versions, ban=ban,
+        self.copies = ArrivalCopies(context, book, self.checks, replays, choice, versions=self.versions, ban=ban,
                                     job=lambda entry, version, deadline: jobs.job(
                                         entry_assignment(plan.schedule, plan.seed, entry, version), deadline),
                                     go_out_again=self._go_out_again)
@@ -100,6 +100,7 @@ class AsyncBuffer(Part):
                 self.store.count("arrivals_returned_to_buffer_on_start", returned)
         self.keep_version()
         self.sums.open_sum()
+        self.copies.choice.restore()  # (the peers a copy confirmed keep their record)
 
     def follow(self, older: dict[int, np.ndarray]) -> None:
         """The session moved on to a newer checkpoint another relay merged (a replica follows): keep its weights,

@@ -138,7 +138,7 @@ class Relay:
         """The session's round mode, started (a restarted async buffer takes back the arrivals its checkpoint lacks)."""
         if self.context.async_mode:
             buffer = AsyncBuffer(self.context, self.book, self.jobs, self.people, self.verification, self.merge_soon,
-                                 ban=self.bans.ban)
+                                 ban=self.bans.ban, choice=self.copies.choice)
             buffer.start()
             return buffer
         return SyncRounds(self.context, book=self.book, jobs=self.jobs, people=self.people,
