@@ -145,3 +145,10 @@ def test_the_peers_a_comparison_confirmed_are_read_back(store: Store) -> None:
     store.add_copy(1, 0, "p-replaced", b"e", "replaced")
     store.add_copy(1, 1, "p-other-class", b"f", "not_comparable")
     assert store.confirmed_peers() == {"p-merged", "p-copy", "p-third", "p-upheld", "p-replaced"}
+    for entry, peer in ((4, "p-async"), (5, "p-async-alone")):  # (async mode: copies of round -1 beside arrivals)
+        store.add_arrival(entry=entry, unit_index=entry, peer_id=peer, version=0, num_examples=1, metrics={},
+                          message=b"m", update=b"")
+    store.add_copy(-1, 4, "p-async-copy", b"g", "identical")
+    store.add_copy(-1, 5, "p-async-liar", b"h", "disputed")
+    assert store.confirmed_peers() == {"p-merged", "p-copy", "p-third", "p-upheld", "p-replaced", "p-async",
+                                       "p-async-copy"}
