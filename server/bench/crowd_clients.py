@@ -30,7 +30,7 @@ from runtime.codecs import Codec
 from runtime.protocol import Done, Job, Receipt, Wait
 from server.bench.crowd_figures import LIES, Lie, Timeline
 from server.bench.relay import RESEND
-from server.harness.peer import AsyncTransport, Refused, RelayPeer, Result, WeightsFrom, pooled
+from server.harness.peer import AsyncTransport, Refused, RelayPeer, Result, WeightsFrom, pooled, run_async
 from server.session.package import Package
 
 HOLD_SECONDS = 15.0
@@ -235,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--unit-seconds", type=float, default=0.0, help="seconds before each upload")
     parser.add_argument("--out", required=True, help="where the report goes (JSON)")
     args = parser.parse_args(argv)
-    report = asyncio.run(run_slice(args))
+    report = run_async(lambda: run_slice(args))  # (the main thread here: its signal handlers need it)
     Path(args.out).write_text(json.dumps(report))
     return 0
 
