@@ -301,8 +301,7 @@ class ArrivalCopies(Part):
                                (engines_of(other_header.meta)[1], other_vector), base) in AGREE:
                 agreeing.append(other)
         liars = [peer for peer in dispute.peers if peer not in agreeing]
-        confirmed, who = self.choice.confirmed, self.store.identity
-        if agreeing and {who(p) for p in liars} & confirmed and not {who(p) for p in (*agreeing, peer_id)} & confirmed:
+        if agreeing and self.choice.against_a_record(liars, [*agreeing, peer_id]):
             self.store.count("quorums_against_a_record")  # (newcomers that agree outvote no confirmed peer)
             agreeing = []
         if not agreeing:

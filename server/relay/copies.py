@@ -303,8 +303,7 @@ class UnitCopies(Part):
                 self.store.count("quorums_without_majority")
             return []
         liars = [peer for peer in unresolved if peer not in agreeing]
-        confirmed, who = self.choice.confirmed, self.store.identity
-        if {who(p) for p in liars} & confirmed and not {who(p) for p in (*agreeing, stored.peer_id)} & confirmed:
+        if self.choice.against_a_record(liars, [*agreeing, stored.peer_id]):
             self.store.count("quorums_against_a_record")  # (newcomers that agree outvote no confirmed peer)
             return []
         for peer in agreeing:

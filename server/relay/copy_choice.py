@@ -64,6 +64,12 @@ class CopyChoice(Part):
                 self.confirmed.add(self.store.identity(peer))
                 self.record.passed(peer)
 
+    def against_a_record(self, losers: list[str], winners: list[str]) -> bool:
+        """Whether a quorum of ``winners`` would outvote a peer a copy confirmed while none of them is confirmed
+        (newcomers that agree outvote no confirmed peer: one cheat run twice)."""
+        confirmed, who = self.confirmed, self.store.identity
+        return bool({who(p) for p in losers} & confirmed) and not {who(p) for p in winners} & confirmed
+
     def restore(self) -> None:
         """After a restart: the peers a copy confirmed, read back from the store."""
         self.confirmed |= {self.store.identity(peer) for peer in self.store.confirmed_peers()
