@@ -236,8 +236,11 @@ async def drive(urls: list[str], package: Package, peers: int, figures: Figures,
         figures.crowd_cpu_seconds = crowd_cpu
         status = await until(observer, lambda s: rounds is None or not s["merging"], 120)  # (async: a backlog of
         #                                                          results may take many merges more: not waited for)
-        listing = (await crowd.clients[0].get("/api/admin/peers", headers={"Authorization": f"Bearer {ADMIN}"})).json()
-        count_liars(figures, by_peer, listing["peers"], timeline, status)
+        admin = {"Authorization": f"Bearer {ADMIN}"}
+        listing = (await crowd.clients[0].get("/api/admin/peers", headers=admin)).json()
+        audit = await crowd.clients[0].get("/api/admin/export/results", headers=admin, timeout=120)
+        count_liars(figures, by_peer, listing["peers"], timeline, status, [
+            json.loads(line) for line in audit.text.splitlines() if line] if audit.status_code == 200 else None)
     finally:
         for child in children:
             child.stop()
@@ -329,7 +332,8 @@ def one_setting(package: Package, work: Path, args: argparse.Namespace, figures:
           f"{figures.result_p50_ms:.0f}/{figures.result_p99_ms:.0f} ms, peak RSS {figures.peak_rss_mb:.0f} MB, units "
           f"lost {lost(figures, 'not measured')}, refusals {figures.refusals or '-'}", flush=True)
     print(f"{figures.setting}: liars banned {liars(figures)} (with a result accepted), honest banned "
-          f"{figures.honest_banned}, lies taken as results {figures.lies_accepted}, copies {copy_share(figures)} of "
+          f"{figures.honest_banned}, lies taken as results {figures.lies_accepted} (merged "
+          f"{'-' if figures.lies_merged is None else figures.lies_merged}), copies {copy_share(figures)} of "
           f"the crowd's results, relay CPU {cpu_per_100(figures)} s per 100 results (the crowd's own "
           f"{cpu_per_100(figures, crowd=True)} s), disputes "
           f"{figures.disputes or '-'}", flush=True)

@@ -67,6 +67,7 @@ class Figures:
     liars_banned: int = 0
     honest_banned: int = 0
     lies_accepted: int = 0  # a liar's result taken as a slot's result (merged unless caught before the merge)
+    lies_merged: int | None = None  # a liar's result in a merge (the relay's audit rows), an undo's taken out
     copies: int = 0  # second copies handed out
     copies_accepted: int = 0  # second copies uploaded and compared: volunteer compute spent on checking
     copies_late: float = math.nan  # copies per result in the second half of the rounds (past the newcomers' copies)
@@ -123,11 +124,15 @@ def summarize(figures: Figures, timeline: Timeline, status: dict[str, Any], roun
 
 
 def count_liars(figures: Figures, lies: dict[str | None, Lie | None], listing: list[dict[str, Any]],
-                timeline: Timeline, status: dict[str, Any]) -> None:
-    """The liars' figures from the relay's list of peers (bans) and the crowd's own record (accepted results)."""
+                timeline: Timeline, status: dict[str, Any], audit: list[dict[str, Any]] | None = None) -> None:
+    """The liars' figures from the relay's list of peers (bans), its audit rows (``audit``: what merged, None where
+    they were not read) and the crowd's own record (accepted results)."""
     banned = {p["peer_id"] for p in listing if p["banned"]}
     liars = {peer for peer, lie in lies.items() if lie is not None}
     merged = status["round"] if status["mode"] == "sync" else None  # (sync: rounds before it merged, checks settled)
+    if audit is not None:  # (async rows are merged arrivals; sync rows of merged rounds, an undo's marked undone)
+        figures.lies_merged = sum(1 for row in audit if row["peer_id"] in liars and not str(
+            row["verification"]).startswith("undone") and (merged is None or row["round"] < merged))
     accepted = {peer for peer, r, _ in timeline.accepted if merged is None or r < merged}
     figures.liars = len(liars)
     figures.liars_accepted = len(liars & accepted)

@@ -130,7 +130,8 @@ async def model(request: Request) -> Response:
         "model", "history", "results"]}), MODEL_ROUND],
     answers=[Answer(description="model: safetensors; history: one JSON object per round; results: one per merged "
                     "result (round, slot, unit, peer, examples, metrics, sha256 and size of its message, how it was "
-                    "verified, whether the message is still kept)",
+                    "verified, whether the message is still kept; async: the merge as its round, its schedule entry "
+                    "as its slot, and started_from)",
                     content={OCTET: {}, "application/x-ndjson": {"type": "string"}})],
     refusals=[*ADMIN_REFUSALS, *NOT_FOUND, (400, "bad_query"), (404, "unknown_export")]))
 async def export(request: Request) -> Response:

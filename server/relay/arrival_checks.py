@@ -24,8 +24,9 @@ import numpy as np
 
 from runtime.planner import Assignment
 from server.relay.context import Part, RelayContext
-from server.relay.replay_checks import ReplayChecks
+from server.relay.replay_checks import ReplayChecks, passed
 from server.relay.store import StoredResult
+from server.relay.store.records import ASYNC_ROUND
 from server.relay.verify import DISPUTE, Verdict
 
 REPLAY, COPY = "replay", "copy"  # what a held arrival waits for
@@ -104,7 +105,11 @@ class ArrivalChecks(Part):
     def settle(self, verdicts: list[Verdict]) -> None:
         """The verdicts are in (``Relay.apply_verdicts`` has banned whoever failed, which dropped the peer's held
         results): the arrivals they judged may be merged (a dispute's verdict settles a copy: ``ArrivalCopies``)."""
-        self.release([(verdict.slot, verdict.peer_id) for verdict in verdicts if verdict.reason != DISPUTE], REPLAY)
+        judged = [verdict for verdict in verdicts if verdict.reason != DISPUTE]
+        for verdict in judged:
+            if verdict.ok and not verdict.error:
+                self.store.set_verification(ASYNC_ROUND, verdict.slot, verdict.peer_id, passed(verdict))
+        self.release([(verdict.slot, verdict.peer_id) for verdict in judged], REPLAY)
 
     def banned(self, peer_id: str) -> None:
         """Take a banned peer's results that are still in the buffer out of it; their units go out again."""

@@ -42,7 +42,7 @@ from server.relay.context import Part, RelayContext
 from server.relay.copies import QUORUM_LIMIT
 from server.relay.copy_choice import CopyChoice
 from server.relay.refusal import Refusal
-from server.relay.replay_checks import ReplayChecks
+from server.relay.replay_checks import ReplayChecks, passed
 from server.relay.store import StoredResult
 from server.relay.store.records import ASYNC_ROUND
 from server.relay.verify import DISPUTE, Verdict
@@ -187,6 +187,7 @@ class ArrivalCopies(Part):
                     continue
             self.waiting.pop(entry)
             self.store.count("copies_waived")
+            self.store.set_verification(ASYNC_ROUND, entry, waiting.peer_id, "copy waived (no peer to train it)")
             self.checks.release([(entry, waiting.peer_id)], COPY)
 
     def version_for(self, entry: int, current: int) -> int:
@@ -243,6 +244,7 @@ class ArrivalCopies(Part):
             self.store.add_copy(ASYNC_ROUND, entry, peer_id, body, outcome)
             if outcome in AGREE:
                 self.choice.confirm(waiting.peer_id, peer_id)
+            self.store.set_verification(ASYNC_ROUND, entry, waiting.peer_id, f"copy {outcome} (from {peer_id})")
             self.waiting.pop(entry)
             self.checks.release([(entry, waiting.peer_id)], COPY)
             return stored
@@ -314,6 +316,8 @@ class ArrivalCopies(Part):
         for peer in liars:
             self.store.set_copy_outcome(ASYNC_ROUND, entry, peer, "lied")
         self.choice.confirm(*agreeing, peer_id)
+        self.store.set_verification(ASYNC_ROUND, entry, peer_id, f"quorum: agreed with {', '.join(agreeing)}, not "
+                                    f"{', '.join(liars)}")
         self.store.count("disputes_settled_by_quorum")
         for peer in liars:
             self.ban(peer, f"its result of unit entry {entry} (version {version}) disagreed with those of "
@@ -331,5 +335,7 @@ class ArrivalCopies(Part):
             self.store.set_copy_outcome(ASYNC_ROUND, entry, verdict.peer_id, outcome)
             waiting = self.waiting.get(entry)
             if waiting is not None and waiting.judged and verdict.peer_id == waiting.peer_id:
+                self.store.set_verification(ASYNC_ROUND, entry, verdict.peer_id, "copy disputed, " + (
+                    f"replay not run: {verdict.error[:200]}" if verdict.error else passed(verdict)))
                 self.waiting.pop(entry)  # (passed, or the host could not replay it: no verdict on anyone)
                 self.checks.release([(entry, waiting.peer_id)], COPY)

@@ -41,6 +41,12 @@ def call_soon(loop: asyncio.AbstractEventLoop, callback: Callable[[], None]) -> 
         pass
 
 
+def passed(verdict: Verdict) -> str:
+    """A passed replay as its result's audit row says it."""
+    return f"replay passed ({verdict.reason}, " + (
+        "identical bits)" if verdict.exact else f"deviation {verdict.relative_deviation:.2g})")
+
+
 class ReplayChecks:
     """``queue`` is None where verification is off (``serve --no-verify``, a local task). ``undo_rules``:
     whether a ban can undo what its peer moved (then, with ``--replay-wait suspects``, a routine replay may be judged
@@ -339,10 +345,8 @@ class ReplayChecks:
         LOG.log(logging.INFO if verdict.ok else logging.WARNING, "replay of round %d slot %d (%s): peer %s %s, "
                 "deviation %.3g of the update", verdict.round, verdict.slot, verdict.reason, verdict.peer_id,
                 "passed" if verdict.ok else "FAILED", verdict.relative_deviation)
-        if verdict.ok:
-            store.set_verification(verdict.round, verdict.slot, verdict.peer_id, f"replay passed "
-                                   f"({verdict.reason}, " + ("identical bits)" if verdict.exact else
-                                                             f"deviation {verdict.relative_deviation:.2g})"))
+        if verdict.ok:  # (an arrival's: ``ArrivalChecks.settle``, which knows it is one)
+            store.set_verification(verdict.round, verdict.slot, verdict.peer_id, passed(verdict))
         return verdict.ok
 
     def failure(self, verdict: Verdict) -> str:

@@ -133,12 +133,12 @@ class ResultStore(Protocol):
         returns how many results went. Their units are handed out again."""
 
     def set_verification(self, round_index: int, slot: int, peer_id: str, outcome: str) -> None:
-        """Append how the slot's result was checked (a replay, a compared copy) to its audit row, if it is
+        """Append how the slot's result (round -1: entry ``slot``'s arrival) was checked to its audit row, if it is
         ``peer_id``'s (outcomes joined by "; ", cut at 500 characters once there are several)."""
 
     def audit(self) -> list[dict[str, Any]]:
-        """Every result without its message, by round and slot: round, slot, unit_index, peer_id, num_examples,
-        metrics, sha256, size, verification ("not checked" when nothing was recorded), message_kept, received."""
+        """Results by round and slot, then merged arrivals (round: the merge; slot: the entry; and started_from):
+        round, slot, unit_index, peer_id, num_examples, metrics, sha256, size, verification, message_kept, received."""
 
     def prune_before(self, round_index: int) -> int:
         """Empty the result and second-copy messages of rounds before ``round_index`` (merged and checkpointed);

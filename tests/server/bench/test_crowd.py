@@ -133,6 +133,8 @@ def test_a_small_crowd_on_a_real_relay_loses_nothing_and_reports_every_setting(t
     assert crowd["liars_banned"] == crowd["liars_accepted"] and crowd["copies_accepted"] > 0, crowd
     # async: the merges wait for the copies of every newcomer's result (no liar's result merges unchecked)
     assert results["async K=4"]["copies_accepted"] > 0, results["async K=4"]
+    # ... as the relay's audit rows of what merged say (sync: counted, an undo's taken out)
+    assert results["async K=4"]["lies_merged"] == 0 and isinstance(crowd["lies_merged"], int), results
     assert "| sync k=8 | 12 | 8 |" in done.stdout
 
 

@@ -5,13 +5,23 @@ no other peer may train is waived. Host replays are off here: the copies alone c
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from relay_fixtures import HttpPeer, flipped, make_relay, recorded_arrivals, serving, session_status, wait_until
+from relay_fixtures import (
+    ADMIN_TOKEN,
+    HttpPeer,
+    flipped,
+    make_relay,
+    recorded_arrivals,
+    serving,
+    session_status,
+    wait_until,
+)
 
 from server.session.buffered import replay
 from server.session.package import Package
@@ -39,6 +49,15 @@ def finish(client: Any, peers: list[HttpPeer], turns: int = 80) -> dict[str, Any
     status = session_status(client)
     assert status["done"], status
     return status
+
+
+def audit(client: Any) -> dict[tuple[int, str], str]:
+    """The merged arrivals' audit rows (``GET /api/admin/export/results``): (entry, peer) -> how it was checked."""
+    answer = client.get("/api/admin/export/results", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+    assert answer.status_code == 200, answer.text
+    rows = [json.loads(line) for line in answer.text.splitlines()]
+    assert all(row["round"] >= 0 and row["size"] > 0 and "started_from" in row for row in rows), rows
+    return {(row["slot"], row["peer_id"]): row["verification"] for row in rows}
 
 
 def assert_the_arrivals_replay_to_the_weights(relay: Any, package: Package) -> None:
@@ -75,6 +94,11 @@ def test_a_copy_that_agrees_lets_a_newcomers_result_merge(package: Package, tmp_
         assert {relay.store.identity(p) for p in (c.peer_id, b.peer_id)} <= copies.choice.confirmed
         status = finish(client, [a, b, c])
         assert status["counters"].get("peers_banned", 0) == 0
+        checked = audit(client)
+        assert checked[(other["slot"], c.peer_id)] == f"copy identical (from {b.peer_id})"
+        assert len(checked) == len(relay.session.plan.schedule)
+        assert all(how.startswith("copy identical (from ") or how == "not checked" for how in checked.values())
+        assert checked[(first["slot"], a.peer_id)].startswith("copy identical (from ")  # (the first of each peer)
     with sqlite3.connect(relay.store.location) as db:
         outcomes = [row[0] for row in db.execute("SELECT outcome FROM copies WHERE round = -1")]
     assert outcomes and set(outcomes) == {"identical"}, outcomes
@@ -109,6 +133,9 @@ def test_a_liar_is_outvoted_by_a_third_peer_and_nothing_of_it_is_merged(package:
         status = finish(client, [a, c])
         assert not relay.store.ban_reason(a.peer_id) and not relay.store.ban_reason(c.peer_id)
         assert status["counters"]["peers_banned"] == 1
+        checked = audit(client)
+        assert checked[(entry, c.peer_id)] == f"quorum: agreed with {a.peer_id}, not {liar.peer_id}"
+        assert liar.peer_id not in {peer for _, peer in checked}
     with sqlite3.connect(relay.store.location) as db:
         assert liar.peer_id not in {row[0] for row in db.execute("SELECT peer_id FROM arrivals")}
         outcomes = dict(db.execute("SELECT peer_id, outcome FROM copies WHERE round = -1 AND slot = ?", (entry,)))
@@ -126,6 +153,7 @@ def test_a_copy_no_other_peer_may_train_is_waived(package: Package, tmp_path: Pa
         status = wait_until(client, lambda s: s["round"] >= 1 and not s["merging"])
         assert status["counters"]["copies_waived"] == 2 and not relay.mode.copies.waiting  # type: ignore[attr-defined]
         finish(client, [a])
+        assert set(audit(client).values()) == {"copy waived (no peer to train it)"}
 
 
 def test_copies_that_disagree_go_to_the_hosts_replay_which_bans_the_liar(package: Package, tmp_path: Path) -> None:
@@ -147,6 +175,9 @@ def test_copies_that_disagree_go_to_the_hosts_replay_which_bans_the_liar(package
         assert relay.store.arrived(first["slot"]) and relay.store.buffered_count() == 1  # (it waits for a merge)
         status = finish(client, [a])
         assert not relay.store.ban_reason(a.peer_id) and status["counters"]["peers_banned"] == 1
+        how = audit(client)[(first["slot"], a.peer_id)]  # (its own replay as a first result, and the dispute's)
+        assert how.startswith("replay passed (first result of the peer, ") and \
+            "; copy disputed, replay passed (two copies of the unit disagree, " in how, how
     with sqlite3.connect(relay.store.location) as db:
         assert dict(db.execute("SELECT peer_id, outcome FROM copies WHERE round = -1")) == {liar.peer_id: "lied"}
     assert_the_arrivals_replay_to_the_weights(relay, package)

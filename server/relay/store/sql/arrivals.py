@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,10 +47,10 @@ class SQLArrivals(TablePart):
             with self.connection.transaction() as db:
                 cursor = db.execute(  # (an entry that arrived already: no row; two relays race on the same entry)
                     "INSERT INTO arrivals (entry, unit_index, peer_id, version, num_examples, metrics, message, "
-                    "update_vector, received, merge, sha256) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, ?) "
+                    "update_vector, received, merge, sha256, size) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, ?, ?) "
                     "ON CONFLICT (entry) DO NOTHING RETURNING seq",
                     (entry, unit_index, peer_id, version, num_examples, json.dumps(metrics), message, update,
-                     self.clock(), digest))
+                     self.clock(), digest, len(message)))
                 row = cursor.fetchone()
                 if row is not None:
                     db.execute("UPDATE peers SET units_done = units_done + 1 WHERE id = ?", (peer_id,))
@@ -151,3 +153,79 @@ class SQLArrivals(TablePart):
         if emptied:
             self.connection.truncate_log()
         return emptied
+
+    def check_arrival(self, entry: int, peer_id: str, outcome: str) -> None:
+        self.connection.change(
+            "INSERT INTO arrival_checks (entry, peer_id, outcome) VALUES (?, ?, ?) ON CONFLICT (entry, peer_id) DO "
+            "UPDATE SET outcome = substr(arrival_checks.outcome || '; ' || excluded.outcome, 1, 500)",
+            (entry, peer_id, outcome))
+
+    def audit_arrivals(self) -> list[dict[str, Any]]:
+        """The merged arrivals' audit rows (``SQLResults.audit``'s, the merge as their round, and the version each
+        started from), by merge and arrival."""
+        rows = self.connection.run(
+            "SELECT a.merge, a.entry, a.unit_index, a.peer_id, a.num_examples, a.metrics, a.sha256, a.size, "
+            "c.outcome, length(a.message) > 0, a.received, a.version FROM arrivals a LEFT JOIN arrival_checks c ON "
+            "c.entry = a.entry AND c.peer_id = a.peer_id WHERE a.merge IS NOT NULL ORDER BY a.merge, a.seq")
+        return [{"round": r[0], "slot": r[1], "unit_index": r[2], "peer_id": r[3], "num_examples": r[4],
+                 "metrics": json.loads(r[5]), "sha256": r[6], "size": r[7], "verification": r[8] or "not checked",
+                 "message_kept": bool(r[9]), "received": r[10], "started_from": r[11]} for r in rows]
+
+
+class ArrivalCalls:
+    """``SQLStore``'s calls on the asynchronous buffer, handed to its ``SQLArrivals`` part (the waiting count and the
+    arrived entries read through ``KeptViews``' expiry on a shared store)."""
+
+    _arrivals: SQLArrivals
+    _expire: Callable[[], None]
+    _changing_leases: Callable[[], AbstractContextManager[None]]
+
+    def add_arrival(self, *, entry: int, unit_index: int, peer_id: str, version: int, num_examples: int,
+                    metrics: dict[str, Any], message: bytes, update: bytes, sha256: str | None = None) -> int:
+        return self._arrivals.add_arrival(entry=entry, unit_index=unit_index, peer_id=peer_id, version=version,
+                                          num_examples=num_examples, metrics=metrics, message=message, update=update,
+                                          sha256=sha256)
+
+    def arrived_entries(self) -> frozenset[int]:
+        self._expire()
+        return self._arrivals.arrived_entries()
+
+    def has_arrived(self, entry: int) -> bool:
+        return self._arrivals.has_arrived(entry)
+
+    def arrived(self, entry: int) -> bool:
+        self._expire()
+        return self._arrivals.arrived(entry)
+
+    def arrived_count(self) -> int:
+        self._expire()
+        return self._arrivals.arrived_count()
+
+    def buffered(self, limit: int | None = None) -> list[BufferedArrival]:
+        return self._arrivals.buffered(limit)
+
+    def buffered_count(self) -> int:
+        self._expire()
+        return self._arrivals.buffered_count()
+
+    def buffered_seqs(self, limit: int) -> list[int]:
+        return self._arrivals.buffered_seqs(limit)
+
+    def remove_arrivals_of(self, peer_id: str) -> list[int]:
+        with self._changing_leases():  # (its leases in the stream go too)
+            return self._arrivals.remove_arrivals_of(peer_id)
+
+    def unmerged_arrival(self, entry: int, *, take: bool = False) -> tuple[str, bytes] | None:
+        return self._arrivals.unmerged_arrival(entry, take=take)
+
+    def mark_merged(self, seqs: list[int], merge: int) -> None:
+        self._arrivals.mark_merged(seqs, merge)
+
+    def unmerge_from(self, merge: int) -> int:
+        return self._arrivals.unmerge_from(merge)
+
+    def arrivals(self) -> list[MergedArrival]:
+        return self._arrivals.arrivals()
+
+    def prune_arrivals_before(self, merge: int) -> int:
+        return self._arrivals.prune_arrivals_before(merge)

@@ -14,15 +14,14 @@ from typing import Any
 
 from server.relay.store.concepts import LAST_SEEN_RESOLUTION
 from server.relay.store.records import (
-    BufferedArrival,
+    ASYNC_ROUND,
     FinishedReplay,
     Lease,
-    MergedArrival,
     PendingUndo,
     ReplayJob,
     StoredResult,
 )
-from server.relay.store.sql.arrivals import SQLArrivals
+from server.relay.store.sql.arrivals import ArrivalCalls, SQLArrivals
 from server.relay.store.sql.bans import SQLBans
 from server.relay.store.sql.copies import SQLCopies
 from server.relay.store.sql.counters import SQLCounters
@@ -39,7 +38,7 @@ from server.relay.store.sql.views import CACHE_ROUNDS, KeptViews
 from server.relay.store.sql.volunteers import SQLVolunteers, VolunteerCalls
 
 
-class SQLStore(KeptViews, VolunteerCalls, RefusalCalls, ForwardCalls):
+class SQLStore(KeptViews, VolunteerCalls, RefusalCalls, ForwardCalls, ArrivalCalls):
     """The relay's store on ``database`` (opened here), safe to share between threads; what it keeps of the rows it
     read, and when it forgets them: ``server.relay.store.sql.views``."""
 
@@ -236,10 +235,13 @@ class SQLStore(KeptViews, VolunteerCalls, RefusalCalls, ForwardCalls):
             return self._results.reset_round(round_index)
 
     def set_verification(self, round_index: int, slot: int, peer_id: str, outcome: str) -> None:
-        self._results.set_verification(round_index, slot, peer_id, outcome)
+        if round_index == ASYNC_ROUND:  # (an arrival of the asynchronous buffer: ``slot`` is its entry)
+            self._arrivals.check_arrival(slot, peer_id, outcome)
+        else:
+            self._results.set_verification(round_index, slot, peer_id, outcome)
 
     def audit(self) -> list[dict[str, Any]]:
-        return self._results.audit()
+        return self._results.audit() + self._arrivals.audit_arrivals()
 
     def prune_before(self, round_index: int) -> int:
         self._forwarded.prune_forwarded_before(round_index)  # (verdicts a stopped replica never read)
@@ -266,57 +268,6 @@ class SQLStore(KeptViews, VolunteerCalls, RefusalCalls, ForwardCalls):
 
     def confirmed_peers(self) -> set[str]:
         return self._copies.confirmed_peers()
-
-    # -- the asynchronous buffer --------------------------------------------------------------------
-    def add_arrival(self, *, entry: int, unit_index: int, peer_id: str, version: int, num_examples: int,
-                    metrics: dict[str, Any], message: bytes, update: bytes, sha256: str | None = None) -> int:
-        return self._arrivals.add_arrival(entry=entry, unit_index=unit_index, peer_id=peer_id, version=version,
-                                          num_examples=num_examples, metrics=metrics, message=message, update=update,
-                                          sha256=sha256)
-
-    def arrived_entries(self) -> frozenset[int]:
-        self._expire()
-        return self._arrivals.arrived_entries()
-
-    def has_arrived(self, entry: int) -> bool:
-        return self._arrivals.has_arrived(entry)
-
-    def arrived(self, entry: int) -> bool:
-        self._expire()
-        return self._arrivals.arrived(entry)
-
-    def arrived_count(self) -> int:
-        self._expire()
-        return self._arrivals.arrived_count()
-
-    def buffered(self, limit: int | None = None) -> list[BufferedArrival]:
-        return self._arrivals.buffered(limit)
-
-    def buffered_count(self) -> int:
-        self._expire()
-        return self._arrivals.buffered_count()
-
-    def buffered_seqs(self, limit: int) -> list[int]:
-        return self._arrivals.buffered_seqs(limit)
-
-    def remove_arrivals_of(self, peer_id: str) -> list[int]:
-        with self._changing_leases():  # (its leases in the stream go too)
-            return self._arrivals.remove_arrivals_of(peer_id)
-
-    def unmerged_arrival(self, entry: int, *, take: bool = False) -> tuple[str, bytes] | None:
-        return self._arrivals.unmerged_arrival(entry, take=take)
-
-    def mark_merged(self, seqs: list[int], merge: int) -> None:
-        self._arrivals.mark_merged(seqs, merge)
-
-    def unmerge_from(self, merge: int) -> int:
-        return self._arrivals.unmerge_from(merge)
-
-    def arrivals(self) -> list[MergedArrival]:
-        return self._arrivals.arrivals()
-
-    def prune_arrivals_before(self, merge: int) -> int:
-        return self._arrivals.prune_arrivals_before(merge)
 
     # -- bans ---------------------------------------------------------------------------------------
     def ban(self, peer_id: str, reason: str) -> str:

@@ -35,7 +35,11 @@ CREATE TABLE IF NOT EXISTS arrivals (
     seq INTEGER PRIMARY KEY AUTOINCREMENT, entry INTEGER NOT NULL UNIQUE, unit_index INTEGER NOT NULL,
     peer_id TEXT NOT NULL, version INTEGER NOT NULL, num_examples INTEGER NOT NULL, metrics TEXT NOT NULL,
     message BLOB NOT NULL, update_vector BLOB NOT NULL, received REAL NOT NULL, merge INTEGER,
-    sha256 TEXT NOT NULL DEFAULT ''
+    sha256 TEXT NOT NULL DEFAULT '', size INTEGER NOT NULL DEFAULT 0
+);
+-- How each arrival was checked, beside the arrivals (an update of an arrival's row would write its message again).
+CREATE TABLE IF NOT EXISTS arrival_checks (
+    entry INTEGER NOT NULL, peer_id TEXT NOT NULL, outcome TEXT NOT NULL, PRIMARY KEY (entry, peer_id)
 );
 -- Columns a poll reads that the table keeps after a result's message: SQLite reads a row's columns in order, through
 -- a message's overflow pages (hundreds of kilobytes each), so these indexes answer those polls without the rows.
@@ -71,7 +75,7 @@ ADDED_COLUMNS = {
     "results": {"sha256": "TEXT NOT NULL DEFAULT ''", "size": "INTEGER NOT NULL DEFAULT 0",
                 "verification": "TEXT NOT NULL DEFAULT ''"},
     "copies": {"sha256": "TEXT NOT NULL DEFAULT ''"},
-    "arrivals": {"sha256": "TEXT NOT NULL DEFAULT ''"},
+    "arrivals": {"sha256": "TEXT NOT NULL DEFAULT ''", "size": "INTEGER NOT NULL DEFAULT 0"},
     "leases": {"version": "INTEGER NOT NULL DEFAULT 0"},
 }
 

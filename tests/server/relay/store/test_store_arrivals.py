@@ -3,6 +3,7 @@ checkpoint lacks that merge, pruned once merged."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 
 import pytest
@@ -138,3 +139,27 @@ def test_an_arrived_entry_may_have_a_second_copy_leased_beside_it(store: Store) 
     assert store.grant(ASYNC_ROUND, 4, 9, "p-b", 10.0, version=3) is None  # (its unit's own lease: never again)
     copy = store.grant(ASYNC_ROUND, 4, 9, "p-b", 10.0, copy=1, version=3)
     assert copy is not None and store.lease(ASYNC_ROUND, 4, 1) == copy and store.lease(ASYNC_ROUND, 4) is None
+
+
+def test_merged_arrivals_have_audit_rows_with_how_each_was_checked(store: Store,
+                                                                   second_look: Callable[[], Store]) -> None:
+    """Round -1's verification goes to the arrival of that entry and peer (outcomes joined, as a result's are); the
+    audit lists merged arrivals after the rounds' results, their size kept when pruning empties the message."""
+    peer, other = store.add_peer()[0], store.add_peer()[0]
+    seqs = [arrive(store, entry, who, version=entry) for entry, who in ((3, peer), (1, other), (2, peer))]
+    store.set_verification(ASYNC_ROUND, 3, peer, "replay passed (first, identical bits)")
+    store.set_verification(ASYNC_ROUND, 3, peer, "copy identical (from p-x)")
+    store.set_verification(ASYNC_ROUND, 1, peer, "not its peer's arrival")  # (entry 1 is other's)
+    store.set_verification(0, 3, peer, "a round's result: not this arrival")
+    assert store.audit() == []  # (nothing merged)
+    store.mark_merged(seqs[:2], 0)
+    store.mark_merged(seqs[2:], 1)
+    store.prune_arrivals_before(1)
+    rows = second_look().audit()
+    assert [(row["round"], row["slot"], row["peer_id"], row["started_from"]) for row in rows] == [
+        (0, 3, peer, 3), (0, 1, other, 1), (1, 2, peer, 2)]
+    assert [row["verification"] for row in rows] == [
+        "replay passed (first, identical bits); copy identical (from p-x)", "not checked", "not checked"]
+    assert [row["size"] for row in rows] == [9, 9, 9] and [row["message_kept"] for row in rows] == [False, False, True]
+    assert rows[0]["sha256"] == hashlib.sha256(b"message 3").hexdigest() and rows[0]["metrics"] == {"loss": 3}
+    assert rows[0]["unit_index"] == 13 and rows[0]["num_examples"] == 256
