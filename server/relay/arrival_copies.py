@@ -20,8 +20,8 @@ What a peer can tell: a copy's job names the version its first result started fr
 newest (a new unit starts from the newest), so a peer that tracks versions may guess that it trains a copy. That
 tells it nothing about its own results: whether one of those is copied is decided when it arrives, in secret, and
 every result of a peer is copied until a copy agreed with one. A replica hands out no copies of its own (the relay
-holding the session decides); the holds are this relay's memory: after a restart what was held merges (as for
-replays).
+holding the session decides), nor entries in dispute (a new unit of one would start from the newest version, where
+no quorum can settle it); the holds are this relay's memory: after a restart what was held merges (as for replays).
 """
 
 from __future__ import annotations
@@ -163,17 +163,23 @@ class ArrivalCopies(Part):
             for entry in expired:
                 self.version_for(entry, -1)  # (its version is gone: it ends unsettled)
 
+    def in_dispute(self) -> frozenset[int]:
+        """The entries in dispute as the store has them (copies kept "unresolved"): a replica's view, which must not
+        hand them out as new units (from its newest version: the dispute would never settle)."""
+        return frozenset(entry for (entry, _), outcome in self.store.copies(ASYNC_ROUND).items()
+                         if outcome == "unresolved")
+
     def _eligible(self, peer_id: str, entry: int, original: str) -> bool:
         """Whether ``peer_id`` may train the copy of ``entry``, whose first result came from ``original``."""
         if peer_id == original or self.book.refused(ASYNC_ROUND, entry, peer_id) or self.store.ban_reason(peer_id):
             return False
         return not self.options.ban_addresses or self.store.peer_address(peer_id) != self.store.peer_address(original)
 
-    def waive(self, blocking: set[int]) -> None:
+    def waive(self, blocking: set[int]) -> bool:
         """Held arrivals the next merge would take (``blocking``: their arrival numbers) whose copy is not out and
-        that no connected peer may train (or whose version is gone) merge unchecked. Who is connected is read once
-        a second at most (every poll of a crowd asks, and that is a read of every peer)."""
-        now, leases = self.store.clock(), self.store.leases(ASYNC_ROUND, 1)
+        that no connected peer may train (or whose version is gone) merge unchecked; whether any did. Who is
+        connected is read once a second at most (every poll of a crowd asks, and that is a read of every peer)."""
+        now, leases, waived = self.store.clock(), self.store.leases(ASYNC_ROUND, 1), False
         for entry, waiting in list(self.waiting.items()):
             if waiting.seq not in blocking or waiting.judged:
                 continue
@@ -189,6 +195,8 @@ class ArrivalCopies(Part):
             self.store.count("copies_waived")
             self.store.set_verification(ASYNC_ROUND, entry, waiting.peer_id, "copy waived (no peer to train it)")
             self.checks.release([(entry, waiting.peer_id)], COPY)
+            waived = True
+        return waived
 
     def version_for(self, entry: int, current: int) -> int:
         """The version ``entry`` goes out from: its dispute's, while the buffer keeps it (a third result must start

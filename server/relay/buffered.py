@@ -153,6 +153,7 @@ class AsyncBuffer(Part):
             self.next += 1
         order, passed, tries = self.order, [], 0
         order.look(store, self.next, now)
+        disputed = self.copies.in_dispute() if self.context.replica else frozenset()  # (the holder's to hand out)
         try:
             for entry in order.candidates(len(schedule)):
                 if store.arrived(entry):
@@ -161,7 +162,7 @@ class AsyncBuffer(Part):
                 if lease is not None and lease.deadline >= now:
                     order.leased(entry, lease.deadline)  # (another relay leased it, or a lease was seen late)
                     continue
-                if self.book.refused(ASYNC_ROUND, entry, peer_id) and not self.book.refused_by_all(
+                if entry in disputed or self.book.refused(ASYNC_ROUND, entry, peer_id) and not self.book.refused_by_all(
                         ASYNC_ROUND, entry, store.active_peers(self.context.options.peer_timeout)):
                     passed.append(entry)  # (another connected peer may take it; when none may, the stream has
                     continue  # moved on: try again)
@@ -328,9 +329,8 @@ class AsyncBuffer(Part):
         if waiting < k and not (waiting > 0 and self.store.arrived_count() >= len(self.session.plan.schedule)):
             return False  # (fewer than K wait, and the session's last results are not all back)
         oldest = functools.partial(self.store.buffered_seqs, k)
-        if blocking := self.checks.blocks(oldest):  # (waiting for a replay or a copy)
-            self.copies.waive(blocking)  # (copies nobody may train)
-        return not self.checks.blocks(oldest)
+        blocking = self.checks.blocks(oldest)  # (waiting for a replay or a copy: copies nobody may train are waived)
+        return not blocking or self.copies.waive(blocking) and not self.checks.blocks(oldest)
 
     def merge_blocking(self) -> dict[str, Any]:
         """Merge the oldest K buffered results into the next version (runs in a worker thread)."""

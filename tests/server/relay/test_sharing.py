@@ -16,6 +16,7 @@ from relay_fixtures import (
     ADMIN_TOKEN,
     HttpPeer,
     ask_and_send,
+    flipped,
     make_relay,
     recorded_arrivals,
     replayed_arrivals,
@@ -145,3 +146,38 @@ def test_two_relays_serve_one_async_session_and_the_replica_takes_it_over_when_t
     assert sorted(x.entry for x in arrivals) == list(range(len(replica.session.plan.schedule)))  # each unit once
     replayed = replayed_arrivals(package, replica.session.config, arrivals)
     np.testing.assert_array_equal(replayed, replica.session.weights)  # the recorded arrivals, bit for bit
+
+
+@pytest.mark.timeout(300)
+def test_a_replica_leaves_an_entry_in_dispute_to_the_holder(package: Package, tmp_path: Path,
+                                                            postgresql_url: str) -> None:
+    """Copies and no host replays: a liar's first result and an honest copy disagree at the holder, so the entry is
+    in dispute, to go out again from the version both started from. The replica knows nothing of the holder's
+    disputes but what the store keeps; it hands out every other entry and not that one (a new unit of it would start
+    from another version, arrive, and leave the dispute unsettled, the liar unbanned). The holder hands it out, and a
+    third peer's result bans the liar."""
+    holder = make_relay(package, tmp_path / "s", k=2, passes=1, config={"mode": "async", "aggregate": "mean"},
+                        store=postgresql_url, verify=False, redundancy=0.01, ban_addresses=False)
+    replica = replica_of(holder, postgresql_url, RoundsLogged())
+    with contextlib.ExitStack() as holding, serving(replica) as b:
+        a = holding.enter_context(serving(holder))
+        liar, honest = HttpPeer(a), HttpPeer(a)
+        job = liar.assignment()
+        entry, version = job["slot"], job["round"]
+        assert liar.upload(version, entry, flipped(liar, job, holder)).status_code == 200
+        copy = honest.assignment()
+        assert (copy["slot"], copy["round"]) == (entry, version)
+        assert honest.train_and_upload(copy).status_code == 200
+        assert session_status(a)["counters"]["disputes_unresolved"] == 1 and not holder.store.arrived(entry)
+        entries = len(holder.session.plan.schedule)
+        at_replica = [HttpPeer(b) for _ in range(entries)]
+        handed = [peer.work() for peer in at_replica]  # (one ask each: a peer asking again gets the unit it holds)
+        assert sorted(job["slot"] for job in handed if "slot" in job) == sorted(set(range(entries)) - {entry})
+        assert "slot" not in handed[-1], handed[-1]  # (every entry but the disputed one is out)
+        third = HttpPeer(a)
+        again = third.assignment()
+        assert (again["slot"], again["round"]) == (entry, version)
+        assert third.train_and_upload(again).status_code == 200
+        wait_for("the liar's ban", lambda: bool(holder.store.ban_reason(liar.peer_id)), time.monotonic() + WAIT_SECONDS)
+        assert "a quorum of copies" in (holder.store.ban_reason(liar.peer_id) or "")
+        assert session_status(a)["counters"]["disputes_settled_by_quorum"] == 1
