@@ -33,8 +33,8 @@ class SQLCopies(TablePart):
             "SELECT peer_id FROM copies WHERE outcome IN ('identical', 'agreed', 'upheld', 'replaced') UNION "
             "SELECT r.peer_id FROM results r JOIN copies c ON c.round = r.round AND c.slot = r.slot "
             "WHERE c.outcome IN ('identical', 'agreed', 'upheld') UNION "
-            "SELECT a.peer_id FROM arrivals a JOIN copies c ON c.round = -1 AND c.slot = a.entry "  # (async mode's)
-            "WHERE c.outcome IN ('identical', 'agreed')")
+            "SELECT a.peer_id FROM arrivals a JOIN copies c ON c.round = -1 AND c.slot = a.entry "  # (async mode's:
+            "WHERE c.outcome IN ('identical', 'agreed') AND c.received >= a.received")  # not an entry arrived again)
         return {str(row[0]) for row in rows}
 
     def copy_message(self, round_index: int, slot: int, peer_id: str) -> bytes | None:

@@ -129,7 +129,7 @@ def test_second_copies_are_kept_apart_and_compared(store: Store) -> None:
     assert store.results(0) == {}  # (never merged)
 
 
-def test_the_peers_a_comparison_confirmed_are_read_back(store: Store) -> None:
+def test_the_peers_a_comparison_confirmed_are_read_back(store: Store, clock: Clock) -> None:
     """A copy that matched (both its peer and the merged result's), copies a quorum or a replay upheld and the
     result they agreed with, a copy that took a banned peer's place; not a disputed, lied, unresolved or unchecked
     copy, nor a result nothing confirmed."""
@@ -152,3 +152,10 @@ def test_the_peers_a_comparison_confirmed_are_read_back(store: Store) -> None:
     store.add_copy(-1, 5, "p-async-liar", b"h", "disputed")
     assert store.confirmed_peers() == {"p-merged", "p-copy", "p-third", "p-upheld", "p-replaced", "p-async",
                                        "p-async-copy"}
+    # an entry whose copy agreed, its first result dropped by a ban before it merged, arrives again from another
+    # peer: the copy did not check that one
+    assert store.remove_arrivals_of("p-async") == [4]
+    clock.advance(1.0)
+    store.add_arrival(entry=4, unit_index=4, peer_id="p-again", version=1, num_examples=1, metrics={}, message=b"m",
+                      update=b"")
+    assert "p-again" not in store.confirmed_peers() and "p-async-copy" in store.confirmed_peers()
