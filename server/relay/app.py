@@ -174,6 +174,7 @@ def create_app(paths: RelayPaths | None = None, relay: Relay | None = None,
         watch = None
         if relay is not None:
             relay.open()
+            relay.verification.on_loop()  # (replays a restart queued before the loop ran: their verdicts apply)
             if relay.sharing.watching:  # (other relays may serve the session too: server.relay.sharing)
                 watch = asyncio.get_running_loop().create_task(relay.sharing.watch())
         try:

@@ -10,8 +10,8 @@ banned peer's results moved before the ban stays merged: async mode merges a str
 to merge again without them; a peer's first result is always replayed and never merged before its verdict, so a peer
 that lies from its first result moves nothing, and one that lies later lands at most what its coverage bound
 (``--verify-every``) lets pass between two replays, each held to the update checks and the aggregator's bound. The
-held results are this relay's memory: after a restart they are merged without the verdicts the restart lost (the
-replays of the results that come after it go on).
+store keeps what each held result waits for: after a restart it waits again (its replay runs again), or leaves the
+buffer where its version's weights are gone (``ArrivalCopies.restore``).
 """
 
 from __future__ import annotations
@@ -54,21 +54,28 @@ class ArrivalChecks(Part):
         self.lock = lock  # (the merge's thread reads ``held`` and takes the oldest arrivals under it)
 
     def hold(self, key: tuple[int, str], seq: int, reason: str) -> None:
-        """Hold arrival ``seq`` (``key``: its entry and peer) out of the merges until ``release(key, reason)``."""
+        """Hold arrival ``seq`` (``key``: its entry and peer) out of the merges until ``release(key, reason)`` (kept
+        in the store too: a restart holds it again, ``ArrivalCopies.restore``)."""
         with self.lock:
-            self.held.setdefault(key, Held(seq)).waiting.add(reason)
+            waiting = self.held.setdefault(key, Held(seq)).waiting
+            waiting.add(reason)
+            now = set(waiting)
+        self.store.hold_arrival(*key, now)
 
     def release(self, keys: Iterable[tuple[int, str]], reason: str) -> None:
         """What waited for ``reason`` has it: an arrival waiting for nothing more joins the next merge."""
-        released = False
+        released, changed = False, []
         with self.lock:
             for key in keys:
                 held = self.held.get(key)
                 if held is not None and reason in held.waiting:
                     held.waiting.discard(reason)
+                    changed.append((key, set(held.waiting)))
                     if not held.waiting:
                         del self.held[key]
                         released = True
+        for key, waiting in changed:
+            self.store.hold_arrival(*key, waiting)
         if released:
             self.merge_soon()
 
@@ -76,6 +83,7 @@ class ArrivalChecks(Part):
         """The arrival left the buffer (its copy disagreed): nothing holds it any more, and it never joins."""
         with self.lock:
             self.held.pop(key, None)
+        self.store.hold_arrival(*key, ())
 
     def arrived(self, stored: StoredResult, seq: int, assignment: Assignment, vector: np.ndarray,
                 base: np.ndarray) -> bool:

@@ -21,7 +21,10 @@ newest (a new unit starts from the newest), so a peer that tracks versions may g
 tells it nothing about its own results: whether one of those is copied is decided when it arrives, in secret, and
 every result of a peer is copied until a copy agreed with one. A replica hands out no copies of its own (the relay
 holding the session decides), nor entries in dispute (a new unit of one would start from the newest version, where
-no quorum can settle it); the holds are this relay's memory: after a restart what was held merges (as for replays).
+no quorum can settle it). The store keeps what each held arrival waits for: after a restart (or a takeover) it waits
+again where its version's weights are kept, else it leaves the buffer and its entry goes out again (``restore``).
+The disputes are this relay's memory: after a restart a disputed entry goes out afresh (its liar is not banned,
+and nothing of it merges).
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from runtime.protocol import Job
-from server.relay.arrival_checks import COPY, ArrivalChecks
+from server.relay.arrival_checks import COPY, REPLAY, ArrivalChecks
 from server.relay.book import RoundBook
 from server.relay.checks import Read, check_update_norm, compare_results, decode_result, engines_of
 from server.relay.context import Part, RelayContext
@@ -50,6 +53,7 @@ from server.session.buffered import entry_assignment
 
 LOG = logging.getLogger("peertrain.relay")
 AGREE = ("identical", "agreed")
+RESTARTED = "held when the relay stopped"  # (the reason of a replay a restart runs again)
 ACTIVE_KEPT_SECONDS = 1.0  # how long ``waive`` keeps who is connected
 
 
@@ -99,6 +103,33 @@ class ArrivalCopies(Part):
         self.checks.hold((entry, stored.peer_id), seq, COPY)
         self.context.notices.work_changed(available=1)  # (its copy, for a held request)
         return True
+
+    def restore(self) -> None:
+        """On start: the arrivals a check held when the relay stopped (the store keeps what each waits for) wait for
+        it again where their version's weights are kept (a copy goes out again, a replay runs again); the others
+        leave the buffer, their entries go out again: nothing held merges unchecked because the relay restarted."""
+        for seq, entry, peer_id, version, waiting in self.store.held_arrivals():
+            found = self.store.unmerged_arrival(entry)
+            if found is None or found[0] != peer_id:
+                continue
+            if version not in self.versions or self.store.ban_reason(peer_id):
+                self.store.unmerged_arrival(entry, take=True)
+                self.checks.drop((entry, peer_id))
+                self.store.count("held_arrivals_out_again_on_start")
+                self.go_out_again([entry])
+                continue
+            if COPY in waiting:
+                self.choice.note_result(ASYNC_ROUND, entry, peer_id)
+                self.waiting[entry] = Waiting(peer_id, version, seq)
+                self.checks.hold((entry, peer_id), seq, COPY)
+            if REPLAY in waiting and self.replays.queue is not None:
+                base = self.versions[version]
+                header, vector = decode_result(found[1], session=self.session, round_index=version, base=base)
+                self.checks.hold((entry, peer_id), seq, REPLAY)
+                self.replays.replay_arrival(entry_assignment(self.session.plan.schedule, self.session.plan.seed,
+                                                             entry, version), base, {peer_id: vector}, RESTARTED,
+                                            ("arrival", entry, peer_id), {peer_id: engines_of(header.meta)[0]})
+            self.store.count("held_arrivals_held_again_on_start")
 
     def banned(self, peer_id: str) -> None:
         """A banned peer's arrivals left the buffer (``ArrivalChecks.banned``): none of them waits for a copy."""

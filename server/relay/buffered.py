@@ -95,12 +95,14 @@ class AsyncBuffer(Part):
         """On start: results marked for merges the checkpoint lacks go back to the buffer; keep the weights. (A
         replica leaves the marks alone: the relay holding the session may be merging them.)"""
         if not self.context.replica:
-            returned = self.store.unmerge_from(self.session.round)
-            if returned:
+            if returned := self.store.unmerge_from(self.session.round):
                 self.store.count("arrivals_returned_to_buffer_on_start", returned)
         self.keep_version()
         self.sums.open_sum()
         self.copies.choice.restore()  # (the peers a copy confirmed keep their record)
+
+    def restarted(self) -> None:
+        self.copies.restore()
 
     def follow(self, older: dict[int, np.ndarray]) -> None:
         """The session moved on to a newer checkpoint another relay merged (a replica follows): keep its weights,
@@ -124,10 +126,6 @@ class AsyncBuffer(Part):
     @property
     def max_staleness(self) -> int:
         return self.session.config.max_staleness
-
-    @property
-    def staleness_exponent(self) -> float:
-        return self.session.config.staleness_exponent
 
     # -- handing out ---------------------------------------------------------------------------------
     def next_job(self, peer_id: str) -> WorkAnswer:
@@ -343,7 +341,7 @@ class AsyncBuffer(Part):
             self.store.mark_merged([row[0] for row in rows], merge)  # before the checkpoint (module docstring)
         validate = validates(merge, session.config.validate_every, session.num_rounds)
         extra = {"staleness": [merge - row[3] for row in rows], "started_from": [row[3] for row in rows],
-                 "entries": [row[1] for row in rows], "staleness_exponent": self.staleness_exponent}
+                 "entries": [row[1] for row in rows], "staleness_exponent": session.config.staleness_exponent}
         position = {row[0]: index for index, row in enumerate(rows)}
         stream: Stream | None
         if opened is not None and opened.merge == merge and opened.weights is session.weights and \
@@ -357,7 +355,7 @@ class AsyncBuffer(Part):
         def effective(index: object) -> np.ndarray:  # (row ``index`` as the merge sees it)
             _, _, _, version, _, _, update, message = rows[int(index)]  # type: ignore[call-overload]
             return effective_weights(current, stored_update(message, update, session.config.result_codec),
-                                     merge - version, self.staleness_exponent)
+                                     merge - version, session.config.staleness_exponent)
         if stream is None:  # (an aggregator that needs every result at once: K of them in memory)
             buffer = [(row[2], UnitResult(effective(index), row[4], row[5])) for index, row in enumerate(rows)]
             entry = session.complete_buffer(buffer, validate=validate, extra=extra)

@@ -274,6 +274,14 @@ class ReplayChecks:
             return
         future.add_done_callback(lambda _: call_soon(loop, self.on_verdict))
 
+    def on_loop(self) -> None:
+        """The app's event loop runs (its start-up): the verdicts of replays queued before it (a restart's, of
+        results a check held) apply as each ends, as if queued on it."""
+        if self.queue is not None:
+            loop = asyncio.get_running_loop()
+            for future in list(self.queue.pending.values()):
+                future.add_done_callback(lambda _: call_soon(loop, self.on_verdict))
+
     def _start_replay(self, slot: int) -> Future[Replay]:
         assignment = {a.slot: a for a in self.context.session.assignments()}[slot]
         return self._start(assignment, self.jobs.weights_message())

@@ -93,6 +93,11 @@ class RoundMode(Protocol):
         still in the buffer go."""
         ...
 
+    def restarted(self) -> None:
+        """This relay holds the session after a restart or a takeover: what the relay before had pending goes on
+        (a synchronous round's copies settle; async, the arrivals a check held wait for it again)."""
+        ...
+
     def follow(self, between: dict[int, np.ndarray]) -> None:
         """A replica took on a newer checkpoint (``server.relay.sharing``): keep its weights, and ``between``'s, the
         versions merged since the last one that results may have started from."""

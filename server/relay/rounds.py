@@ -309,6 +309,9 @@ class SyncRounds:
         """A dispute's replay settles the copies (``UnitCopies.settle_disputes``)."""
         self.copies.settle_disputes([verdict for verdict in verdicts if verdict.reason == DISPUTE])
 
+    def restarted(self) -> None:
+        self.copies.settle_after_restart()  # (what a restarted relay settles of the open round before it serves)
+
     def banned(self, peer_id: str) -> None:
         """Nothing more: ``Bans`` drops the peer's results of the open round and asks for the undo of merged ones."""
 

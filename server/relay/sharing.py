@@ -148,8 +148,8 @@ class SharedServing(Part):
             self.store.count("arrivals_returned_to_buffer_on_takeover", returned)
         self.store.count("takeovers")
         self.mode().follow({})  # (its merge's sum opens on the weights of now)
-        if not self.context.async_mode and not self.session.done:
-            self.copies.settle_after_restart()  # (what a restarted relay settles of the open round before it serves)
+        if not self.session.done:
+            self.mode().restarted()  # (what a restarted relay settles before it serves)
         print(f"this relay holds the session now (after round {self.session.round}): it merges from here on",
               flush=True)
         self.on_held()

@@ -125,8 +125,8 @@ class Relay:
         self.undo.retain()
         if not self.replica:  # (an undo a restart interrupted, or asked for just before it, ends before hand-out)
             self.merges.undo_inline()
-        if not self.session.done and not self.async_mode and not self.replica:  # (a replica decides no round)
-            self.copies.settle_after_restart()
+        if not self.session.done and not self.replica:  # (a replica decides none of it)
+            self.mode.restarted()
         self.disk.measure()
 
     def _forget_record(self, peer_id: str) -> None:

@@ -24,8 +24,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
+from server.relay.store.arrival_concepts import ArrivalStore
 from server.relay.store.concepts import (
-    ArrivalStore,
     BanStore,
     CopyStore,
     CounterStore,

@@ -214,3 +214,76 @@ def test_two_newcomers_that_agree_do_not_outvote_a_confirmed_peer(package: Packa
         assert not relay.store.ban_reason(a.peer_id) and not relay.store.ban_reason(b.peer_id)
         finish(client, [a, b])
     assert_the_arrivals_replay_to_the_weights(relay, package)
+
+
+def restarted(relay: Any, package: Package, tmp_path: Path) -> Any:
+    """The relay of ``relay``'s session started again (as ``serve`` does after a kill), on its SQLite file."""
+    from server.relay.state import Relay
+    from server.relay.store import open_store
+
+    return Relay(session=Session.restore(tmp_path / "s", package), package=package,
+                 store=open_store(tmp_path / "s" / "relay.sqlite3"), options=relay.options)
+
+
+def test_a_result_held_for_its_copy_is_held_again_after_a_restart(package: Package, tmp_path: Path) -> None:
+    """A liar's first result waits for its copy when the relay stops. Restarted, the relay holds it again (the
+    store keeps what it waits for) instead of merging it unchecked: its copy goes out, disagrees, a third peer
+    settles it, and the liar is banned with nothing of it merged."""
+    relay = make_relay(package, tmp_path / "s", k=2, passes=1, config=ASYNC, **COPIES)
+    with serving(relay) as client:
+        liar, a = HttpPeer(client), HttpPeer(client)
+        job = liar.assignment()
+        entry, version = job["slot"], job["round"]
+        assert liar.upload(version, entry, flipped(liar, job, relay)).status_code == 200
+        assert list(relay.mode.copies.waiting) == [entry]  # type: ignore[attr-defined]
+    again = restarted(relay, package, tmp_path)
+    with serving(again) as client:
+        copies = again.mode.copies  # type: ignore[attr-defined]
+        assert list(copies.waiting) == [entry] and again.store.counters()["held_arrivals_held_again_on_start"] == 1
+        for peer in (liar, a):
+            peer.client = client
+        c = HttpPeer(client)
+        copy = a.assignment()
+        assert (copy["slot"], copy["round"]) == (entry, version)  # (its copy goes out again)
+        assert a.train_and_upload(copy).status_code == 200
+        third = c.assignment()
+        assert (third["slot"], third["round"]) == (entry, version)
+        assert c.train_and_upload(third).status_code == 200
+        wait_until(client, lambda s: s["counters"].get("peers_banned", 0) == 1)
+        assert "a quorum of copies" in (again.store.ban_reason(liar.peer_id) or "")
+        finish(client, [a, c])
+        assert liar.peer_id not in {peer for _, peer in audit(client)}
+    assert_the_arrivals_replay_to_the_weights(again, package)
+
+
+def test_a_held_result_whose_version_is_gone_after_a_restart_goes_out_again(package: Package, tmp_path: Path) -> None:
+    """A held result started from a version the restarted relay no longer keeps (it keeps the checkpoint's) cannot
+    be copied or replayed: it leaves the buffer and its entry goes out again, never merged unchecked."""
+    relay = make_relay(package, tmp_path / "s", k=2, passes=2, config=ASYNC, **COPIES)
+    with serving(relay) as client:
+        a, b = HttpPeer(client), HttpPeer(client)
+        first = a.assignment()
+        assert a.train_and_upload(first).status_code == 200
+        assert b.train_and_upload(b.assignment()).status_code == 200  # (the copy: a and b confirm each other)
+        liar = HttpPeer(client)
+        job = liar.assignment()  # (from version 0)
+        for peer in (a, b):  # two confirmed results that are not copied: a merge moves the session on
+            for _ in range(3):
+                if relay.session.round >= 1:
+                    break
+                turn_job = peer.work(hold=5)
+                if "slot" in turn_job:
+                    assert peer.train_and_upload(turn_job).status_code == 200
+        wait_until(client, lambda s: s["round"] >= 1 and not s["merging"])
+        assert job["round"] == 0 < relay.session.round
+        assert liar.upload(0, job["slot"], flipped(liar, job, relay)).status_code == 200  # (held: a newcomer's)
+        assert job["slot"] in relay.mode.copies.waiting  # type: ignore[attr-defined]
+    again = restarted(relay, package, tmp_path)
+    with serving(again) as client:
+        assert again.store.counters()["held_arrivals_out_again_on_start"] == 1
+        assert not again.store.arrived(job["slot"]) and not again.mode.copies.waiting  # type: ignore[attr-defined]
+        for peer in (a, b):
+            peer.client = client
+        finish(client, [a, b])
+        assert liar.peer_id not in {peer for _, peer in audit(client)}
+    assert_the_arrivals_replay_to_the_weights(again, package)

@@ -153,3 +153,48 @@ def test_async_mode_keeps_host_replays_and_says_what_a_ban_undoes(package: Packa
     assert any("host replays judge results against the version each started from" in n for n in resolution.notes)
     assert "a ban undoes nothing merged" in (relay.undo.rules.refusal() or "")
     assert relay.store.leases(ASYNC_ROUND) == {}
+
+
+def test_a_result_held_for_its_replay_when_the_relay_stops_is_replayed_after_the_restart(package: Package,
+                                                                                        tmp_path: Path) -> None:
+    """A liar's first result waits for its replay (held up by the test) when the relay stops. The restarted relay
+    replays it again (the store keeps what it waits for) instead of merging it unchecked: the liar is banned and
+    nothing of it is merged."""
+    from server.relay.state import Relay
+    from server.relay.store import open_store
+
+    relay = make_relay(package, tmp_path / "s", k=2, passes=1, config=ASYNC, ban_addresses=False)
+    assert relay.verification.queue is not None
+    replays = relay.verification.queue.verifier.replays
+    train, gate = replays._train, threading.Event()  # type: ignore[attr-defined]
+
+    def slow(*args: Any) -> Any:
+        assert gate.wait(30), "the test never let the replays go"
+        return train(*args)
+
+    replays._train = slow  # type: ignore[attr-defined]
+    try:
+        with serving(relay) as client:
+            liar, a = HttpPeer(client), HttpPeer(client)
+            job = liar.assignment()
+            assert liar.upload(0, job["slot"], flipped(liar, job, relay)).status_code == 200
+            assert list(relay.mode.checks.held) == [(job["slot"], liar.peer_id)]  # type: ignore[attr-defined]
+    finally:
+        gate.set()  # (its verdict reaches no relay: that one has stopped)
+    again = Relay(session=Session.restore(tmp_path / "s", package), package=package,
+                  store=open_store(tmp_path / "s" / "relay.sqlite3"), options=relay.options)
+    with serving(again) as client:
+        assert again.store.counters()["held_arrivals_held_again_on_start"] == 1
+        status = wait_until(client, lambda s: s["counters"].get("peers_banned", 0) == 1)
+        assert "differs from the host's replay" in (again.store.ban_reason(liar.peer_id) or "")
+        assert status["counters"]["results_dropped_by_ban"] == 1 and not again.store.arrived(job["slot"])
+        a.client = client
+        for _ in range(40):
+            if session_status(client)["done"]:
+                break
+            turn = a.work(hold=5)
+            if "slot" in turn:
+                assert a.train_and_upload(turn).status_code == 200
+        assert session_status(client)["done"]
+    with sqlite3.connect(again.store.location) as db:
+        assert liar.peer_id not in {row[0] for row in db.execute("SELECT peer_id FROM arrivals")}

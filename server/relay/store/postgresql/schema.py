@@ -43,7 +43,8 @@ CREATE TABLE IF NOT EXISTS arrivals (
 );
 ALTER TABLE arrivals ADD COLUMN IF NOT EXISTS size BIGINT NOT NULL DEFAULT 0;
 CREATE TABLE IF NOT EXISTS arrival_checks (
-    entry BIGINT NOT NULL, peer_id TEXT NOT NULL, outcome TEXT NOT NULL, PRIMARY KEY (entry, peer_id)
+    entry BIGINT NOT NULL, peer_id TEXT NOT NULL, outcome TEXT NOT NULL DEFAULT '', waiting TEXT NOT NULL DEFAULT '',
+    PRIMARY KEY (entry, peer_id)
 );
 CREATE INDEX IF NOT EXISTS arrivals_waiting ON arrivals (merge, seq);
 CREATE INDEX IF NOT EXISTS results_peer ON results (peer_id, round);

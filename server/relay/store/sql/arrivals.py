@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
@@ -157,8 +157,19 @@ class SQLArrivals(TablePart):
     def check_arrival(self, entry: int, peer_id: str, outcome: str) -> None:
         self.connection.change(
             "INSERT INTO arrival_checks (entry, peer_id, outcome) VALUES (?, ?, ?) ON CONFLICT (entry, peer_id) DO "
-            "UPDATE SET outcome = substr(arrival_checks.outcome || '; ' || excluded.outcome, 1, 500)",
-            (entry, peer_id, outcome))
+            "UPDATE SET outcome = CASE WHEN arrival_checks.outcome = '' THEN excluded.outcome ELSE "
+            "substr(arrival_checks.outcome || '; ' || excluded.outcome, 1, 500) END", (entry, peer_id, outcome))
+
+    def hold_arrival(self, entry: int, peer_id: str, waiting: Collection[str]) -> None:
+        self.connection.change(
+            "INSERT INTO arrival_checks (entry, peer_id, waiting) VALUES (?, ?, ?) ON CONFLICT (entry, peer_id) DO "
+            "UPDATE SET waiting = excluded.waiting", (entry, peer_id, ",".join(sorted(waiting))))
+
+    def held_arrivals(self) -> list[tuple[int, int, str, int, frozenset[str]]]:
+        rows = self.connection.run(
+            "SELECT a.seq, a.entry, a.peer_id, a.version, c.waiting FROM arrivals a JOIN arrival_checks c ON "
+            "c.entry = a.entry AND c.peer_id = a.peer_id WHERE a.merge IS NULL AND c.waiting != '' ORDER BY a.seq")
+        return [(int(r[0]), int(r[1]), str(r[2]), int(r[3]), frozenset(str(r[4]).split(","))) for r in rows]
 
     def audit_arrivals(self) -> list[dict[str, Any]]:
         """The merged arrivals' audit rows (``SQLResults.audit``'s, the merge as their round, and the version each
@@ -229,3 +240,9 @@ class ArrivalCalls:
 
     def prune_arrivals_before(self, merge: int) -> int:
         return self._arrivals.prune_arrivals_before(merge)
+
+    def hold_arrival(self, entry: int, peer_id: str, waiting: Collection[str]) -> None:
+        self._arrivals.hold_arrival(entry, peer_id, waiting)
+
+    def held_arrivals(self) -> list[tuple[int, int, str, int, frozenset[str]]]:
+        return self._arrivals.held_arrivals()

@@ -37,9 +37,11 @@ CREATE TABLE IF NOT EXISTS arrivals (
     message BLOB NOT NULL, update_vector BLOB NOT NULL, received REAL NOT NULL, merge INTEGER,
     sha256 TEXT NOT NULL DEFAULT '', size INTEGER NOT NULL DEFAULT 0
 );
--- How each arrival was checked, beside the arrivals (an update of an arrival's row would write its message again).
+-- How each arrival was checked and what a held one waits for, beside the arrivals (an update of an arrival's row
+-- would write its message again).
 CREATE TABLE IF NOT EXISTS arrival_checks (
-    entry INTEGER NOT NULL, peer_id TEXT NOT NULL, outcome TEXT NOT NULL, PRIMARY KEY (entry, peer_id)
+    entry INTEGER NOT NULL, peer_id TEXT NOT NULL, outcome TEXT NOT NULL DEFAULT '', waiting TEXT NOT NULL DEFAULT '',
+    PRIMARY KEY (entry, peer_id)
 );
 -- Columns a poll reads that the table keeps after a result's message: SQLite reads a row's columns in order, through
 -- a message's overflow pages (hundreds of kilobytes each), so these indexes answer those polls without the rows.
