@@ -163,3 +163,24 @@ def test_merged_arrivals_have_audit_rows_with_how_each_was_checked(store: Store,
     assert [row["size"] for row in rows] == [9, 9, 9] and [row["message_kept"] for row in rows] == [False, False, True]
     assert rows[0]["sha256"] == hashlib.sha256(b"message 3").hexdigest() and rows[0]["metrics"] == {"loss": 3}
     assert rows[0]["unit_index"] == 13 and rows[0]["num_examples"] == 256
+
+
+def test_what_a_held_arrival_waits_for_outlives_the_store(store: Store, second_look: Callable[[], Store]) -> None:
+    """Held arrivals not merged yet, with what each waits for, in arrival order; an arrival that waits for nothing
+    more, a merged one and one taken out of the buffer are not; the audit row of a held one says "not checked"."""
+    peer, other = store.add_peer()[0], store.add_peer()[0]
+    seqs = [arrive(store, entry, who, version=7) for entry, who in ((5, peer), (2, other), (9, peer), (4, other))]
+    store.hold_arrival(5, peer, {"replay", "copy"})
+    store.hold_arrival(2, other, {"copy"})
+    store.hold_arrival(9, peer, {"copy"})
+    store.hold_arrival(4, other, {"replay"})
+    store.hold_arrival(9, peer, ())  # (its copy agreed)
+    store.hold_arrival(2, peer, {"copy"})  # (not entry 2's arrival: that is other's)
+    store.mark_merged([seqs[3]], 0)
+    assert store.unmerged_arrival(2, take=True) is not None
+    store.set_verification(ASYNC_ROUND, 5, peer, "replay passed (first, identical bits)")
+    for relay in (store, second_look()):
+        assert relay.held_arrivals() == [(seqs[0], 5, peer, 7, frozenset({"copy", "replay"}))]
+    store.mark_merged([seqs[0]], 1)
+    assert store.held_arrivals() == []
+    assert [row["verification"] for row in store.audit()] == ["not checked", "replay passed (first, identical bits)"]
