@@ -118,18 +118,22 @@ class ArrivalCopies(Part):
                 self.store.count("held_arrivals_out_again_on_start")
                 self.go_out_again([entry])
                 continue
+            if REPLAY in waiting and self.replays.queue is None:  # (the host's replays were turned off since)
+                waiting = waiting - {REPLAY}
+                self.store.hold_arrival(entry, peer_id, waiting)
             if COPY in waiting:
                 self.choice.note_result(ASYNC_ROUND, entry, peer_id)
                 self.waiting[entry] = Waiting(peer_id, version, seq)
                 self.checks.hold((entry, peer_id), seq, COPY)
-            if REPLAY in waiting and self.replays.queue is not None:
+            if REPLAY in waiting:
                 base = self.versions[version]
                 header, vector = decode_result(found[1], session=self.session, round_index=version, base=base)
                 self.checks.hold((entry, peer_id), seq, REPLAY)
                 self.replays.replay_arrival(entry_assignment(self.session.plan.schedule, self.session.plan.seed,
                                                              entry, version), base, {peer_id: vector}, RESTARTED,
                                             ("arrival", entry, peer_id), {peer_id: engines_of(header.meta)[0]})
-            self.store.count("held_arrivals_held_again_on_start")
+            if waiting:
+                self.store.count("held_arrivals_held_again_on_start")
 
     def banned(self, peer_id: str) -> None:
         """A banned peer's arrivals left the buffer (``ArrivalChecks.banned``): none of them waits for a copy."""
