@@ -29,6 +29,20 @@ def package_settings() -> dict[str, Any]:
     return {"examples": 1536, "chunks": 6}
 
 
+def held_replays(relay: Any) -> threading.Event:
+    """The host's replays of ``relay`` wait until the test sets the event it returns (they take long)."""
+    assert relay.verification.queue is not None
+    replays = relay.verification.queue.verifier.replays
+    train, gate = replays._train, threading.Event()
+
+    def slow(*args: Any) -> Any:
+        assert gate.wait(30), "the test never let the replays go"
+        return train(*args)
+
+    replays._train = slow
+    return gate
+
+
 def test_a_liar_is_banned_by_its_first_results_replay_and_nothing_of_it_is_merged(package: Package,
                                                                                   tmp_path: Path) -> None:
     relay = make_relay(package, tmp_path / "s", k=2, passes=1, config=ASYNC, ban_addresses=False)
@@ -69,15 +83,7 @@ def test_a_merge_waits_for_the_replay_of_one_of_its_oldest_results(package: Pack
     """The host's replays take long (the test holds each until it lets them go): K results wait and no merge starts
     while one of them waits for its replay; once the verdicts are in, the merge takes the oldest K."""
     relay = make_relay(package, tmp_path / "s", k=2, passes=1, config=ASYNC, ban_addresses=False)
-    assert relay.verification.queue is not None
-    replays = relay.verification.queue.verifier.replays
-    train, gate = replays._train, threading.Event()  # type: ignore[attr-defined]
-
-    def slow(*args: Any) -> Any:
-        assert gate.wait(30), "the test never let the replays go"
-        return train(*args)
-
-    replays._train = slow  # type: ignore[attr-defined]
+    gate = held_replays(relay)
     with serving(relay) as client:
         a, b, c = HttpPeer(client), HttpPeer(client), HttpPeer(client)
         jobs = {peer.peer_id: peer.assignment() for peer in (a, b, c)}
@@ -164,15 +170,7 @@ def test_a_result_held_for_its_replay_when_the_relay_stops_is_replayed_after_the
     from server.relay.store import open_store
 
     relay = make_relay(package, tmp_path / "s", k=2, passes=1, config=ASYNC, ban_addresses=False)
-    assert relay.verification.queue is not None
-    replays = relay.verification.queue.verifier.replays
-    train, gate = replays._train, threading.Event()  # type: ignore[attr-defined]
-
-    def slow(*args: Any) -> Any:
-        assert gate.wait(30), "the test never let the replays go"
-        return train(*args)
-
-    replays._train = slow  # type: ignore[attr-defined]
+    gate = held_replays(relay)
     try:
         with serving(relay) as client:
             liar, a = HttpPeer(client), HttpPeer(client)
