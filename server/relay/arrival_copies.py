@@ -46,7 +46,7 @@ from server.relay.copies import QUORUM_LIMIT
 from server.relay.copy_choice import CopyChoice
 from server.relay.refusal import Refusal
 from server.relay.replay_checks import ReplayChecks, passed
-from server.relay.store import StoredResult
+from server.relay.store import Lease, StoredResult
 from server.relay.store.records import ASYNC_ROUND
 from server.relay.verify import DISPUTE, Verdict
 from server.session.buffered import entry_assignment
@@ -152,11 +152,10 @@ class ArrivalCopies(Part):
         if not self.waiting:
             return None
         now, leases = self.store.clock(), self.store.leases(ASYNC_ROUND, 1)  # (read once an ask: many may wait)
-        for entry, held in leases.items():  # (the copy it holds, asked again: never a second one beside it)
-            waiting = self.waiting.get(entry)
-            if held.peer_id == peer_id and held.deadline >= now and waiting is not None and not waiting.judged \
-                    and held.version == waiting.version:
-                return self.job(entry, waiting.version, held.deadline)
+        held = self._held_by(peer_id, now, leases, lambda entry: None if (waiting := self.waiting.get(entry)) is None
+                             or waiting.judged else waiting.version)
+        if held is not None:
+            return held
         for entry, waiting in self.waiting.items():
             lease = leases.get(entry)
             if waiting.judged or lease is not None and lease.deadline >= now:
@@ -174,10 +173,10 @@ class ArrivalCopies(Part):
     def _disputed(self, peer_id: str) -> Job | None:
         now, expired = self.store.clock(), []
         leases = {entry: self.store.kept_lease(ASYNC_ROUND, entry) for entry in self.disputes}
-        for entry, lease in leases.items():  # (the one it holds, asked again: never a second one beside it)
-            if lease is not None and lease.peer_id == peer_id and lease.deadline >= now and \
-                    lease.version == self.disputes[entry].version and not self.store.arrived(entry):
-                return self.job(entry, lease.version, lease.deadline)
+        held = self._held_by(peer_id, now, leases, lambda entry: None if self.store.arrived(entry) else
+                             self.disputes[entry].version)
+        if held is not None:
+            return held
         try:
             for entry, dispute in self.disputes.items():
                 if dispute.version not in self.versions:
@@ -197,6 +196,16 @@ class ArrivalCopies(Part):
         finally:
             for entry in expired:
                 self.version_for(entry, -1)  # (its version is gone: it ends unsettled)
+
+    def _held_by(self, peer_id: str, now: float, leases: Mapping[int, Lease | None],
+                 version_of: Callable[[int], int | None]) -> Job | None:
+        """The copy ``peer_id`` holds among ``leases`` (by entry) and asks for again, its job again (never a second
+        one beside it): a live lease from the version the entry goes out from (``version_of``: None, not any more)."""
+        for entry, lease in leases.items():
+            if lease is not None and lease.peer_id == peer_id and lease.deadline >= now and \
+                    lease.version == version_of(entry):
+                return self.job(entry, lease.version, lease.deadline)
+        return None
 
     def in_dispute(self) -> frozenset[int]:
         """The entries in dispute as the store has them (copies kept "unresolved"): a replica's view, which must not
