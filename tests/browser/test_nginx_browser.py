@@ -6,8 +6,9 @@ plain HTTP behind it with ``--forwarded-allow-ips 127.0.0.1``.
   the proxy at once (the event stream is not buffered); weights by digest come from nginx's cache the second time.
 - A client that writes ``X-Forwarded-For: 203.0.113.7`` itself is counted, limited and banned under the address
   nginx saw (a client bound to 127.0.0.2), never under the one it wrote.
-- 40 honest native peers and 2 attackers behind one address (a classroom's NAT) through nginx: the attackers are
-  banned, the honest peers all join (the join rate holds the last ones back a few seconds) and train to the end.
+- 2 attackers, then 40 honest native peers at once, behind one address (a classroom's NAT) through nginx: the
+  attackers are banned, the honest peers all join (the join rate holds the last ones back a few seconds) and train
+  to the end.
 """
 
 from __future__ import annotations
@@ -162,7 +163,7 @@ def test_forty_volunteers_and_two_attackers_behind_one_address(tmp_path: Path) -
         return wire.encode((-4 * vector).astype("float32"), header)
 
     settings = {**ARITH_SETTINGS, "num_examples": 2100, "chunks": 42}
-    options = RelayOptions(admin_token=ADMIN_TOKEN, min_peers=42, lease_seconds=600)
+    options = RelayOptions(admin_token=ADMIN_TOKEN, lease_seconds=600)
     relay = relay_behind_proxy(tmp_path, options=options, settings=settings, k=21)
     try:
         with nginx_in_front(relay.host_port[1], tmp_path / "nginx") as (url, issued):
@@ -171,7 +172,18 @@ def test_forty_volunteers_and_two_attackers_behind_one_address(tmp_path: Path) -
             attackers = [NativePeer(url, verify=trusted, timeout_s=1500, hooks=PeerHooks(upload=flipped))
                          for _ in range(2)]
             started = time.monotonic()
-            for peer in [*honest, *attackers]:
+            # The attackers come first and each sends a result before the class arrives: alone in the session, their
+            # units have no backup to lose a race to, so the relay reads both (when all 42 started together, a
+            # fresh-clone run of 590d470 saw both attackers' only uploads refused as a stale round: backups had
+            # finished their units, nothing was judged). Then the 40 ask to join at once behind the same address.
+            for peer in attackers:
+                peer.start()
+            for _ in range(6000):  # (bounded: 600 s of 0.1 s polls, for an upload answered or a peer ended)
+                if all(peer.log.results or peer.ended for peer in attackers):
+                    break
+                time.sleep(0.1)
+            assert all(peer.log.results for peer in attackers), [(p.ended, p.error) for p in attackers]
+            for peer in honest:
                 peer.start()
             for peer in [*honest, *attackers]:
                 peer.join(1500)
@@ -183,17 +195,10 @@ def test_forty_volunteers_and_two_attackers_behind_one_address(tmp_path: Path) -
         relay.close()
     assert status["done"], status["waiting"]
     assert [peer.ended for peer in honest] == ["done"] * 40, [peer.error for peer in honest if peer.ended != "done"]
-    # Both attackers are banned (the listing below); one is told so unless the session ended before it asked again
-    # (1 run in 10 on a fresh clone: its last word was a 409 duplicate of a backup's slot, then the session was done).
+    # Both attackers are banned (the listing below); one is told so unless the session ended before it asked again.
     assert all(peer.ended in {"banned", "done"} for peer in attackers), [(p.ended, p.log.refusals) for p in attackers]
     banned = {p["peer_id"] for p in listing if p["banned"]}
-    # An attacker whose every upload was refused before the relay read it (a duplicate of a backup's slot, a stale
-    # round) moved nothing and gave nothing to judge: 42 peers share 42 units, and the fresh-clone suite of 4990c3c
-    # saw one attacker get none of its own. Every attacker the relay read a result of is banned, and nobody else.
-    unread = {"409 stale_round", "404 unknown_slot", "409 round_redone", "409 past_deadline", "409 duplicate",
-              "403 not_leased", "409 late"}  # (the lease's refusals, before the body is read: round_results.py)
-    judged = {peer.peer_id for peer in attackers if set(peer.log.results) - unread}
-    assert judged and banned == judged, ([(p.peer_id, p.log.results) for p in attackers], banned)
+    assert banned == {peer.peer_id for peer in attackers}, ([(p.peer_id, p.log.results) for p in attackers], banned)
     assert {p["address"] for p in listing} == {"127.0.0.1"} and len(listing) == 42  # one address, all admitted
     trained = sum(peer.log.trained for peer in honest)
     waits = sum(peer.log.join_waits for peer in [*honest, *attackers])
