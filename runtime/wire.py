@@ -383,6 +383,18 @@ def carried_update(data: bytes, codec: Codec) -> np.ndarray:
     return np.asarray(codec.decode(payload, _parse_weights_header(raw).spec.size), dtype=np.float32)
 
 
+def same_weights(data: bytes, other: bytes) -> bool:
+    """Whether two result messages stand for the same weights by their bytes alone, without decoding either: both
+    weights messages, or both updates in one codec against one base, of one spec, with the same payload bytes. False
+    says only that the bytes differ (two payloads may still decode alike: decode them to compare)."""
+    magic = bytes(memoryview(data)[:4])
+    if magic != bytes(memoryview(other)[:4]) or magic not in (UPDATE_MAGIC, WEIGHTS_MAGIC):
+        return False
+    raw, payload = _unframe(data, magic)
+    other_raw, other_payload = _unframe(other, magic)
+    return all(raw.get(key) == other_raw.get(key) for key in ("spec", "codec", "base")) and payload == other_payload
+
+
 def read_header(data: bytes) -> WireHeader:
     """The header of a result message of either kind (its checksum checked, its payload not decoded)."""
     raw, _ = _unframe(data, UPDATE_MAGIC if is_update(data) else WEIGHTS_MAGIC)

@@ -38,9 +38,10 @@ from typing import Any
 import numpy as np
 
 from runtime.protocol import Job
+from runtime.wire import read_header
 from server.relay.arrival_checks import COPY, REPLAY, ArrivalChecks
 from server.relay.book import RoundBook
-from server.relay.checks import Read, check_update_norm, compare_results, decode_result, engines_of
+from server.relay.checks import Read, check_update_norm, compare_results, decode_result, engines_of, identical_messages
 from server.relay.context import Part, RelayContext
 from server.relay.copies import QUORUM_LIMIT
 from server.relay.copy_choice import CopyChoice
@@ -284,10 +285,14 @@ class ArrivalCopies(Part):
         found = self.store.unmerged_arrival(entry)
         assert found is not None and found[0] == waiting.peer_id, f"unit entry {entry} has no held arrival"
         base = self.versions[version]
-        first_header, first = decode_result(found[1], session=self.session, round_index=version, base=base)
         engine, engine_class = engines_of(header.meta)
-        first_engine, first_class = engines_of(first_header.meta)
-        outcome = compare_results(self.session.task, self.options, (engine_class, vector), (first_class, first), base)
+        first_engine, first_class = engines_of(read_header(found[1]).meta)
+        if identical_messages(self.session.task, (engine_class, body), (first_class, found[1])):
+            outcome, first = "identical", vector
+        else:
+            first = decode_result(found[1], session=self.session, round_index=version, base=base)[1]
+            outcome = compare_results(self.session.task, self.options, (engine_class, vector), (first_class, first),
+                                      base)
         self.store.count(f"copies_{outcome}")
         self.store.release(ASYNC_ROUND, entry, peer_id)
         stored = StoredResult(version, entry, self.session.plan.schedule[entry][1], peer_id, count,

@@ -166,8 +166,15 @@ class SQLStore(KeptViews, VolunteerCalls, RefusalCalls, ForwardCalls, ArrivalCal
             return lease
 
     def release(self, round_index: int, slot: int, peer_id: str | None = None) -> None:
-        with self._changing_leases():
-            self._leases.release(round_index, slot, peer_id)
+        with self._cache_lock:  # (the round's kept leases lose the rows deleted rather than being read again: every
+            kept = {key: view for key, view in self._lease_cache.items() if key[0] == round_index}  # upload releases)
+            with self._changing_leases():
+                self._leases.release(round_index, slot, peer_id)
+            for key, view in kept.items():
+                lease = view.get(slot)
+                if lease is not None and (peer_id is None or lease.peer_id == peer_id):
+                    del view[slot]
+                self._lease_cache[key] = view
 
     def swap_copies(self, round_index: int, slot: int) -> None:
         with self._changing_leases():
