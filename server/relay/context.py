@@ -27,8 +27,9 @@ class Notices:
     version: int = 0
     holding: int = 0  # held work requests waiting now
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
-    _work: asyncio.Event = field(default_factory=asyncio.Event)
-    _turns: int | None = None  # held requests the last ``work_changed`` lets look for work (None: every one)
+    _work: asyncio.Event = field(default_factory=asyncio.Event)  # (set by every ``work_changed``: its generation)
+    _held: dict[int, asyncio.Future[None]] = field(default_factory=dict)  # the held requests, longest held first
+    _holds: int = 0  # held requests ever (their keys in ``_held``)
     _woken: int = 0  # held requests the last ``work_changed`` woke that have not answered nor held on again
     _settled: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -38,11 +39,18 @@ class Notices:
         self._changed = asyncio.Event()
 
     def work_changed(self, *, available: int | None = None) -> None:
-        """Wake the held requests. ``available``: how many units the change made (a round that opened with k): only
-        that many of the woken look for work, the rest hold on. A thousand held requests that all look for a
-        hundred units cost the relay a thousand searches a round, on its one event loop."""
-        self._turns = available
-        self._woken = self.holding  # (each of them wakes, and answers or holds on: ``woken_done``)
+        """Wake held requests: ``available`` of them, the longest held first (how many units the change made: a
+        round that opened with k, an arrival whose copy may go out), or every one (None). A wake costs the requests
+        it wakes, not every one held: at 10,000 peers each arrival waiting for its copy woke all of them (each to
+        find no turn and hold on again), 30 % of the relay's event loop."""
+        limit = len(self._held) if available is None else available
+        woken = 0
+        while self._held and woken < limit:
+            waiter = self._held.pop(next(iter(self._held)))
+            if not waiter.done():  # (one whose hold ended goes at its own pace)
+                waiter.set_result(None)
+                woken += 1
+        self._woken = woken  # (each of them answers, or holds on: ``woken_done``)
         self._settled = asyncio.Event()
         if not self._woken:
             self._settled.set()
@@ -69,15 +77,6 @@ class Notices:
             return False
         return True
 
-    def take_turn(self) -> bool:
-        """A held request woke: whether it looks for work now (the last ``work_changed``'s turns are not all taken)."""
-        if self._turns is None:
-            return True
-        if self._turns <= 0:
-            return False
-        self._turns -= 1
-        return True
-
     @property
     def work_generation(self) -> asyncio.Event:
         """The event the next ``work_changed`` sets: a driver without an event loop (the virtual-clock
@@ -93,15 +92,20 @@ class Notices:
         return True
 
     async def hold_for_work(self, seconds: float) -> bool:
-        """Return after ``work_changed`` (True) or ``seconds`` (False), whichever comes first."""
+        """Return when a ``work_changed`` wakes this request (True) or after ``seconds`` (False), whichever comes
+        first."""
+        key, self._holds = self._holds, self._holds + 1
+        waiter = self._held[key] = asyncio.get_running_loop().create_future()
         self.holding += 1
         try:
-            await asyncio.wait_for(self._work.wait(), timeout=max(seconds, 0.0))
+            await asyncio.wait_for(waiter, timeout=max(seconds, 0.0))
         except TimeoutError:
-            return False
+            return waiter.done() and not waiter.cancelled()  # (woken as its hold ended: it has its turn)
         finally:
             self.holding -= 1
+            self._held.pop(key, None)
         return True
+
 
 
 @dataclass

@@ -303,16 +303,8 @@ class Relay:
             remaining = deadline - time.monotonic()
             if not isinstance(job, Wait) or remaining <= 0:
                 return replace(job, wait=0.0) if hold and isinstance(job, Wait) else job
-            while True:  # (held until work may exist: a wake whose turns others took holds on)
-                backup_in = self.copies.backups.next_backup_in()
-                remaining = deadline - time.monotonic()
-                woke = await self.notices.hold_for_work(remaining if backup_in is None else min(remaining, backup_in))
-                if not woke:
-                    break
-                if self.notices.take_turn():
-                    woken = True
-                    break
-                self.notices.woken_done()
+            backup_in = self.copies.backups.next_backup_in()  # (held until work may exist, or a backup is due)
+            woken = await self.notices.hold_for_work(remaining if backup_in is None else min(remaining, backup_in))
 
     def holds_unit(self, peer_id: str, unit_index: int) -> bool:
         """Whether ``peer_id`` holds a live lease on ``unit_index`` (it may fetch the unit's data)."""

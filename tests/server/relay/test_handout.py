@@ -86,6 +86,67 @@ def test_the_relay_knows_when_the_requests_a_change_woke_have_their_answers(pack
 
 
 
+def test_a_change_wakes_as_many_held_requests_as_it_has_turns_the_longest_held_first(package: Package,
+                                                                                      tmp_path: Path) -> None:
+    """A change with one unit for a held request wakes one request, the one held longest, which looks for work and
+    holds on again; the others' holds are left as they are (at 10,000 peers each arrival waiting for its copy woke
+    every held request to find no turn and hold on again: 30 % of the relay's event loop). A change with no count
+    wakes every one."""
+    relay = make_relay(package, None, k=2, passes=2)
+    asked: list[str] = []
+    looks, holds = relay.next_work, relay.notices.hold_for_work
+    held_again: list[float] = []
+
+    def counted(peer_id: str) -> Any:
+        asked.append(peer_id)
+        return looks(peer_id)
+
+    async def hold_counted(seconds: float) -> bool:
+        held_again.append(seconds)
+        return await holds(seconds)
+
+    peers = [relay.join("127.0.0.1") for _ in range(10)]
+    first, held_ids = peers[2][0], [peer_id for peer_id, _ in peers[2:]]
+
+    async def scenario() -> tuple[list[str], int, list[str], list[str]]:
+        notices = relay.notices
+        for peer_id, token in peers[:2]:
+            assert not isinstance(await relay.work(peer_id, token), Wait)  # (both units out)
+        relay.next_work = counted  # type: ignore[method-assign]
+        relay.notices.hold_for_work = hold_counted  # type: ignore[method-assign]
+        held = []
+        for peer_id, token in peers[2:]:  # (held one after another: the first is the longest held)
+            held.append(asyncio.create_task(relay.work(peer_id, token, hold=60.0)))
+            parked = time.monotonic() + 30  # (bounded: each held request parks after one pass)
+            while notices.holding < len(held) and time.monotonic() < parked:
+                await asyncio.sleep(0.01)
+            assert notices.holding == len(held)
+        asked.clear()
+        held_again.clear()
+        notices.work_changed(available=1)
+        assert await notices.woken_answered(5.0)
+        one, one_held_again = list(asked), len(held_again)
+        asked.clear()
+        held_again.clear()
+        notices.work_changed(available=0)
+        assert await notices.woken_answered(5.0)  # (what a wake without turns woke has held on again by then)
+        none = [*asked, *map(str, held_again)]
+        notices.work_changed()
+        assert await notices.woken_answered(5.0)
+        every = list(asked)
+        for task in held:
+            task.cancel()
+        await asyncio.gather(*held, return_exceptions=True)
+        return one, one_held_again, none, every
+
+    try:
+        one, one_held_again, none, every = run_async(scenario)
+    finally:
+        relay.store.close()
+    assert one == [first] and one_held_again == 1, (one, one_held_again)  # (the others were never woken)
+    assert none == [] and sorted(every) == sorted(held_ids), (none, every)
+
+
 def test_a_unit_another_relay_leased_meanwhile_goes_to_nobody_else(package: Package, tmp_path: Path) -> None:
     """Another relay over the same store (here a second store on the relay's SQLite file) leases a unit this relay
     still thinks open: the database refuses this relay's grant, and its peer gets the next open unit, not that one.
