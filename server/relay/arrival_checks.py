@@ -51,6 +51,7 @@ class ArrivalChecks(Part):
                  merge_soon: Callable[[], None], dropped: Callable[[list[int]], None]) -> None:
         self.context, self.replays, self.merge_soon, self.dropped = context, replays, merge_soon, dropped
         self.held: dict[tuple[int, str], Held] = {}
+        self._keys: dict[int, tuple[int, str]] = {}  # (``held`` by arrival number: each ask checks the oldest K)
         self.lock = lock  # (the merge's thread reads ``held`` and takes the oldest arrivals under it)
 
     def hold(self, key: tuple[int, str], seq: int, reason: str) -> None:
@@ -58,6 +59,7 @@ class ArrivalChecks(Part):
         in the store too: a restart holds it again, ``ArrivalCopies.restore``)."""
         with self.lock:
             waiting = self.held.setdefault(key, Held(seq)).waiting
+            self._keys[self.held[key].seq] = key
             waiting.add(reason)
             now = set(waiting)
         self.store.hold_arrival(*key, now)
@@ -72,7 +74,7 @@ class ArrivalChecks(Part):
                     held.waiting.discard(reason)
                     changed.append((key, set(held.waiting)))
                     if not held.waiting:
-                        del self.held[key]
+                        self._unhold(key)
                         released = True
         for key, waiting in changed:
             self.store.hold_arrival(*key, waiting)
@@ -82,7 +84,7 @@ class ArrivalChecks(Part):
     def drop(self, key: tuple[int, str]) -> None:
         """The arrival left the buffer (its copy disagreed): nothing holds it any more, and it never joins."""
         with self.lock:
-            self.held.pop(key, None)
+            self._unhold(key)
         self.store.hold_arrival(*key, ())
 
     def arrived(self, stored: StoredResult, seq: int, assignment: Assignment, vector: np.ndarray,
@@ -104,11 +106,20 @@ class ArrivalChecks(Part):
     def blocks(self, oldest: Callable[[], list[int]]) -> set[int]:
         """The arrivals among those the next merge would take (``oldest``: their arrival numbers, read only where
         some arrival is held) that wait for a replay or a copy."""
-        return self.held_seqs() & set(oldest()) if self.held else set()
+        return {seq for seq in oldest() if seq in self._keys} if self.held else set()
 
     def held_seqs(self) -> set[int]:
         """The arrival numbers of the held arrivals."""
-        return {held.seq for held in self.held.values()}
+        return set(self._keys)
+
+    def keys_of(self, seqs: Iterable[int]) -> list[tuple[int, str]]:
+        """The entry and peer of each held arrival among ``seqs``, in their order."""
+        return [self._keys[seq] for seq in seqs if seq in self._keys]
+
+    def _unhold(self, key: tuple[int, str]) -> None:
+        held = self.held.pop(key, None)
+        if held is not None:
+            self._keys.pop(held.seq, None)
 
     def settle(self, verdicts: list[Verdict]) -> None:
         """The verdicts are in (``Relay.apply_verdicts`` has banned whoever failed, which dropped the peer's held
@@ -124,7 +135,7 @@ class ArrivalChecks(Part):
         with self.lock:  # (not while a merge takes the oldest arrivals and marks them)
             entries = self.store.remove_arrivals_of(peer_id)
             for entry in entries:
-                self.held.pop((entry, peer_id), None)
+                self._unhold((entry, peer_id))
         if entries:
             self.store.count("results_dropped_by_ban", len(entries))
             self.dropped(entries)

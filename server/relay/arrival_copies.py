@@ -224,11 +224,12 @@ class ArrivalCopies(Part):
         """Held arrivals the next merge would take (``blocking``: their arrival numbers) whose copy is not out and
         that no connected peer may train (or whose version is gone) merge unchecked; whether any did. Who is
         connected is read once a second at most (every poll of a crowd asks, and that is a read of every peer)."""
-        now, leases, waived = self.store.clock(), self.store.leases(ASYNC_ROUND, 1), False
-        for entry, waiting in list(self.waiting.items()):
-            if waiting.seq not in blocking or waiting.judged:
+        now, waived = self.store.clock(), False
+        for entry, peer_id in self.checks.keys_of(sorted(blocking)):  # (the K oldest at most, not every one held)
+            waiting = self.waiting.get(entry)
+            if waiting is None or waiting.peer_id != peer_id or waiting.seq not in blocking or waiting.judged:
                 continue
-            lease = leases.get(entry)
+            lease = self.store.kept_lease(ASYNC_ROUND, entry, 1)
             if lease is not None and lease.deadline >= now:
                 continue
             if waiting.version in self.versions:

@@ -52,9 +52,8 @@ class Participants(Part):
     def participants(self) -> list[dict[str, Any]]:
         store = self.context.store
         now = store.clock()
-        listing = sorted(store.peers_listing(), key=lambda p: p["last_seen"], reverse=True)
         rows = []
-        for peer in listing[:PARTICIPANTS_SHOWN]:
+        for peer in store.recent_peers(PARTICIPANTS_SHOWN):  # (10,000 peers read and sorted for 100: each status)
             stats = self._stats.get(peer["peer_id"], PersonStats())
             seconds = list(stats.seconds)
             rows.append({"peer": peer["peer_id"][:8], "identity": store.identity(peer["peer_id"]),

@@ -54,6 +54,10 @@ class PeerStore(Protocol):
         """Every peer in joining order (``GET /api/admin/peers``): peer_id, address, agent, joined, last_seen,
         units_done, banned, ban_reason, banned_at (the last two None unless banned)."""
 
+    def recent_peers(self, limit: int) -> list[dict[str, Any]]:
+        """The ``limit`` peers seen most recently, the latest first (among those seen at once, in joining order),
+        listed as ``peers_listing`` lists them: what the status shows, read without every peer of a crowd."""
+
 
 class LeaseStore(Protocol):
     def leases(self, round_index: int, copy: int = 0) -> dict[int, Lease]:

@@ -22,6 +22,7 @@ class KeptArrivals:
     arrived: set[int] | None = None
     view: frozenset[int] | None = None  # (``arrived`` as handed out; made again after an arrival)
     waiting: int | None = None
+    oldest: tuple[int, list[int]] | None = None  # (a limit, the arrival numbers of that many oldest waiting)
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,7 @@ class SQLArrivals(TablePart):
 
     def forget(self) -> None:
         with self.kept.lock:
-            self.kept.arrived, self.kept.view, self.kept.waiting = None, None, None
+            self.kept.arrived, self.kept.view, self.kept.waiting, self.kept.oldest = None, None, None, None
 
     def add_arrival(self, *, entry: int, unit_index: int, peer_id: str, version: int, num_examples: int,
                     metrics: dict[str, Any], message: bytes, update: bytes, sha256: str | None = None) -> int:
@@ -61,6 +62,8 @@ class SQLArrivals(TablePart):
                 raise AlreadyArrived(f"unit entry {entry} already has a result")
             if kept.waiting is not None:
                 kept.waiting += 1
+            if kept.oldest is not None and len(kept.oldest[1]) < kept.oldest[0]:
+                kept.oldest = None  # (the newest arrival is among the oldest only while fewer wait)
             return int(row[0])
 
     def arrived_entries(self) -> frozenset[int]:
@@ -102,8 +105,12 @@ class SQLArrivals(TablePart):
             return kept.waiting
 
     def buffered_seqs(self, limit: int) -> list[int]:
-        return [int(r[0]) for r in self.connection.run("SELECT seq FROM arrivals WHERE merge IS NULL ORDER BY seq "
-                                                        "LIMIT ?", (limit,))]
+        kept = self.kept  # (every request for work asks, while the oldest wait for their checks)
+        with kept.lock:
+            if kept.oldest is None or kept.oldest[0] != limit:
+                kept.oldest = limit, [int(r[0]) for r in self.connection.run(
+                    "SELECT seq FROM arrivals WHERE merge IS NULL ORDER BY seq LIMIT ?", (limit,))]
+            return list(kept.oldest[1])
 
     def remove_arrivals_of(self, peer_id: str) -> list[int]:
         kept = self.kept
@@ -115,7 +122,7 @@ class SQLArrivals(TablePart):
             if kept.arrived is not None:
                 kept.arrived.difference_update(entries)
                 kept.view = None
-            kept.waiting = None
+            kept.waiting, kept.oldest = None, None
             return entries
 
     def unmerged_arrival(self, entry: int, *, take: bool = False) -> tuple[str, bytes] | None:
@@ -129,17 +136,17 @@ class SQLArrivals(TablePart):
             if kept.arrived is not None:
                 kept.arrived.discard(entry)
                 kept.view = None
-            kept.waiting = None
+            kept.waiting, kept.oldest = None, None
             return str(row[0]), bytes(row[1])
 
     def mark_merged(self, seqs: list[int], merge: int) -> None:
         with self.kept.lock, self.connection.transaction() as db:
-            self.kept.waiting = None
+            self.kept.waiting, self.kept.oldest = None, None
             db.executemany("UPDATE arrivals SET merge = ? WHERE seq = ?", [(merge, seq) for seq in seqs])
 
     def unmerge_from(self, merge: int) -> int:
         with self.kept.lock:
-            self.kept.waiting = None
+            self.kept.waiting, self.kept.oldest = None, None
             return self.connection.change("UPDATE arrivals SET merge = NULL WHERE merge >= ?", (merge,))
 
     def arrivals(self) -> list[MergedArrival]:
@@ -220,6 +227,7 @@ class ArrivalCalls:
         return self._arrivals.buffered_count()
 
     def buffered_seqs(self, limit: int) -> list[int]:
+        self._expire()
         return self._arrivals.buffered_seqs(limit)
 
     def remove_arrivals_of(self, peer_id: str) -> list[int]:

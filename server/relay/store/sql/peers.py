@@ -61,8 +61,14 @@ class SQLPeers(TablePart):
         return str(rows[0][0]) if rows else ""
 
     def peers_listing(self) -> list[dict[str, Any]]:
+        return self._listing("ORDER BY p.joined", ())
+
+    def recent_peers(self, limit: int) -> list[dict[str, Any]]:
+        return self._listing("ORDER BY p.last_seen DESC, p.joined, p.id LIMIT ?", (max(0, int(limit)),))
+
+    def _listing(self, order: str, parameters: tuple[Any, ...]) -> list[dict[str, Any]]:
         rows = self.connection.run("SELECT p.id, p.address, p.agent, p.joined, p.last_seen, p.units_done, b.reason, "
-                                   "b.time FROM peers p LEFT JOIN bans b ON b.peer_id = p.id ORDER BY p.joined")
+                                   f"b.time FROM peers p LEFT JOIN bans b ON b.peer_id = p.id {order}", parameters)
         return [{"peer_id": r[0], "address": r[1], "agent": r[2], "joined": r[3], "last_seen": r[4],
                  "units_done": r[5], "banned": r[6] is not None, "ban_reason": r[6], "banned_at": r[7]}
                 for r in rows]

@@ -140,6 +140,9 @@ class SQLStore(KeptViews, VolunteerCalls, RefusalCalls, ForwardCalls, ArrivalCal
     def peers_listing(self) -> list[dict[str, Any]]:
         return self._peers.peers_listing()
 
+    def recent_peers(self, limit: int) -> list[dict[str, Any]]:
+        return self._peers.recent_peers(limit)
+
     # -- leases -------------------------------------------------------------------------------------
     # Kept as read (``views``): a grant updates them, any other change to the table forgets them.
     def leases(self, round_index: int, copy: int = 0) -> dict[int, Lease]:

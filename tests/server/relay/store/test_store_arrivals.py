@@ -74,23 +74,31 @@ def test_pruning_empties_arrivals_merged_before_a_merge(store: Store) -> None:
 
 def test_what_the_store_keeps_of_the_buffer_is_what_its_database_says(store: Store,
                                                                       second_look: Callable[[], Store]) -> None:
-    """The entries and the waiting count are kept between reads (the stream asks on every request for work); each
-    change leaves them as a fresh read of the database gives them, a refused arrival included."""
+    """The entries, the waiting count and the oldest waiting are kept between reads (the stream asks on every
+    request for work); each change leaves them as a fresh read of the database gives them, a refused arrival
+    included."""
     peer_id, _ = store.add_peer()
+    other, _ = store.add_peer()
     assert store.arrived_entries() == set() and store.buffered_count() == 0  # (read now, and kept)
+    assert store.buffered_seqs(2) == []
     seqs = [arrive(store, entry, peer_id) for entry in (5, 1, 9)]
     with pytest.raises(Exception):  # noqa: B017 (each database raises its own integrity error)
         arrive(store, 5, peer_id)
-    for change, waiting in ((lambda: None, 3), (lambda: store.mark_merged(seqs[:2], 0), 1),
-                            (lambda: store.unmerge_from(0), 3)):
+    for change, waiting, entries in (
+            (lambda: None, 3, {1, 5, 9}), (lambda: store.mark_merged(seqs[:2], 0), 1, {1, 5, 9}),
+            (lambda: arrive(store, 3, other), 2, {1, 3, 5, 9}), (lambda: arrive(store, 4, other), 3, {1, 3, 4, 5, 9}),
+            (lambda: store.unmerge_from(0), 5, {1, 3, 4, 5, 9}),
+            (lambda: store.unmerged_arrival(1, take=True), 4, {3, 4, 5, 9}),
+            (lambda: store.remove_arrivals_of(other), 2, {5, 9})):
         change()
         fresh = second_look()
-        assert store.arrived_entries() == fresh.arrived_entries() == {1, 5, 9}
+        assert store.arrived_entries() == fresh.arrived_entries() == entries
         assert store.buffered_count() == fresh.buffered_count() == waiting
+        assert [store.buffered_seqs(k) for k in (2, 2, 10)] == [fresh.buffered_seqs(k) for k in (2, 2, 10)]
     store.close()
     arrive(second_look(), 2, peer_id)  # (another process's arrival while this store was closed)
     store.open()
-    assert store.arrived_entries() == {1, 2, 5, 9} and store.buffered_count() == 4
+    assert store.arrived_entries() == {2, 5, 9} and store.buffered_count() == 3 and len(store.buffered_seqs(5)) == 3
 
 
 def test_a_banned_peers_arrivals_not_merged_leave_the_buffer_with_its_leases(store: Store,

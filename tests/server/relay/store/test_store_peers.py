@@ -76,6 +76,23 @@ def test_the_listing_is_in_joining_order_with_bans(store: Store, clock: Clock) -
                                                                                          1002.0)
 
 
+def test_the_recent_peers_are_the_listings_most_recently_seen_in_order(store: Store, clock: Clock) -> None:
+    """What the status shows of a crowd: the listing sorted by last seen, latest first (ties in joining order),
+    cut to the limit, read without the whole listing."""
+    peers = []
+    for index in range(6):
+        peers.append(store.add_peer("agent", f"10.0.0.{index}"))
+        clock.advance(1.0)
+    store.ban(peers[2][0], "replay failed")
+    for peer_id, token in (peers[1], peers[4]):
+        clock.advance(LAST_SEEN_RESOLUTION + 1)
+        assert store.authenticate(peer_id, token)
+    expected = sorted(store.peers_listing(), key=lambda row: row["last_seen"], reverse=True)  # (stable: ties join)
+    assert [row["peer_id"] for row in expected[:2]] == [peers[4][0], peers[1][0]]
+    for limit in (0, 1, 3, 6, 10):
+        assert store.recent_peers(limit) == expected[:limit]
+
+
 def test_a_banned_peer_is_never_active(store: Store, clock: Clock) -> None:
     peer_id, _ = store.add_peer()
     store.grant(0, 0, 3, peer_id, 60.0)
