@@ -58,8 +58,7 @@ NORMS_KEPT = 50  # accepted update norms the relative outlier check compares wit
 class AsyncBuffer(Part):
     """The async stream, a ``RoundMode`` (``server.relay.round_mode``): hand-out in schedule order, results judged
     against the version they started from, a merge of the oldest K. Its state: the weights of recent versions, the
-    version each entry was handed out with, the last accepted update norms and the first schedule entry not back
-    yet."""
+    version each entry went out with, the last accepted update norms, the first schedule entry not back yet."""
 
     hands_out_while_merging = True  # peers never wait for a round: a unit starts from the version it is handed
 
@@ -313,6 +312,9 @@ class AsyncBuffer(Part):
         self.next = min(self.next, *entries)
         for entry in entries:
             self.order.give_back(entry)
+
+    def awaited(self, round_index: int, slot: int) -> bool:
+        return slot in self.copies.waiting or slot in self.copies.disputes  # (``slot``: the schedule's entry)
 
     def holds_unit(self, peer_id: str, unit_index: int) -> bool:
         """Whether ``peer_id`` holds a live lease on ``unit_index`` in the stream (its unit's, or a copy's)."""

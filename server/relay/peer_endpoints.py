@@ -141,13 +141,13 @@ RESULT_REFUSALS = (*PEER_REFUSALS, *BODY_REFUSALS, (400, "bad_query"),
 async def result(request: Request) -> Response:
     relay = relay_of(request)
     peer_id = peer_of(request)
-    async with relay.uploading(peer_id):  # (its turn: the body is read only now, its time to arrive counted from now)
-        restart_body_clock(request.scope)
+    try:
+        round_index, slot = int(request.query_params["round"]), int(request.query_params["slot"])
+    except (KeyError, ValueError) as error:
+        raise Refusal(400, "bad_query", "POST /api/result needs integer round= and slot=") from error
+    async with relay.uploading(peer_id, round_index, slot):  # (its turn: the body is read only now, its time to
+        restart_body_clock(request.scope)  # arrive counted from now)
         body = await read_body(request, relay.result_body_limit)
-        try:
-            round_index, slot = int(request.query_params["round"]), int(request.query_params["slot"])
-        except (KeyError, ValueError) as error:
-            raise Refusal(400, "bad_query", "POST /api/result needs integer round= and slot=") from error
         await relay.sharing.catch_up(round_index)  # (a replica: a result from weights the holder merged since)
         await relay.submit(peer_id, round_index, slot, body)
     return JSONResponse({"accepted": True, "round": round_index, "slot": slot})

@@ -50,6 +50,11 @@ class RoundMode(Protocol):
         either way and schedules a merge after an accepted one."""
         ...
 
+    def awaited(self, round_index: int, slot: int) -> bool:
+        """Whether a merge waits for a result of ``slot`` (async: the copy of an arrival held for it, a dispute's
+        next result; its upload takes a turn before others). Synchronous rounds: no (every result of a round is)."""
+        ...
+
     def holds_unit(self, peer_id: str, unit_index: int) -> bool:
         """Whether ``peer_id`` holds a live lease on ``unit_index`` (it may fetch the unit's data)."""
         ...

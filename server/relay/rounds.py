@@ -203,6 +203,9 @@ class SyncRounds:
             return f"round {round_index + 1}: waiting for second copies of units to compare"
         return None
 
+    def awaited(self, round_index: int, slot: int) -> bool:
+        return False  # (the round waits for every one of its results alike)
+
     def holds_unit(self, peer_id: str, unit_index: int) -> bool:
         """Whether ``peer_id`` holds a live lease on ``unit_index`` in the current round (either copy)."""
         store, round_index = self.context.store, self.context.session.round

@@ -318,9 +318,10 @@ class Relay:
         return self.weights_message() if version == self.session.round else self.mode.weights_of_version(version)
 
     # -- results ------------------------------------------------------------------------------------------------
-    def uploading(self, peer_id: str) -> contextlib.AbstractAsyncContextManager[None]:
-        """A turn to read a result's body and submit it (``server.relay.uploads``)."""
-        return self.uploads.turn(self.store.peer_address(peer_id))
+    def uploading(self, peer_id: str, round_index: int, slot: int) -> contextlib.AbstractAsyncContextManager[None]:
+        """A turn to read a result's body and submit it (``server.relay.uploads``), before others where a merge waits
+        for it (``RoundMode.awaited``)."""
+        return self.uploads.turn(self.store.peer_address(peer_id), first=self.mode.awaited(round_index, slot))
 
     async def submit(self, peer_id: str, round_index: int, slot: int, body: bytes) -> StoredResult:
         """``submit_result`` with the result read in a worker thread first (``RoundMode.reader``; see

@@ -78,6 +78,8 @@ def test_a_copy_that_agrees_lets_a_newcomers_result_merge(package: Package, tmp_
         assert list(copies.waiting) == [first["slot"]] and relay.store.buffered_count() == 1
         assert c.train_and_upload(other).status_code == 200
         assert list(copies.waiting) == [first["slot"], other["slot"]] and not relay.round_ready()
+        awaited = [relay.mode.awaited(first["round"], entry) for entry in (first["slot"], other["slot"])]
+        assert awaited == [True, True] and not relay.mode.awaited(0, len(relay.session.plan.schedule) - 1)
         leaving = HttpPeer(client)
         assert leaving.assignment()["slot"] == first["slot"]  # (the oldest's copy first)
         assert b.assignment()["slot"] == other["slot"]
@@ -91,6 +93,7 @@ def test_a_copy_that_agrees_lets_a_newcomers_result_merge(package: Package, tmp_
         assert b.train_and_upload(copy).status_code == 200
         status = session_status(client)
         assert status["counters"]["copies_identical"] == 1 and list(copies.waiting) == [first["slot"]]
+        assert not relay.mode.awaited(copy["round"], other["slot"])  # (its copy is in: an upload like any other)
         assert {relay.store.identity(p) for p in (c.peer_id, b.peer_id)} <= copies.choice.confirmed
         status = finish(client, [a, b, c])
         assert status["counters"].get("peers_banned", 0) == 0

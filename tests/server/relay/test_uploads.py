@@ -58,3 +58,40 @@ def test_a_read_runs_in_a_worker_thread_and_its_answer_is_taken_on_the_loop() ->
 
     where, then_on_loop = run_async(scenario)
     assert where == "thread" and then_on_loop
+
+
+def test_an_upload_a_merge_waits_for_takes_the_next_free_turn_before_the_others() -> None:
+    """Every turn held and uploads queued: a copy a merge waits for, asking after them, goes in when the first turn
+    is free; the others then go in the order they asked. One that gives up while queued takes no turn."""
+    async def scenario() -> tuple[list[str], int]:
+        uploads, order = Uploads(), []
+        releases = {name: asyncio.Event() for name in ["holder", *(f"u{i}" for i in range(UPLOADS - 1)), "a", "b",
+                                                      "gone", "copy", "c"]}
+
+        async def upload(name: str, first: bool = False) -> None:
+            async with uploads.turn(f"192.0.2.{list(releases).index(name)}", first=first):  # (one address each)
+                order.append(name)
+                await releases[name].wait()
+
+        async def settle() -> None:
+            for _ in range(100):  # (bounded: each task takes its turn or queues within a few passes of the loop)
+                await asyncio.sleep(0)
+
+        tasks = [asyncio.create_task(upload(name)) for name in ["holder", *(f"u{i}" for i in range(UPLOADS - 1))]]
+        await settle()
+        for name, first in (("a", False), ("b", False), ("gone", False), ("copy", True), ("c", False)):
+            tasks.append(asyncio.create_task(upload(name, first)))
+            await settle()
+        tasks[UPLOADS + 2].cancel()  # ("gone" gives up)
+        await settle()
+        for name in ("holder", "copy", "a", "b"):  # (each turn let go goes to the next in line)
+            releases[name].set()
+            await settle()
+        for event in releases.values():
+            event.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        turns = uploads._turns
+        return order[UPLOADS:], turns.free if turns is not None else -1
+
+    order, free = run_async(scenario)
+    assert order == ["copy", "a", "b", "c"] and free == UPLOADS, (order, free)
