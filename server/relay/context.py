@@ -107,7 +107,6 @@ class Notices:
         return True
 
 
-
 @dataclass
 class RelayContext:
     """The session a relay serves, its package, its SQLite store, the relay's options and its notices."""
