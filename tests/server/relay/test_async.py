@@ -144,7 +144,8 @@ def test_results_join_the_next_merges_sum_as_they_arrive_and_a_far_one_is_clippe
                       validate_every=relay.session.config.validate_every)
     np.testing.assert_array_equal(replayed.weights, relay.session.weights)
     with sqlite3.connect(relay.store.location) as db:  # (each digest computed as the result was read)
-        audited = db.execute("SELECT sha256, message FROM arrivals WHERE length(message) > 0").fetchall()
+        audited = db.execute("SELECT a.sha256, m.message FROM arrivals a JOIN arrival_messages m ON m.seq = a.seq"
+                             ).fetchall()
     assert audited and all(digest == hashlib.sha256(message).hexdigest() for digest, message in audited)
 
 

@@ -4,7 +4,7 @@ types (timestamps as double precision, messages as bytea, the asynchronous buffe
 from __future__ import annotations
 
 TABLES = ("peers", "leases", "results", "counters", "copies", "arrivals", "bans", "undos", "blobs", "replay_jobs",
-          "volunteers", "pause", "refusals", "wanted_copies", "forwarded", "arrival_checks")
+          "volunteers", "pause", "refusals", "wanted_copies", "forwarded", "arrival_checks", "arrival_messages")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS peers (
@@ -42,6 +42,13 @@ CREATE TABLE IF NOT EXISTS arrivals (
     merge BIGINT, sha256 TEXT NOT NULL DEFAULT '', size BIGINT NOT NULL DEFAULT 0
 );
 ALTER TABLE arrivals ADD COLUMN IF NOT EXISTS size BIGINT NOT NULL DEFAULT 0;
+CREATE TABLE IF NOT EXISTS arrival_messages (
+    seq BIGINT PRIMARY KEY, message BYTEA NOT NULL, update_vector BYTEA NOT NULL
+);
+INSERT INTO arrival_messages (seq, message, update_vector) SELECT seq, message, update_vector FROM arrivals
+    WHERE length(message) > 0 ON CONFLICT (seq) DO NOTHING;
+UPDATE arrivals SET message = ''::bytea, update_vector = ''::bytea
+    WHERE length(message) > 0 OR length(update_vector) > 0;
 CREATE TABLE IF NOT EXISTS arrival_checks (
     entry BIGINT NOT NULL, peer_id TEXT NOT NULL, outcome TEXT NOT NULL DEFAULT '', waiting TEXT NOT NULL DEFAULT '',
     PRIMARY KEY (entry, peer_id)

@@ -1,5 +1,6 @@
 """The asynchronous buffer (``server.relay.buffered``): results in arrival order, each marked with the
-merge that took it (none yet: it waits in the buffer)."""
+merge that took it (none yet: it waits in the buffer), their messages in ``arrival_messages`` beside them (marking
+an arrival merged must not write its message again; pruning one deletes it there)."""
 
 from __future__ import annotations
 
@@ -50,10 +51,12 @@ class SQLArrivals(TablePart):
                     "INSERT INTO arrivals (entry, unit_index, peer_id, version, num_examples, metrics, message, "
                     "update_vector, received, merge, sha256, size) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, ?, ?) "
                     "ON CONFLICT (entry) DO NOTHING RETURNING seq",
-                    (entry, unit_index, peer_id, version, num_examples, json.dumps(metrics), message, update,
-                     self.clock(), digest, len(message)))
+                    (entry, unit_index, peer_id, version, num_examples, json.dumps(metrics), b"", b"", self.clock(),
+                     digest, len(message)))
                 row = cursor.fetchone()
                 if row is not None:
+                    db.execute("INSERT INTO arrival_messages (seq, message, update_vector) VALUES (?, ?, ?)",
+                               (row[0], message, update))
                     db.execute("UPDATE peers SET units_done = units_done + 1 WHERE id = ?", (peer_id,))
             if kept.arrived is not None:  # (once committed)
                 kept.arrived.add(entry)
@@ -92,8 +95,9 @@ class SQLArrivals(TablePart):
         return bool(self.connection.run("SELECT 1 FROM arrivals WHERE entry = ?", (entry,)))
 
     def buffered(self, limit: int | None = None) -> list[BufferedArrival]:
-        rows = self.connection.run("SELECT seq, entry, unit_index, version, num_examples, metrics, update_vector, "
-                                   "message FROM arrivals WHERE merge IS NULL ORDER BY seq"
+        rows = self.connection.run("SELECT a.seq, a.entry, a.unit_index, a.version, a.num_examples, a.metrics, "
+                                   "m.update_vector, m.message FROM arrivals a JOIN arrival_messages m ON m.seq = "
+                                   "a.seq WHERE a.merge IS NULL ORDER BY a.seq"
                                    + ("" if limit is None else " LIMIT ?"), () if limit is None else (limit,))
         return [(r[0], r[1], r[2], r[3], r[4], json.loads(r[5]), bytes(r[6]), bytes(r[7])) for r in rows]
 
@@ -117,6 +121,8 @@ class SQLArrivals(TablePart):
         with kept.lock, self.connection.transaction() as db:
             entries = [int(r[0]) for r in db.execute("SELECT entry FROM arrivals WHERE peer_id = ? AND merge IS NULL",
                                                      (peer_id,)).fetchall()]
+            db.execute("DELETE FROM arrival_messages WHERE seq IN (SELECT seq FROM arrivals WHERE peer_id = ? AND "
+                       "merge IS NULL)", (peer_id,))
             db.execute("DELETE FROM arrivals WHERE peer_id = ? AND merge IS NULL", (peer_id,))
             db.execute("DELETE FROM leases WHERE round = ? AND peer_id = ?", (ASYNC_ROUND, peer_id))
             if kept.arrived is not None:
@@ -128,11 +134,12 @@ class SQLArrivals(TablePart):
     def unmerged_arrival(self, entry: int, *, take: bool = False) -> tuple[str, bytes] | None:
         kept = self.kept
         with kept.lock, self.connection.transaction() as db:
-            row = db.execute("SELECT peer_id, message FROM arrivals WHERE entry = ? AND merge IS NULL",
-                             (entry,)).fetchone()
+            row = db.execute("SELECT a.peer_id, m.message, a.seq FROM arrivals a JOIN arrival_messages m ON m.seq = "
+                             "a.seq WHERE a.entry = ? AND a.merge IS NULL", (entry,)).fetchone()
             if row is None or not take:
                 return None if row is None else (str(row[0]), bytes(row[1]))
-            db.execute("DELETE FROM arrivals WHERE entry = ? AND merge IS NULL", (entry,))
+            db.execute("DELETE FROM arrival_messages WHERE seq = ?", (row[2],))
+            db.execute("DELETE FROM arrivals WHERE seq = ?", (row[2],))
             if kept.arrived is not None:
                 kept.arrived.discard(entry)
                 kept.view = None
@@ -150,13 +157,15 @@ class SQLArrivals(TablePart):
             return self.connection.change("UPDATE arrivals SET merge = NULL WHERE merge >= ?", (merge,))
 
     def arrivals(self) -> list[MergedArrival]:
-        rows = self.connection.run("SELECT seq, entry, unit_index, version, merge, num_examples, metrics, message "
-                                   "FROM arrivals WHERE merge IS NOT NULL ORDER BY seq")
-        return [(r[0], r[1], r[2], r[3], r[4], r[5], json.loads(r[6]), bytes(r[7])) for r in rows]
+        rows = self.connection.run("SELECT a.seq, a.entry, a.unit_index, a.version, a.merge, a.num_examples, "
+                                   "a.metrics, m.message FROM arrivals a LEFT JOIN arrival_messages m ON m.seq = a.seq "
+                                   "WHERE a.merge IS NOT NULL ORDER BY a.seq")  # (a pruned one: no message)
+        return [(r[0], r[1], r[2], r[3], r[4], r[5], json.loads(r[6]), b"" if r[7] is None else bytes(r[7]))
+                for r in rows]
 
     def prune_arrivals_before(self, merge: int) -> int:
-        emptied = self.connection.change("UPDATE arrivals SET message = ?, update_vector = ? WHERE merge IS NOT "
-                                         "NULL AND merge < ? AND length(message) > 0", (b"", b"", merge))
+        emptied = self.connection.change("DELETE FROM arrival_messages WHERE seq IN (SELECT seq FROM arrivals WHERE "
+                                         "merge IS NOT NULL AND merge < ?)", (merge,))
         if emptied:
             self.connection.truncate_log()
         return emptied
@@ -183,8 +192,9 @@ class SQLArrivals(TablePart):
         started from), by merge and arrival."""
         rows = self.connection.run(
             "SELECT a.merge, a.entry, a.unit_index, a.peer_id, a.num_examples, a.metrics, a.sha256, a.size, "
-            "c.outcome, length(a.message) > 0, a.received, a.version FROM arrivals a LEFT JOIN arrival_checks c ON "
-            "c.entry = a.entry AND c.peer_id = a.peer_id WHERE a.merge IS NOT NULL ORDER BY a.merge, a.seq")
+            "c.outcome, m.seq IS NOT NULL, a.received, a.version FROM arrivals a LEFT JOIN arrival_checks c ON "
+            "c.entry = a.entry AND c.peer_id = a.peer_id LEFT JOIN arrival_messages m ON m.seq = a.seq WHERE "
+            "a.merge IS NOT NULL ORDER BY a.merge, a.seq")
         return [{"round": r[0], "slot": r[1], "unit_index": r[2], "peer_id": r[3], "num_examples": r[4],
                  "metrics": json.loads(r[5]), "sha256": r[6], "size": r[7], "verification": r[8] or "not checked",
                  "message_kept": bool(r[9]), "received": r[10], "started_from": r[11]} for r in rows]

@@ -76,6 +76,62 @@ def test_a_simulations_file_is_not_synced_and_a_sessions_is(tmp_path: Path) -> N
             store.close()
 
 
+def test_emptying_a_message_does_not_write_its_pages_again(tmp_path: Path) -> None:
+    """Pruning a merged result frees its message's pages without overwriting them with zeros (Debian's SQLite
+    overwrites by default: a 585 KB message written twice, under the lock every request waits on)."""
+    store = SQLiteStore(tmp_path / "relay.sqlite3")
+    try:
+        db = store.connection.db
+        assert db.execute("PRAGMA secure_delete").fetchone()[0] == 2  # FAST
+        store.add_result(StoredResult(0, 0, 3, "p-a", 256, {}, bytes(1 << 20)))
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+        db.execute("UPDATE results SET message = x'' WHERE round = 0")
+        frames = db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()[1]
+        assert 0 < frames < 16, f"emptying a 1 MiB message wrote {frames} pages"  # (256 pages of 4 KiB were it zeroed)
+    finally:
+        store.close()
+
+
+def test_an_older_files_arrivals_open_with_their_messages_beside_them(tmp_path: Path) -> None:
+    """A relay before ``arrival_messages`` kept each arrival's message in its row: on open they move beside the rows
+    (a merged one's too, a pruned one stays without), and the buffer, the replay and the audit read them there."""
+    path = tmp_path / "old.sqlite3"
+    with sqlite3.connect(path) as db:
+        db.executescript(SCHEMA.split("-- An arrival's message")[0])  # (the tables up to the arrivals')
+        for seq, merge, message in ((1, 0, b""), (2, 0, b"merged"), (3, None, b"waiting")):
+            db.execute("INSERT INTO arrivals (seq, entry, unit_index, peer_id, version, num_examples, metrics, "
+                       "message, update_vector, received, merge) VALUES (?, ?, ?, 'p-old', 0, 8, '{}', ?, ?, 1.0, ?)",
+                       (seq, seq, seq, message, message[:2], merge))
+    store = open_store(path)
+    try:
+        assert [(a[0], a[7], a[6]) for a in store.buffered()] == [(3, b"waiting", b"wa")]
+        assert [(a[0], a[7]) for a in store.arrivals()] == [(1, b""), (2, b"merged")]
+        assert [row["message_kept"] for row in store.audit()] == [False, True]
+        assert store.prune_arrivals_before(1) == 1 and [a[7] for a in store.arrivals()] == [b"", b""]
+    finally:
+        store.close()
+    with sqlite3.connect(path) as db:
+        assert db.execute("SELECT COUNT(*) FROM arrivals WHERE length(message) > 0 OR length(update_vector) > 0"
+                          ).fetchone()[0] == 0
+
+
+def test_an_arrivals_row_holds_no_message(tmp_path: Path) -> None:
+    """Marking a merge's hundred arrivals merged read each row through its message's overflow pages (SQLite reads a
+    row's columns in order): 167 ms a merge under the lock every request waits on. The rows hold no message now."""
+    store = SQLiteStore(tmp_path / "relay.sqlite3")
+    try:
+        seq = store.add_arrival(entry=0, unit_index=0, peer_id="p-a", version=0, num_examples=8, metrics={},
+                                message=bytes(1 << 20), update=b"u")
+        store.mark_merged([seq], 0)
+        db = store.connection.db
+        assert db.execute("SELECT length(message), length(update_vector) FROM arrivals").fetchall() == [(0, 0)]
+        assert db.execute("SELECT seq, length(message), update_vector FROM arrival_messages").fetchall() == \
+            [(seq, 1 << 20, b"u")]
+        assert store.arrivals()[0][7] == bytes(1 << 20)
+    finally:
+        store.close()
+
+
 def test_the_polls_read_no_message(tmp_path: Path) -> None:
     """What every request for work reads (a round's copies' outcomes; async: how many results wait) is kept in the
     tables after the messages, and SQLite reads a row's columns in order, through a message's overflow pages: 120
