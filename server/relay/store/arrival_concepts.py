@@ -60,7 +60,9 @@ class ArrivalStore(Protocol):
         """Every merged arrival, in arrival order (what the simulator replays)."""
 
     def prune_arrivals_before(self, merge: int) -> int:
-        """Empty the messages and updates of arrivals merged before merge ``merge``; returns how many."""
+        """Empty the messages and updates of arrivals merged before merge ``merge``, and the messages of those
+        entries' second copies (async copies, round -1: their dispute or agreement is over once the entry merged);
+        returns how many messages were emptied."""
 
     def hold_arrival(self, entry: int, peer_id: str, waiting: Collection[str]) -> None:
         """What ``entry``'s arrival from ``peer_id`` waits for before it may merge (its replay, its copy; empty: it

@@ -290,3 +290,19 @@ def test_a_held_result_whose_version_is_gone_after_a_restart_goes_out_again(pack
         finish(client, [a, b])
         assert liar.peer_id not in {peer for _, peer in audit(client)}
     assert_the_arrivals_replay_to_the_weights(again, package)
+
+
+def test_copies_messages_are_pruned_with_their_entries(package: Package, tmp_path: Path) -> None:
+    """``--keep-results 1``: a copy's message goes once its entry's arrival merged before the last merge, as the
+    arrival's does (nothing emptied async copies before: the file grew by a result a copy)."""
+    relay = make_relay(package, tmp_path / "s", k=2, passes=2, config=ASYNC, keep_results=1, **COPIES)
+    with serving(relay) as client:
+        status = finish(client, [HttpPeer(client) for _ in range(3)])
+        assert status["counters"].get("peers_banned", 0) == 0
+    with sqlite3.connect(relay.store.location) as db:
+        rows = db.execute("SELECT a.merge, length(c.message) > 0 FROM copies c JOIN arrivals a ON a.entry = c.slot "
+                          "WHERE c.round = -1").fetchall()
+    last = relay.session.round - 1
+    assert any(merge < last for merge, _ in rows), rows  # (copies of entries merged before the last merge)
+    assert all(not kept for merge, kept in rows if merge < last), rows
+    assert all(kept for merge, kept in rows if merge >= last), rows

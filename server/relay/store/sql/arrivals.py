@@ -164,8 +164,12 @@ class SQLArrivals(TablePart):
                 for r in rows]
 
     def prune_arrivals_before(self, merge: int) -> int:
-        emptied = self.connection.change("DELETE FROM arrival_messages WHERE seq IN (SELECT seq FROM arrivals WHERE "
-                                         "merge IS NOT NULL AND merge < ?)", (merge,))
+        with self.connection.transaction() as db:
+            emptied = db.execute("DELETE FROM arrival_messages WHERE seq IN (SELECT seq FROM arrivals WHERE merge IS "
+                                 "NOT NULL AND merge < ?)", (merge,)).rowcount
+            emptied += db.execute(  # (kept until then: a dispute reads its copies' messages)
+                "UPDATE copies SET message = ? WHERE round = ? AND length(message) > 0 AND slot IN (SELECT entry FROM "
+                "arrivals WHERE merge IS NOT NULL AND merge < ?)", (b"", ASYNC_ROUND, merge)).rowcount
         if emptied:
             self.connection.truncate_log()
         return emptied

@@ -72,6 +72,19 @@ def test_pruning_empties_arrivals_merged_before_a_merge(store: Store) -> None:
     assert store.buffered() == [(seqs[3], 3, 13, 0, 256, {"loss": 3}, b"update 3", b"message 3")]
 
 
+def test_pruning_empties_the_async_copies_of_entries_merged_before_a_merge(store: Store) -> None:
+    """An async copy (round -1, its entry as the slot) keeps its message while its entry waits (a dispute reads it),
+    and loses it with its entry's arrival: before, nothing emptied them and the file grew by 585 KB a copy."""
+    seqs = [arrive(store, entry) for entry in range(3)]
+    for entry in range(3):
+        store.add_copy(ASYNC_ROUND, entry, "p-copy", f"copy {entry}".encode(), "identical")
+    store.mark_merged(seqs[0:1], 0)
+    store.mark_merged(seqs[1:2], 1)
+    assert store.prune_arrivals_before(1) == 2  # (entry 0's arrival and its copy)
+    assert [store.copy_message(ASYNC_ROUND, entry, "p-copy") for entry in range(3)] == [b"", b"copy 1", b"copy 2"]
+    assert store.prune_arrivals_before(1) == 0
+
+
 def test_what_the_store_keeps_of_the_buffer_is_what_its_database_says(store: Store,
                                                                       second_look: Callable[[], Store]) -> None:
     """The entries, the waiting count and the oldest waiting are kept between reads (the stream asks on every
