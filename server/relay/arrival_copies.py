@@ -48,7 +48,7 @@ from server.relay.copy_choice import CopyChoice
 from server.relay.refusal import Refusal
 from server.relay.replay_checks import ReplayChecks, passed
 from server.relay.store import Lease, StoredResult
-from server.relay.store.records import ASYNC_ROUND
+from server.relay.store.records import ASYNC_ROUND, sha256_hex
 from server.relay.verify import DISPUTE, Verdict
 from server.session.buffered import entry_assignment
 
@@ -298,8 +298,9 @@ class ArrivalCopies(Part):
         self.store.release(ASYNC_ROUND, entry, peer_id)
         stored = StoredResult(version, entry, self.session.plan.schedule[entry][1], peer_id, count,
                               dict(header.metrics), b"", engine)
-        if outcome != "disputed":
-            self.store.add_copy(ASYNC_ROUND, entry, peer_id, body, outcome)
+        if outcome != "disputed":  # (nothing reads an agreeing copy's bytes again: its digest kept, 2.5 ms saved)
+            self.store.add_copy(ASYNC_ROUND, entry, peer_id, b"" if outcome in AGREE else body, outcome,
+                                sha256=sha256_hex(body))
             if outcome in AGREE:
                 self.choice.confirm(waiting.peer_id, peer_id)
             self.store.set_verification(ASYNC_ROUND, entry, waiting.peer_id, f"copy {outcome} (from {peer_id})")

@@ -151,9 +151,10 @@ class CopyStore(Protocol):
     """Second copies of a unit (redundancy, backups): compared with the merged result, never merged themselves."""
 
     def add_copy(self, round_index: int, slot: int, peer_id: str, message: bytes, outcome: str, *,
-                 count_unit: bool = True) -> None:
+                 count_unit: bool = True, sha256: str | None = None) -> None:
         """Keep ``peer_id``'s copy of the slot (replacing its earlier one) and count a unit done by it (unless
-        ``count_unit`` is False: a merged result kept as a copy, counted when it came)."""
+        ``count_unit`` is False: a merged result kept as a copy, counted when it came). ``sha256``: the digest of
+        the copy's message where ``message`` is empty (a copy whose bytes nothing will read again), else computed."""
 
     def set_copy_outcome(self, round_index: int, slot: int, peer_id: str, outcome: str) -> None:
         """What comparing the copy found (nothing when there is no such copy)."""

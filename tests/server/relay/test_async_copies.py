@@ -5,6 +5,7 @@ no other peer may train is waived. Host replays are off here: the copies alone c
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sqlite3
 from pathlib import Path
@@ -103,8 +104,10 @@ def test_a_copy_that_agrees_lets_a_newcomers_result_merge(package: Package, tmp_
         assert all(how.startswith("copy identical (from ") or how == "not checked" for how in checked.values())
         assert checked[(first["slot"], a.peer_id)].startswith("copy identical (from ")  # (the first of each peer)
     with sqlite3.connect(relay.store.location) as db:
-        outcomes = [row[0] for row in db.execute("SELECT outcome FROM copies WHERE round = -1")]
-    assert outcomes and set(outcomes) == {"identical"}, outcomes
+        rows = db.execute("SELECT outcome, length(message), sha256 FROM copies WHERE round = -1").fetchall()
+    assert rows and {row[0] for row in rows} == {"identical"}, rows
+    empty = hashlib.sha256(b"").hexdigest()  # (an identical copy's bytes are not kept, their digest is)
+    assert all(size == 0 and len(digest) == 64 and digest != empty for _, size, digest in rows), rows
     assert_the_arrivals_replay_to_the_weights(relay, package)
 
 

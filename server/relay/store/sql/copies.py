@@ -10,8 +10,8 @@ class SQLCopies(TablePart):
     """``server.relay.store.concepts.CopyStore`` on the ``copies`` table."""
 
     def add_copy(self, round_index: int, slot: int, peer_id: str, message: bytes, outcome: str, *,
-                 count_unit: bool = True) -> None:
-        digest = sha256_hex(message)  # (before the lock: hashing 585 KB holds nothing else up)
+                 count_unit: bool = True, sha256: str | None = None) -> None:
+        digest = sha256 or sha256_hex(message)  # (before the lock: hashing 585 KB holds nothing else up)
         with self.connection.transaction() as db:
             db.execute("INSERT INTO copies (round, slot, peer_id, message, received, outcome, sha256) "
                        "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (round, slot, peer_id) DO UPDATE SET "

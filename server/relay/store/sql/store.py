@@ -261,9 +261,9 @@ class SQLStore(KeptViews, VolunteerCalls, RefusalCalls, ForwardCalls, ArrivalCal
     # Kept like the leases, for the same reason (each request for work asks whether a slot wants its copy): a round's
     # outcomes as read, forgotten on any change to them.
     def add_copy(self, round_index: int, slot: int, peer_id: str, message: bytes, outcome: str, *,
-                 count_unit: bool = True) -> None:
+                 count_unit: bool = True, sha256: str | None = None) -> None:
         with self._changing_copies():
-            self._copies.add_copy(round_index, slot, peer_id, message, outcome, count_unit=count_unit)
+            self._copies.add_copy(round_index, slot, peer_id, message, outcome, count_unit=count_unit, sha256=sha256)
 
     def set_copy_outcome(self, round_index: int, slot: int, peer_id: str, outcome: str) -> None:
         with self._changing_copies():
