@@ -106,21 +106,16 @@ def create_or_upgrade(db: sqlite3.Connection) -> None:
         db.executescript("DROP TABLE leases;" + SCHEMA)
 
 
-
 def move_arrival_messages(db: sqlite3.Connection) -> None:
     """Move the messages an older relay kept in its arrivals' rows to ``arrival_messages`` (nothing where none)."""
     if db.execute("SELECT 1 FROM arrivals WHERE length(message) > 0 OR length(update_vector) > 0 LIMIT 1").fetchone():
         db.execute("BEGIN IMMEDIATE")
         try:
-            db.execute(MOVE_ARRIVAL_MESSAGES[0])
-            db.execute(MOVE_ARRIVAL_MESSAGES[1], (b"", b""))
+            db.execute("INSERT INTO arrival_messages (seq, message, update_vector) SELECT seq, message, update_vector "
+                       "FROM arrivals WHERE length(message) > 0 ON CONFLICT (seq) DO NOTHING")
+            db.execute("UPDATE arrivals SET message = ?, update_vector = ? WHERE length(message) > 0 OR "
+                       "length(update_vector) > 0", (b"", b""))
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
             raise
-
-
-MOVE_ARRIVAL_MESSAGES = (  # (the statements, shared with the PostgreSQL schema's upgrade)
-    "INSERT INTO arrival_messages (seq, message, update_vector) SELECT seq, message, update_vector FROM arrivals "
-    "WHERE length(message) > 0 ON CONFLICT (seq) DO NOTHING",
-    "UPDATE arrivals SET message = ?, update_vector = ? WHERE length(message) > 0 OR length(update_vector) > 0")
