@@ -20,6 +20,10 @@ class SQLBans(TablePart):
     def unban(self, peer_id: str) -> bool:
         return self.connection.change("DELETE FROM bans WHERE peer_id = ?", (peer_id,)) > 0
 
+    def reasons(self) -> dict[str, str]:
+        """Every banned peer's reason."""
+        return {str(peer): str(reason) for peer, reason in self.connection.run("SELECT peer_id, reason FROM bans")}
+
     def ban_reason(self, peer_id: str) -> str | None:
         rows = self.connection.run("SELECT reason FROM bans WHERE peer_id = ?", (peer_id,))
         return str(rows[0][0]) if rows else None

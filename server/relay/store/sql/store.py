@@ -82,7 +82,7 @@ class SQLStore(KeptViews, VolunteerCalls, RefusalCalls, ForwardCalls, ArrivalCal
     def open(self) -> None:
         with self._changing_leases():  # (the file may have changed while it was closed)
             self._arrivals.forget()
-            self._pause = None
+            self._pause, self._bans_cache = None, None
             self.connection.open()
 
     def close(self) -> None:
@@ -280,16 +280,26 @@ class SQLStore(KeptViews, VolunteerCalls, RefusalCalls, ForwardCalls, ArrivalCal
         return self._copies.confirmed_peers()
 
     # -- bans ---------------------------------------------------------------------------------------
+    # Every ban's reason is kept as read (asked for each candidate of each copy's hand-out); a ban or unban here
+    # forgets it, as a shared store's views expire (another relay's ban).
     def ban(self, peer_id: str, reason: str) -> str:
         self._forget_active()
-        return self._bans.ban(peer_id, reason)
+        with self._cache_lock:
+            self._bans_cache = None
+            return self._bans.ban(peer_id, reason)
 
     def unban(self, peer_id: str) -> bool:
         self._forget_active()
-        return self._bans.unban(peer_id)
+        with self._cache_lock:
+            self._bans_cache = None
+            return self._bans.unban(peer_id)
 
     def ban_reason(self, peer_id: str) -> str | None:
-        return self._bans.ban_reason(peer_id)
+        self._expire()
+        with self._cache_lock:
+            if self._bans_cache is None:
+                self._bans_cache = self._bans.reasons()
+            return self._bans_cache.get(peer_id)
 
     def address_banned(self, address: str) -> bool:
         return self._bans.address_banned(address)

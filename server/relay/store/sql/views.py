@@ -38,6 +38,7 @@ class KeptViews:
         self._views_read_at = clock()  # (a shared store: when what it keeps was last forgotten, the store's clock)
         self._lease_epoch = 0  # (``lease_epoch``: every change to the leases but this store's own grants)
         self._pause: tuple[bool, int | None] | None = None  # (the host's pause, as read: every ask reads it)
+        self._bans_cache: dict[str, str] | None = None  # (every ban's reason, as read: each copy's hand-out asks)
 
     def generation(self) -> int:
         self._expire()
@@ -58,6 +59,7 @@ class KeptViews:
             self._refusals_cache.clear()
             self._active = None
             self._pause = None
+            self._bans_cache = None
             self._forget_more()
             self._generation += 1
             self._lease_epoch += 1

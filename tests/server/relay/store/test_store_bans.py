@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from virtual_clock import Clock
 
 from server.relay.store import Store, StoredResult
+from server.relay.store.sql.views import SHARED_VIEW_SECONDS
 
 
 def result(round_index: int, slot: int, peer_id: str) -> StoredResult:
@@ -58,3 +61,23 @@ def test_unverified_rounds_start_at_the_last_passed_replay(store: Store) -> None
     assert audit[(2, 0)] == "replay passed (bit for bit)" and audit[(2, 1)] == "not checked"
     assert store.mark_undone("p-a", 0, 6) == 3  # rounds 0, 1, 5: a passed replay and an undone result stay as they are
     assert store.unverified_rounds("p-b") == (None, [2])
+
+
+def test_another_relay_sees_a_ban_a_moment_later_and_a_peer_that_joined_there(
+        store: Store, second_look: Callable[[], Store], clock: Clock) -> None:
+    """Bans are kept as read (each copy's hand-out asks once per candidate): this store's own ban or unban is seen at
+    once, another relay's once what a shared store keeps is ``SHARED_VIEW_SECONDS`` old; a peer that joined at
+    another relay authenticates here."""
+    other = second_look()
+    other.shared = True  # type: ignore[misc]  # (a SQLite store is shared by no one unless told)
+    peer_id, token = store.add_peer("agent", "10.0.0.1")
+    assert other.ban_reason(peer_id) is None  # (read, and kept)
+    store.ban(peer_id, "lied")
+    assert store.ban_reason(peer_id) == "lied" and other.ban_reason(peer_id) is None
+    clock.advance(SHARED_VIEW_SECONDS)
+    assert other.ban_reason(peer_id) == "lied"
+    other.unban(peer_id)
+    assert other.ban_reason(peer_id) is None
+    joined, its_token = other.add_peer("agent", "10.0.0.2")
+    assert store.authenticate(joined, its_token) and not store.authenticate(joined, token)
+    assert other.authenticate(peer_id, token) and not other.authenticate(peer_id, its_token)
