@@ -18,6 +18,7 @@ class SQLPeers(TablePart):
     as active). ``known``: each peer authenticated so far, (its token's hash, when this relay last wrote it seen)."""
 
     known: dict[str, tuple[str, float]] = field(default_factory=dict, repr=False)
+    address_of: dict[str, str] = field(default_factory=dict, repr=False)  # (each peer's, as read: it never changes)
 
     def add_peer(self, agent: str = "", address: str = "") -> tuple[str, str]:
         peer_id, token = "p-" + secrets.token_hex(4), secrets.token_urlsafe(24)
@@ -25,6 +26,7 @@ class SQLPeers(TablePart):
         self.connection.run("INSERT INTO peers (id, token_hash, joined, last_seen, agent, address) "
                             "VALUES (?, ?, ?, ?, ?, ?)", (peer_id, hash_token(token), now, now, agent[:200],
                                                           address[:100]))
+        self.address_of[peer_id] = address[:100]
         return peer_id, token
 
     def authenticate(self, peer_id: str, token: str, *, touch: bool = True) -> bool:
@@ -72,8 +74,14 @@ class SQLPeers(TablePart):
         return int(self.connection.run("SELECT COUNT(*) FROM peers")[0][0])
 
     def peer_address(self, peer_id: str) -> str:
+        """(Kept once read: every accepted result and copy candidate asks.)"""
+        if (address := self.address_of.get(peer_id)) is not None:
+            return address
         rows = self.connection.run("SELECT address FROM peers WHERE id = ?", (peer_id,))
-        return str(rows[0][0]) if rows else ""
+        if not rows:
+            return ""
+        address = self.address_of[peer_id] = str(rows[0][0])
+        return address
 
     def peers_listing(self) -> list[dict[str, Any]]:
         return self._listing("ORDER BY p.joined", ())

@@ -8,6 +8,7 @@ call to the part that owns it. The contract of every method is on the protocol (
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
@@ -82,7 +83,7 @@ class SQLStore(KeptViews, VolunteerCalls, RefusalCalls, ForwardCalls, ArrivalCal
     def open(self) -> None:
         with self._changing_leases():  # (the file may have changed while it was closed)
             self._arrivals.forget()
-            self._pause, self._bans_cache = None, None
+            self._pause, self._bans_cache, self._undos_cache = None, None, None
             self.connection.open()
 
     def close(self) -> None:
@@ -305,14 +306,24 @@ class SQLStore(KeptViews, VolunteerCalls, RefusalCalls, ForwardCalls, ArrivalCal
         return self._bans.address_banned(address)
 
     # -- undos --------------------------------------------------------------------------------------
+    # The undos not done are kept as read (every result's try to merge asks whether one waits: 2.8 reads an accepted
+    # result); a request or a change here forgets them, as a shared store's views expire (another relay's ban).
     def request_undo(self, peer_id: str) -> None:
-        self._undos.request_undo(peer_id)
+        with self._cache_lock:
+            self._undos_cache = None
+            self._undos.request_undo(peer_id)
 
     def undos(self) -> list[PendingUndo]:
-        return self._undos.undos()
+        self._expire()
+        with self._cache_lock:
+            if self._undos_cache is None:
+                self._undos_cache = self._undos.undos()
+            return [(peer_id, state, copy.deepcopy(plan)) for peer_id, state, plan in self._undos_cache]
 
     def set_undo(self, peer_id: str, state: str, plan: dict[str, Any]) -> None:
-        self._undos.set_undo(peer_id, state, plan)
+        with self._cache_lock:
+            self._undos_cache = None
+            self._undos.set_undo(peer_id, state, plan)
 
     def unverified_rounds(self, peer_id: str) -> tuple[int | None, list[int]]:
         return self._undos.unverified_rounds(peer_id)

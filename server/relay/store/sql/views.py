@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from server.relay.store.records import Lease
+from server.relay.store.records import Lease, PendingUndo
 
 CACHE_ROUNDS = 8  # rounds (of leases: (round, copy)) whose rows are kept; past that all are forgotten
 SHARED_VIEW_SECONDS = 0.25  # a ``shared`` store reads what it keeps again after this long (others write too)
@@ -39,6 +39,7 @@ class KeptViews:
         self._lease_epoch = 0  # (``lease_epoch``: every change to the leases but this store's own grants)
         self._pause: tuple[bool, int | None] | None = None  # (the host's pause, as read: every ask reads it)
         self._bans_cache: dict[str, str] | None = None  # (every ban's reason, as read: each copy's hand-out asks)
+        self._undos_cache: list[PendingUndo] | None = None  # (the undos not done, as read: each result asks)
 
     def generation(self) -> int:
         self._expire()
@@ -59,7 +60,7 @@ class KeptViews:
             self._refusals_cache.clear()
             self._active = None
             self._pause = None
-            self._bans_cache = None
+            self._bans_cache, self._undos_cache = None, None
             self._forget_more()
             self._generation += 1
             self._lease_epoch += 1

@@ -63,11 +63,11 @@ def test_unverified_rounds_start_at_the_last_passed_replay(store: Store) -> None
     assert store.unverified_rounds("p-b") == (None, [2])
 
 
-def test_another_relay_sees_a_ban_a_moment_later_and_a_peer_that_joined_there(
+def test_another_relay_sees_a_ban_and_an_undo_a_moment_later_and_a_peer_that_joined_there(
         store: Store, second_look: Callable[[], Store], clock: Clock) -> None:
-    """Bans are kept as read (each copy's hand-out asks once per candidate): this store's own ban or unban is seen at
-    once, another relay's once what a shared store keeps is ``SHARED_VIEW_SECONDS`` old; a peer that joined at
-    another relay authenticates here."""
+    """Bans and undos are kept as read (each copy's hand-out asks once per candidate, each result whether an undo
+    waits): this store's own changes are seen at once, another relay's once what a shared store keeps is
+    ``SHARED_VIEW_SECONDS`` old; a peer that joined at another relay authenticates here, its address read."""
     other = second_look()
     other.shared = True  # type: ignore[misc]  # (a SQLite store is shared by no one unless told)
     peer_id, token = store.add_peer("agent", "10.0.0.1")
@@ -81,3 +81,9 @@ def test_another_relay_sees_a_ban_a_moment_later_and_a_peer_that_joined_there(
     joined, its_token = other.add_peer("agent", "10.0.0.2")
     assert store.authenticate(joined, its_token) and not store.authenticate(joined, token)
     assert other.authenticate(peer_id, token) and not other.authenticate(peer_id, its_token)
+    assert store.peer_address(joined) == "10.0.0.2" and other.peer_address(peer_id) == "10.0.0.1"
+    assert other.undos() == []  # (read, and kept)
+    store.request_undo(peer_id)
+    assert store.undos() == [(peer_id, "pending", {})] and other.undos() == []
+    clock.advance(SHARED_VIEW_SECONDS)
+    assert other.undos() == [(peer_id, "pending", {})]
