@@ -11,6 +11,8 @@ from server.relay.store.concepts import LAST_SEEN_RESOLUTION
 from server.relay.store.records import hash_token
 from server.relay.store.sql.database import TablePart
 
+KNOWN_PEERS = 100_000  # peers whose token hash and address are kept at most (past it all are forgotten: read again)
+
 
 @dataclass(frozen=True)
 class SQLPeers(TablePart):
@@ -26,7 +28,7 @@ class SQLPeers(TablePart):
         self.connection.run("INSERT INTO peers (id, token_hash, joined, last_seen, agent, address) "
                             "VALUES (?, ?, ?, ?, ?, ?)", (peer_id, hash_token(token), now, now, agent[:200],
                                                           address[:100]))
-        self.address_of[peer_id] = address[:100]
+        self._keep(self.address_of)[peer_id] = address[:100]
         return peer_id, token
 
     def authenticate(self, peer_id: str, token: str, *, touch: bool = True) -> bool:
@@ -40,7 +42,7 @@ class SQLPeers(TablePart):
             if not rows:  # (as long as a known peer's check)
                 hmac.compare_digest(hash_token(secrets.token_hex(8)), hash_token(token))
                 return False
-            known = self.known[peer_id] = (str(rows[0][0]), float(rows[0][1]))
+            known = self._keep(self.known)[peer_id] = (str(rows[0][0]), float(rows[0][1]))
         ok = hmac.compare_digest(known[0], hash_token(token))
         now = self.clock()
         if ok and touch and not now - known[1] < LAST_SEEN_RESOLUTION:
@@ -80,8 +82,16 @@ class SQLPeers(TablePart):
         rows = self.connection.run("SELECT address FROM peers WHERE id = ?", (peer_id,))
         if not rows:
             return ""
-        address = self.address_of[peer_id] = str(rows[0][0])
+        address = self._keep(self.address_of)[peer_id] = str(rows[0][0])
         return address
+
+    @staticmethod
+    def _keep[V](kept: dict[str, V]) -> dict[str, V]:
+        """``kept``, emptied first when it holds ``KNOWN_PEERS`` (a session open for months meets millions of
+        peers: what is kept of them stays bounded, and a peer forgotten is read again)."""
+        if len(kept) >= KNOWN_PEERS:
+            kept.clear()
+        return kept
 
     def peers_listing(self) -> list[dict[str, Any]]:
         return self._listing("ORDER BY p.joined", ())

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 from virtual_clock import Clock
 
 from server.relay.store import LAST_SEEN_RESOLUTION, Store
+from server.relay.store.sql import peers
 
 
 def last_seen(store: Store, peer_id: str) -> float:
@@ -130,3 +132,16 @@ def test_the_active_peers_are_kept_for_a_moment_and_forgotten_on_every_change(st
     assert store.active_peers(30.0) == [second]
     store.release(0, 0)
     assert store.active_peers(30.0) == []
+
+
+def test_what_is_kept_of_the_peers_stays_bounded(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A token's hash and an address are kept once read, for at most ``KNOWN_PEERS`` peers (a session open for months
+    meets millions): past it what is kept is forgotten, and a peer forgotten is read again."""
+    monkeypatch.setattr(peers, "KNOWN_PEERS", 3)
+    joined = [store.add_peer("agent", f"10.0.0.{i}") for i in range(7)]
+    for _ in range(2):
+        for i, (peer_id, token) in enumerate(joined):
+            assert store.authenticate(peer_id, token) and not store.authenticate(peer_id, "wrong")
+            assert store.peer_address(peer_id) == f"10.0.0.{i}"
+    kept = store._peers  # type: ignore[attr-defined]
+    assert len(kept.known) <= 3 and len(kept.address_of) <= 3
