@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from runtime import deltas, wire
+from runtime import deltas, wire, wire_arrays
 from runtime.backend import get_backend, numpy_backend
 from runtime.codec import Codec, ErrorFeedback
 from runtime.privacy import privatize_update
@@ -146,7 +146,7 @@ class Peer:
         else:
             data = None
             if unit_message is not None:
-                _, data = wire.decode_array(as_bytes(unit_message), expect_dtype="int32")
+                _, data = wire_arrays.decode_array(as_bytes(unit_message), expect_dtype="int32")
             unit = WorkUnit(index=job.unit_index, seed=job.unit_seed, data=data, episodes=job.episodes,
                             progress=job.progress)
             result = check_unit_result(self.task, self.task.train_unit(self.weights, unit), self.spec)

@@ -20,7 +20,7 @@ is against), and the codec's payload; ``result_weights`` turns either kind of re
 (the base plus the decoded update, in float32).
 
 Array messages (data chunks for browsers) use magic b"PTA2", the same framing, and the header
-``{"dtype": "int32" | "float32", "shape": [...], "meta": {...}}``.
+``{"dtype": "int32" | "float32", "shape": [...], "meta": {...}}`` (``runtime.wire_arrays``).
 
 The checksum covers the header length, the header, the padding and the payload; nothing after it is read
 before it matches (``ChecksumMismatch``), so a byte flipped, inserted or deleted in transit, or a message cut
@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import struct
 import zlib
 from collections.abc import Mapping
@@ -69,7 +68,6 @@ OLD_WEIGHTS_MAGIC = b"PTW1"  # version 1: refused (``OutdatedFormat``)
 OLD_ARRAY_MAGIC = b"PTA1"  # version 1: still decoded (chunk files of packages built before version 2)
 OLD_PREAMBLE_BYTES = 8  # version 1: magic + uint32 header length
 MAX_HEADER_BYTES = 4 * 1024 * 1024  # a spec with tens of thousands of entries still fits
-ARRAY_DTYPES = {"int32": np.dtype("<i4"), "float32": np.dtype("<f4")}
 WIRE_FLOAT32 = np.dtype("<f4")
 
 
@@ -290,7 +288,11 @@ def decode(
     expect_fingerprint: str | None = None,
 ) -> tuple[WireHeader, np.ndarray]:
     """Check a weights message and return its header and a new float32 vector."""
-    raw, payload = _unframe(data, WEIGHTS_MAGIC)
+    return _weights_of(*_unframe(data, WEIGHTS_MAGIC), expect_spec, expect_round, expect_fingerprint)
+
+
+def _weights_of(raw: Mapping[str, Any], payload: memoryview, expect_spec: WeightSpec | None,
+                expect_round: int | None, expect_fingerprint: str | None) -> tuple[WireHeader, np.ndarray]:
     header = _checked_header(raw, expect_spec, expect_round, expect_fingerprint)
     vector = _payload_values(payload, WIRE_FLOAT32, header.spec.size)
     if not np.isfinite(vector).all():
@@ -383,6 +385,9 @@ def carried_update(data: bytes, codec: Codec) -> np.ndarray:
     return np.asarray(codec.decode(payload, _parse_weights_header(raw).spec.size), dtype=np.float32)
 
 
+SAME_WEIGHTS_FIELDS = ("spec", "codec", "base")  # the header fields that, with the payload, decide the weights
+
+
 def same_weights(data: bytes, other: bytes) -> bool:
     """Whether two result messages stand for the same weights by their bytes alone, without decoding either: both
     weights messages, or both updates in one codec against one base, of one spec, with the same payload bytes. False
@@ -392,13 +397,32 @@ def same_weights(data: bytes, other: bytes) -> bool:
         return False
     raw, payload = _unframe(data, magic)
     other_raw, other_payload = _unframe(other, magic)
-    return all(raw.get(key) == other_raw.get(key) for key in ("spec", "codec", "base")) and payload == other_payload
+    return all(raw.get(key) == other_raw.get(key) for key in SAME_WEIGHTS_FIELDS) and payload == other_payload
+
+
+def weights_identity(magic: bytes, raw: Mapping[str, Any], payload: memoryview) -> str:
+    """A sha256 (hex) of what ``same_weights`` compares in an unframed result message: two messages with one identity
+    are the same weights by their bytes (a different identity says only "decode them to compare", as False there)."""
+    digest = hashlib.sha256(magic + json.dumps([raw.get(key) for key in SAME_WEIGHTS_FIELDS], sort_keys=True).encode())
+    digest.update(payload)
+    return digest.hexdigest()
 
 
 def read_header(data: bytes) -> WireHeader:
     """The header of a result message of either kind (its checksum checked, its payload not decoded)."""
     raw, _ = _unframe(data, UPDATE_MAGIC if is_update(data) else WEIGHTS_MAGIC)
     return _parse_weights_header(raw)
+
+
+@dataclass(frozen=True)
+class ResultParts:
+    """A result message read against its base (``result_parts``): its header, the weights it stands for, the update
+    it carries (None: a weights message) and its ``weights_identity``."""
+
+    header: WireHeader
+    weights: np.ndarray
+    update: np.ndarray | None
+    identity: str
 
 
 def result_weights(data: bytes, base: np.ndarray, *, codec: Codec, expect_spec: WeightSpec | None = None,
@@ -408,10 +432,23 @@ def result_weights(data: bytes, base: np.ndarray, *, codec: Codec, expect_spec: 
     update message checked against ``base`` (the weights of the round it names) and ``codec`` (the session's), and
     added to it in float32. A result in another codec than ``codec`` is refused (``WrongCodec``). ``base_sha256``:
     ``weights_sha256(base)`` where the caller has it (a relay names its weights once a round, not once a result)."""
+    parts = result_parts(data, base, codec=codec, expect_spec=expect_spec, expect_round=expect_round,
+                         expect_fingerprint=expect_fingerprint, base_sha256=base_sha256, identity=False)
+    return parts.header, parts.weights
+
+
+def result_parts(data: bytes, base: np.ndarray, *, codec: Codec, expect_spec: WeightSpec | None = None,
+                 expect_round: int | None = None, expect_fingerprint: str | None = None,
+                 base_sha256: str | None = None, identity: bool = True) -> ResultParts:
+    """``result_weights`` with what the relay keeps of a result as it arrives, read from one pass over the message:
+    the update an update message carries (not decoded again) and the message's ``weights_identity`` ("" without
+    ``identity``), which a second copy of the unit is compared by."""
     if not is_update(data):
         if codec.compresses:
             raise WrongCodec(f"this session's results travel as {codec.name} updates, not as weights")
-        return decode(data, expect_spec=expect_spec, expect_round=expect_round, expect_fingerprint=expect_fingerprint)
+        raw, payload = _unframe(data, WEIGHTS_MAGIC)
+        header, weights = _weights_of(raw, payload, expect_spec, expect_round, expect_fingerprint)
+        return ResultParts(header, weights, None, weights_identity(WEIGHTS_MAGIC, raw, payload) if identity else "")
     raw, payload = _unframe(data, UPDATE_MAGIC)
     header = _checked_header(raw, expect_spec, expect_round, expect_fingerprint)
     try:
@@ -425,44 +462,10 @@ def result_weights(data: bytes, base: np.ndarray, *, codec: Codec, expect_spec: 
         raise WrongBase(f"the update is against weights {raw.get('base')!r}, round {header.round}'s are {digest!r}: "
                         "fetch the round's weights again")
     try:
-        update = codec.decode(payload, header.spec.size)
+        update = np.asarray(codec.decode(payload, header.spec.size), dtype=np.float32)
     except CodecError as error:
         raise WrongCodec(f"the update does not decode: {error}") from error
     weights = (np.asarray(base, dtype=np.float32) + update).astype(np.float32)
     if not np.isfinite(weights).all():
         raise NonFiniteWeights(_non_finite_message(weights, header.spec))
-    return header, weights
-
-
-# ---------------------------------------------------------------- arrays (data chunks)
-
-
-def encode_array(array: np.ndarray, *, meta: Mapping[str, Any] | None = None) -> bytes:
-    """One array message for an int32 or float32 array of any shape (e.g. a chunk of token ids)."""
-    array = np.asarray(array)
-    dtype_name = {np.dtype(np.int32): "int32", np.dtype(np.float32): "float32"}.get(array.dtype.newbyteorder("="))
-    if dtype_name is None:
-        raise DtypeMismatch(f"array dtype is {array.dtype}; only int32 and float32 travel on the wire")
-    header = {"dtype": dtype_name, "shape": list(array.shape), "meta": dict(meta or {})}
-    return _frame(ARRAY_MAGIC, header, np.ascontiguousarray(array, dtype=ARRAY_DTYPES[dtype_name]).tobytes())
-
-
-def decode_array(data: bytes, *, expect_dtype: str | None = None) -> tuple[dict[str, Any], np.ndarray]:
-    """Check an array message and return its ``meta`` and a new array (native byte order)."""
-    raw, payload = _unframe(data, ARRAY_MAGIC)
-    dtype_name = _require(raw, "dtype", str, "a string")
-    if dtype_name not in ARRAY_DTYPES:
-        raise DtypeMismatch(f"array dtype is {dtype_name!r}; only 'int32' and 'float32' are accepted")
-    if expect_dtype is not None and dtype_name != expect_dtype:
-        raise DtypeMismatch(f"array dtype is {dtype_name!r}, expected {expect_dtype!r}")
-    shape = _require(raw, "shape", list, "a list of non-negative integers")
-    if not all(isinstance(dim, int) and not isinstance(dim, bool) and dim >= 0 for dim in shape):
-        raise MalformedHeader(f"header field 'shape' must be a list of non-negative integers, got {shape!r}")
-    meta = raw.get("meta", {})
-    if not isinstance(meta, dict):
-        raise MalformedHeader(f"header field 'meta' must be an object, got {meta!r}")
-    count = math.prod(shape)  # Python int: a hostile shape cannot overflow it
-    values = _payload_values(payload, ARRAY_DTYPES[dtype_name], count)
-    if dtype_name == "float32" and not np.isfinite(values).all():
-        raise NonFiniteWeights(f"{int((~np.isfinite(values)).sum())} of {count} array values are not finite")
-    return meta, values.reshape(shape)
+    return ResultParts(header, weights, update, weights_identity(UPDATE_MAGIC, raw, payload) if identity else "")

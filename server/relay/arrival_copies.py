@@ -2,19 +2,21 @@
 buffer (``server.relay.buffered``).
 
 The results a copy checks are chosen as in rounds (``server.relay.copy_choice``: every result of a peer no copy has
-confirmed yet, a share ``F`` of the others, or adaptive replication's record), as each arrives. A chosen arrival is
-held out of the merges (``server.relay.arrival_checks``) until a second, different peer (another id and, with
+confirmed yet, a share ``F`` of the others, or adaptive replication's record), as each arrives. A chosen arrival is held
+out of the merges (``server.relay.arrival_checks``) until a second, different peer (another id and, with
 ``--ban-addresses``, another address) has trained the same schedule entry from the same version, and the two are
-compared: identical from one engine class, or within the replay tolerance across engines where the task's training
-is reproducible across them (else not comparable: it merges). Copies go out before new units, also while new units
-wait for merges (the merges wait for the copies). Copies that disagree go to the host's replays where they can judge
-both engines (a failed one bans its peer: a ban drops its results still in the buffer). Elsewhere (no replays, or
-results no replay can judge) neither is merged: the entry goes out again from the same version to a third peer, and
-the first two results that agree settle it, the agreeing one merging; every other peer on the entry is banned (BOINC's
-quorum; two newcomers that agree never outvote a peer a copy has confirmed: the entry goes out once more), up to
-``QUORUM_LIMIT`` results. A dispute whose version the buffer no longer keeps when the entry
-is handed out again ends without a ban (the entry starts afresh). A held arrival whose copy no connected peer may
-train, or whose version is no longer kept, merges unchecked (``copies_waived``).
+compared: identical from one engine class, or within the replay tolerance across engines where the task's training is
+reproducible across them (else not comparable: it merges). Identical is decided without decoding: each result's
+``wire.weights_identity`` (a sha256 of its payload and what it decodes against) is taken as it arrives, in a worker
+thread, so an agreeing copy costs the event loop a comparison of two digests, not a read of the first result from the
+store; where one is not known (held before a restart), by the bytes of both messages (``checks.compare_copy``). Copies
+go out before new units, also while new units wait for merges (the merges wait for the copies). Copies that disagree go
+to the host's replays where they can judge both engines (a failed one bans its peer: a ban drops its results still in
+the buffer). Elsewhere (no replays, or results no replay can judge) neither is merged: the entry goes out again from the
+same version to a third peer, and the first two results that agree settle it (``server.relay.arrival_quorum``). A
+dispute whose version the buffer no longer keeps when the entry is handed out again ends without a ban (the entry starts
+afresh). A held arrival whose copy no connected peer may train, or whose version is no longer kept, merges unchecked
+(``copies_waived``).
 
 What a peer can tell: a copy's job names the version its first result started from, which may be older than the
 newest (a new unit starts from the newest), so a peer that tracks versions may guess that it trains a copy. That
@@ -38,10 +40,18 @@ from typing import Any
 import numpy as np
 
 from runtime.protocol import Job
-from runtime.wire import read_header
 from server.relay.arrival_checks import COPY, REPLAY, ArrivalChecks
+from server.relay.arrival_quorum import Quorum
 from server.relay.book import RoundBook
-from server.relay.checks import Read, check_update_norm, compare_results, decode_result, engines_of, identical_messages
+from server.relay.checks import (
+    AGREE,
+    Read,
+    check_update_norm,
+    compare_copy,
+    decode_result,
+    engines_of,
+    identical_messages,
+)
 from server.relay.context import Part, RelayContext
 from server.relay.copies import QUORUM_LIMIT
 from server.relay.copy_choice import CopyChoice
@@ -53,7 +63,6 @@ from server.relay.verify import DISPUTE, Verdict
 from server.session.buffered import entry_assignment
 
 LOG = logging.getLogger("peertrain.relay")
-AGREE = ("identical", "agreed")
 RESTARTED = "held when the relay stopped"  # (the reason of a replay a restart runs again)
 ACTIVE_KEPT_SECONDS = 1.0  # how long ``waive`` keeps who is connected
 
@@ -66,6 +75,7 @@ class Waiting:
     version: int
     seq: int
     judged: bool = False  # its copy disagreed and a host replay judges both
+    identity: tuple[str, str] | None = None  # (its engine class and weights identity, where read as it arrived)
 
 
 @dataclass
@@ -80,27 +90,30 @@ class Dispute:
 class ArrivalCopies(Part):
     """Which arrivals wait for a copy (``waiting``, by entry), handing the copies out, comparing them, and the
     entries in dispute (``disputes``). ``job``: an entry's job from a version until a deadline; ``versions``: the
-    weights of the versions kept (the buffer's); ``ban``: the relay's ban; ``go_out_again``: entries the stream hands
-    out again."""
+    weights of the versions kept (the buffer's), ``digest`` their sha256 where known; ``ban``: the relay's ban;
+    ``go_out_again``: entries the stream hands out again."""
 
     def __init__(self, context: RelayContext, book: RoundBook, checks: ArrivalChecks, replays: ReplayChecks,
-                 choice: CopyChoice, *, versions: dict[int, np.ndarray], job: Callable[[int, int, float], Job],
-                 ban: Callable[[str, str], None], go_out_again: Callable[[list[int]], None]) -> None:
+                 choice: CopyChoice, *, versions: dict[int, np.ndarray], digest: Callable[[int], str | None],
+                 job: Callable[[int, int, float], Job], ban: Callable[[str, str], None],
+                 go_out_again: Callable[[list[int]], None]) -> None:
         self.context, self.book, self.checks, self.replays = context, book, checks, replays
-        self.versions, self.job, self.ban, self.go_out_again = versions, job, ban, go_out_again
+        self.versions, self.digest, self.job, self.ban, self.go_out_again = versions, digest, job, ban, go_out_again
         self.choice = choice  # (the relay's: rounds and the stream keep one record of confirmed peers)
+        self.quorums = Quorum(context, choice, versions=versions, digest=digest, ban=ban)
         self.waiting: dict[int, Waiting] = {}
         self.disputes: dict[int, Dispute] = {}
         self._active: tuple[float, list[str]] = (-math.inf, [])  # (when read, the connected peers)
 
     # -- an arrival ------------------------------------------------------------------------------------
-    def arrived(self, stored: StoredResult, seq: int) -> bool:
-        """An accepted arrival: held for a copy where the choice says so. Whether it is held."""
+    def arrived(self, stored: StoredResult, seq: int, identity: tuple[str, str] | None = None) -> bool:
+        """An accepted arrival: held for a copy where the choice says so (``identity``: its engine class and
+        ``wire.weights_identity``, which the copy is compared by). Whether it is held."""
         entry = stored.slot
         self.choice.note_result(ASYNC_ROUND, entry, stored.peer_id)
         if self.context.replica or not self.choice.redundant(ASYNC_ROUND, entry):
             return False
-        self.waiting[entry] = Waiting(stored.peer_id, stored.round, seq)
+        self.waiting[entry] = Waiting(stored.peer_id, stored.round, seq, identity=identity)
         self.checks.hold((entry, stored.peer_id), seq, COPY)
         self.context.notices.work_changed(available=1)  # (its copy, for a held request)
         return True
@@ -259,10 +272,11 @@ class ArrivalCopies(Part):
         return current
 
     # -- a second result -------------------------------------------------------------------------------
-    def accept_copy(self, peer_id: str, version: int, entry: int, body: bytes,
-                    read: Callable[[], Read]) -> StoredResult:
+    def accept_copy(self, peer_id: str, version: int, entry: int, body: bytes, read: Callable[[], Read],
+                    identity: str | None = None) -> StoredResult:
         """A result of an entry that has its arrival: the copy leased to ``peer_id``, compared with the arrival.
-        ``read``: the copy's header, weights, count and norm against its version (raises a ``Refusal``)."""
+        ``read``: the copy's header, weights, count and norm against its version (raises a ``Refusal``);
+        ``identity``: its ``wire.weights_identity`` where read as it arrived."""
         lease = self.store.lease(ASYNC_ROUND, entry, 1)
         if lease is None or lease.peer_id != peer_id or lease.version != version:
             raise Refusal(409, "duplicate", f"unit entry {entry} already has a result")
@@ -283,17 +297,17 @@ class ArrivalCopies(Part):
             self.store.release(ASYNC_ROUND, entry, peer_id)
             self.book.refuse(ASYNC_ROUND, entry, peer_id)
             raise
-        found = self.store.unmerged_arrival(entry)
-        assert found is not None and found[0] == waiting.peer_id, f"unit entry {entry} has no held arrival"
         base = self.versions[version]
         engine, engine_class = engines_of(header.meta)
-        first_engine, first_class = engines_of(read_header(found[1]).meta)
-        if identical_messages(self.session.task, (engine_class, body), (first_class, found[1])):
-            outcome, first = "identical", vector
+        if identity is not None and waiting.identity is not None and identical_messages(
+                self.session.task, (engine_class, identity), waiting.identity):  # (the first is not read again)
+            outcome, first, found = "identical", vector, None
         else:
-            first = decode_result(found[1], session=self.session, round_index=version, base=base)[1]
-            outcome = compare_results(self.session.task, self.options, (engine_class, vector), (first_class, first),
-                                      base)
+            found = self.store.unmerged_arrival(entry)
+            assert found is not None and found[0] == waiting.peer_id, f"unit entry {entry} has no held arrival"
+            outcome, first, first_engine, first_class = compare_copy(
+                self.session, self.options, (engine_class, body, vector), found[1], round_index=version, base=base,
+                base_sha256=self.digest(version))
         self.store.count(f"copies_{outcome}")
         self.store.release(ASYNC_ROUND, entry, peer_id)
         stored = StoredResult(version, entry, self.session.plan.schedule[entry][1], peer_id, count,
@@ -318,10 +332,11 @@ class ArrivalCopies(Part):
                                         ("arrival dispute", entry), engines)
             return stored
         self.store.count("disputes_unresolved")
-        self._undecided(entry, version, {waiting.peer_id: found[1], peer_id: body}, first_peer=waiting.peer_id)
+        assert found is not None  # (read: identities say only "identical")
+        self.undecided(entry, version, {waiting.peer_id: found[1], peer_id: body}, first_peer=waiting.peer_id)
         return stored
 
-    def _undecided(self, entry: int, version: int, messages: dict[str, bytes], *, first_peer: str | None) -> None:
+    def undecided(self, entry: int, version: int, messages: dict[str, bytes], *, first_peer: str | None) -> None:
         """Results of ``entry`` that disagree (``messages``, by peer): none merged, each kept as a copy; the entry
         goes out again from ``version`` to a peer that has not trained it."""
         if first_peer is not None:  # (the arrival held for its copy leaves the buffer)
@@ -351,36 +366,10 @@ class ArrivalCopies(Part):
         if peer_id in dispute.peers:
             self.store.release(ASYNC_ROUND, entry, peer_id)
             raise Refusal(409, "duplicate", f"this peer's result of unit entry {entry} is in already")
-        base, engine_class = self.versions[version], engines_of(meta)[1]
-        agreeing = []
-        for other in dispute.peers:
-            message = self.store.copy_message(ASYNC_ROUND, entry, other)
-            if not message:
-                continue
-            other_header, other_vector = decode_result(message, session=self.session, round_index=version, base=base)
-            if compare_results(self.session.task, self.options, (engine_class, vector),
-                               (engines_of(other_header.meta)[1], other_vector), base) in AGREE:
-                agreeing.append(other)
-        liars = [peer for peer in dispute.peers if peer not in agreeing]
-        if agreeing and self.choice.against_a_record(liars, [*agreeing, peer_id]):
-            self.store.count("quorums_against_a_record")  # (newcomers that agree outvote no confirmed peer)
-            agreeing = []
-        if not agreeing:
-            self.store.count("quorums_undecided")
-            self._undecided(entry, version, {peer_id: body}, first_peer=None)
+        if not self.quorums.settle(dispute.peers, peer_id, version, entry, body, meta, vector):
+            self.undecided(entry, version, {peer_id: body}, first_peer=None)
             return "copy"
         self.disputes.pop(entry)
-        for peer in agreeing:
-            self.store.set_copy_outcome(ASYNC_ROUND, entry, peer, "upheld")
-        for peer in liars:
-            self.store.set_copy_outcome(ASYNC_ROUND, entry, peer, "lied")
-        self.choice.confirm(*agreeing, peer_id)
-        self.store.set_verification(ASYNC_ROUND, entry, peer_id, f"quorum: agreed with {', '.join(agreeing)}, not "
-                                    f"{', '.join(liars)}")
-        self.store.count("disputes_settled_by_quorum")
-        for peer in liars:
-            self.ban(peer, f"its result of unit entry {entry} (version {version}) disagreed with those of "
-                     f"{', '.join([*agreeing, peer_id])}, which agree (a quorum of copies)")
         return "settled"
 
     def settle(self, verdicts: list[Verdict]) -> None:

@@ -26,15 +26,14 @@ from typing import Any
 import numpy as np
 
 from runtime import wire
-from runtime.aggregate.streaming import STREAMED, Stream
 from runtime.planner import Assignment
 from runtime.protocol import Wait, WorkAnswer
-from runtime.tasks import UnitResult
 from runtime.wire import WireHeader, weights_sha256
 from server.relay.arrival_checks import ArrivalChecks
 from server.relay.arrival_copies import ArrivalCopies
 from server.relay.book import RoundBook
-from server.relay.checks import EarlyRead, check_update_norm, read_early, read_result
+from server.relay.buffered_merge import merge_oldest
+from server.relay.checks import EarlyRead, check_update_norm, engines_of, read_parts, read_result
 from server.relay.context import Part, RelayContext
 from server.relay.copy_choice import CopyChoice
 from server.relay.jobs import Jobs
@@ -47,8 +46,7 @@ from server.relay.store import AlreadyArrived, StoredResult
 from server.relay.store.records import ASYNC_ROUND, sha256_hex
 from server.relay.stream_order import StreamOrder
 from server.relay.verify import Verdict
-from server.session.buffered import effective_weights, entry_assignment, stored_update, update_of, validates
-from server.session.streamed import add_all
+from server.session.buffered import entry_assignment, update_of
 
 BACKLOG_MERGES = 2  # hand-out waits while this many merges' results (2 K) wait in the buffer
 GRANT_TRIES = 16  # grants another relay beat this one to, at most, before an ask is told to ask again
@@ -76,6 +74,7 @@ class AsyncBuffer(Part):
                                     dropped=self._go_out_again)
         plan = context.session.plan
         self.copies = ArrivalCopies(context, book, self.checks, replays, choice, versions=self.versions, ban=ban,
+                                    digest=lambda version: self.base_digest(version, self.versions.get(version)),
                                     job=lambda entry, version, deadline: jobs.job(
                                         entry_assignment(plan.schedule, plan.seed, entry, version), deadline),
                                     go_out_again=self._go_out_again)
@@ -206,21 +205,25 @@ class AsyncBuffer(Part):
         unit = session.work_unit(entry_assignment(schedule, session.plan.seed, entry, version))
         fingerprint, codec = self.context.package.fingerprint, session.config.result_codec
 
-        named = self.digests.get(version)
-        digest = named[1] if named is not None and named[0] is base else None  # (else it is computed from base)
-        opened, sums = self.sums.open, self.sums
+        digest, opened, sums = self.base_digest(version, base), self.sums.open, self.sums
 
         def read() -> EarlyRead:  # (the norm measured once, of the update the merge takes)
-            outcome = read_early(body, session=session, fingerprint=fingerprint, round_index=version, unit=unit,
-                                 base=base, base_sha256=digest, norm=False)
+            outcome = read_parts(body, session=session, fingerprint=fingerprint, round_index=version, unit=unit,
+                                 base=base, base_sha256=digest)
             if isinstance(outcome, Refusal):
                 return EarlyRead(base, outcome)
-            header, vector, count, _ = outcome
-            update = update_of(body, vector, base, codec)
-            return EarlyRead(base, (header, vector, count, float(np.linalg.norm(update.astype(np.float64)))),
-                             update=update, contribution=sums.contribution(opened, update, version, count),
-                             digest=sha256_hex(body))
+            parts, count = outcome
+            update = parts.update if parts.update is not None else update_of(body, parts.weights, base, codec)
+            norm = float(np.linalg.norm(update.astype(np.float64)))
+            return EarlyRead(base, (parts.header, parts.weights, count, norm), update=update,
+                             contribution=sums.contribution(opened, update, version, count), digest=sha256_hex(body),
+                             identity=parts.identity)
         return read
+
+    def base_digest(self, version: int, base: np.ndarray | None) -> str | None:
+        """The sha256 of ``base``, version ``version``'s weights, where it is kept (None: compute it)."""
+        named = self.digests.get(version)
+        return named[1] if named is not None and named[0] is base else None
 
     def accept(self, peer_id: str, version: int, entry: int, body: bytes,
                early: EarlyRead | None = None) -> StoredResult:
@@ -233,7 +236,8 @@ class AsyncBuffer(Part):
         if self.store.arrived(entry):  # (a second copy of it, or a duplicate)
             base, assignment = self.versions.get(version), entry_assignment(schedule, session.plan.seed, entry, version)
             return self.copies.accept_copy(peer_id, version, entry, body,
-                                           lambda: self._read(body, base, assignment, early)[:4])
+                                           lambda: self._read(body, base, assignment, early)[:4],
+                                           early.identity if early is not None else None)
         lease = self.store.kept_lease(ASYNC_ROUND, entry)
         if lease is None or lease.peer_id != peer_id or lease.version != version:  # (granted a moment ago by
             lease = self.store.lease(ASYNC_ROUND, entry)  # another relay, maybe to this peer again: read it afresh)
@@ -276,7 +280,9 @@ class AsyncBuffer(Part):
             raise Refusal(409, "duplicate", str(error)) from None
         early_part = None if early is None or early.base is not base else early.contribution
         replayed = self.checks.arrived(stored, seq, assignment, vector, base)  # (held: merged once it passed, the
-        copied = quorum != "settled" and self.copies.arrived(stored, seq)  # merge adding it; or once its copy agreed)
+        identity = None if early is None or early.identity is None else (engines_of(header.meta)[1], early.identity)
+        copied = quorum != "settled" and self.copies.arrived(stored, seq, identity)  # merge adding it; or once its
+        #   copy agreed)
         if not (replayed or copied):
             self.sums.add_on_arrival(seq, count, early_part)
         return stored
@@ -334,38 +340,7 @@ class AsyncBuffer(Part):
 
     def merge_blocking(self) -> dict[str, Any]:
         """Merge the oldest K buffered results into the next version (runs in a worker thread)."""
-        session, k = self.session, self.session.plan.participants_per_round
-        merge = session.round
-        with self.sums.lock:  # (arrivals from now on wait for the next merge's sum; a ban's removal for the marks)
-            opened, self.sums.open = self.sums.open, None
-            held = self.checks.held_seqs()  # (waiting for a replay: a ban may have moved one among the oldest)
-            rows = [row for row in self.store.buffered(k + len(held)) if row[0] not in held][:k]
-            self.store.mark_merged([row[0] for row in rows], merge)  # before the checkpoint (module docstring)
-        validate = validates(merge, session.config.validate_every, session.num_rounds)
-        extra = {"staleness": [merge - row[3] for row in rows], "started_from": [row[3] for row in rows],
-                 "entries": [row[1] for row in rows], "staleness_exponent": session.config.staleness_exponent}
-        position = {row[0]: index for index, row in enumerate(rows)}
-        stream: Stream | None
-        if opened is not None and opened.merge == merge and opened.weights is session.weights and \
-                opened.seqs <= position.keys():  # (the results summed as they came, keyed by position now)
-            stream = opened.stream
-            stream.rekey({seq: position[seq] for seq in opened.seqs})
-        else:  # (a sum that is gone stale: a rewind replaced the weights)
-            stream, opened = session.open_stream(), None
-        current = session.weights if stream is None else stream.global_weights  # (the same values; float64 once)
-
-        def effective(index: object) -> np.ndarray:  # (row ``index`` as the merge sees it)
-            _, _, _, version, _, _, update, message = rows[int(index)]  # type: ignore[call-overload]
-            return effective_weights(current, stored_update(message, update, session.config.result_codec),
-                                     merge - version, session.config.staleness_exponent)
-        if stream is None:  # (an aggregator that needs every result at once: K of them in memory)
-            buffer = [(row[2], UnitResult(effective(index), row[4], row[5])) for index, row in enumerate(rows)]
-            entry = session.complete_buffer(buffer, validate=validate, extra=extra)
-        else:  # a few results in memory at a time: the same bits (runtime.aggregate.streaming), O(n) beside them
-            add_all(stream, [(index, row[4]) for index, row in enumerate(rows)  # (those that came during a merge)
-                             if opened is None or row[0] not in opened.seqs], effective)
-            entry = session.complete_buffer([(row[2], UnitResult(STREAMED, row[4], row[5])) for row in rows],
-                                            validate=validate, extra=extra, streamed=(stream, effective))
+        entry = merge_oldest(self.session, self.store, self.sums, self.checks)
         self.keep_version()
         self.sums.open_sum()
         return entry

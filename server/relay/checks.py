@@ -37,10 +37,19 @@ def decode_result(body: bytes, *, session: Session, round_index: int, fingerprin
     """A result message (weights, or an update in the session's codec against ``base``: the weights of the round
     it names, by default the current ones, whose sha256 ``base_sha256`` is where the caller has it) as its header and
     the weights it stands for; a ``Refusal`` names what is wrong."""
+    parts = decode_parts(body, session=session, round_index=round_index, fingerprint=fingerprint, base=base,
+                         base_sha256=base_sha256, identity=False)
+    return parts.header, parts.weights
+
+
+def decode_parts(body: bytes, *, session: Session, round_index: int, fingerprint: str | None = None,
+                 base: np.ndarray | None = None, base_sha256: str | None = None,
+                 identity: bool = True) -> wire.ResultParts:
+    """``decode_result`` as ``wire.result_parts``: with the update the message carries and its weights identity."""
     try:
-        return wire.result_weights(body, session.weights if base is None else base,
-                                   codec=session.config.result_codec, expect_spec=session.spec,
-                                   expect_round=round_index, expect_fingerprint=fingerprint, base_sha256=base_sha256)
+        return wire.result_parts(body, session.weights if base is None else base, codec=session.config.result_codec,
+                                 expect_spec=session.spec, expect_round=round_index,
+                                 expect_fingerprint=fingerprint, base_sha256=base_sha256, identity=identity)
     except wire.WireError as error:
         raise Refusal(int(getattr(error, "http_status", 400)), error.code, str(error)) from error
 
@@ -79,6 +88,7 @@ class EarlyRead:
     contribution: Contribution | None = None
     update: np.ndarray | None = None
     digest: str | None = None  # (the message's sha256, for the audit)
+    identity: str | None = None  # (its ``wire.weights_identity``: a second copy of the unit is compared by it)
 
     def answer(self) -> Read:
         if isinstance(self.outcome, Refusal):
@@ -92,6 +102,18 @@ def read_early(body: bytes, *, session: Session, fingerprint: str, round_index: 
     try:
         return read_result(body, session=session, fingerprint=fingerprint, round_index=round_index, unit=unit,
                            base=base, base_sha256=base_sha256, norm=norm)
+    except Refusal as refusal:
+        return refusal
+
+
+def read_parts(body: bytes, *, session: Session, fingerprint: str, round_index: int, unit: WorkUnit,
+               base: np.ndarray, base_sha256: str | None = None) -> tuple[wire.ResultParts, int] | Refusal:
+    """What the asynchronous buffer reads of a result as it arrives, in one pass over its bytes: its parts
+    (``decode_parts``) and the relay's example count, or the refusal raised (kept for the event loop to raise)."""
+    try:
+        parts = decode_parts(body, session=session, round_index=round_index, fingerprint=fingerprint, base=base,
+                             base_sha256=base_sha256)
+        return parts, relay_count(session.task, unit, int(parts.header.num_examples))
     except Refusal as refusal:
         return refusal
 
@@ -214,11 +236,34 @@ def describe_defenses(options: RelayOptions, aggregate: str, aggregate_config: M
     return {"guards": guards, "not_covered": not_covered}
 
 
-def identical_messages(task: Task, result: tuple[str, bytes], other: tuple[str, bytes]) -> bool:
-    """Two result messages of one unit from one set of weights, each (engine class, message), that are identical
-    by their bytes alone: one engine class, and weights of the same bytes (``wire.same_weights``). A copy that agrees
-    costs a comparison of bytes, not a decode of both (on the event loop, half its time at a thousand peers)."""
-    return task.kind != "local" and bool(result[0]) and result[0] == other[0] and wire.same_weights(result[1], other[1])
+def identical_messages(task: Task, result: tuple[str, bytes | str], other: tuple[str, bytes | str]) -> bool:
+    """Two result messages of one unit from one set of weights, each (engine class, message or its
+    ``wire.weights_identity``), that are identical by their bytes alone: one engine class, and weights of the same
+    bytes (``wire.same_weights``, or one identity). A copy that agrees costs a comparison of bytes, not a decode of
+    both (on the event loop, half its time at a thousand peers); of identities, not even a read of the first."""
+    if task.kind == "local" or not result[0] or result[0] != other[0]:
+        return False
+    first, second = result[1], other[1]
+    if isinstance(first, str) or isinstance(second, str):
+        return first == second
+    return wire.same_weights(first, second)
+
+
+def compare_copy(session: Session, options: RelayOptions, copy: tuple[str, bytes, np.ndarray], first: bytes, *,
+                 round_index: int, base: np.ndarray,
+                 base_sha256: str | None = None) -> tuple[str, np.ndarray, str, str]:
+    """A result (its engine class, message and weights) compared with another of its unit from ``base``, as that
+    one's message ``first``: (``compare_results``' outcome, the other's weights, engine and engine class). Identical
+    bytes are not decoded (``identical_messages``)."""
+    engine, engine_class = engines_of(wire.read_header(first).meta)
+    if identical_messages(session.task, (copy[0], copy[1]), (engine_class, first)):
+        return "identical", copy[2], engine, engine_class
+    weights = decode_result(first, session=session, round_index=round_index, base=base, base_sha256=base_sha256)[1]
+    return compare_results(session.task, options, (copy[0], copy[2]), (engine_class, weights), base), weights, engine, \
+        engine_class
+
+
+AGREE = ("identical", "agreed")  # the outcomes of ``compare_results`` that say two results agree
 
 
 def compare_results(task: Task, options: RelayOptions, result: tuple[str, np.ndarray], other: tuple[str, np.ndarray],

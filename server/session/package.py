@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 from safetensors.numpy import load_file, save_file
 
-from runtime import wire
+from runtime import wire_arrays
 from runtime.tasks import HostServices, Task, TaskData, load_task
 from runtime.tasks.loader import BUILTIN_TASKS, check_task_data, dry_run, module_name_for_file, replayable
 from runtime.weights import WeightSpec
@@ -104,7 +104,7 @@ class Package:
         task.attach(assets)
         units = None
         if manifest["kind"] == "data":
-            units = [wire.decode_array((path / "chunks" / f"{i:05d}.ptw").read_bytes(), expect_dtype="int32")[1]
+            units = [wire_arrays.decode_array((path / "chunks" / f"{i:05d}.ptw").read_bytes(), expect_dtype="int32")[1]
                      for i in range(manifest["num_units"])]
         with np.load(path / "validation.npz") as stored:
             validation = {name: stored[name] for name in stored.files}
@@ -150,7 +150,7 @@ def build_package(task_ref: str, settings: dict[str, Any], out_dir: Path, *, see
     shutil.rmtree(staging, ignore_errors=True)
     (staging / "chunks").mkdir(parents=True)
     for index, chunk in enumerate(data.units or []):
-        (staging / "chunks" / f"{index:05d}.ptw").write_bytes(wire.encode_array(chunk, meta={"unit": index}))
+        (staging / "chunks" / f"{index:05d}.ptw").write_bytes(wire_arrays.encode_array(chunk, meta={"unit": index}))
     np.savez(staging / "validation.npz", **data.validation)  # type: ignore[arg-type]
     save_file({"weights": initial}, str(staging / "initial.safetensors"))
     (staging / "assets.json").write_text(json.dumps(data.assets))

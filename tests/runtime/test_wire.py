@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from runtime import codecs, wire
+from runtime import wire
 from runtime.weights import WeightSpec
 from runtime.wire import (
     BadMagic,
@@ -27,10 +27,9 @@ from runtime.wire import (
     WireError,
     WireHeader,
     decode,
-    decode_array,
     encode,
-    encode_array,
 )
+from runtime.wire_arrays import decode_array, encode_array
 
 SPEC = WeightSpec((("w", (2, 2)), ("b", (2,))))  # 6 values
 
@@ -446,27 +445,3 @@ def test_a_package_built_before_the_checksum_still_loads_and_serves_its_chunks(t
         meta, decoded = decode_array(served, expect_dtype="int32")  # as runtime.peer reads it
         assert meta == {"unit": index}
         np.testing.assert_array_equal(decoded, unit)
-
-
-def test_same_weights_compares_the_bytes_that_decode_to_weights_and_nothing_else() -> None:
-    """Two results of one unit agree by their payload, codec, base and spec; their own fields (the peer, metrics,
-    timing) may differ. Every other difference says "compare them decoded", and that decode is the oracle here."""
-    codec = codecs.from_json({"name": "int8"})
-    base = np.zeros(6, dtype=np.float32)
-    update = codec.encode(VECTOR / 100, seed=1)
-
-    def message(payload: bytes = update, digest: str = wire.weights_digest(base), **changes: Any) -> bytes:
-        return wire.encode_update(payload, make_header(**changes), codec, digest)
-
-    first = message()
-    decoded = wire.result_weights(first, base, codec=codec)[1]
-    alike = message(metrics={"loss": 9.0}, meta={"peer": "p2", "engine_class": "x"}, num_examples=1)
-    assert wire.same_weights(first, alike) and np.array_equal(wire.result_weights(alike, base, codec=codec)[1], decoded)
-    other = message(codec.encode(-VECTOR / 100, seed=1))
-    assert not wire.same_weights(first, other)
-    assert not np.array_equal(wire.result_weights(other, base, codec=codec)[1], decoded)
-    assert not wire.same_weights(first, message(digest="0" * 16))  # (against other weights)
-    assert not wire.same_weights(first, message(spec=WeightSpec((("w", (6,)),))))
-    assert not wire.same_weights(first, encode(decoded, make_header()))  # (a weights message: decode both)
-    assert wire.same_weights(encode(VECTOR, make_header()), encode(VECTOR, make_header(round=4)))
-    assert not wire.same_weights(encode(VECTOR, make_header()), encode(-VECTOR, make_header()))

@@ -29,7 +29,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from runtime import wire
+from runtime import wire, wire_arrays
 from runtime.weights import WeightSpec
 
 PROPERTY_SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -67,7 +67,7 @@ def array_messages(draw: st.DrawFn) -> tuple[bytes, dict[str, Any], np.ndarray]:
     else:
         array = np.array(draw(st.lists(FLOATS, min_size=count, max_size=count)), dtype=np.float32).reshape(shape)
     meta = draw(st.dictionaries(NAMES, JSON_SCALARS, max_size=2))
-    return wire.encode_array(array, meta=meta), meta, array
+    return wire_arrays.encode_array(array, meta=meta), meta, array
 
 
 # A damage: ("flip", position, bit), ("set", position, byte), ("insert", position, bytes), ("delete", position, n).
@@ -121,7 +121,7 @@ def decode_or_wire_error(data: bytes, **expected: Any) -> tuple[wire.WireHeader,
 
 def decode_array_or_wire_error(data: bytes) -> tuple[dict[str, Any], np.ndarray] | None:
     try:
-        return wire.decode_array(data)
+        return wire_arrays.decode_array(data)
     except wire.WireError:
         return None
 
@@ -168,7 +168,7 @@ def test_a_damaged_array_message_raises_a_wire_error_or_decodes_to_the_original(
 def test_a_message_cut_short_or_grown_at_the_end_raises(weights: tuple[bytes, wire.WireHeader, np.ndarray],
                                                         array: tuple[bytes, dict[str, Any], np.ndarray],
                                                         data: st.DataObject) -> None:
-    for message, decode in ((weights[0], wire.decode), (array[0], wire.decode_array)):
+    for message, decode in ((weights[0], wire.decode), (array[0], wire_arrays.decode_array)):
         cut = data.draw(st.integers(0, len(message) - 1), label="cut")
         try:
             decode(message[:cut])
@@ -190,7 +190,7 @@ def test_a_message_cut_short_or_grown_at_the_end_raises(weights: tuple[bytes, wi
 def test_a_damage_within_4_bytes_of_the_checksum_or_what_it_covers_is_a_checksum_mismatch(
         weights: tuple[bytes, wire.WireHeader, np.ndarray], array: tuple[bytes, dict[str, Any], np.ndarray],
         data: st.DataObject) -> None:
-    for message, decode in ((weights[0], wire.decode), (array[0], wire.decode_array)):
+    for message, decode in ((weights[0], wire.decode), (array[0], wire_arrays.decode_array)):
         at = data.draw(st.integers(4, len(message) - 1), label="at")
         width = min(4, (8 if at < 8 else len(message)) - at)  # within the checksum field, or within what it covers
         mask = bytearray(data.draw(st.binary(min_size=width, max_size=width), label="mask"))
@@ -215,7 +215,7 @@ def test_a_version_2_array_does_not_pass_for_another_version_1_array(
     data = damaged(message[:3] + b"1" + message[4:], damages)
     assert_same_array(decode_array_or_wire_error(data), meta, array)
     # removing the 4 checksum bytes makes a version 1 message: of the same array
-    assert_same_array(wire.decode_array(wire.OLD_ARRAY_MAGIC + message[8:]), meta, array)
+    assert_same_array(wire_arrays.decode_array(wire.OLD_ARRAY_MAGIC + message[8:]), meta, array)
 
 
 @PROPERTY_SETTINGS
@@ -240,8 +240,8 @@ def test_any_json_header_raises_a_wire_error_or_decodes(header: Any, payload: by
     """Any JSON value at all in the header, with any payload and a right checksum: a WireError or a message."""
     text = json.dumps(header).encode()
     for message, decode in ((sealed(wire.WEIGHTS_MAGIC, text, payload), wire.decode),
-                            (sealed(wire.ARRAY_MAGIC, text, payload), wire.decode_array),
-                            (old_array(text, payload), wire.decode_array)):
+                            (sealed(wire.ARRAY_MAGIC, text, payload), wire_arrays.decode_array),
+                            (old_array(text, payload), wire_arrays.decode_array)):
         try:
             decode(message)
         except wire.WireError:
@@ -252,8 +252,8 @@ def test_a_header_nested_thousands_deep_is_a_malformed_header() -> None:
     """``json.loads`` gives up with RecursionError, which escaped the codec (a 500 at the relay)."""
     for text in (b"[" * 5000, b'{"a":' * 5000):
         for message, decode in ((sealed(wire.WEIGHTS_MAGIC, text, b""), wire.decode),
-                                (sealed(wire.ARRAY_MAGIC, text, b""), wire.decode_array),
-                                (old_array(text, b""), wire.decode_array)):
+                                (sealed(wire.ARRAY_MAGIC, text, b""), wire_arrays.decode_array),
+                                (old_array(text, b""), wire_arrays.decode_array)):
             try:
                 decode(message)
             except wire.MalformedHeader as error:

@@ -24,6 +24,7 @@ from relay_fixtures import (
     wait_until,
 )
 
+from runtime import wire
 from server.session.buffered import replay
 from server.session.package import Package
 from server.session.session import Session
@@ -109,6 +110,35 @@ def test_a_copy_that_agrees_lets_a_newcomers_result_merge(package: Package, tmp_
     empty = hashlib.sha256(b"").hexdigest()  # (an identical copy's bytes are not kept, their digest is)
     assert all(size == 0 and len(digest) == 64 and digest != empty for _, size, digest in rows), rows
     assert_the_arrivals_replay_to_the_weights(relay, package)
+
+
+def test_an_agreeing_copy_is_told_by_identities_taken_as_the_results_arrived(package: Package, tmp_path: Path) -> None:
+    """Each result's weights identity is taken in the worker thread that reads it as it arrives; a copy whose
+    identity and engine class are its first result's is identical without the first being read back from the store
+    on the event loop (SQLite's own trace of the relay's connection while the copy is taken: no message read). Copies
+    whose bytes differ are decoded and compared (the liar's test below)."""
+    relay = make_relay(package, tmp_path / "s", k=2, passes=1, config=ASYNC, **COPIES)
+    with serving(relay) as client:
+        a, b = HttpPeer(client), HttpPeer(client)
+        job = a.assignment()
+        assert a.train_and_upload(job).status_code == 200
+        waiting = relay.mode.copies.waiting[job["slot"]]  # type: ignore[attr-defined]
+        stored = relay.store.unmerged_arrival(job["slot"])
+        assert stored is not None and waiting.identity is not None and waiting.identity[0]  # (an engine class)
+        header = wire.read_header(stored[1])
+        assert waiting.identity == (header.meta["engine_class"], wire.result_parts(
+            stored[1], relay.session.weights, codec=relay.session.config.result_codec).identity)
+        copy = b.assignment()
+        assert (copy["slot"], copy["round"]) == (job["slot"], job["round"])
+        seen: list[str] = []
+        relay.store.connection.db.set_trace_callback(seen.append)
+        try:
+            assert b.train_and_upload(copy).status_code == 200
+        finally:
+            relay.store.connection.db.set_trace_callback(None)
+        assert session_status(client)["counters"]["copies_identical"] == 1
+        assert seen and not [statement for statement in seen if "arrival_messages" in statement
+                             and statement.lstrip().upper().startswith("SELECT")], seen
 
 
 def test_a_liar_is_outvoted_by_a_third_peer_and_nothing_of_it_is_merged(package: Package, tmp_path: Path) -> None:
