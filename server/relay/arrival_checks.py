@@ -2,9 +2,12 @@
 
 The same rules pick which results are replayed as in synchronous rounds (``server.relay.verify``: every peer's first,
 a seeded share, the coverage bound), each replayed from the version its result started from (the buffer keeps the
-versions a result may start from). A merge takes the oldest K results of the buffer; while one of those waits for
-its replay, the merge waits (the results behind it wait with it, in arrival order, so which results a merge takes
-does not depend on how fast the replays run). A passed replay lets its result be merged; a failed one bans its peer
+versions a result may start from). A merge takes the oldest K results of the buffer that no check holds: a result
+waiting for its replay (or its copy) joins a later merge once it passed, its staleness counted from the version it
+started from like any result's, and the results behind it do not wait for it (one slow copy in a crowd held every
+merge behind it, and with the merges the hand-out of new units). Which results a merge takes so depends on when the
+checks end; the store records each merge's results, from which ``server.session.buffered.replay`` gives the same
+weights. A passed replay lets its result be merged; a failed one bans its peer
 (``server.relay.bans``) and drops every result of that peer still in the buffer, whose units go out again. What a
 banned peer's results moved before the ban stays merged: async mode merges a stream, not rounds, so there is nothing
 to merge again without them; a peer's first result is always replayed and never merged before its verdict, so a peer
@@ -111,6 +114,10 @@ class ArrivalChecks(Part):
     def held_seqs(self) -> set[int]:
         """The arrival numbers of the held arrivals."""
         return set(self._keys)
+
+    def held_count(self) -> int:
+        """How many arrivals are held (each still in the buffer: ``drop`` and a ban take them out of both)."""
+        return len(self._keys)
 
     def keys_of(self, seqs: Iterable[int]) -> list[tuple[int, str]]:
         """The entry and peer of each held arrival among ``seqs``, in their order."""

@@ -10,7 +10,8 @@ reproducible across them (else not comparable: it merges). Identical is decided 
 ``wire.weights_identity`` (a sha256 of its payload and what it decodes against) is taken as it arrives, in a worker
 thread, so an agreeing copy costs the event loop a comparison of two digests, not a read of the first result from the
 store; where one is not known (held before a restart), by the bytes of both messages (``checks.compare_copy``). Copies
-go out before new units, also while new units wait for merges (the merges wait for the copies). Copies that disagree go
+go out before new units, also while new units wait for merges (a merge takes the oldest K results no check holds:
+a held arrival joins a later one, and its version is kept until its copy is judged). Copies that disagree go
 to the host's replays where they can judge both engines (a failed one bans its peer: a ban drops its results still in
 the buffer). Elsewhere (no replays, or results no replay can judge) neither is merged: the entry goes out again from the
 same version to a third peer, and the first two results that agree settle it (``server.relay.arrival_quorum``). A
@@ -220,6 +221,12 @@ class ArrivalCopies(Part):
                     lease.version == version_of(entry):
                 return self.job(entry, lease.version, lease.deadline)
         return None
+
+    def versions_needed(self) -> set[int]:
+        """The versions the held arrivals and the disputes started from: their copies are judged against them. (Read
+        by the merge's thread: a snapshot of each dict's values, which the event loop changes.)"""
+        return {waiting.version for waiting in list(self.waiting.values())} | \
+            {dispute.version for dispute in list(self.disputes.values())}
 
     def in_dispute(self) -> frozenset[int]:
         """The entries in dispute as the store has them (copies kept "unresolved"): a replica's view, which must not

@@ -3,8 +3,9 @@
 Peers never wait for a round: each gets the next unit of the plan's schedule at once, with the newest weights
 version, and its result says the version it started from (the result's ``round``). A result is checked like a
 round's (lease, wire, example count, update norm against the weights it started from) and kept in SQLite (an update
-message as it came: the update it carries is what merges; a weights message with ``result - w_v`` beside it); every K
-accepted results the relay merges the oldest K, each weighted by ``(1 + s) ** -a`` for its staleness s
+message as it came: the update it carries is what merges; a weights message with ``result - w_v`` beside it); once K
+accepted results wait that no check holds, the relay merges the oldest K of them (``buffered_merge``), each weighted
+by ``(1 + s) ** -a`` for its staleness s
 (``server.session.buffered``), checkpoints the new version, and validates every ``--validate-every`` merges. A
 result more than ``--max-staleness`` versions old is refused (``409 too_stale``). The mode and its settings belong to
 the session (``SessionConfig``: a restart keeps them). Leases use round -1 and the schedule entry as their slot.
@@ -113,11 +114,13 @@ class AsyncBuffer(Part):
 
     def keep_version(self) -> None:
         """Remember the current weights (results started from them are judged against them) and forget
-        versions past the staleness bound."""
+        versions past the staleness bound that no held arrival or dispute started from (their copies are judged
+        against them: the merges do not wait for those, so the stream may move on many versions meanwhile)."""
         version = self.session.round
         self.versions[version] = self.session.weights.copy()
         self.digests[version] = self.versions[version], weights_sha256(self.versions[version])  # (results name it)
-        for old in [v for v in self.versions if v < version - self.max_staleness]:
+        needed = self.copies.versions_needed()
+        for old in [v for v in self.versions if v < version - self.max_staleness and v not in needed]:
             self.versions.pop(old)
         self.digests = {v: named for v, named in self.digests.items() if self.versions.get(v) is named[0]}
 
@@ -139,7 +142,7 @@ class AsyncBuffer(Part):
             if held is not None and held.peer_id == peer_id and held.deadline >= now and held.version in self.versions:
                 return job(entry_assignment(schedule, session.plan.seed, entry, held.version), held.deadline)
         self.holding.pop(peer_id, None)
-        copy = self.copies.next_copy(peer_id)  # (before new units, and while they wait: the merges wait for copies)
+        copy = self.copies.next_copy(peer_id)  # (before new units, and while they wait for merges)
         if copy is not None:
             return copy
         behind = self.behind()
@@ -186,8 +189,9 @@ class AsyncBuffer(Part):
         """Why new units wait for merges (None: they do not). A relay that takes results faster than it merges them
         would fall further behind with every unit: the buffer and each result's staleness grow (past --max-staleness
         a result is refused, its work lost) while the merges, sharing the cores with taking results, slow down. So
-        while ``BACKLOG_MERGES`` merges' results wait, a peer asking for a new unit waits for a merge."""
-        waiting, k = self.store.buffered_count(), self.session.plan.participants_per_round
+        while ``BACKLOG_MERGES`` merges' results wait, a peer asking for a new unit waits for a merge. (Results held
+        for a check do not count: the merges do not wait for them, and their copies go out first.)"""
+        waiting, k = self.store.buffered_count() - self.checks.held_count(), self.session.plan.participants_per_round
         if waiting < BACKLOG_MERGES * k:
             return None
         return f"{waiting} results wait to be merged (at most {BACKLOG_MERGES * k} before new units go out)"
@@ -328,10 +332,14 @@ class AsyncBuffer(Part):
                    for copy in (0, 1) for lease in self.store.leases(ASYNC_ROUND, copy).values())
 
     def ready(self) -> bool:
-        """K results wait, or the last ones of the session do (never on a replica: the holding relay merges)."""
+        """K results that no check holds wait (the merge takes the oldest K of them: a result held for its replay or
+        its copy joins a later merge once it passed, and the results behind it do not wait for it), or the last
+        ones of the session do, none held (never on a replica: the holding relay merges)."""
         if self.session.done or self.context.replica:
             return False
         waiting, k = self.store.buffered_count(), self.session.plan.participants_per_round  # (each poll: counts)
+        if waiting - self.checks.held_count() >= k:
+            return True
         if waiting < k and not (waiting > 0 and self.store.arrived_count() >= len(self.session.plan.schedule)):
             return False  # (fewer than K wait, and the session's last results are not all back)
         oldest = functools.partial(self.store.buffered_seqs, k)

@@ -141,6 +141,41 @@ def test_an_agreeing_copy_is_told_by_identities_taken_as_the_results_arrived(pac
                              and statement.lstrip().upper().startswith("SELECT")], seen
 
 
+def test_a_result_held_for_its_copy_does_not_hold_up_the_merges_behind_it(package: Package, tmp_path: Path) -> None:
+    """A newcomer's result waits for its copy, which a peer holds and has not sent; the confirmed peers' results that
+    came after it merge without it (K of them no check holds: a slow copy in a crowd held every merge behind it), and
+    the stream moves past ``--max-staleness`` versions meanwhile, keeping the version the held result started from.
+    Once its copy agrees it joins a later merge, weighted by its staleness, and the records replay to the weights."""
+    relay = make_relay(package, tmp_path / "s", k=2, passes=1, config={**ASYNC, "max_staleness": 1}, **COPIES)
+    copies = relay.mode.copies  # type: ignore[attr-defined]
+    with serving(relay) as client:
+        a, b, c, d = HttpPeer(client), HttpPeer(client), HttpPeer(client), HttpPeer(client)
+        first = c.assignment()
+        assert c.train_and_upload(first).status_code == 200
+        copy = b.assignment()
+        assert copy["slot"] == first["slot"] and b.train_and_upload(copy).status_code == 200  # (c and b confirmed)
+        held = a.assignment()
+        assert a.train_and_upload(held).status_code == 200 and list(copies.waiting) == [held["slot"]]
+        slow = d.assignment()  # (the copy of a's result: d holds it and sends nothing yet)
+        assert (slow["slot"], slow["round"]) == (held["slot"], held["round"])
+        after = c.assignment()
+        assert after["slot"] not in (first["slot"], held["slot"])
+        assert c.train_and_upload(after).status_code == 200 and list(copies.waiting) == [held["slot"]]
+        status = wait_until(client, lambda s: s["round"] >= 1 and not s["merging"])
+        assert status["history"][0]["entries"] == [first["slot"], after["slot"]]  # (not the held one between them)
+        assert list(copies.waiting) == [held["slot"]] and relay.store.buffered_count() == 1
+        for _ in range(2):
+            assert c.train_and_upload(c.assignment()).status_code == 200
+        wait_until(client, lambda s: s["round"] >= 2 and not s["merging"])
+        assert held["round"] in relay.mode.versions  # type: ignore[attr-defined]  # (2 versions on: past the bound)
+        assert d.train_and_upload(slow).status_code == 200 and not copies.waiting
+        status = finish(client, [a, b, c, d])
+        merged = next(entry for entry in status["history"] if held["slot"] in entry["entries"])
+        assert merged["version"] >= 2 and merged["staleness"][merged["entries"].index(held["slot"])] >= 1
+        assert status["counters"].get("peers_banned", 0) == 0
+    assert_the_arrivals_replay_to_the_weights(relay, package)
+
+
 def test_a_liar_is_outvoted_by_a_third_peer_and_nothing_of_it_is_merged(package: Package, tmp_path: Path) -> None:
     """The liar's first result is held for its copy; an honest copy disagrees and, with no host replays, neither
     merges: the entry goes out again from the same version to a third peer, whose result agrees with the honest
