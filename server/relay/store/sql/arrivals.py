@@ -11,7 +11,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
-from server.relay.store.records import ASYNC_ROUND, AlreadyArrived, BufferedArrival, MergedArrival, sha256_hex
+from server.relay.store.records import ASYNC_ROUND, AlreadyArrived, BufferedArrival, Lease, MergedArrival, sha256_hex
 from server.relay.store.sql.database import TablePart
 
 
@@ -210,7 +210,7 @@ class ArrivalCalls:
 
     _arrivals: SQLArrivals
     _expire: Callable[[], None]
-    _changing_leases: Callable[[], AbstractContextManager[None]]
+    _releasing: Callable[[Callable[[tuple[int, int], Lease], bool]], AbstractContextManager[None]]
 
     def add_arrival(self, *, entry: int, unit_index: int, peer_id: str, version: int, num_examples: int,
                     metrics: dict[str, Any], message: bytes, update: bytes, sha256: str | None = None) -> int:
@@ -245,8 +245,8 @@ class ArrivalCalls:
         return self._arrivals.buffered_seqs(limit)
 
     def remove_arrivals_of(self, peer_id: str) -> list[int]:
-        with self._changing_leases():  # (its leases in the stream go too)
-            return self._arrivals.remove_arrivals_of(peer_id)
+        with self._releasing(lambda key, lease: key[0] == ASYNC_ROUND and lease.peer_id == peer_id):  # (its leases
+            return self._arrivals.remove_arrivals_of(peer_id)  # in the stream go too)
 
     def unmerged_arrival(self, entry: int, *, take: bool = False) -> tuple[str, bytes] | None:
         return self._arrivals.unmerged_arrival(entry, take=take)

@@ -170,26 +170,24 @@ class SQLStore(KeptViews, VolunteerCalls, RefusalCalls, ForwardCalls, ArrivalCal
             return lease
 
     def release(self, round_index: int, slot: int, peer_id: str | None = None) -> None:
-        with self._cache_lock:  # (the round's kept leases lose the rows deleted rather than being read again: every
-            kept = {key: view for key, view in self._lease_cache.items() if key[0] == round_index}  # upload releases)
-            with self._changing_leases():
-                self._leases.release(round_index, slot, peer_id)
-            for key, view in kept.items():
-                lease = view.get(slot)
-                if lease is not None and (peer_id is None or lease.peer_id == peer_id):
-                    del view[slot]
-                self._lease_cache[key] = view
+        with self._releasing(lambda key, lease: key[0] == round_index and lease.slot == slot and (
+                peer_id is None or lease.peer_id == peer_id)):
+            self._leases.release(round_index, slot, peer_id)
 
     def swap_copies(self, round_index: int, slot: int) -> None:
         with self._changing_leases():
             self._leases.swap_copies(round_index, slot)
 
+    # (A peer's live leases, as of now: the part reads the clock a moment later, so a lease that ran out in between
+    # stays in the table, not in the view; nothing but the count of leases that expired reads such a row.)
     def release_leases_of(self, peer_id: str) -> int:
-        with self._changing_leases():
+        now = self.clock()
+        with self._releasing(lambda _, lease: lease.peer_id == peer_id and lease.deadline >= now):
             return self._leases.release_leases_of(peer_id)
 
     def release_leases_on_leaving(self, peer_id: str) -> int:
-        with self._changing_leases():
+        now = self.clock()
+        with self._releasing(lambda _, lease: lease.peer_id == peer_id and lease.deadline >= now):
             return self._leases.release_leases_on_leaving(peer_id)
 
     def release_live_leases(self) -> int:

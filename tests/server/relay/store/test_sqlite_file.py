@@ -200,3 +200,42 @@ def test_a_peers_token_and_address_the_bans_and_the_undos_are_read_once_not_on_e
         assert not store.authenticate("p-nobody", token)
     finally:
         store.close()
+
+
+READ_LEASES = "SELECT round, slot, unit_index, peer_id, issued, deadline, copy, version FROM leases"  # (the view's)
+
+
+def test_a_ban_or_a_peer_leaving_keeps_the_other_leases_as_read(tmp_path: Path) -> None:
+    """A ban releases its peer's live leases and its leases in the stream, a peer leaving its live ones: the leases
+    kept lose those rows and are not read again (a crowd's next request for work read a thousand rows after each;
+    SQLite's own trace shows no read of the table), and what is kept is what the table holds (read afresh over a
+    connection of the test's own: the oracle), the expired lease of a banned peer included."""
+    clock, path = Clock(), tmp_path / "relay.sqlite3"
+    store = SQLiteStore(path, clock=clock)
+    try:
+        a, b, c, d = (store.add_peer(name, f"10.0.0.{i}")[0] for i, name in enumerate("abcd"))
+        assert store.grant(0, 9, 9, a, 1.0) is not None  # (a's lease that runs out)
+        clock.advance(2.0)
+        for slot, peer in enumerate((a, b, c, d)):
+            assert store.grant(0, slot, slot, peer, 60.0) is not None
+            assert store.grant(-1, slot, slot, peer, 60.0, version=1) is not None
+            assert store.grant(-1, slot, slot, (b, c, d, a)[slot], 60.0, copy=1, version=1) is not None
+        keys = [(0, 0), (-1, 0), (-1, 1)]
+        assert all(store.leases(*key) for key in keys)
+        seen = statements(store)
+        store.release_leases_of(a)  # (a ban: its live leases go, then its leases in the stream)
+        store.remove_arrivals_of(a)
+        store.release_leases_on_leaving(b)
+        store.remove_arrivals_of(c)  # (only its leases in the stream go)
+        kept = {key: store.leases(*key) for key in keys}
+        assert not [statement for statement in seen if statement.startswith(READ_LEASES)], seen
+        with sqlite3.connect(path) as db:
+            rows = db.execute("SELECT round, copy, slot, peer_id, deadline FROM leases").fetchall()
+        table = {key: {(slot, peer, deadline) for r, copy, slot, peer, deadline in rows if (r, copy) == key}
+                 for key in keys}
+        assert {key: {(slot, lease.peer_id, lease.deadline) for slot, lease in view.items()}
+                for key, view in kept.items()} == table
+        assert (9, a, 1001.0) in table[0, 0] and {peer for _, peer, _ in table[0, 0]} == {a, c, d}
+        assert {peer for _, peer, _ in table[-1, 0]} == {d} and {peer for _, peer, _ in table[-1, 1]} == {d}
+    finally:
+        store.close()
