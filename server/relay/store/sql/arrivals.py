@@ -210,7 +210,7 @@ class ArrivalCalls:
 
     _arrivals: SQLArrivals
     _expire: Callable[[], None]
-    _releasing: Callable[[Callable[[tuple[int, int], Lease], bool]], AbstractContextManager[None]]
+    _releasing: Callable[[Callable[[tuple[int, int], dict[int, Lease]], list[int]]], AbstractContextManager[None]]
 
     def add_arrival(self, *, entry: int, unit_index: int, peer_id: str, version: int, num_examples: int,
                     metrics: dict[str, Any], message: bytes, update: bytes, sha256: str | None = None) -> int:
@@ -245,8 +245,9 @@ class ArrivalCalls:
         return self._arrivals.buffered_seqs(limit)
 
     def remove_arrivals_of(self, peer_id: str) -> list[int]:
-        with self._releasing(lambda key, lease: key[0] == ASYNC_ROUND and lease.peer_id == peer_id):  # (its leases
-            return self._arrivals.remove_arrivals_of(peer_id)  # in the stream go too)
+        with self._releasing(lambda key, view: [] if key[0] != ASYNC_ROUND else [  # (its leases in the stream go
+                slot for slot, lease in view.items() if lease.peer_id == peer_id]):  # too)
+            return self._arrivals.remove_arrivals_of(peer_id)
 
     def unmerged_arrival(self, entry: int, *, take: bool = False) -> tuple[str, bytes] | None:
         return self._arrivals.unmerged_arrival(entry, take=take)

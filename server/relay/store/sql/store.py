@@ -170,24 +170,22 @@ class SQLStore(KeptViews, VolunteerCalls, RefusalCalls, ForwardCalls, ArrivalCal
             return lease
 
     def release(self, round_index: int, slot: int, peer_id: str | None = None) -> None:
-        with self._releasing(lambda key, lease: key[0] == round_index and lease.slot == slot and (
-                peer_id is None or lease.peer_id == peer_id)):
+        def going(key: tuple[int, int], view: dict[int, Lease]) -> list[int]:  # (the slot's lease, looked up)
+            lease = view.get(slot) if key[0] == round_index else None
+            return [slot] if lease is not None and (peer_id is None or lease.peer_id == peer_id) else []
+        with self._releasing(going):
             self._leases.release(round_index, slot, peer_id)
 
     def swap_copies(self, round_index: int, slot: int) -> None:
         with self._changing_leases():
             self._leases.swap_copies(round_index, slot)
 
-    # (A peer's live leases, as of now: the part reads the clock a moment later, so a lease that ran out in between
-    # stays in the table, not in the view; nothing but the count of leases that expired reads such a row.)
     def release_leases_of(self, peer_id: str) -> int:
-        now = self.clock()
-        with self._releasing(lambda _, lease: lease.peer_id == peer_id and lease.deadline >= now):
+        with self._releasing(live_leases_of(peer_id, self.clock())):
             return self._leases.release_leases_of(peer_id)
 
     def release_leases_on_leaving(self, peer_id: str) -> int:
-        now = self.clock()
-        with self._releasing(lambda _, lease: lease.peer_id == peer_id and lease.deadline >= now):
+        with self._releasing(live_leases_of(peer_id, self.clock())):
             return self._leases.release_leases_on_leaving(peer_id)
 
     def release_live_leases(self) -> int:
@@ -377,3 +375,10 @@ class SQLStore(KeptViews, VolunteerCalls, RefusalCalls, ForwardCalls, ArrivalCal
 
     def counters(self) -> dict[str, int]:
         return self._counters.counters()
+
+
+def live_leases_of(peer_id: str, now: float) -> Callable[[tuple[int, int], dict[int, Lease]], list[int]]:
+    """The slots of a kept view whose lease is ``peer_id``'s and live at ``now`` (the part reads the clock a moment
+    later, so a lease that ran out in between stays in the table, not in the view: nothing but the count of leases
+    that expired reads such a row)."""
+    return lambda _, view: [slot for slot, lease in view.items() if lease.peer_id == peer_id and lease.deadline >= now]

@@ -120,17 +120,19 @@ class KeptViews:
                     self._lease_epoch += 1
 
     @contextlib.contextmanager
-    def _releasing(self, goes: Callable[[tuple[int, int], Lease], bool]) -> Iterator[None]:
-        """Around a delete from the leases table of the rows ``goes`` names (by (round, copy) and lease): the leases
-        kept lose those rows instead of being read again (every upload releases its lease, a ban or a peer leaving
-        its peer's: a crowd's next request for work read a thousand rows after each); the rest of what
-        ``_changing_leases`` forgets is forgotten."""
+    def _releasing(self, going: Callable[[tuple[int, int], dict[int, Lease]], list[int]]) -> Iterator[None]:
+        """Around a delete from the leases table of the rows ``going`` names (the slots of each kept view, by (round,
+        copy), whose rows go): the leases kept lose those rows instead of being read again (every upload releases its
+        lease, a ban or a peer leaving its peer's: a crowd's next request for work read a thousand rows after each);
+        the rest of what ``_changing_leases`` forgets is forgotten."""
         with self._cache_lock:
             kept = dict(self._lease_cache)
             with self._changing_leases():
                 yield
             for key, view in kept.items():
-                self._lease_cache[key] = {slot: lease for slot, lease in view.items() if not goes(key, lease)}
+                for slot in going(key, view):
+                    del view[slot]
+                self._lease_cache[key] = view
 
     def _changing_leases(self) -> contextlib.AbstractContextManager[None]:
         """Around any change to the leases table but a grant (the copies, results and refusals kept go too)."""
