@@ -3,6 +3,7 @@ after an attacker is banned, and after a peer closes for good in round 3."""
 
 from __future__ import annotations
 
+import functools
 import threading
 from dataclasses import replace
 from pathlib import Path
@@ -85,27 +86,45 @@ def test_the_attacker_is_banned_and_two_honest_peers_finish(tmp_path: Path) -> N
 @pytest.mark.usefixtures("majority_importable")
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_a_peer_that_closes_in_round_three_never_stops_the_session(tmp_path: Path, mode: str) -> None:
-    """k = 3, three peers; one takes a unit of round 3 and is gone (its lease runs out, or a backup takes the unit):
-    the other two finish the session, every unit merged once per pass."""
-    closed = threading.Event()
+    """k = 3, three peers; one takes a unit of round 3 (async: its second unit) and is gone (its lease runs out, or
+    a backup takes the unit): the other two finish the session, every unit merged once per pass."""
+    closed, taken = threading.Event(), [0]
 
     def close_in_round_three(job: Job, send: Any) -> Any:
-        if job.weights_round >= 2:
+        taken[0] += 1
+        if (job.weights_round >= 2 if mode == "sync" else taken[0] >= 2):
             closed.set()
             raise Gone("closed the tab")
         return send()
 
+    # A stream has no rounds to wait for: the whole schedule may go out from versions 0 and 1 while the merges run
+    # behind (4 of 25 runs beside three busy loops), and the two others could end it before the leaving peer took a
+    # unit from version 2. So in async it leaves with its second unit, and the others hold their second results until
+    # it has (no merge runs meanwhile: the three first results wait for their replays). And a result held for its
+    # replay (seconds in Pyodide, here each failing to import the example task) joins a merge 3 to 5 versions late,
+    # weighted for it, where this toy's early updates can triple the validation loss: the session rolls back to its
+    # best weights then instead of stopping (it stopped as diverged in 4 of 8 runs beside three busy loops), since
+    # what is tested here is that it finishes.
+    def after_the_close(job: Job, send: Any, sent: list[int]) -> Any:
+        sent[0] += 1
+        if mode == "async" and sent[0] == 2:
+            closed.wait(120)
+        return send()
+
     session_dir = tmp_path / "session"
-    serve = replace(MAJORITY, session_dir=session_dir, config=SessionConfig(participants=3, passes=3, mode=mode),
+    config = SessionConfig(participants=3, passes=3, mode=mode, on_divergence="rollback")
+    serve = replace(MAJORITY, session_dir=session_dir, config=config,
                     options=RelayOptions(admin_token=ADMIN, lease_seconds=4, peer_timeout=3))
     with RelayProcess(serve, log=tmp_path / "serve.log", examples=True) as relay:
         leaving = NativePeer(relay.url, hooks=PeerHooks(send_result=close_in_round_three), timeout_s=300)
-        staying = [NativePeer(relay.url, timeout_s=300) for _ in range(2)]
+        staying = [NativePeer(relay.url, hooks=PeerHooks(send_result=functools.partial(after_the_close, sent=[0])),
+                              timeout_s=300) for _ in range(2)]
         run_peers([leaving, *staying], timeout=300)
         status = relay.client().status()
-    assert closed.is_set() and isinstance(leaving.error, Gone), leaving.error
+    assert closed.is_set() and isinstance(leaving.error, Gone), (leaving.ended, leaving.error, leaving.log.accepted)
     assert [peer.ended for peer in staying] == ["done", "done"], [peer.error for peer in staying]
     assert status["done"], status["round_progress"]
     session, _ = final_weights(session_dir)
+    assert session.stopped is None, session.stopped
     units = sorted(unit for entry in session.history for unit in entry["units"])
     assert units == sorted(unit for _, unit in session.plan.schedule)
