@@ -1,20 +1,22 @@
 """Host replays in async mode (``ArrivalChecks``, the asynchronous buffer's part: ``server.relay.buffered``).
 
-The same rules pick which results are replayed as in synchronous rounds (``server.relay.verify``: every peer's first,
-a seeded share, the coverage bound), each replayed from the version its result started from (the buffer keeps the
-versions a result may start from). A merge takes the oldest K results of the buffer that no check holds: a result
-waiting for its replay (or its copy) joins a later merge once it passed, its staleness counted from the version it
-started from like any result's, and the results behind it do not wait for it (one slow copy in a crowd held every
-merge behind it, and with the merges the hand-out of new units). Which results a merge takes so depends on when the
-checks end; the store records each merge's results, from which ``server.session.buffered.replay`` gives the same
-weights. A passed replay lets its result be merged; a failed one bans its peer
-(``server.relay.bans``) and drops every result of that peer still in the buffer, whose units go out again. What a
-banned peer's results moved before the ban stays merged: async mode merges a stream, not rounds, so there is nothing
+The same rules pick which results are replayed as in synchronous rounds (``server.relay.verify``: every peer's first, a
+seeded share, the coverage bound), each replayed from the version its result started from (the buffer keeps the versions
+a result may start from). A merge takes the oldest K results of the buffer that no check holds: a result waiting for its
+replay (or its copy) joins a later merge once it passed, its staleness counted from the version it started from like any
+result's, and the results behind it do not wait for it (one slow copy in a crowd held every merge behind it, and with
+the merges the hand-out of new units), once: the next merge after one that passed over a held result waits for its check
+(``HELD_PASSES``), as a result passed over again would land ever staler (a small session whose every first result waits
+seconds for its replay merged them 3-5 versions late, and its updates from version 0 diverged it). Which results a merge
+takes so depends on when the checks end; the store records each merge's results, from which
+``server.session.buffered.replay`` gives the same weights. A passed replay lets its result be merged; a failed one bans
+its peer (``server.relay.bans``) and drops every result of that peer still in the buffer, whose units go out again. What
+a banned peer's results moved before the ban stays merged: async mode merges a stream, not rounds, so there is nothing
 to merge again without them; a peer's first result is always replayed and never merged before its verdict, so a peer
 that lies from its first result moves nothing, and one that lies later lands at most what its coverage bound
-(``--verify-every``) lets pass between two replays, each held to the update checks and the aggregator's bound. The
-store keeps what each held result waits for: after a restart it waits again (its replay runs again), or leaves the
-buffer where its version's weights are gone (``ArrivalCopies.restore``).
+(``--verify-every``) lets pass between two replays, each held to the update checks and the aggregator's bound. The store
+keeps what each held result waits for: after a restart it waits again (its replay runs again), or leaves the buffer
+where its version's weights are gone (``ArrivalCopies.restore``).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from server.relay.store.records import ASYNC_ROUND
 from server.relay.verify import DISPUTE, Verdict
 
 REPLAY, COPY = "replay", "copy"  # what a held arrival waits for
+HELD_PASSES = 1  # merges that may pass over a held arrival; the next waits for its check (module docstring)
 
 
 @dataclass
@@ -42,6 +45,7 @@ class Held:
 
     seq: int
     waiting: set[str] = field(default_factory=set)
+    passed: int = 0  # merges that took later arrivals without it (since this relay held it: a restart counts anew)
 
 
 class ArrivalChecks(Part):
@@ -55,6 +59,7 @@ class ArrivalChecks(Part):
         self.context, self.replays, self.merge_soon, self.dropped = context, replays, merge_soon, dropped
         self.held: dict[tuple[int, str], Held] = {}
         self._keys: dict[int, tuple[int, str]] = {}  # (``held`` by arrival number: each ask checks the oldest K)
+        self._overdue: set[int] = set()  # (arrival numbers passed over by ``HELD_PASSES`` merges: each poll asks)
         self.lock = lock  # (the merge's thread reads ``held`` and takes the oldest arrivals under it)
 
     def hold(self, key: tuple[int, str], seq: int, reason: str) -> None:
@@ -119,6 +124,19 @@ class ArrivalChecks(Part):
         """How many arrivals are held (each still in the buffer: ``drop`` and a ban take them out of both)."""
         return len(self._keys)
 
+    def passed_over(self, last: int) -> None:
+        """A merge took arrivals up to number ``last``: each held arrival before it was passed over once more. (Called
+        with ``lock`` held, by the merge that takes them.)"""
+        for held in self.held.values():
+            if held.seq < last:
+                held.passed += 1
+                if held.passed >= HELD_PASSES:
+                    self._overdue.add(held.seq)
+
+    def overdue(self) -> set[int]:
+        """The held arrivals that ``HELD_PASSES`` merges passed over: the next merge waits for their checks."""
+        return set(self._overdue)
+
     def keys_of(self, seqs: Iterable[int]) -> list[tuple[int, str]]:
         """The entry and peer of each held arrival among ``seqs``, in their order."""
         return [self._keys[seq] for seq in seqs if seq in self._keys]
@@ -127,6 +145,7 @@ class ArrivalChecks(Part):
         held = self.held.pop(key, None)
         if held is not None:
             self._keys.pop(held.seq, None)
+            self._overdue.discard(held.seq)
 
     def settle(self, verdicts: list[Verdict]) -> None:
         """The verdicts are in (``Relay.apply_verdicts`` has banned whoever failed, which dropped the peer's held

@@ -11,7 +11,8 @@ reproducible across them (else not comparable: it merges). Identical is decided 
 thread, so an agreeing copy costs the event loop a comparison of two digests, not a read of the first result from the
 store; where one is not known (held before a restart), by the bytes of both messages (``checks.compare_copy``). Copies
 go out before new units, also while new units wait for merges (a merge takes the oldest K results no check holds:
-a held arrival joins a later one, and its version is kept until its copy is judged). Copies that disagree go
+a held arrival joins a later one, the next at the latest once a merge passed it over, and its version is kept
+until its copy is judged). Copies that disagree go
 to the host's replays where they can judge both engines (a failed one bans its peer: a ban drops its results still in
 the buffer). Elsewhere (no replays, or results no replay can judge) neither is merged: the entry goes out again from the
 same version to a third peer, and the first two results that agree settle it (``server.relay.arrival_quorum``). A

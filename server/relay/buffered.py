@@ -4,7 +4,8 @@ Peers never wait for a round: each gets the next unit of the plan's schedule at 
 version, and its result says the version it started from (the result's ``round``). A result is checked like a
 round's (lease, wire, example count, update norm against the weights it started from) and kept in SQLite (an update
 message as it came: the update it carries is what merges; a weights message with ``result - w_v`` beside it); once K
-accepted results wait that no check holds, the relay merges the oldest K of them (``buffered_merge``), each weighted
+accepted results wait that no check holds, the relay merges the oldest K of them (``buffered_merge``; a held result
+is passed over once at most: ``server.relay.arrival_checks``), each weighted
 by ``(1 + s) ** -a`` for its staleness s
 (``server.session.buffered``), checkpoints the new version, and validates every ``--validate-every`` merges. A
 result more than ``--max-staleness`` versions old is refused (``409 too_stale``). The mode and its settings belong to
@@ -190,8 +191,9 @@ class AsyncBuffer(Part):
         would fall further behind with every unit: the buffer and each result's staleness grow (past --max-staleness
         a result is refused, its work lost) while the merges, sharing the cores with taking results, slow down. So
         while ``BACKLOG_MERGES`` merges' results wait, a peer asking for a new unit waits for a merge. (Results held
-        for a check do not count: the merges do not wait for them, and their copies go out first.)"""
-        waiting, k = self.store.buffered_count() - self.checks.held_count(), self.session.plan.participants_per_round
+        for a check count too: each merges once it passed, at the staleness the backlog lets it gather; their copies
+        go out first, also meanwhile.)"""
+        waiting, k = self.store.buffered_count(), self.session.plan.participants_per_round
         if waiting < BACKLOG_MERGES * k:
             return None
         return f"{waiting} results wait to be merged (at most {BACKLOG_MERGES * k} before new units go out)"
@@ -333,13 +335,15 @@ class AsyncBuffer(Part):
 
     def ready(self) -> bool:
         """K results that no check holds wait (the merge takes the oldest K of them: a result held for its replay or
-        its copy joins a later merge once it passed, and the results behind it do not wait for it), or the last
-        ones of the session do, none held (never on a replica: the holding relay merges)."""
+        its copy joins a later merge once it passed, and the results behind it do not wait for it, unless a merge
+        passed it over already: ``HELD_PASSES``), or the last ones of the session do, none held (never on a replica:
+        the holding relay merges)."""
         if self.session.done or self.context.replica:
             return False
         waiting, k = self.store.buffered_count(), self.session.plan.participants_per_round  # (each poll: counts)
-        if waiting - self.checks.held_count() >= k:
-            return True
+        if waiting - self.checks.held_count() >= k:  # (unless a held one was passed over enough: it goes first)
+            overdue = self.checks.overdue()
+            return not overdue or self.copies.waive(overdue) and not self.checks.overdue()
         if waiting < k and not (waiting > 0 and self.store.arrived_count() >= len(self.session.plan.schedule)):
             return False  # (fewer than K wait, and the session's last results are not all back)
         oldest = functools.partial(self.store.buffered_seqs, k)

@@ -33,6 +33,8 @@ def merge_oldest(session: Session, store: Store, sums: ArrivalSums, checks: Arri
         opened, sums.open = sums.open, None
         held = checks.held_seqs()  # (waiting for a replay: a ban may have moved one among the oldest)
         rows = [row for row in store.buffered(k + len(held)) if row[0] not in held][:k]
+        if rows:
+            checks.passed_over(rows[-1][0])
         store.mark_merged([row[0] for row in rows], merge)  # before the checkpoint (module docstring)
     validate = validates(merge, session.config.validate_every, session.num_rounds)
     extra = {"staleness": [merge - row[3] for row in rows], "started_from": [row[3] for row in rows],
