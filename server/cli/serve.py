@@ -148,6 +148,19 @@ def build_task_wheel(package_manifest: dict, wheels: Path) -> str | None:
     return dist
 
 
+def unserved_task_note(package_manifest: dict) -> str | None:
+    """A warning where the task's module is neither the runtime's nor a file ``serve`` builds a wheel of: it was
+    imported from this machine's Python path, which no browser (and no Pyodide replay on the host) has."""
+    module = str(package_manifest.get("task_import", "")).partition(":")[0]
+    if package_manifest.get("task_source") or module == "runtime" or module.startswith("runtime."):
+        return None
+    stem = module.rpartition(".")[2]
+    return (f"warning: the task module {module} comes from this machine's Python path: browsers cannot install it "
+            f"(their workers fail to import it) and the host's Pyodide replays of results fail to run (each counted "
+            f"as replays_failed_on_host, the result unchecked); give the task as a file (--task path/to/{stem}.py) "
+            "to serve it to browsers as a wheel")
+
+
 def session_wheels(session_dir: Path) -> Path:
     """The folder of wheels a session whose task is a file serves (its task's wheel among them)."""
     return session_dir / "wheels"
@@ -253,6 +266,9 @@ def open_session(args: argparse.Namespace, *, replica: bool = False):  # type: i
         for note in resolved.notes:
             print(note)
         package.manifest["wheel"] = build_task_wheel(package.manifest, session_wheels(session_dir))
+        unserved = unserved_task_note(package.manifest)
+        if unserved:
+            print(unserved)
         if session is not None:
             print(f"resuming session in {session_dir} after round {session.round} of {session.num_rounds}")
             if session.done:
