@@ -42,7 +42,8 @@ taken (async: from the first result to the last; sync: results over the timed ro
 second merged by the time the crowd stopped, with the results still waiting in the buffer then (a relay that takes
 results faster than it merges them keeps up with neither for long: the merged rate is the sustained one); p50/p99 of
 work requests answered at once and of result requests; units lost (a unit handed out in a merged round that is
-in no merged round's units nor carried by one, a ban's undo included: must be 0; synchronous rounds only); liars
+in no merged round's units nor carried by one, a ban's undo included; async: an honest peer's accepted result that
+the store holds neither merged, waiting nor in an open dispute once the relay stopped; must be 0); liars
 banned of those with a result accepted, honest peers banned (must be 0), liars' results taken as a slot's result
 (async: accepted into the buffer, where a copied one merges only once its copy agrees),
 second copies as a share of the crowd's accepted results (volunteer compute spent on checking), and the relay
@@ -78,6 +79,7 @@ from server.bench.crowd_figures import (
     Figures,
     Lie,
     Timeline,
+    async_units_lost,
     copy_share,
     count_liars,
     cpu_per_100,
@@ -183,8 +185,9 @@ async def until(relay: AsyncRelayClient, done: Any, timeout: float) -> dict[str,
 
 
 async def drive(urls: list[str], package: Package, peers: int, figures: Figures, args: argparse.Namespace,
-                rounds: int | None, seconds: float | None, work: Path) -> dict[str, Any]:
-    """Run the crowd until ``rounds`` rounds are merged (sync) or for ``seconds`` (async); the final status. The
+                rounds: int | None, seconds: float | None, work: Path) -> set[int]:
+    """Run the crowd until ``rounds`` rounds are merged (sync) or for ``seconds`` (async); the slots an honest peer's
+    result was accepted for (``count_liars``: async units lost are looked for among them once the relay stops). The
     clients of the loopback addresses go to ``urls`` in turn (the first relay holds the session and is watched); with
     ``--client-processes P`` the crowd's slices past the first run in processes of their own (``crowd_clients``)."""
     updates = Updates(package, args.perturbation)
@@ -196,6 +199,7 @@ async def drive(urls: list[str], package: Package, peers: int, figures: Figures,
     children = [start_slice(urls, package, part, args, work / f"slice-{n}") for n, part in enumerate(parts[1:], 1)]
     crowd = CrowdSlice(urls, updates, parts[0], timeline, stop, unit_seconds=args.unit_seconds)
     status: dict[str, Any] = {}
+    honest: set[int] = set()
     try:
         observer = AsyncRelayClient(crowd.clients[0])
         if rounds is not None:
@@ -239,14 +243,14 @@ async def drive(urls: list[str], package: Package, peers: int, figures: Figures,
         admin = {"Authorization": f"Bearer {ADMIN}"}
         listing = (await crowd.clients[0].get("/api/admin/peers", headers=admin)).json()
         audit = await crowd.clients[0].get("/api/admin/export/results", headers=admin, timeout=120)
-        count_liars(figures, by_peer, listing["peers"], timeline, status, [
+        honest = count_liars(figures, by_peer, listing["peers"], timeline, status, [
             json.loads(line) for line in audit.text.splitlines() if line] if audit.status_code == 200 else None)
     finally:
         for child in children:
             child.stop()
         await crowd.close()
     summarize(figures, timeline, status, rounds)
-    return status
+    return honest
 
 
 @dataclass
@@ -317,10 +321,12 @@ def one_setting(package: Package, work: Path, args: argparse.Namespace, figures:
         print(f"{figures.setting}: relay{'s' if count > 1 else ''} at {', '.join(urls)}, {units} units, {passes} "
               f"passes, {figures.peers} peers", flush=True)
         idle = sum(relay.cpu_seconds() for relay in relays)  # (their start: imports, the session opened)
-        run_async(lambda: drive(urls, package, figures.peers, figures, args, rounds, seconds, work))
+        honest = run_async(lambda: drive(urls, package, figures.peers, figures, args, rounds, seconds, work))
         figures.peak_rss_mb = max(relay.peak_rss_mb() for relay in relays)
         figures.relay_cpu_seconds = sum(relay.cpu_seconds() for relay in relays) - idle
     figures.relay_own = relay_own_seconds(args.store or session / "relay.sqlite3", figures.timed)
+    if rounds is None:
+        figures.units_lost = async_units_lost(args.store or session / "relay.sqlite3", honest)
     shutil.rmtree(session, ignore_errors=True)
     first = statistics.fmean(figures.first_after_last) if figures.first_after_last else math.nan
     own = statistics.fmean(figures.relay_own) if figures.relay_own else math.nan

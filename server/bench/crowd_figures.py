@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from server.relay.store.location import open_database
+from server.relay.store.records import ASYNC_ROUND
 
 ANCHOR_K = 5
 LIES = ("free_rider", "flip")
@@ -61,7 +62,7 @@ class Figures:
     result_p50_ms: float = math.nan
     result_p99_ms: float = math.nan
     peak_rss_mb: float = math.nan
-    units_lost: int | None = 0  # None: not measured (async)
+    units_lost: int | None = 0  # None: not measured (the store could not be read)
     liars: int = 0
     liars_accepted: int = 0  # liars with a result accepted (sync: in a merged round, whose checks are settled)
     liars_banned: int = 0
@@ -124,9 +125,10 @@ def summarize(figures: Figures, timeline: Timeline, status: dict[str, Any], roun
 
 
 def count_liars(figures: Figures, lies: dict[str | None, Lie | None], listing: list[dict[str, Any]],
-                timeline: Timeline, status: dict[str, Any], audit: list[dict[str, Any]] | None = None) -> None:
+                timeline: Timeline, status: dict[str, Any], audit: list[dict[str, Any]] | None = None) -> set[int]:
     """The liars' figures from the relay's list of peers (bans), its audit rows (``audit``: what merged, None where
-    they were not read) and the crowd's own record (accepted results)."""
+    they were not read) and the crowd's own record (accepted results). Returns the slots whose result (the first
+    accepted upload of a slot from its version) an honest peer sent: async, ``async_units_lost`` looks for each."""
     banned = {p["peer_id"] for p in listing if p["banned"]}
     liars = {peer for peer, lie in lies.items() if lie is not None}
     merged = status["round"] if status["mode"] == "sync" else None  # (sync: rounds before it merged, checks settled)
@@ -142,6 +144,7 @@ def count_liars(figures: Figures, lies: dict[str | None, Lie | None], listing: l
     for peer, r, slot in timeline.accepted:
         firsts.setdefault((r, slot), peer)
     figures.lies_accepted = sum(1 for (r, slot), peer in firsts.items() if peer in liars)
+    honest = {slot for (_, slot), peer in firsts.items() if peer not in liars}
     figures.copies_accepted = len(timeline.accepted) - len(firsts)
     rounds_seen = sorted({r for _, r in firsts})
     if rounds_seen:
@@ -156,6 +159,26 @@ def count_liars(figures: Figures, lies: dict[str | None, Lie | None], listing: l
         int(counters.get("disputes_settled_by_quorum", 0))
     figures.disputes = {name: int(n) for name, n in sorted(counters.items())
                         if name.startswith(("disputes_", "quorums_")) or name == "copies_disputed"}
+    return honest
+
+
+def async_units_lost(store: str | Path, honest: set[int]) -> int | None:
+    """Async units lost: of the schedule entries whose result an honest peer had accepted (``honest``), those the
+    relay's store (a SQLite file or a PostgreSQL URL, read after the relay stopped) holds neither as an arrival,
+    merged or waiting in the buffer, nor in a dispute its copies have not settled (a liar's copy that disagreed:
+    the honest result waits out of the buffer for a third peer). An honest result is never dropped otherwise (only
+    a ban takes a peer's arrivals out), so each one counted here was answered 200 and then went nowhere. None: the
+    store could not be read."""
+    database = open_database(store)
+    if database is None:
+        return None
+    try:
+        arrived = {int(row[0]) for row in database.run("SELECT entry FROM arrivals")}
+        disputed = {int(row[0]) for row in database.run("SELECT slot FROM copies WHERE round = ? AND outcome = ?",
+                                                        (ASYNC_ROUND, "unresolved"))}
+    finally:
+        database.close()
+    return len(honest - arrived - disputed)
 
 
 def liars(figures: Figures) -> str:
