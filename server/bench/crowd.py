@@ -327,6 +327,7 @@ def one_setting(package: Package, work: Path, args: argparse.Namespace, figures:
     figures.relay_own = relay_own_seconds(args.store or session / "relay.sqlite3", figures.timed)
     if rounds is None:
         figures.units_lost = async_units_lost(args.store or session / "relay.sqlite3", honest)
+        figures.units_checked = len(honest)
     shutil.rmtree(session, ignore_errors=True)
     first = statistics.fmean(figures.first_after_last) if figures.first_after_last else math.nan
     own = statistics.fmean(figures.relay_own) if figures.relay_own else math.nan

@@ -63,6 +63,7 @@ class Figures:
     result_p99_ms: float = math.nan
     peak_rss_mb: float = math.nan
     units_lost: int | None = 0  # None: not measured (the store could not be read)
+    units_checked: int | None = None  # async: the honest results looked for in the store (units_lost of them)
     liars: int = 0
     liars_accepted: int = 0  # liars with a result accepted (sync: in a merged round, whose checks are settled)
     liars_banned: int = 0
@@ -205,7 +206,9 @@ def merged(figures: Figures) -> str:
 
 
 def lost(figures: Figures, unmeasured: str) -> str:
-    return unmeasured if figures.units_lost is None else str(figures.units_lost)
+    if figures.units_lost is None:
+        return unmeasured
+    return str(figures.units_lost) + ("" if figures.units_checked is None else f" of {figures.units_checked:,}")
 
 
 COLUMNS = ("setting", "peers", "k", "rounds", "relay after the last result (s)", "share of a browser unit",

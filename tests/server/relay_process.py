@@ -3,8 +3,9 @@ through its restarts (the browser worker's loop, natively), for the tests that k
 (``test_relay_resume.py``, ``test_async.py``).
 
 The task is the majority example imported as a module (``majority_task:MajorityTask`` with ``examples/`` on
-PYTHONPATH) rather than as ``examples/majority_task.py``: for a task file, ``serve`` rebuilds the shared
-``wheels/`` folder for browsers at every start, which these native peers do not need.
+PYTHONPATH) rather than as ``examples/majority_task.py``: for a task file, ``serve`` builds a wheel for browsers
+into the session's folder at every start, which these native peers do not need (it warns that no browser can
+import the module).
 """
 
 from __future__ import annotations

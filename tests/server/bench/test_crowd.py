@@ -20,6 +20,7 @@ from server.bench.crowd_figures import (
     Timeline,
     async_units_lost,
     count_liars,
+    lost,
     relay_own_seconds,
     summarize,
 )
@@ -84,6 +85,8 @@ def test_async_units_lost_by_hand(tmp_path: Path, kind: str, request: pytest.Fix
     finally:
         store.close()
     assert async_units_lost(location, honest) == 1
+    figures.units_lost, figures.units_checked = 1, len(honest)
+    assert lost(figures, "-") == "1 of 4"
     assert async_units_lost(location, honest - {4}) == 0
     assert async_units_lost(tmp_path / "none.sqlite3", honest) is None  # (no store: not measured)
 
