@@ -73,6 +73,8 @@ from typing import Any
 
 import httpx
 
+from runtime.protocol import Job
+from server.bench import upload_floor
 from server.bench.crowd_clients import HOLD_SECONDS, CrowdSlice, Slice, Updates, lie_plan, merge_slice, slices
 from server.bench.crowd_figures import (
     ANCHOR_K,
@@ -105,6 +107,7 @@ from server.session.package import Package, build_package
 ADMIN = "crowd-bench-admin"
 STATUS_SECONDS = 60.0  # the bench asks a busy relay for its status again for this long before the setting stops
 RELAY_SHARE_GOALS = {100: 0.05, 1000: 0.10}  # the relay's time after the last result, as a share of a browser unit
+ASYNC_GOAL = 200  # results per second, asynchronous, with 1,000 peers
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -121,6 +124,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "as much as about 30 results' parts here)")
     parser.add_argument("--async-merges", type=int, default=0, help="stop the asynchronous crowd once this many "
                         "merges are in (0: run for --async-seconds)")
+    parser.add_argument("--floor-seconds", type=float, default=10.0, help="before the asynchronous setting, how long "
+                        "to measure this machine's floor, its anchor: a bare app that only receives, hashes and stores "
+                        "each upload of a result's size in SQLite, under 50 of the crowd's clients "
+                        "(server.bench.upload_floor; 0: skip it)")
     parser.add_argument("--codec", default="int8", help="the session's result codec (none, int8, topk)")
     parser.add_argument("--liars", type=float, default=0.1, help="share of the crowd that lies on every result, "
                         "half as free-riders (another unit's update), half flipping the honest one (same norm)")
@@ -303,6 +310,15 @@ def measured(setting: Any, package: Package, work: Path, args: argparse.Namespac
         print(f"{figures.setting}: stopped: {type(error).__name__}: {error}", flush=True)
 
 
+def result_bytes(package: Package, codec: str) -> int:
+    """The size of a crowd peer's result in ``codec`` (the floor's uploads)."""
+    config = SessionConfig(codec=codec)
+    job = Job(round=0, slot=0, pass_index=0, unit_index=0, unit_seed=0, kind="data", episodes=0, progress=0.0,
+              lease_deadline=0.0, lease_seconds=0.0, weights_round=0, num_rounds=1, fingerprint=package.fingerprint,
+              weights_digest="0" * 64, codec=None if codec == "none" else config.result_codec.to_json())
+    return len(Updates(package, 1e-3).message(job))
+
+
 def one_setting(package: Package, work: Path, args: argparse.Namespace, figures: Figures, *, mode: str,
                 rounds: int | None, seconds: float | None) -> None:
     session = work / f"session-{figures.setting}"
@@ -375,6 +391,11 @@ def run(args: argparse.Namespace) -> int:
             together = f", {args.relays} relays" if args.relays > 1 else ""
             figures = Figures(setting=f"async K={args.async_k}{together}", k=args.async_k, peers=args.peers,
                               units=chunks)
+            if args.floor_seconds > 0:
+                floor = upload_floor.measure(work / "floor", size=result_bytes(package, args.codec),
+                                             seconds=args.floor_seconds)
+                figures.floor_per_second = floor.per_second
+                print(f"floor: {floor.line()}", flush=True)
             measured(one_setting, package, work, args, figures, mode="async", rounds=None,
                      seconds=args.async_seconds)
             results.append(figures)
@@ -392,6 +413,11 @@ def run(args: argparse.Namespace) -> int:
             print(f"{f.setting}: the relay's time after the last result is {share:.1%} of a "
                   f"{'browser' if not args.skip_browser else 'native'} unit ({anchor:.2f} s); "
                   f"{'meets' if share <= goal else 'misses'} the goal of at most {goal:.0%}")
+        if f.setting.startswith("async") and f.floor_per_second:
+            print(f"{f.setting}: {f.results_per_second:.0f} results/s taken{merged(f)}, "
+                  f"{f.results_per_second / f.floor_per_second:.2f}x this machine's floor ({f.floor_per_second:.0f} "
+                  f"uploads/s into a bare app that only stores them); the goal of {ASYNC_GOAL} results/s is "
+                  f"{ASYNC_GOAL / f.floor_per_second:.2f}x that floor")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     anchor_kind = "browser" if not args.skip_browser else "native" if not args.skip_training else None
     args.out.write_text(json.dumps({"colluding": args.colluding, "anchor_seconds": anchor, "anchor": anchor_kind,

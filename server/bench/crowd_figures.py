@@ -78,6 +78,7 @@ class Figures:
     disputes: dict[str, int] = field(default_factory=dict)  # the relay's counters of disputes and quorums
     relay_cpu_seconds: float = math.nan
     crowd_cpu_seconds: float = math.nan  # the bench process's own CPU (its thousand clients) over the setting
+    floor_per_second: float | None = None  # async: a bare app's uploads/s on this machine (``upload_floor``)
     refusals: dict[str, int] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
 

@@ -144,8 +144,8 @@ def test_a_small_crowd_on_a_real_relay_loses_nothing_and_reports_every_setting(t
     out = tmp_path / "crowd.json"
     command = [sys.executable, "-m", "server.cli", "bench", "crowd", "--peers", "12", "--ks", "8", "--async-k", "4",
                "--async-merges", "2", "--async-seconds", "300", "--rounds", "2", "--addresses", "4", "--skip-browser",
-               "--skip-training", "--liars", "0.25", "--client-processes", "2", "--out", str(out)]  # (async: until 2
-    #                                                                                                merges are in)
+               "--skip-training", "--liars", "0.25", "--client-processes", "2", "--floor-seconds", "1", "--out",
+               str(out)]  # (async: until 2 merges are in)
     done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     results = {r["setting"]: r for r in json.loads(out.read_text())["results"]}
@@ -174,6 +174,10 @@ def test_a_small_crowd_on_a_real_relay_loses_nothing_and_reports_every_setting(t
     # ... as the relay's audit rows of what merged say (sync: counted, an undo's taken out)
     assert results["async K=4"]["lies_merged"] == 0 and isinstance(crowd["lies_merged"], int), results
     assert "| sync k=8 | 12 | 8 |" in done.stdout
+    # the async rate beside this machine's floor, measured in the same run before the setting
+    floor = results["async K=4"]["floor_per_second"]
+    assert floor > 0 and results["sync k=8"]["floor_per_second"] is None, results
+    assert f"x this machine's floor ({floor:.0f} uploads/s" in done.stdout, done.stdout[-2000:]
 
 
 def test_two_relays_need_a_shared_store() -> None:
@@ -189,10 +193,12 @@ def test_a_small_crowd_on_two_relays_over_postgresql(tmp_path: Path, postgresql_
     out = tmp_path / "crowd.json"
     command = [sys.executable, "-m", "server.cli", "bench", "crowd", "--peers", "12", "--ks", "5", "--async-k", "4",
                "--async-merges", "3", "--async-seconds", "300", "--rounds", "1", "--addresses", "4", "--skip-browser",
-               "--skip-training", "--liars", "0", "--relays", "2", "--store", postgresql_url, "--out", str(out)]
+               "--skip-training", "--liars", "0", "--relays", "2", "--store", postgresql_url, "--floor-seconds", "0",
+               "--out", str(out)]
     done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     figures = {r["setting"]: r for r in json.loads(out.read_text())["results"]}["async K=4, 2 relays"]
     assert not figures["errors"] and figures["rounds"] >= 3 and figures["honest_banned"] == 0, figures
     assert set(figures["refusals"]) <= {"duplicate", "not_leased"}, figures["refusals"]
     assert figures["relay_cpu_seconds"] > 0 and "relays at http://" in done.stdout
+    assert figures["floor_per_second"] is None and "floor" not in done.stdout  # (--floor-seconds 0)
