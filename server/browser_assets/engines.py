@@ -30,6 +30,7 @@ import struct
 import subprocess
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -83,14 +84,28 @@ def pyodide_missing(pyodide_dir: Path = PYODIDE_DIR, wheels_dir: Path = WHEELS_D
     return None
 
 
-def resolve(choice: str) -> tuple[str, str | None]:
+def host_only_task(manifest: Mapping[str, Any]) -> str | None:
+    """The task's module where it comes from this machine's Python path: neither the runtime's nor a file ``serve``
+    builds a wheel of, so no browser and no Pyodide replay on the host can import it (None: they can)."""
+    module = str(manifest.get("task_import", "")).partition(":")[0]
+    if manifest.get("task_source") or not module or module == "runtime" or module.startswith("runtime."):
+        return None
+    return module
+
+
+def resolve(choice: str, host_only: str | None = None) -> tuple[str, str | None]:
     """``--replay-engine``'s choice as the engine the relay runs (``pyodide`` or ``native``) and, when ``auto`` had to
-    fall back, why. ``pyodide`` asked for where it cannot run is an error."""
+    fall back, why: Pyodide cannot run here, or cannot import the task (``host_only``: its module, from this machine's
+    Python path, ``host_only_task``), where every replay would fail and leave its result unchecked. ``pyodide`` asked
+    for where it cannot run is an error."""
     if choice not in ENGINE_CHOICES:
         raise ValueError(f"replay engine must be one of {', '.join(ENGINE_CHOICES)}, got {choice!r}")
     if choice == "native":
         return "native", None
     missing = pyodide_missing()
+    if missing is None and choice == "auto" and host_only:
+        return "native", (f"the task module {host_only} comes from this machine's Python path, which Pyodide cannot "
+                          "import")
     if missing is None:
         return "pyodide", None
     if choice == "pyodide":

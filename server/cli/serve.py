@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 import uvicorn
 
+from server.browser_assets import engines
 from server.cli.options import (
     add_buffer_option,
     add_config_option,
@@ -148,16 +149,18 @@ def build_task_wheel(package_manifest: dict, wheels: Path) -> str | None:
     return dist
 
 
-def unserved_task_note(package_manifest: dict) -> str | None:
+def unserved_task_note(package_manifest: dict, replay_engine: str = "auto") -> str | None:
     """A warning where the task's module is neither the runtime's nor a file ``serve`` builds a wheel of: it was
     imported from this machine's Python path, which no browser (and no Pyodide replay on the host) has."""
-    module = str(package_manifest.get("task_import", "")).partition(":")[0]
-    if package_manifest.get("task_source") or module == "runtime" or module.startswith("runtime."):
+    module = engines.host_only_task(package_manifest)
+    if module is None:
         return None
     stem = module.rpartition(".")[2]
+    replays = ("the host replays its results natively instead of on the browser's engine" if replay_engine == "auto"
+               else "the host's Pyodide replays of results fail to run (each counted as replays_failed_on_host, the "
+               "result unchecked)" if replay_engine == "pyodide" else "the host replays its results natively")
     return (f"warning: the task module {module} comes from this machine's Python path: browsers cannot install it "
-            f"(their workers fail to import it) and the host's Pyodide replays of results fail to run (each counted "
-            f"as replays_failed_on_host, the result unchecked); give the task as a file (--task path/to/{stem}.py) "
+            f"(their workers fail to import it) and {replays}; give the task as a file (--task path/to/{stem}.py) "
             "to serve it to browsers as a wheel")
 
 
@@ -266,7 +269,7 @@ def open_session(args: argparse.Namespace, *, replica: bool = False):  # type: i
         for note in resolved.notes:
             print(note)
         package.manifest["wheel"] = build_task_wheel(package.manifest, session_wheels(session_dir))
-        unserved = unserved_task_note(package.manifest)
+        unserved = unserved_task_note(package.manifest, resolved.options.replay_engine)
         if unserved:
             print(unserved)
         if session is not None:

@@ -116,7 +116,8 @@ class RelayOptions:
         help="where the host replays units: pyodide (Pyodide under Node, the browser's own engine: a result trained "
         "on a browser's CPU must match bit for bit, and every built-in task is replayed), native (numpy here: "
         "within --verify-rtol, and tasks whose units part ways across engines are not replayed), or auto (pyodide "
-        "where Node and the Pyodide assets are set up, else native)", choices=ENGINE_CHOICES, group="guards",
+        "where Node and the Pyodide assets are set up and the task reaches browsers, else native: a task module from "
+        "this machine's Python path, not a file, is replayed natively)", choices=ENGINE_CHOICES, group="guards",
         commands=("serve",)))
     replay_wait: str = field(default="suspects", metadata=setting(
         help="which replays a round's merge waits for: suspects (outliers and updates suspect by direction; a routine "

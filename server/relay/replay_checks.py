@@ -58,7 +58,7 @@ class ReplayChecks:
         self.context, self.jobs, self.undo_rules, self.on_verdict = context, jobs, undo_rules, on_verdict
         self.queue: ReplayQueue | None = None
         self.engine: str = "native"  # the replays' engine
-        self.engine_note: str | None = None  # why --replay-engine auto fell back to native
+        self.engine_note: str | None = None  # why --replay-engine auto fell back to native (or the task's module)
         self._unapplied: list[Verdict] = []  # verdicts a full disk kept from being applied
         self.wait_seconds = 0.0  # how long the last merge waited for its round's replays (its added time)
         # Peers whose result was refused for its engine (peer id -> the engine it named): they are not handed
@@ -80,7 +80,8 @@ class ReplayChecks:
         self.classes.reset()
         options, session, package = self.context.options, self.context.session, self.context.package
         replayable = options.verify and session.task.kind != "local"  # (a peer's own data: no replay)
-        self.engine, self.engine_note = engines.resolve(options.replay_engine)
+        self.engine, self.engine_note = engines.resolve(options.replay_engine,
+                                                        engines.host_only_task(package.manifest))
         task_info = {**package.task_description(), "task_source": package.manifest.get("task_source")}
         remote = StoreReplays(self.context.store, task_info, self.engine) if replayable and \
             options.remote_replays else None

@@ -74,7 +74,7 @@ def resolve[Options: RelaySide](config: SessionConfig, options: Options, package
     if verify and not task.replay_across_engines and not force_verify:
         from server.browser_assets import engines  # (where the host can replay: the browser's engine, or native)
 
-        engine, missing = engines.resolve(options.replay_engine)
+        engine, missing = engines.resolve(options.replay_engine, engines.host_only_task(package.manifest))
         if engine == "pyodide":
             notes.append(f"host replays run on the browser's own engine (Pyodide under Node) and compare {task.name} "
                          "results bit for bit; pages train this session on the CPU, whose bits a replay reproduces")

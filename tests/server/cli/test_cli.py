@@ -203,8 +203,8 @@ def test_serve_on_a_database_that_holds_another_session_refuses_and_fresh_drops_
 def test_serve_warns_that_a_task_module_from_the_python_path_reaches_no_browser(
         tmp_path: Path, majority_importable: None, capsys: pytest.CaptureFixture[str]) -> None:
     """A task given as a module outside the runtime (``majority_task:MajorityTask``, importable here) has no file to
-    build a wheel of: ``serve`` says browsers and the host's Pyodide replays cannot import it, and how to fix it. A
-    task of the runtime's says nothing of the kind."""
+    build a wheel of: ``serve`` says browsers cannot import it, that the host replays it natively (Pyodide cannot
+    import it either), and how to fix it. A task of the runtime's says nothing of the kind."""
     from relay_fixtures import build_small_package
 
     from server.cli.commands import build_parser
@@ -217,6 +217,8 @@ def test_serve_warns_that_a_task_module_from_the_python_path_reaches_no_browser(
     out = capsys.readouterr().out
     assert "warning: the task module majority_task comes from this machine's Python path" in out, out
     assert "--task path/to/majority_task.py" in out
+    assert "the host replays its results natively instead of on the browser's engine" in out, out  # (auto)
+    assert "replays of results fail to run" in str(unserved_task_note({"task_import": "majority_task:M"}, "pyodide"))
     assert unserved_task_note({"task_import": "runtime.tasks.arith:ArithTask", "task_source": None}) is None
     assert unserved_task_note({"task_import": "majority_task:MajorityTask", "task_source": "/x/majority_task.py"}) \
         is None

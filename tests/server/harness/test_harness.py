@@ -105,3 +105,22 @@ def test_a_peer_whose_hook_skips_training_uploads_the_given_bytes(tmp_path: Path
     assert sorted(peer.log.accepted) == [(0, 0), (0, 1), (1, 0), (1, 1)]
     # Every update was zero: the merged model is the initial one, bit for bit.
     np.testing.assert_array_equal(exported_weights(model.content), wire.decode(seen[0])[1])
+
+
+def test_a_task_module_from_the_python_path_is_replayed_natively_and_its_results_verified(tmp_path: Path) -> None:
+    """``--replay-engine auto`` where Pyodide runs but cannot import the task (a module from this machine's Python
+    path, no wheel of it): the relay replays natively, so every replay runs and judges its result, where each used to
+    fail on the host (Pyodide workers booted for nothing) and leave the result unchecked."""
+    command = majority(tmp_path / "session", "t")
+    command = dataclasses.replace(command, options=dataclasses.replace(command.options, verify=True,
+                                                                       verify_fraction=1.0))
+    with RelayProcess(command, log=tmp_path / "serve.log", examples=True) as relay:
+        peer = NativePeer(relay.url, timeout_s=120)
+        assert peer.run() == "done"
+        peer.close()
+        status = relay.client().status()
+        logs = relay.logs
+    counters = status["counters"]
+    assert counters.get("results_verified") == 4 and "replays_failed_on_host" not in counters, counters
+    assert "verification_failed" not in counters and "peers_banned" not in counters, counters
+    assert "the host replays its results natively instead of on the browser's engine" in logs, logs[-3000:]

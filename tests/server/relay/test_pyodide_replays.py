@@ -204,6 +204,21 @@ def test_the_engine_resolves_auto_and_refuses_pyodide_where_it_cannot_run(monkey
     assert json.dumps(engines.ENGINE_CHOICES)
 
 
+def test_auto_replays_a_task_from_the_hosts_python_path_natively() -> None:
+    """Pyodide cannot import a task module that is neither the runtime's nor a file (no wheel of it exists): auto
+    replays it natively, where every Pyodide replay would fail and leave its result unchecked; asked for, pyodide
+    stays."""
+    module = engines.host_only_task({"task_import": "majority_task:MajorityTask", "task_source": None})
+    assert module == "majority_task"
+    assert engines.resolve("auto", module) == ("native", "the task module majority_task comes from this machine's "
+                                                         "Python path, which Pyodide cannot import")
+    assert engines.resolve("pyodide", module) == ("pyodide", None) and engines.resolve("native", module) == (
+        "native", None)
+    for reached in ({"task_import": "runtime.tasks.arith:ArithTask"},
+                    {"task_import": "majority_task:MajorityTask", "task_source": "/x/majority_task.py"}, {}):
+        assert engines.host_only_task(reached) is None and engines.resolve("auto", None) == ("pyodide", None)
+
+
 def test_a_task_from_a_file_is_told_at_set_up_whether_its_units_replay_exactly(package: Package,
                                                                                tmp_path: Path) -> None:
     relay = make_relay(package, tmp_path / "session", verify=True, replay_engine="pyodide", replay_workers=1)
