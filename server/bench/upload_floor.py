@@ -28,6 +28,8 @@ from pathlib import Path
 
 import httpx
 
+from server.harness.peer import run_async
+
 APP = '''
 import hashlib, os, sqlite3
 from starlette.applications import Starlette
@@ -119,9 +121,12 @@ def measure(folder: Path, *, size: int, clients: int = 50, seconds: float = 10.0
                 if server.poll() is not None:
                     raise RuntimeError(f"the bare app exited with {server.returncode} before it listened") from None
                 time.sleep(0.1)
+        else:
+            raise RuntimeError(f"the bare app did not listen on port {port} within {LISTEN_TRIES / 10:g} s")
         server_cpu, own_cpu = cpu_seconds(server.pid), own_cpu_seconds()
         started = time.monotonic()
-        done = asyncio.run(crowd(f"http://127.0.0.1:{port}", clients, seconds, os.urandom(size)))
+        body = os.urandom(size)
+        done = run_async(lambda: crowd(f"http://127.0.0.1:{port}", clients, seconds, body))
         elapsed = time.monotonic() - started
         app_ms = 1000 * (cpu_seconds(server.pid) - server_cpu) / max(done, 1)
         clients_ms = 1000 * (own_cpu_seconds() - own_cpu) / max(done, 1)
