@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import resource
 import socket
 import subprocess
 import sys
@@ -28,6 +27,7 @@ from pathlib import Path
 
 import httpx
 
+from server.bench.load_figures import cpu_seconds, own_cpu_seconds
 from server.harness.peer import run_async
 
 APP = '''
@@ -73,14 +73,11 @@ class Floor:
                 f"{self.per_second:.0f}/s; CPU per upload: app {self.app_ms:.2f} ms, clients {self.clients_ms:.2f} ms")
 
 
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def own_cpu_seconds() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
+def app_cpu_seconds(server: subprocess.Popen[bytes]) -> float:
+    seconds = cpu_seconds(server.pid)
+    if seconds is None:
+        raise RuntimeError(f"the bare app exited with {server.poll()} while it was measured")
+    return seconds
 
 
 async def crowd(url: str, clients: int, seconds: float, body: bytes) -> int:
@@ -123,12 +120,12 @@ def measure(folder: Path, *, size: int, clients: int = 50, seconds: float = 10.0
                 time.sleep(0.1)
         else:
             raise RuntimeError(f"the bare app did not listen on port {port} within {LISTEN_TRIES / 10:g} s")
-        server_cpu, own_cpu = cpu_seconds(server.pid), own_cpu_seconds()
+        server_cpu, own_cpu = app_cpu_seconds(server), own_cpu_seconds()
         started = time.monotonic()
         body = os.urandom(size)
         done = run_async(lambda: crowd(f"http://127.0.0.1:{port}", clients, seconds, body))
         elapsed = time.monotonic() - started
-        app_ms = 1000 * (cpu_seconds(server.pid) - server_cpu) / max(done, 1)
+        app_ms = 1000 * (app_cpu_seconds(server) - server_cpu) / max(done, 1)
         clients_ms = 1000 * (own_cpu_seconds() - own_cpu) / max(done, 1)
         return Floor(stored, size, done, elapsed, app_ms, clients_ms)
     finally:

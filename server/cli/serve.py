@@ -156,9 +156,9 @@ def unserved_task_note(package_manifest: dict, replay_engine: str = "auto") -> s
     if module is None:
         return None
     stem = module.rpartition(".")[2]
-    replays = ("the host replays its results natively instead of on the browser's engine" if replay_engine == "auto"
-               else "the host's Pyodide replays of results fail to run (each counted as replays_failed_on_host, the "
-               "result unchecked)" if replay_engine == "pyodide" else "the host replays its results natively")
+    replays = ("the host's Pyodide replays of results fail to run (each counted as replays_failed_on_host, the result "
+               "unchecked)" if replay_engine == "pyodide" else
+               "the host replays its results natively instead of on the browser's engine")  # (auto, native)
     return (f"warning: the task module {module} comes from this machine's Python path: browsers cannot install it "
             f"(their workers fail to import it) and {replays}; give the task as a file (--task path/to/{stem}.py) "
             "to serve it to browsers as a wheel")
